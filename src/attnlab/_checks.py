@@ -1,0 +1,83 @@
+"""Input validation shared by the functional layer and the modules.
+
+Every check raises ``TypeError`` (dtype / type problems) or ``ValueError`` (shape, device
+and value problems) with a message that names the argument, its shape and the shape that
+was expected.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class ConfigError(ValueError):
+    """An impossible combination of components, raised at construction."""
+
+
+def check_tensor(x: object, name: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} has dtype {x.dtype}, expected a floating-point dtype")
+    return x
+
+
+def check_rank(x: Tensor, name: str, ranks: tuple[int, ...], layout: str) -> None:
+    if x.dim() not in ranks:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {layout}")
+
+
+def batched_query(q: Tensor, name: str = "q") -> tuple[Tensor, bool]:
+    """``q`` as ``[B, n_q, d_q]`` and whether it was a single query ``[B, d_q]``."""
+    check_tensor(q, name)
+    check_rank(q, name, (2, 3), "[B, n_q, d_q] or [B, d_q]")
+    if q.dim() == 2:
+        return q.unsqueeze(1), True
+    return q, False
+
+
+def check_keys(k: Tensor, batch: int, name: str = "k", dim: int | None = None) -> None:
+    check_tensor(k, name)
+    d = "d_k" if dim is None else str(dim)
+    if k.dim() != 3 or k.shape[0] != batch or (dim is not None and k.shape[2] != dim):
+        raise ValueError(
+            f"{name} has shape {tuple(k.shape)}, expected [B, n_k, d_k] = [{batch}, n_k, {d}]"
+        )
+
+
+def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
+    """dtype and device agreement of several tensors."""
+    for name, t in others.items():
+        if t is None:
+            continue
+        if t.dtype != ref.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; "
+                "cast them to one dtype"
+            )
+        if t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def check_param(x: Tensor, name: str, shape: tuple[int | None, ...], layout: str) -> None:
+    check_tensor(x, name)
+    ok = x.dim() == len(shape) and all(
+        s is None or s == g for s, g in zip(shape, x.shape, strict=True)
+    )
+    if not ok:
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {layout} = [{want}]")
+
+
+def check_values(v: Tensor, batch: int, n_k: int, name: str = "v") -> None:
+    check_tensor(v, name)
+    if v.dim() != 3 or v.shape[0] != batch or v.shape[1] != n_k:
+        raise ValueError(
+            f"{name} has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{batch}, {n_k}, d_v]"
+        )
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision softmaxes run in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -1,0 +1,636 @@
+"""Alignment functions: ``a = align(e)`` (survey section 3.2.2).
+
+An alignment turns the scores ``e`` ``[B, n_q, n_k]`` into weights of the same shape.
+Every alignment honours the library's mask convention (bool, True = may attend,
+broadcastable to ``[B, n_q, n_k]``): masked keys get weight 0, and a query with no
+allowed key gets all-zero weights -- never NaN, in the forward or the backward pass.
+
+| name | definition | source |
+| --- | --- | --- |
+| soft | ``a_l = exp(e_l) / sum_j exp(e_j)`` | Bahdanau et al. 2015 |
+| hard | ``m ~ Multinomial(softmax(e))``, ``a = onehot(m)``; REINFORCE or straight-through Gumbel-softmax | Xu et al. 2015 |
+| local-m | softmax inside ``[p - D, p + D]``, ``p`` = the output position | Luong et al. 2015 |
+| local-p | ``p = S sigmoid(w_p^T tanh(W_p q))``; softmax in the window times ``exp(-(l-p)^2 / (2 sigma^2))``, ``sigma = D/2`` | Luong et al. 2015 |
+| reinforced | a policy selects a subset of keys (Bernoulli, REINFORCE); soft attention over it | Shen et al. 2018 (ReSAN) |
+| sparsemax | Euclidean projection onto the simplex | Martins & Astudillo 2016 |
+| entmax15 | 1.5-entmax | Peters et al. 2019 |
+
+Modules return an :class:`Aligned` (weights, plus ``log_prob`` for stochastic alignments
+and mechanism-specific ``extras``); the functions return the weights tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError, check_tensor, softmax_dtype
+from attnlab.general.sparse import entmax15, sparsemax
+from attnlab.masks import fill_value
+from attnlab.registry import Configurable, register
+
+__all__ = [
+    "Aligned",
+    "Alignment",
+    "Entmax15Align",
+    "HardAlign",
+    "LocalMAlign",
+    "LocalPAlign",
+    "ReinforcedAlign",
+    "SoftAlign",
+    "SparsemaxAlign",
+    "gumbel_softmax_align",
+    "hard_align",
+    "local_align",
+    "local_window",
+    "masked_softmax",
+    "reinforce_loss",
+    "soft_align",
+]
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def masked_softmax(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
+    """Softmax of ``e`` over ``dim`` restricted to the positions where ``mask`` is True.
+
+    Masked positions get exactly 0; a slice with no allowed position gets all zeros
+    (forward) and zero gradients (backward). ``mask`` must broadcast to ``e``.
+    Half-precision inputs are normalised in float32 and cast back.
+    """
+    x = e.to(softmax_dtype(e.dtype))
+    if mask is None:
+        return torch.softmax(x, dim).to(e.dtype)
+    x = x.masked_fill(~mask, fill_value(x.dtype))
+    return (torch.softmax(x, dim) * mask).to(e.dtype)
+
+
+def _check_scores(e: Tensor, mask: Tensor | None) -> None:
+    check_tensor(e, "e")
+    if e.dim() < 1:
+        raise ValueError(f"e has shape {tuple(e.shape)}, expected [B, n_q, n_k] or [B, n_k]")
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
+        try:
+            torch.broadcast_shapes(mask.shape, e.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"mask has shape {tuple(mask.shape)}, which does not broadcast to the scores "
+                f"e {tuple(e.shape)}"
+            ) from None
+
+
+def soft_align(e: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Soft (global) alignment ``a_l = exp(e_l) / sum_{j allowed} exp(e_j)`` over the last
+    axis (Bahdanau et al. 2015). Cost O(B n_q n_k)."""
+    _check_scores(e, mask)
+    return masked_softmax(e, mask)
+
+
+def local_window(center: Tensor, D: int, n_k: int) -> tuple[Tensor, Tensor]:
+    """Distances ``l - p`` ``[..., n_k]`` and the window ``|l - p| <= D`` for window centres
+    ``center`` ``[...]``."""
+    positions = torch.arange(n_k, device=center.device, dtype=center.dtype)
+    dist = positions - center.unsqueeze(-1)
+    return dist, dist.abs() <= D
+
+
+def _check_window(D: int) -> None:
+    if isinstance(D, bool) or not isinstance(D, int) or D < 1:
+        raise ValueError(f"D (the half window width) must be an int >= 1, got {D!r}")
+
+
+def local_align(
+    e: Tensor,
+    center: Tensor,
+    D: int,
+    mask: Tensor | None = None,
+    gaussian: bool = True,
+) -> Tensor:
+    """Local alignment (Luong et al. 2015) over the full score matrix.
+
+    The window of query ``i`` is the key positions ``l`` with ``|l - p_i| <= D`` that exist
+    and are allowed by ``mask``; the softmax runs over the window only, and with
+    ``gaussian=True`` each weight is then multiplied by ``exp(-(l - p_i)^2 / (2 sigma^2))``,
+    ``sigma = D / 2``, without renormalising.
+
+    Args:
+        e: scores ``[B, n_q, n_k]`` (or ``[B, n_k]`` for a single query).
+        center: window centres ``p`` ``[B, n_q]`` (``[B]`` for a single query), float.
+            local-m passes the output positions, local-p the predicted ones.
+        D: half window width (int >= 1).
+        mask: bool, broadcastable to ``e``.
+
+    Cost O(B n_q n_k) here; :class:`attnlab.Attention` computes only the window,
+    O(B n_q D). Gradients reach ``center`` through the Gaussian factor.
+    """
+    _check_scores(e, mask)
+    _check_window(D)
+    check_tensor(center, "center")
+    if center.shape != e.shape[:-1]:
+        raise ValueError(
+            f"center has shape {tuple(center.shape)}, expected the scores' leading shape "
+            f"{tuple(e.shape[:-1])} ([B, n_q])"
+        )
+    dist, window = local_window(center.to(e.dtype), D, e.shape[-1])
+    allowed = window if mask is None else window & mask
+    a = masked_softmax(e, allowed)
+    if gaussian:
+        sigma = D / 2
+        a = a * torch.exp(-(dist**2) / (2 * sigma**2))
+    return a
+
+
+def _row_has_keys(probs: Tensor) -> Tensor:
+    return probs.sum(-1) > 0
+
+
+def hard_align(
+    e: Tensor,
+    mask: Tensor | None = None,
+    *,
+    sample: bool = True,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Hard alignment (Xu et al. 2015): ``m ~ Multinomial(softmax(e))`` (or ``argmax`` with
+    ``sample=False``); the weights are ``onehot(m)`` so the context is ``v_m``.
+
+    Returns ``(weights, log_prob, probs)``: the one-hot weights (shape of ``e``), the
+    log-probability of the choice ``[...]`` (``e.shape[:-1]``) for a REINFORCE loss, and
+    the soft probabilities. A row with no allowed key gets zero weights and log_prob 0.
+    The weights carry no gradient; train the scores with :func:`reinforce_loss` or use
+    :func:`gumbel_softmax_align`.
+    """
+    _check_scores(e, mask)
+    probs = masked_softmax(e, mask)
+    n_k = e.shape[-1]
+    flat = probs.detach().reshape(-1, n_k).float()
+    has = _row_has_keys(flat)
+    if n_k == 0:
+        z = e.new_zeros(e.shape[:-1])
+        return e.new_zeros(e.shape), z, probs
+    safe = torch.where(has[:, None], flat, torch.ones_like(flat))
+    if sample:
+        idx = torch.multinomial(safe, 1, generator=generator)
+    else:
+        idx = safe.argmax(-1, keepdim=True)
+    weights = F.one_hot(idx.squeeze(-1), n_k).to(e.dtype) * has[:, None].to(e.dtype)
+    x = e.to(softmax_dtype(e.dtype))
+    if mask is not None:
+        x = x.masked_fill(~mask, fill_value(x.dtype))
+    logp_all = torch.log_softmax(x, -1).reshape(-1, n_k)
+    log_prob = torch.where(
+        has, logp_all.gather(-1, idx).squeeze(-1), torch.zeros_like(has, dtype=x.dtype)
+    )
+    return weights.reshape(e.shape), log_prob.reshape(e.shape[:-1]).to(e.dtype), probs
+
+
+def gumbel_softmax_align(
+    e: Tensor,
+    mask: Tensor | None = None,
+    tau: float = 1.0,
+    hard: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Gumbel-softmax relaxation of hard attention (Jang et al. 2017; Maddison et al. 2017).
+
+    ``y = softmax((e + g) / tau)`` with Gumbel noise ``g``; with ``hard=True`` the forward
+    value is ``onehot(argmax y)`` and the gradient is that of ``y`` (straight-through).
+    """
+    _check_scores(e, mask)
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    u = torch.rand(e.shape, generator=generator, device=e.device, dtype=softmax_dtype(e.dtype))
+    g = -torch.log(-torch.log(u.clamp(1e-10, 1 - 1e-7)))
+    y = masked_softmax((e.to(g.dtype) + g) / tau, mask)
+    if not hard:
+        return y.to(e.dtype)
+    if e.shape[-1] == 0:
+        return y.to(e.dtype)
+    has = _row_has_keys(y.detach())
+    y_hard = F.one_hot(y.detach().argmax(-1), e.shape[-1]).to(y.dtype) * has[..., None]
+    return (y_hard - y.detach() + y).to(e.dtype)
+
+
+def reinforce_loss(
+    log_prob: Tensor, reward: Tensor, baseline: Tensor | float | None = None
+) -> Tensor:
+    """Score-function (REINFORCE) surrogate loss ``-mean((reward - baseline) * log_prob)``.
+
+    ``reward`` is detached; ``baseline`` (e.g. a running mean of the reward) reduces the
+    variance. ``reward`` must broadcast to ``log_prob`` (use a per-example reward ``[B, 1]``
+    for ``log_prob`` ``[B, n_q]``). Minimising it raises the probability of choices with
+    above-baseline reward (Williams 1992).
+    """
+    advantage = reward.detach()
+    if baseline is not None:
+        advantage = advantage - (baseline.detach() if isinstance(baseline, Tensor) else baseline)
+    return -(advantage * log_prob).mean()
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+@dataclass
+class Aligned:
+    """What an alignment module returns: the weights (shape of the scores), the
+    log-probability of a stochastic choice (or ``None``) and extras."""
+
+    weights: Tensor
+    log_prob: Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Alignment(Configurable):
+    """Base class of alignment modules.
+
+    ``forward(e, mask=None, *, query=None, keys=None, positions=None) -> Aligned``.
+    ``query`` (``[B, n_q, d_q]``) is used by local-p, ``keys`` by reinforced attention,
+    ``positions`` by local-m; the others ignore them. ``stochastic`` alignments expose a
+    ``log_prob``; ``local`` ones expose ``centers()`` and ``D`` so the general module can
+    compute only the window.
+    """
+
+    stochastic: bool = False
+    local: bool = False
+    supports_multi: bool = False
+
+    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+        """Deterministic normalisation along ``dim`` (used per feature by
+        multi-dimensional attention). Only defined where ``supports_multi``."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-feature form")
+
+
+@register(
+    "align",
+    "soft",
+    formula="a_l = exp(e_l) / sum_j exp(e_j)",
+    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and Translate",
+    cost="O(B n_q n_k)",
+    aliases=("global", "softmax"),
+)
+class SoftAlign(Alignment):
+    """Soft / global alignment: the masked softmax over the keys (Bahdanau et al. 2015).
+    Shapes: ``e`` ``[B, n_q, n_k]`` -> weights ``[B, n_q, n_k]``. Cost O(B n_q n_k)."""
+
+    supports_multi = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+        return masked_softmax(e, mask, dim)
+
+    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
+        return Aligned(soft_align(e, mask))
+
+
+@register(
+    "align",
+    "sparsemax",
+    formula="a = argmin_{p in simplex} |p - e|^2 = max(e - tau, 0)",
+    source="Martins & Astudillo 2016, From Softmax to Sparsemax",
+    cost="O(B n_q n_k log n_k)",
+)
+class SparsemaxAlign(Alignment):
+    """Sparsemax alignment: weights with exact zeros (Martins & Astudillo 2016).
+    Shapes as soft alignment. Cost O(B n_q n_k log n_k) (a sort per row)."""
+
+    supports_multi = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+        return sparsemax(e, mask, dim)
+
+    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
+        _check_scores(e, mask)
+        return Aligned(sparsemax(e, mask))
+
+
+@register(
+    "align",
+    "entmax15",
+    formula="a_l = max(e_l / 2 - tau, 0)^2, sum_l a_l = 1",
+    source="Peters, Niculae & Martins 2019, Sparse Sequence-to-Sequence Models",
+    cost="O(B n_q n_k log n_k)",
+    aliases=("entmax-1.5", "entmax"),
+)
+class Entmax15Align(Alignment):
+    """1.5-entmax alignment (Peters et al. 2019): sparse, smoother than sparsemax.
+    Shapes as soft alignment. Cost O(B n_q n_k log n_k)."""
+
+    supports_multi = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+        return entmax15(e, mask, dim)
+
+    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
+        _check_scores(e, mask)
+        return Aligned(entmax15(e, mask))
+
+
+@register(
+    "align",
+    "hard",
+    formula="m ~ Multinomial(softmax(e)); a = onehot(m); c = v_m",
+    source="Xu et al. 2015, Show, Attend and Tell",
+    cost="O(B n_q n_k)",
+    aliases=("stochastic",),
+)
+class HardAlign(Alignment):
+    """Hard (stochastic) alignment (Xu et al. 2015).
+
+    Training: samples ``m ~ Multinomial(softmax(e))`` and returns one-hot weights. With
+    ``estimator="reinforce"`` the weights carry no gradient and ``Aligned.log_prob``
+    (``[B, n_q]``) feeds :func:`reinforce_loss`; with ``estimator="gumbel"`` the weights are
+    a straight-through Gumbel-softmax sample (temperature ``tau``) and gradients flow into
+    the scores directly (``log_prob`` is still given).
+    Evaluation: ``eval_mode="argmax"`` (deterministic) or ``"sample"``.
+    ``extras["probs"]`` holds the soft probabilities.
+    """
+
+    stochastic = True
+
+    def __init__(
+        self, estimator: str = "reinforce", eval_mode: str = "argmax", tau: float = 1.0
+    ) -> None:
+        super().__init__()
+        if estimator not in ("reinforce", "gumbel"):
+            raise ConfigError(f"estimator must be 'reinforce' or 'gumbel', got {estimator!r}")
+        if eval_mode not in ("argmax", "sample"):
+            raise ConfigError(f"eval_mode must be 'argmax' or 'sample', got {eval_mode!r}")
+        if not tau > 0:
+            raise ConfigError(f"tau must be > 0, got {tau}")
+        self.estimator = estimator
+        self.eval_mode = eval_mode
+        self.tau = float(tau)
+
+    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
+        sample = self.training or self.eval_mode == "sample"
+        if self.training and self.estimator == "gumbel":
+            weights = gumbel_softmax_align(e, mask, self.tau, hard=True)
+            probs = masked_softmax(e, mask)
+            if e.shape[-1] == 0:
+                log_prob = e.new_zeros(e.shape[:-1])
+            else:
+                idx = weights.detach().argmax(-1, keepdim=True)
+                chosen = probs.gather(-1, idx).squeeze(-1)
+                has = weights.detach().sum(-1) > 0
+                log_prob = torch.where(has, chosen.clamp_min(1e-30).log(), torch.zeros_like(chosen))
+            return Aligned(weights, log_prob, {"probs": probs})
+        weights, log_prob, probs = hard_align(e, mask, sample=sample)
+        return Aligned(weights, log_prob, {"probs": probs})
+
+
+def _positions_for(positions: Tensor | None, batch: int, n_q: int, like: Tensor) -> Tensor:
+    if positions is None:
+        return torch.arange(n_q, device=like.device, dtype=like.dtype).expand(batch, n_q)
+    positions = positions.to(device=like.device, dtype=like.dtype)
+    if positions.dim() == 1:
+        positions = positions.expand(batch, -1)
+    if positions.shape != (batch, n_q) and positions.shape != (1, n_q):
+        raise ValueError(
+            f"positions has shape {tuple(positions.shape)}, expected [B, n_q] = [{batch}, {n_q}]"
+            " or [n_q]"
+        )
+    return positions.expand(batch, n_q)
+
+
+class _LocalAlign(Alignment):
+    local = True
+
+    def __init__(self, D: int, gaussian: bool) -> None:
+        super().__init__()
+        try:
+            _check_window(D)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.D = D
+        self.gaussian = gaussian
+
+    def centers(
+        self,
+        *,
+        query: Tensor | None,
+        batch: int,
+        n_q: int,
+        n_k: int,
+        mask: Tensor | None,
+        positions: Tensor | None,
+        like: Tensor,
+    ) -> Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        e: Tensor,
+        mask: Tensor | None = None,
+        *,
+        query: Tensor | None = None,
+        positions: Tensor | None = None,
+        **context: Any,
+    ) -> Aligned:
+        e3 = e if e.dim() == 3 else e.unsqueeze(1)
+        if query is not None and query.dim() == 2:
+            query = query.unsqueeze(1)
+        m3 = mask if (mask is None or e.dim() == 3) else mask.unsqueeze(-2)
+        p = self.centers(
+            query=query,
+            batch=e3.shape[0],
+            n_q=e3.shape[1],
+            n_k=e3.shape[2],
+            mask=m3,
+            positions=positions,
+            like=e3,
+        )
+        a = local_align(e3, p, self.D, m3, self.gaussian)
+        if e.dim() == 2:
+            a, p = a.squeeze(1), p.squeeze(1)
+        return Aligned(a, None, {"centers": p})
+
+
+@register(
+    "align",
+    "local-m",
+    formula="p = output position; a = softmax over l in [p-D, p+D]",
+    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
+    cost="O(B n_q D) in Attention (window only)",
+    aliases=("local-monotonic",),
+)
+class LocalMAlign(_LocalAlign):
+    """Local-m (monotonic) alignment (Luong et al. 2015): the window of output ``i`` is
+    centred on ``p_i = i`` (or on ``positions`` passed to ``forward``), ``[p - D, p + D]``;
+    the softmax runs inside the window. ``gaussian=False`` by default (Luong's local-m);
+    ``gaussian=True`` adds the local-p Gaussian factor.
+    Shapes: ``e`` ``[B, n_q, n_k]`` -> ``[B, n_q, n_k]``. Cost O(B n_q D) inside
+    :class:`attnlab.Attention` (only the window is scored).
+    """
+
+    def __init__(self, D: int = 8, gaussian: bool = False) -> None:
+        super().__init__(D, gaussian)
+
+    def centers(
+        self,
+        *,
+        query: Tensor | None,
+        batch: int,
+        n_q: int,
+        n_k: int,
+        mask: Tensor | None,
+        positions: Tensor | None,
+        like: Tensor,
+    ) -> Tensor:
+        return _positions_for(positions, batch, n_q, like)
+
+
+@register(
+    "align",
+    "local-p",
+    formula="p = S sigmoid(w_p^T tanh(W_p q)); a = softmax_window(e) * exp(-(l-p)^2 / (2 sigma^2)), sigma = D/2",
+    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
+    cost="O(B n_q (d_q d_p + D))",
+    aliases=("local-predictive",),
+)
+class LocalPAlign(_LocalAlign):
+    """Local-p (predictive) alignment (Luong et al. 2015).
+
+    The centre is predicted from the query: ``p = S * sigmoid(w_p^T tanh(W_p q))`` with
+    ``W_p`` ``[d_p, d_q]``, ``w_p`` ``[d_p]``, and ``S`` the last allowed key position
+    (``n_allowed - 1``, counted per query row from the mask; ``n_k - 1`` without a mask).
+    The softmax runs over the window ``|l - p| <= D`` and each weight is multiplied by
+    ``exp(-(l - p)^2 / (2 sigma^2))``, ``sigma = D / 2``, so gradients reach ``W_p, w_p``.
+    Shapes: ``e`` ``[B, n_q, n_k]``, query ``[B, n_q, d_q]``. Cost O(B n_q (d_q d_p + D))
+    inside :class:`attnlab.Attention`.
+    """
+
+    def __init__(
+        self, d_q: int | None = None, D: int = 8, d_p: int | None = None, gaussian: bool = True
+    ) -> None:
+        super().__init__(D, gaussian)
+        if d_q is None:
+            raise ConfigError("LocalPAlign needs d_q (the query size) to predict window positions")
+        d_p = d_q if d_p is None else d_p
+        self.W_p = nn.Linear(d_q, d_p, bias=False)
+        self.w_p = nn.Parameter(torch.empty(d_p).uniform_(-1 / math.sqrt(d_p), 1 / math.sqrt(d_p)))
+
+    def centers(
+        self,
+        *,
+        query: Tensor | None,
+        batch: int,
+        n_q: int,
+        n_k: int,
+        mask: Tensor | None,
+        positions: Tensor | None,
+        like: Tensor,
+    ) -> Tensor:
+        if query is None:
+            raise ValueError("local-p alignment needs the query to predict its window centre")
+        if query.shape[:2] != (batch, n_q):
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}, expected [B, n_q, d_q] = [{batch}, {n_q}, d_q]"
+            )
+        if mask is None:
+            S = like.new_full((batch, n_q), float(max(n_k - 1, 0)))
+        else:
+            allowed = torch.broadcast_to(mask, (batch, n_q, n_k)).sum(-1)
+            S = (allowed - 1).clamp(min=0).to(like.dtype)
+        return S * torch.sigmoid(torch.tanh(self.W_p(query)) @ self.w_p).to(like.dtype)
+
+
+@register(
+    "align",
+    "reinforced",
+    formula="z_l ~ Bernoulli(pi_l), pi_l = sigmoid(policy(k_l, mean k)); a = softmax over {l: z_l = 1}",
+    source="Shen et al. 2018, Reinforced Self-Attention Network (ReSAN)",
+    cost="O(B n_k d_k d_h + B n_q n_k)",
+    aliases=("resan", "reinforced-selection"),
+)
+class ReinforcedAlign(Alignment):
+    """Reinforced alignment, ReSAN-style (Shen et al. 2018, reinforced sequence sampling).
+
+    A policy network gives each key a keep probability
+    ``pi_l = sigmoid(w^T tanh(W [k_l; kbar; k_l * kbar] + b) + b0)`` (``kbar`` the mean
+    allowed key); training samples ``z_l ~ Bernoulli(pi_l)``, evaluation keeps
+    ``pi_l > 0.5`` (``eval_mode="threshold"``) or samples (``"sample"``). Soft attention
+    then runs over the selected keys only. ``Aligned.log_prob`` (``[B]``) is
+    ``sum_l log P(z_l)`` over the allowed keys, for :func:`reinforce_loss`;
+    ``extras["selection"]`` (``[B, n_k]`` bool), ``extras["keep_prob"]`` and
+    ``extras["selection_ratio"]`` (for a sparsity penalty) are exposed. A query whose
+    selected set is empty gets zero weights.
+    Parameters: ``W`` ``[d_h, 3 d_k]``, ``w`` ``[d_h]``. Cost O(B n_k d_k d_h + B n_q n_k).
+    """
+
+    stochastic = True
+
+    def __init__(
+        self,
+        d_k: int | None = None,
+        d_h: int | None = None,
+        eval_mode: str = "threshold",
+        init_keep: float = 0.9,
+    ) -> None:
+        super().__init__()
+        if d_k is None:
+            raise ConfigError("ReinforcedAlign needs d_k (the key size) for its policy network")
+        if eval_mode not in ("threshold", "sample"):
+            raise ConfigError(f"eval_mode must be 'threshold' or 'sample', got {eval_mode!r}")
+        if not 0 < init_keep < 1:
+            raise ConfigError(f"init_keep must be in (0, 1), got {init_keep}")
+        d_h = d_k if d_h is None else d_h
+        self.eval_mode = eval_mode
+        self.policy = nn.Sequential(nn.Linear(3 * d_k, d_h), nn.Tanh(), nn.Linear(d_h, 1))
+        nn.init.constant_(self.policy[2].bias, math.log(init_keep / (1 - init_keep)))
+
+    def forward(
+        self, e: Tensor, mask: Tensor | None = None, *, keys: Tensor | None = None, **context: Any
+    ) -> Aligned:
+        if keys is None:
+            raise ValueError("reinforced alignment needs the keys for its selection policy")
+        _check_scores(e, mask)
+        e3 = e if e.dim() == 3 else e.unsqueeze(1)
+        m3 = mask if (mask is None or e.dim() == 3) else mask.unsqueeze(-2)
+        batch, n_q, n_k = e3.shape
+        if keys.shape[:2] != (batch, n_k):
+            raise ValueError(
+                f"keys has shape {tuple(keys.shape)}, expected [B, n_k, d_k] = [{batch}, {n_k}, d_k]"
+            )
+        key_ok = (
+            torch.ones(batch, n_k, dtype=torch.bool, device=e.device)
+            if m3 is None
+            else torch.broadcast_to(m3, (batch, n_q, n_k)).any(1)
+        )
+        w = key_ok.to(keys.dtype)[..., None]
+        kbar = (keys * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)
+        feats = torch.cat([keys, kbar.expand_as(keys), keys * kbar], -1)
+        logits = self.policy(feats).squeeze(-1)
+        keep_prob = torch.sigmoid(logits)
+        if self.training or self.eval_mode == "sample":
+            selection = torch.bernoulli(keep_prob.detach()).bool()
+        else:
+            selection = keep_prob.detach() > 0.5
+        selection = selection & key_ok
+        logp = torch.where(selection, F.logsigmoid(logits), F.logsigmoid(-logits))
+        log_prob = (logp * key_ok).sum(-1)
+        allowed = selection[:, None, :] if m3 is None else m3 & selection[:, None, :]
+        a = masked_softmax(e3, allowed)
+        if e.dim() == 2:
+            a = a.squeeze(1)
+        ratio = selection.sum(-1).to(keys.dtype) / key_ok.sum(-1).clamp(min=1).to(keys.dtype)
+        return Aligned(
+            a,
+            log_prob,
+            {"selection": selection, "keep_prob": keep_prob, "selection_ratio": ratio},
+        )

@@ -1,0 +1,393 @@
+"""The general attention module (survey section 3.2, Fig. 3 of Brauwers & Frasincar).
+
+``Attention`` composes the three parts of the general attention model:
+
+    K = W_K F, V = W_V F          (learned projections, or the identity)
+    e_l = score(q, k_l)           (any score function)
+    a = align(e)                  (any alignment function)
+    c = sum_l a_l v_l             (single-dimensional) or c_i = sum_l a_{l,i} v_{l,i} (multi)
+
+and runs each combination on the fastest correct implementation:
+
+| path | when | cost |
+| --- | --- | --- |
+| ``sdpa`` | the score reduces to a scaled dot product (dot, scaled-dot, general, biased-general, cosine), soft alignment, single-dimensional | PyTorch's fused kernel |
+| ``lean-additive`` | additive score, soft alignment, single-dimensional | scores from a chunked kernel: memory O(B n_q n_k), never ``[B, n_q, n_k, d_w]`` |
+| ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
+| ``local-window`` | local-m / local-p | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
+| ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
+
+``Attention.explain()`` says which path a call takes and why; every output records it in
+``AttentionOutput.path``. The fast paths agree with ``path="explicit"`` to 1e-5 in float32.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab import masks as _masks
+from attnlab._checks import (
+    ConfigError,
+    batched_query,
+    check_same,
+    check_tensor,
+)
+from attnlab.general.alignment import Aligned, Alignment
+from attnlab.general.dimensionality import combine_multi, combine_single
+from attnlab.general.local import local_window_attend
+from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
+from attnlab.general.sdpa import sdpa_attend
+from attnlab.output import AttentionOutput
+from attnlab.registry import Configurable, get, register
+
+__all__ = ["Attention"]
+
+_DIMS = {"single": False, "single-dimensional": False, "multi": True, "multi-dimensional": True}
+
+
+def _params(cls: type) -> set[str]:
+    return {p for p in inspect.signature(cls).parameters if p != "self"}
+
+
+@register(
+    "attention",
+    "general",
+    formula="K = W_K F, V = W_V F; e_l = score(q, k_l); a = align(e); c = sum_l a_l v_l",
+    source="Brauwers & Frasincar 2023, A General Survey on Attention Mechanisms in Deep Learning",
+    cost="that of the chosen score, alignment and dimensionality",
+    aliases=("attention",),
+)
+class Attention(Configurable):
+    """The general attention model: any score x any alignment x any dimensionality.
+
+    Args:
+        score: a score name (see ``attnlab.registry.names("score")``) or a
+            :class:`~attnlab.general.scoring.Score` module.
+        align: an alignment name (``soft``, ``hard``, ``local-m``, ``local-p``,
+            ``reinforced``, ``sparsemax``, ``entmax15``) or an
+            :class:`~attnlab.general.alignment.Alignment` module.
+        dim: ``"single"`` or ``"multi"`` (multi-dimensional, DiSAN: needs the
+            ``additive`` or ``queryless`` score, which then returns vector scores).
+        d_q: query size. d_k: feature/key input size. d_v: value input size (default
+            ``d_k``).
+        key_dim: if given, keys are ``W_K F`` with ``W_K`` ``[key_dim, d_k]``;
+            otherwise keys are the features themselves.
+        value_dim: likewise for the values (``W_V`` ``[value_dim, d_v]``).
+        dropout: dropout on the attention weights during training.
+        path: ``"auto"`` (fastest correct path) or ``"explicit"`` (the textbook
+            computation, for reference and debugging).
+        **options: passed to the score and alignment constructors by name, e.g.
+            ``d_w``, ``act``, ``bias`` (additive), ``D`` (local window), ``estimator``,
+            ``eval_mode``, ``tau`` (hard). An option neither takes is an error.
+
+    Shapes: ``q`` ``[B, n_q, d_q]`` or ``[B, d_q]``; ``k`` (the features) ``[B, n_k, d_k]``;
+    ``v`` ``[B, n_k, d_v]`` (default: the features); ``mask`` bool broadcastable to
+    ``[B, n_q, n_k]`` (True = may attend). Returns :class:`~attnlab.output.AttentionOutput`
+    with ``context`` ``[B, n_q, d_v']`` (``[B, d_v']`` for a single query or a query-less
+    score).
+
+    An impossible combination raises :class:`~attnlab._checks.ConfigError` (a
+    ``ValueError``) at construction, naming the conflict.
+
+    Example::
+
+        attn = Attention(score="additive", align="soft", d_q=16, d_k=32, d_w=64)
+        out = attn(q, features, mask=attnlab.masks.from_lengths(lengths), need_weights=True)
+        out.context, out.weights, out.path
+    """
+
+    def __init__(
+        self,
+        score: str | Score = "scaled-dot",
+        align: str | Alignment = "soft",
+        dim: str = "single",
+        *,
+        d_q: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        path: str = "auto",
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if dim not in _DIMS:
+            raise ConfigError(f"dim must be 'single' or 'multi', got {dim!r}")
+        if path not in ("auto", "explicit"):
+            raise ConfigError(f"path must be 'auto' or 'explicit', got {path!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        self.multi = _DIMS[dim]
+        self.path_mode = path
+        self.dropout = float(dropout)
+        self.d_q = d_q
+        self.d_k = d_k
+        self.d_v = d_v if d_v is not None else d_k
+        self.key_proj = nn.Linear(d_k, key_dim) if key_dim is not None else None
+        self.value_proj = None
+        if value_dim is not None:
+            if self.d_v is None:
+                raise ConfigError("value_dim needs d_v (or d_k) to build W_V")
+            self.value_proj = nn.Linear(self.d_v, value_dim)
+        if key_dim is not None and d_k is None:
+            raise ConfigError("key_dim needs d_k to build W_K")
+        key_size = key_dim if key_dim is not None else d_k
+        value_size = value_dim if value_dim is not None else self.d_v
+
+        score_cls = get("score", score).cls if isinstance(score, str) else None
+        align_cls = get("align", align).cls if isinstance(align, str) else None
+        score_takes = _params(score_cls) if score_cls else set()
+        align_takes = _params(align_cls) if align_cls else set()
+        unknown = [o for o in options if o not in score_takes | align_takes]
+        if unknown:
+            raise TypeError(
+                f"Attention got unknown options {unknown}: the score "
+                f"{score!r} takes {sorted(score_takes - {'d_q', 'd_k', 'out_dim'})}, the "
+                f"alignment {align!r} takes {sorted(align_takes - {'d_q', 'd_k'})}"
+            )
+
+        if score_cls is not None:
+            kw = {o: v for o, v in options.items() if o in score_takes}
+            if "d_q" in score_takes:
+                kw.setdefault("d_q", d_q)
+            if "d_k" in score_takes:
+                kw.setdefault("d_k", key_size)
+            if self.multi:
+                if "out_dim" not in score_takes:
+                    raise ConfigError(
+                        f"multi-dimensional attention needs a vector score; score {score!r} "
+                        "gives one number per key (use 'additive' or 'queryless')"
+                    )
+                if value_size is None:
+                    raise ConfigError(
+                        "multi-dimensional attention needs d_v (or d_k) for its vector score"
+                    )
+                kw["out_dim"] = value_size
+            self.score = score_cls(**kw)
+        else:
+            if not isinstance(score, Score):
+                raise ConfigError(
+                    f"score must be a name or a Score module, got {type(score).__name__}"
+                )
+            self.score = score
+        if self.multi and not getattr(self.score, "vector", False):
+            raise ConfigError(
+                "multi-dimensional attention needs a vector score (a Score module built with "
+                f"out_dim=d_v); {type(self.score).__name__} returns one number per key"
+            )
+        if not self.multi and getattr(self.score, "vector", False):
+            raise ConfigError("a vector score needs dim='multi'")
+
+        if align_cls is not None:
+            kw = {o: v for o, v in options.items() if o in align_takes}
+            if "d_q" in align_takes:
+                kw.setdefault("d_q", d_q)
+            if "d_k" in align_takes:
+                kw.setdefault("d_k", key_size)
+            self.align = align_cls(**kw)
+        else:
+            if not isinstance(align, Alignment):
+                raise ConfigError(
+                    f"align must be a name or an Alignment module, got {type(align).__name__}"
+                )
+            self.align = align
+
+        name_s = getattr(self.score, "registry_name", type(self.score).__name__)
+        name_a = getattr(self.align, "registry_name", type(self.align).__name__)
+        if self.multi and not self.align.supports_multi:
+            raise ConfigError(
+                f"alignment {name_a!r} cannot be applied per feature, so it does not combine "
+                "with dim='multi' (use soft, sparsemax or entmax15)"
+            )
+        if self.align.local and not self.score.needs_query:
+            raise ConfigError(
+                f"local alignment {name_a!r} places a window per query, but score {name_s!r} "
+                "is query-less (one constant query); use a score that takes the query"
+            )
+        self._score_name, self._align_name = name_s, name_a
+
+    # ------------------------------------------------------------------ planning
+
+    def explain(self, need_weights: bool = False, n_k: int | None = None) -> tuple[str, str]:
+        """``(path, reason)``: the implementation a call with these settings takes."""
+        if self.path_mode == "explicit":
+            return "explicit", "path='explicit' was requested"
+        if n_k == 0:
+            return "explicit", "the key set is empty: the context is zero"
+        a, s = self._align_name, self._score_name
+        if self.align.local:
+            return (
+                "local-window",
+                f"{a} scores only the 2D+1 = {2 * self.align.D + 1} keys of each window "
+                "(O(n_q D), not O(n_q n_k))",
+            )
+        is_soft = a == "soft"
+        if self.multi:
+            if isinstance(self.score, AdditiveScore) and is_soft:
+                if need_weights:
+                    return "explicit", (
+                        "need_weights=True materialises the [B, n_q, n_k, d_v] weights, so "
+                        "the fused multi-dimensional kernel cannot be used"
+                    )
+                if self.dropout > 0 and self.training:
+                    return (
+                        "explicit",
+                        "dropout on multi-dimensional weights needs them materialised",
+                    )
+                return "lean-multi", (
+                    "multi-dimensional additive attention runs in a fused chunked kernel that "
+                    "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]"
+                )
+            if isinstance(self.score, QuerylessScore):
+                return (
+                    "explicit",
+                    "a query-less vector score has n_q = 1: [B, 1, n_k, d_v] is small",
+                )
+            return "explicit", f"alignment {a!r} is applied per feature on the materialised scores"
+        if is_soft and type(self.score).dot_form is not Score.dot_form:
+            return "sdpa", (
+                f"score {s!r} is a scaled dot product after transforming the query, and the "
+                "alignment is soft: PyTorch's fused scaled_dot_product_attention"
+            )
+        if isinstance(self.score, AdditiveScore) and not self.score.vector:
+            return "lean-additive", (
+                "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
+                f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow"
+            )
+        return "explicit", f"score {s!r} with alignment {a!r} has no fused kernel"
+
+    # ------------------------------------------------------------------ forward
+
+    def _check_inputs(
+        self, q: Tensor | None, k: Tensor, v: Tensor | None
+    ) -> tuple[Tensor | None, bool, Tensor]:
+        check_tensor(k, "k")
+        if k.dim() != 3:
+            raise ValueError(f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k]")
+        B, n_k, d_k = k.shape
+        if self.d_k is not None and d_k != self.d_k:
+            raise ValueError(
+                f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k] = [{B}, {n_k}, {self.d_k}]"
+            )
+        single = True
+        q3 = None
+        if self.score.needs_query:
+            if q is None:
+                raise ValueError(f"score {self._score_name!r} needs a query q, got None")
+            q3, single = batched_query(q, "q")
+            if q3.shape[0] != B:
+                raise ValueError(
+                    f"q has shape {tuple(q.shape)} but k has batch size {B}; expected "
+                    f"[B, n_q, d_q] = [{B}, n_q, {self.d_q or 'd_q'}]"
+                )
+            if self.d_q is not None and q3.shape[-1] != self.d_q:
+                raise ValueError(
+                    f"q has shape {tuple(q.shape)}, expected [B, n_q, d_q] = [{B}, n_q, {self.d_q}]"
+                )
+            check_same(k, "k", q=q3)
+        if v is None:
+            v = k
+        else:
+            check_tensor(v, "v")
+            d_v = self.d_v if self.d_v is not None else "d_v"
+            if (
+                v.dim() != 3
+                or v.shape[:2] != (B, n_k)
+                or (self.d_v is not None and v.shape[2] != self.d_v)
+            ):
+                raise ValueError(
+                    f"v has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {d_v}]"
+                )
+            check_same(k, "k", v=v)
+        return q3, single, v
+
+    def forward(
+        self,
+        q: Tensor | None = None,
+        k: Tensor | None = None,
+        v: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        positions: Tensor | None = None,
+    ) -> AttentionOutput:
+        """Attend from the queries ``q`` over the features ``k`` (values ``v``, default
+        ``k``). ``positions`` (``[B, n_q]`` or ``[n_q]``) overrides local-m's window
+        centres. See the class docstring for shapes."""
+        if k is None:
+            raise ValueError("k (the features / keys) is required")
+        q3, single, v = self._check_inputs(q, k, v)
+        keys = self.key_proj(k) if self.key_proj is not None else k
+        values = self.value_proj(v) if self.value_proj is not None else v
+        B, n_k = keys.shape[:2]
+        n_q = q3.shape[1] if q3 is not None else 1
+        mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=keys.device, single_query=single)
+        path, _ = self.explain(need_weights, n_k)
+        p = self.dropout if self.training else 0.0
+        log_prob = None
+        extras: dict[str, Any] = {}
+
+        if path == "sdpa":
+            assert q3 is not None
+            q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
+            context, weights = sdpa_attend(q2, k2, values, scale, mask3, p, need_weights)
+        elif path == "lean-multi":
+            from attnlab.general.fused import multi_dim_attend_lean
+
+            assert q3 is not None and isinstance(self.score, AdditiveScore)
+            q1, k2 = self.score.lean_parts(q3, keys)
+            context = multi_dim_attend_lean(
+                q1, k2, self.score.w, self.score.b_d, values, mask3, self.score.act
+            )
+            weights = None
+        elif path == "local-window":
+            assert q3 is not None
+            centers = self.align.centers(
+                query=q3, batch=B, n_q=n_q, n_k=n_k, mask=mask3, positions=positions, like=keys
+            )
+            context, weights, _ = local_window_attend(
+                self.score,
+                q3,
+                keys,
+                values,
+                centers,
+                self.align.D,
+                mask3,
+                self.align.gaussian,
+                need_weights,
+                dropout_p=p,
+            )
+            extras["centers"] = centers
+        else:
+            if path == "lean-additive":
+                e = self.score(q3, keys)
+            else:
+                e = self.score.explicit(q3, keys)
+            if self.multi:
+                m4 = mask3.unsqueeze(-1) if mask3 is not None else None
+                a = self.align.normalize(e, m4, dim=2)
+                weights = a
+                context = combine_multi(F.dropout(a, p, True) if p > 0 else a, values)
+            else:
+                aligned: Aligned = self.align(e, mask3, query=q3, keys=keys, positions=positions)
+                a = aligned.weights
+                weights = a
+                log_prob = aligned.log_prob
+                extras.update(aligned.extras)
+                context = combine_single(F.dropout(a, p, True) if p > 0 else a, values)
+        if not need_weights:
+            weights = None
+        if single:
+            context = context.squeeze(1)
+            if weights is not None:
+                weights = weights.squeeze(1)
+            if log_prob is not None and log_prob.dim() == 2:
+                log_prob = log_prob.squeeze(1)
+            if "centers" in extras:
+                extras["centers"] = extras["centers"].squeeze(1)
+        return AttentionOutput(context, weights, log_prob, path, extras)

@@ -1,0 +1,120 @@
+"""Attention dimensionality: how the weights combine the values (survey section 3.2.3).
+
+* single-dimensional: one scalar weight per key, ``c = sum_l a_l v_l``;
+* multi-dimensional (Shen et al. 2018, DiSAN): a vector score ``e_l in R^{d_v}``, a softmax
+  over the keys *separately for every feature* ``i``, and ``c_i = sum_l a_{l,i} v_{l,i}``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab._checks import check_tensor
+from attnlab.general.alignment import masked_softmax
+from attnlab.output import AttentionOutput
+from attnlab.registry import Configurable, register
+
+__all__ = [
+    "MultiDimensional",
+    "SingleDimensional",
+    "combine_multi",
+    "combine_single",
+    "multi_dimensional_attend",
+]
+
+
+def combine_single(weights: Tensor, v: Tensor) -> Tensor:
+    """``c = sum_l a_l v_l``: weights ``[B, n_q, n_k]``, v ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``.
+    Cost O(B n_q n_k d_v)."""
+    return weights @ v
+
+
+def combine_multi(weights: Tensor, v: Tensor) -> Tensor:
+    """``c_i = sum_l a_{l,i} v_{l,i}``: weights ``[B, n_q, n_k, d_v]``, v ``[B, n_k, d_v]``
+    -> ``[B, n_q, d_v]``. Cost O(B n_q n_k d_v) time and memory."""
+    return (weights * v.unsqueeze(1)).sum(2)
+
+
+def multi_dimensional_attend(
+    scores: Tensor, v: Tensor, mask: Tensor | None = None
+) -> AttentionOutput:
+    """Multi-dimensional attention from vector scores (Shen et al. 2018, DiSAN).
+
+    Args:
+        scores: ``[B, n_q, n_k, d_v]`` (one score per key and feature).
+        v: ``[B, n_k, d_v]``.
+        mask: bool, broadcastable to ``[B, n_q, n_k]``, True = may attend.
+
+    Returns an :class:`AttentionOutput` with ``context`` ``[B, n_q, d_v]`` and ``weights``
+    ``[B, n_q, n_k, d_v]``: ``a[b, i, :, f] = softmax over allowed keys of scores[b, i, :, f]``
+    and ``context[b, i, f] = sum_l a[b, i, l, f] v[b, l, f]``. Rows with no allowed key give
+    zeros. Memory O(B n_q n_k d_v); :func:`attnlab.general.fused.multi_dim_attend_lean`
+    computes the context of DiSAN's additive vector score without that tensor.
+    """
+    check_tensor(scores, "scores")
+    check_tensor(v, "v")
+    if scores.dim() != 4:
+        raise ValueError(f"scores has shape {tuple(scores.shape)}, expected [B, n_q, n_k, d_v]")
+    B, _, n_k, d_v = scores.shape
+    if v.shape != (B, n_k, d_v):
+        raise ValueError(
+            f"v has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {d_v}]"
+        )
+    m4 = None
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
+        try:
+            torch.broadcast_shapes(mask.shape, scores.shape[:3])
+        except RuntimeError:
+            raise ValueError(
+                f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                f"[B, n_q, n_k] = {list(scores.shape[:3])}"
+            ) from None
+        m4 = mask.unsqueeze(-1)
+    weights = masked_softmax(scores, m4, dim=2)
+    return AttentionOutput(combine_multi(weights, v), weights, path="explicit")
+
+
+@register(
+    "dim",
+    "single",
+    formula="c = sum_l a_l v_l",
+    source="all (e.g. Bahdanau et al. 2015)",
+    cost="O(B n_q n_k d_v)",
+    aliases=("single-dimensional", "scalar"),
+)
+class SingleDimensional(Configurable):
+    """Single-dimensional attention: one scalar weight per key, ``c = sum_l a_l v_l``.
+    Shapes: weights ``[B, n_q, n_k]``, ``v`` ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``."""
+
+    multi = False
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, weights: Tensor, v: Tensor) -> Tensor:
+        return combine_single(weights, v)
+
+
+@register(
+    "dim",
+    "multi",
+    formula="e_l = W_d^T act(W1 q + W2 k_l + b) in R^{d_v}; a_{l,i} = softmax_l(e_{l,i}); c_i = sum_l a_{l,i} v_{l,i}",
+    source="Shen et al. 2018, DiSAN: Directional Self-Attention Network",
+    cost="time O(B n_q n_k d_w d_v), memory O(B n_q d_v) (fused kernel)",
+    aliases=("multi-dimensional", "vector", "feature-wise"),
+)
+class MultiDimensional(Configurable):
+    """Multi-dimensional (feature-wise) attention (Shen et al. 2018, DiSAN): weights
+    ``[B, n_q, n_k, d_v]``, ``c_i = sum_l a_{l,i} v_{l,i}``. Requires a vector score
+    (``additive`` or ``queryless`` built with ``out_dim = d_v``)."""
+
+    multi = True
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, weights: Tensor, v: Tensor) -> Tensor:
+        return combine_multi(weights, v)

@@ -1,0 +1,86 @@
+"""Local attention that scores only the window: O(n_q D) instead of O(n_q n_k).
+
+Luong et al. (2015) restrict each query's alignment to the keys ``l`` with
+``|l - p| <= D`` around a centre ``p`` (local-m: the output position; local-p: a predicted
+position). Computing all ``n_k`` scores and masking the rest costs O(n_q n_k); this module
+gathers the at most ``2D + 1`` keys of each window and scores only those, so time and
+memory are O(B n_q D (d_k + d_v)) and grow linearly with ``n_k`` only through the inputs.
+Any score module works: each query is scored against its own gathered window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnlab.general.alignment import masked_softmax
+
+__all__ = ["local_window_attend"]
+
+
+def _gather_rows(x: Tensor, idx: Tensor) -> Tensor:
+    """``x`` ``[B, n, d]``, ``idx`` ``[B, n_q, W]`` -> ``[B, n_q, W, d]``."""
+    B, n_q, W = idx.shape
+    flat = idx.reshape(B, n_q * W, 1).expand(-1, -1, x.shape[-1])
+    return x.gather(1, flat).reshape(B, n_q, W, x.shape[-1])
+
+
+def local_window_attend(
+    score: Callable[[Tensor, Tensor], Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    center: Tensor,
+    D: int,
+    mask: Tensor | None = None,
+    gaussian: bool = True,
+    need_weights: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Local attention over the window ``|l - p| <= D`` only.
+
+    Args:
+        score: a score function ``(q [N, 1, d_q], k [N, W, d_k]) -> [N, 1, W]``.
+        q: ``[B, n_q, d_q]``; k: ``[B, n_k, d_k]``; v: ``[B, n_k, d_v]``.
+        center: window centres ``[B, n_q]`` (float).
+        D: half window width.
+        mask: bool broadcastable to ``[B, n_q, n_k]``.
+        gaussian: multiply by ``exp(-(l - p)^2 / (2 (D/2)^2))`` after the softmax.
+        need_weights: also scatter the weights into a dense ``[B, n_q, n_k]`` tensor.
+        dropout_p: dropout on the window weights before the weighted sum (the returned
+            weights are the ones before dropout).
+
+    Returns ``(context [B, n_q, d_v], dense weights or None, window weights [B, n_q, W])``.
+    The weights equal :func:`attnlab.general.alignment.local_align` on the full scores.
+    """
+    B, n_q, _ = q.shape
+    n_k = k.shape[1]
+    W = 2 * D + 1
+    offsets = torch.arange(W, device=q.device)
+    p = center.to(q.dtype)
+    start = torch.ceil(p.detach() - D).to(torch.long)
+    idx = start.unsqueeze(-1) + offsets  # [B, n_q, W]
+    dist = idx.to(q.dtype) - p.unsqueeze(-1)
+    valid = (dist.abs() <= D) & (idx >= 0) & (idx < n_k)
+    safe = idx.clamp(0, max(n_k - 1, 0))
+    if mask is not None:
+        full = torch.broadcast_to(mask, (B, n_q, n_k))
+        valid = valid & full.gather(2, safe)
+    k_win = _gather_rows(k, safe)
+    v_win = _gather_rows(v, safe)
+    e = score(q.reshape(B * n_q, 1, q.shape[-1]), k_win.reshape(B * n_q, W, k.shape[-1]))
+    e = e.reshape(B, n_q, W)
+    a = masked_softmax(e, valid)
+    if gaussian:
+        sigma = D / 2
+        a = a * torch.exp(-(dist**2) / (2 * sigma**2))
+    a_used = torch.nn.functional.dropout(a, dropout_p, True) if dropout_p > 0 else a
+    context = (a_used.unsqueeze(-2) @ v_win).squeeze(-2)
+    dense = None
+    if need_weights:
+        dense = a.new_zeros(B, n_q, n_k)
+        # invalid slots carry weight 0, so scattering them onto clamped indices is harmless
+        dense = dense.scatter_add(2, safe, a * valid)
+    return context, dense, a

@@ -1,0 +1,601 @@
+"""Score functions: ``e_l = score(q, k_l)`` (survey section 3.2.1).
+
+Shapes (batch-first): ``q`` ``[B, n_q, d_q]`` (or a single query ``[B, d_q]``), ``k``
+``[B, n_k, d_k]``; a score function returns ``e`` ``[B, n_q, n_k]`` (``[B, n_k]`` for a
+single query). Weight matrices have the paper's shapes, which are also
+``nn.Linear.weight``'s layout: ``W1`` is ``[d_w, d_q]`` and multiplies ``q``.
+
+Each score comes as a pure function (``additive_score``, ``dot_score``, ...) and as an
+``nn.Module`` holding its parameters (``AdditiveScore``, ``DotScore``, ...). The modules
+also tell the general attention module how they can be computed fast:
+
+* ``dot_form(q, k)`` returns ``(q', k', scale)`` when the score equals
+  ``scale * q'^T k'_l`` -- then attention runs on PyTorch's fused
+  ``scaled_dot_product_attention``;
+* ``lean_parts(q, k)`` (additive scores) returns the projected query and keys for the
+  memory-lean kernels of :mod:`attnlab.general.fused`;
+* ``explicit(q, k)`` is the textbook computation, the reference the fast paths are
+  tested against.
+
+| name | formula | source |
+| --- | --- | --- |
+| additive | ``w^T act(W1 q + W2 k_l + b)`` | Bahdanau et al. 2015 |
+| dot | ``q^T k_l`` | Luong et al. 2015 |
+| scaled-dot | ``q^T k_l / sqrt(d_k)`` | Vaswani et al. 2017 |
+| general | ``k_l^T W q`` | Luong et al. 2015 |
+| biased-general | ``k_l^T (W q + b)`` | Sordoni et al. 2016 |
+| activated-general | ``act(k_l^T W q + b)`` | Ma et al. 2017 |
+| cosine | ``q^T k_l / (|q| |k_l|)`` | Graves et al. 2014 |
+| queryless | ``w^T act(W k_l + b)`` | Lin et al. 2017; Yang et al. 2016 |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import (
+    ConfigError,
+    batched_query,
+    check_keys,
+    check_param,
+    check_same,
+    check_tensor,
+)
+from attnlab.general.activations import Activation, get_activation
+from attnlab.registry import Configurable, register
+
+__all__ = [
+    "ActivatedGeneralScore",
+    "AdditiveScore",
+    "BiasedGeneralScore",
+    "CosineScore",
+    "DotScore",
+    "GeneralScore",
+    "QuerylessScore",
+    "ScaledDotScore",
+    "Score",
+    "activated_general_score",
+    "additive_score",
+    "biased_general_score",
+    "cosine_score",
+    "dot_score",
+    "general_score",
+    "multi_dimensional_additive_score",
+    "queryless_score",
+    "scaled_dot_score",
+]
+
+COSINE_EPS = 1e-8
+
+
+def _prepare(q: Tensor, k: Tensor) -> tuple[Tensor, bool]:
+    q3, single = batched_query(q, "q")
+    check_keys(k, q3.shape[0], "k")
+    check_same(q3, "q", k=k)
+    return q3, single
+
+
+def _finish(e: Tensor, single: bool) -> Tensor:
+    return e.squeeze(1) if single else e
+
+
+def _require_same_dim(q: Tensor, k: Tensor, what: str) -> None:
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{what} needs d_q == d_k, but q has shape {tuple(q.shape)} and k has shape "
+            f"{tuple(k.shape)}"
+        )
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def dot_score(q: Tensor, k: Tensor) -> Tensor:
+    """Multiplicative score ``e_l = q^T k_l`` (Luong et al. 2015). Needs ``d_q == d_k``.
+    Cost: O(B n_q n_k d)."""
+    q3, single = _prepare(q, k)
+    _require_same_dim(q3, k, "dot_score")
+    return _finish(q3 @ k.transpose(-1, -2), single)
+
+
+def scaled_dot_score(q: Tensor, k: Tensor) -> Tensor:
+    """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017)."""
+    q3, single = _prepare(q, k)
+    _require_same_dim(q3, k, "scaled_dot_score")
+    scale = 1.0 / math.sqrt(k.shape[-1]) if k.shape[-1] else 1.0
+    return _finish((q3 * scale) @ k.transpose(-1, -2), single)
+
+
+def general_score(q: Tensor, k: Tensor, W: Tensor) -> Tensor:
+    """General (bilinear) score ``e_l = k_l^T W q`` with ``W`` ``[d_k, d_q]``
+    (Luong et al. 2015). Computed as a dot product with the transformed query ``W q``:
+    O(B n_q d_q d_k + B n_q n_k d_k)."""
+    q3, single = _prepare(q, k)
+    check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
+    check_same(q3, "q", W=W)
+    return _finish((q3 @ W.transpose(0, 1)) @ k.transpose(-1, -2), single)
+
+
+def biased_general_score(q: Tensor, k: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    """Biased general score ``e_l = k_l^T (W q + b)``, ``W`` ``[d_k, d_q]``, ``b`` ``[d_k]``
+    (Sordoni et al. 2016)."""
+    q3, single = _prepare(q, k)
+    check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
+    check_param(b, "b", (k.shape[-1],), "[d_k]")
+    check_same(q3, "q", W=W, b=b)
+    return _finish(F.linear(q3, W, b) @ k.transpose(-1, -2), single)
+
+
+def activated_general_score(
+    q: Tensor, k: Tensor, W: Tensor, b: Tensor | float, act: str | Activation = "tanh"
+) -> Tensor:
+    """Activated general score ``e_l = act(k_l^T W q + b)`` with a scalar bias ``b``
+    (Ma et al. 2017, IAN)."""
+    q3, single = _prepare(q, k)
+    check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
+    if isinstance(b, Tensor) and b.numel() != 1:
+        raise ValueError(f"b has shape {tuple(b.shape)}, expected a scalar (shape [] or [1])")
+    if isinstance(b, Tensor):
+        b = b.reshape(())
+    e = (q3 @ W.transpose(0, 1)) @ k.transpose(-1, -2) + b
+    return _finish(get_activation(act)(e), single)
+
+
+def cosine_score(q: Tensor, k: Tensor) -> Tensor:
+    """Cosine similarity ``e_l = q^T k_l / (max(|q|, eps) max(|k_l|, eps))`` (Graves et al.
+    2014, content addressing of the Neural Turing Machine). Zero vectors score 0."""
+    q3, single = _prepare(q, k)
+    _require_same_dim(q3, k, "cosine_score")
+    qn = F.normalize(q3, dim=-1, eps=COSINE_EPS)
+    kn = F.normalize(k, dim=-1, eps=COSINE_EPS)
+    return _finish(qn @ kn.transpose(-1, -2), single)
+
+
+def _additive_checks(q3: Tensor, k: Tensor, W1: Tensor, W2: Tensor, b: Tensor | None) -> None:
+    d_w = W1.shape[0] if W1.dim() == 2 else None
+    check_param(W1, "W1", (d_w, q3.shape[-1]), "[d_w, d_q]")
+    check_param(W2, "W2", (d_w, k.shape[-1]), "[d_w, d_k]")
+    if b is not None:
+        check_param(b, "b", (d_w,), "[d_w]")
+    check_same(q3, "q", W1=W1, W2=W2, b=b)
+
+
+def additive_score(
+    q: Tensor,
+    k: Tensor,
+    W1: Tensor,
+    W2: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    act: str | Activation = "tanh",
+    lean: bool = True,
+) -> Tensor:
+    """Additive (concat) score ``e_l = w^T act(W1 q + W2 k_l + b)`` (Bahdanau et al. 2015).
+
+    ``W1`` ``[d_w, d_q]``, ``W2`` ``[d_w, d_k]``, ``w`` ``[d_w]``, ``b`` ``[d_w]``.
+    Cost: time O(B n_q n_k d_w). With ``lean=True`` (default) the scores come from the
+    chunked kernel of :mod:`attnlab.general.fused`, which never holds the
+    ``[B, n_q, n_k, d_w]`` tensor (memory O(B n_q n_k)); ``lean=False`` is the textbook
+    broadcast computation.
+    """
+    q3, single = _prepare(q, k)
+    _additive_checks(q3, k, W1, W2, b)
+    w = w.reshape(-1)
+    check_param(w, "w", (W1.shape[0],), "[d_w]")
+    q1 = F.linear(q3, W1, b)
+    k2 = F.linear(k, W2)
+    if lean:
+        from attnlab.general.fused import additive_score_lean
+
+        e = additive_score_lean(q1, k2, w, act)
+    else:
+        e = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ w
+    return _finish(e, single)
+
+
+def multi_dimensional_additive_score(
+    q: Tensor,
+    k: Tensor,
+    W1: Tensor,
+    W2: Tensor,
+    W_d: Tensor,
+    b: Tensor | None = None,
+    b_d: Tensor | None = None,
+    act: str | Activation = "tanh",
+) -> Tensor:
+    """Vector score of multi-dimensional attention (Shen et al. 2018, DiSAN):
+    ``e_l = W_d^T act(W1 q + W2 k_l + b) + b_d`` in ``R^{d_v}``, ``W_d`` ``[d_w, d_v]``.
+
+    Returns ``[B, n_q, n_k, d_v]`` (explicitly materialised; memory O(B n_q n_k (d_w +
+    d_v))). :class:`attnlab.Attention` with ``dim="multi"`` uses the fused
+    :func:`attnlab.general.fused.multi_dim_attend_lean` instead.
+    """
+    q3, single = _prepare(q, k)
+    _additive_checks(q3, k, W1, W2, b)
+    check_param(W_d, "W_d", (W1.shape[0], None), "[d_w, d_v]")
+    if b_d is not None:
+        check_param(b_d, "b_d", (W_d.shape[1],), "[d_v]")
+    h = get_activation(act)(F.linear(q3, W1, b)[:, :, None, :] + F.linear(k, W2)[:, None, :, :])
+    e = h @ W_d
+    if b_d is not None:
+        e = e + b_d
+    return e.squeeze(1) if single else e
+
+
+def queryless_score(
+    k: Tensor,
+    W: Tensor,
+    w: Tensor,
+    b: Tensor | None = None,
+    act: str | Activation = "tanh",
+) -> Tensor:
+    """Query-less (self-attentive, constant query) score ``e_l = w^T act(W k_l + b)``
+    (Lin et al. 2017; Yang et al. 2016). ``W`` ``[d_w, d_k]``, ``w`` ``[d_w]`` (or
+    ``[d_w, d_v]`` for a vector score), ``b`` ``[d_w]``. Returns ``[B, 1, n_k]`` (``[B, 1,
+    n_k, d_v]`` for a vector score). Cost O(B n_k d_k d_w)."""
+    check_tensor(k, "k")
+    if k.dim() != 3:
+        raise ValueError(f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k]")
+    check_param(W, "W", (None, k.shape[-1]), "[d_w, d_k]")
+    if b is not None:
+        check_param(b, "b", (W.shape[0],), "[d_w]")
+    if w.dim() == 1:
+        check_param(w, "w", (W.shape[0],), "[d_w]")
+    else:
+        check_param(w, "w", (W.shape[0], None), "[d_w, d_v]")
+    check_same(k, "k", W=W, w=w, b=b)
+    e = get_activation(act)(F.linear(k, W, b)) @ w
+    return e.unsqueeze(1)
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class Score(Configurable):
+    """Base class of score modules: ``forward(q, k) -> e``.
+
+    Class attributes describe the score to the general attention module:
+    ``needs_query`` (False for query-less scores), ``vector`` (True when the module was
+    built to return vector scores ``[B, n_q, n_k, d_v]`` for multi-dimensional attention).
+    """
+
+    needs_query: bool = True
+    supports_vector: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vector = False
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float] | None:
+        """``(q', k', scale)`` with ``score(q, k_l) = scale * q'^T k'_l``, or ``None``."""
+        return None
+
+    def explicit(self, q: Tensor, k: Tensor) -> Tensor:
+        """The textbook computation of the scores (the reference for fast paths)."""
+        return self(q, k)
+
+
+class _DotFamily(Score):
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        q3, single = _prepare(q, k)
+        q2, k2, scale = self.dot_form(q3, k)  # type: ignore[misc]
+        e = q2 @ k2.transpose(-1, -2)
+        return _finish(e * scale if scale != 1.0 else e, single)
+
+
+@register(
+    "score",
+    "dot",
+    formula="e_l = q^T k_l",
+    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
+    cost="O(B n_q n_k d)",
+    aliases=("multiplicative",),
+)
+class DotScore(_DotFamily):
+    """Multiplicative score ``e_l = q^T k_l`` (Luong et al. 2015).
+
+    Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
+    Cost: O(B n_q n_k d) time; with soft alignment it runs on the fused SDPA kernel.
+    """
+
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__()
+        _check_equal_dims(self, d_q, d_k)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        _require_same_dim(q, k, type(self).__name__)
+        return q, k, 1.0
+
+
+@register(
+    "score",
+    "scaled-dot",
+    formula="e_l = q^T k_l / sqrt(d_k)",
+    source="Vaswani et al. 2017, Attention Is All You Need",
+    cost="O(B n_q n_k d)",
+    aliases=("scaled_dot", "scaled-multiplicative", "sdp"),
+)
+class ScaledDotScore(_DotFamily):
+    """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017).
+
+    Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
+    Cost: O(B n_q n_k d); with soft alignment it runs on the fused SDPA kernel.
+    """
+
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__()
+        _check_equal_dims(self, d_q, d_k)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        _require_same_dim(q, k, type(self).__name__)
+        d = k.shape[-1]
+        return q, k, 1.0 / math.sqrt(d) if d else 1.0
+
+
+@register(
+    "score",
+    "cosine",
+    formula="e_l = q^T k_l / (|q| |k_l|)",
+    source="Graves et al. 2014, Neural Turing Machines",
+    cost="O(B n_q n_k d)",
+    aliases=("similarity",),
+)
+class CosineScore(_DotFamily):
+    """Cosine-similarity score (Graves et al. 2014). Scores lie in ``[-1, 1]``, so a
+    ``temperature`` (default 1) divides them before the alignment: ``e_l = cos(q, k_l) /
+    temperature`` (NTM's key strength ``beta`` is ``1 / temperature``).
+
+    Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
+    Cost: O(B (n_q + n_k) d) to normalise, then O(B n_q n_k d); SDPA with soft alignment.
+    """
+
+    def __init__(
+        self, d_q: int | None = None, d_k: int | None = None, temperature: float = 1.0
+    ) -> None:
+        super().__init__()
+        _check_equal_dims(self, d_q, d_k)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        _require_same_dim(q, k, "CosineScore")
+        qn = F.normalize(q, dim=-1, eps=COSINE_EPS)
+        kn = F.normalize(k, dim=-1, eps=COSINE_EPS)
+        return qn, kn, 1.0 / self.temperature
+
+
+def _check_equal_dims(module: Score, d_q: int | None, d_k: int | None) -> None:
+    if d_q is not None and d_k is not None and d_q != d_k:
+        raise ConfigError(
+            f"{type(module).__name__} compares q and k directly, so it needs d_q == d_k; "
+            f"got d_q={d_q}, d_k={d_k} (use 'general' or 'additive', or project the keys)"
+        )
+
+
+def _need(value: int | None, name: str, module: str) -> int:
+    if value is None:
+        raise ConfigError(f"{module} needs {name} (the size of its input) to build its weights")
+    if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{module}: {name} must be a positive int, got {value!r}")
+    return value
+
+
+@register(
+    "score",
+    "general",
+    formula="e_l = k_l^T W q",
+    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
+    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
+    aliases=("bilinear",),
+)
+class GeneralScore(Score):
+    """General (bilinear) score ``e_l = k_l^T W q``, ``W`` ``[d_k, d_q]`` (Luong 2015).
+
+    ``W`` is ``self.W.weight``. The query is transformed once (``W q``), so with soft
+    alignment the attention runs on the fused SDPA kernel.
+    Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+    """
+
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__()
+        self.W = nn.Linear(
+            _need(d_q, "d_q", "GeneralScore"), _need(d_k, "d_k", "GeneralScore"), bias=False
+        )
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return general_score(q, k, self.W.weight)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        return self.W(q), k, 1.0
+
+
+@register(
+    "score",
+    "biased-general",
+    formula="e_l = k_l^T (W q + b)",
+    source="Sordoni et al. 2016, Iterative Alternating Neural Attention for Machine Reading",
+    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
+)
+class BiasedGeneralScore(Score):
+    """Biased general score ``e_l = k_l^T (W q + b)``, ``W`` ``[d_k, d_q]``, ``b`` ``[d_k]``
+    (Sordoni et al. 2016). Runs on SDPA with soft alignment (transformed query).
+    Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+    """
+
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__()
+        self.W = nn.Linear(
+            _need(d_q, "d_q", "BiasedGeneralScore"), _need(d_k, "d_k", "BiasedGeneralScore")
+        )
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return biased_general_score(q, k, self.W.weight, self.W.bias)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        return self.W(q), k, 1.0
+
+
+@register(
+    "score",
+    "activated-general",
+    formula="e_l = act(k_l^T W q + b)",
+    source="Ma et al. 2017, Interactive Attention Networks (IAN)",
+    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
+)
+class ActivatedGeneralScore(Score):
+    """Activated general score ``e_l = act(k_l^T W q + b)`` with a scalar bias
+    (Ma et al. 2017). The activation makes it a non-dot score: explicit path.
+    Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+    """
+
+    def __init__(
+        self, d_q: int | None = None, d_k: int | None = None, act: str | Activation = "tanh"
+    ) -> None:
+        super().__init__()
+        self.W = nn.Linear(
+            _need(d_q, "d_q", "ActivatedGeneralScore"),
+            _need(d_k, "d_k", "ActivatedGeneralScore"),
+            bias=False,
+        )
+        self.b = nn.Parameter(torch.zeros(()))
+        self.act = act
+        get_activation(act)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return activated_general_score(q, k, self.W.weight, self.b, self.act)
+
+
+class _AdditiveBase(Score):
+    supports_vector = True
+
+    def _init_vector(self, d_w: int, out_dim: int | None) -> None:
+        self.vector = out_dim is not None
+        bound = 1.0 / math.sqrt(d_w)
+        if out_dim is None:
+            self.w = nn.Parameter(torch.empty(d_w).uniform_(-bound, bound))
+            self.register_parameter("b_d", None)
+        else:
+            if not isinstance(out_dim, int) or out_dim <= 0:
+                raise ConfigError(f"out_dim must be a positive int, got {out_dim!r}")
+            self.w = nn.Parameter(torch.empty(d_w, out_dim).uniform_(-bound, bound))
+            self.b_d = nn.Parameter(torch.zeros(out_dim))
+
+
+@register(
+    "score",
+    "additive",
+    formula="e_l = w^T act(W1 q + W2 k_l + b)",
+    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and Translate",
+    cost="time O(B n_q n_k d_w), memory O(B n_q n_k) (chunked kernel)",
+    aliases=("concat", "bahdanau", "mlp"),
+)
+class AdditiveScore(_AdditiveBase):
+    """Additive (concat) score ``e_l = w^T act(W1 q + W2 k_l + b)`` (Bahdanau et al. 2015).
+
+    Parameters: ``W1`` ``[d_w, d_q]`` (``self.W1.weight``), ``W2`` ``[d_w, d_k]``,
+    ``b`` ``[d_w]`` (optional), ``w`` ``[d_w]``. With ``out_dim=d_v`` the score is the
+    DiSAN vector score ``e_l = W_d^T act(W1 q + W2 k_l + b) + b_d`` in ``R^{d_v}`` (``w``
+    becomes ``W_d`` ``[d_w, d_v]``), used by multi-dimensional attention.
+
+    Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]`` (or
+    ``[B, n_q, n_k, d_v]``). Cost: time O(B n_q n_k d_w); the forward pass uses the
+    chunked kernel and holds O(B n_q n_k) memory, never the ``[B, n_q, n_k, d_w]`` tensor.
+    """
+
+    def __init__(
+        self,
+        d_q: int | None = None,
+        d_k: int | None = None,
+        d_w: int | None = None,
+        act: str | Activation = "tanh",
+        bias: bool = True,
+        out_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        d_q = _need(d_q, "d_q", "AdditiveScore")
+        d_k = _need(d_k, "d_k", "AdditiveScore")
+        d_w = d_k if d_w is None else _need(d_w, "d_w", "AdditiveScore")
+        get_activation(act)
+        self.act = act
+        self.W1 = nn.Linear(d_q, d_w, bias=False)
+        self.W2 = nn.Linear(d_k, d_w, bias=False)
+        self.b = nn.Parameter(torch.zeros(d_w)) if bias else None
+        self._init_vector(d_w, out_dim)
+
+    def lean_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``(W1 q + b, W2 k)``, the inputs of the chunked kernels."""
+        return F.linear(q, self.W1.weight, self.b), self.W2(k)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        if self.vector:
+            return multi_dimensional_additive_score(
+                q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.b_d, self.act
+            )
+        return additive_score(q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.act)
+
+    def explicit(self, q: Tensor, k: Tensor) -> Tensor:
+        if self.vector:
+            return self(q, k)
+        return additive_score(
+            q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.act, lean=False
+        )
+
+
+@register(
+    "score",
+    "queryless",
+    formula="e_l = w^T act(W k_l + b)",
+    source="Lin et al. 2017, A Structured Self-attentive Sentence Embedding; Yang et al. 2016 (HAN)",
+    cost="O(B n_k d_k d_w)",
+    aliases=("self-attentive", "constant-query", "query-less"),
+)
+class QuerylessScore(_AdditiveBase):
+    """Query-less score ``e_l = w^T act(W k_l + b)`` (Lin et al. 2017; Yang et al. 2016):
+    the query is constant, folded into ``w``. ``forward(q, k)`` ignores ``q`` (it may be
+    ``None``) and returns ``[B, 1, n_k]``. With ``out_dim=d_v`` it is DiSAN's
+    source2token vector score ``W_d^T act(W k_l + b) + b_d``.
+
+    Parameters: ``W`` ``[d_w, d_k]``, ``b`` ``[d_w]``, ``w`` ``[d_w]``.
+    Cost: O(B n_k d_k d_w).
+    """
+
+    needs_query = False
+
+    def __init__(
+        self,
+        d_k: int | None = None,
+        d_w: int | None = None,
+        act: str | Activation = "tanh",
+        bias: bool = True,
+        out_dim: int | None = None,
+        d_q: int | None = None,
+    ) -> None:
+        super().__init__()
+        d_k = _need(d_k, "d_k", "QuerylessScore")
+        d_w = d_k if d_w is None else _need(d_w, "d_w", "QuerylessScore")
+        get_activation(act)
+        self.act = act
+        self.W = nn.Linear(d_k, d_w, bias=bias)
+        self._init_vector(d_w, out_dim)
+
+    def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
+        e = queryless_score(k, self.W.weight, self.w, self.W.bias, self.act)
+        return e + self.b_d if self.vector else e
+
+
+SCORE_FUNCTIONS: dict[str, Callable[..., Tensor]] = {
+    "dot": dot_score,
+    "scaled-dot": scaled_dot_score,
+    "general": general_score,
+    "biased-general": biased_general_score,
+    "activated-general": activated_general_score,
+    "cosine": cosine_score,
+    "additive": additive_score,
+    "queryless": queryless_score,
+}

@@ -1,0 +1,66 @@
+"""The fused path: attention that is mathematically a scaled dot product runs on
+:func:`torch.nn.functional.scaled_dot_product_attention` (SDPA).
+
+The dot, scaled-dot, general, biased-general and cosine scores all reduce to
+``scale * q'^T k'_l`` after transforming the query (and, for cosine, the keys); with soft
+alignment and single-dimensional weights the whole attention is then one SDPA call, which
+picks PyTorch's best kernel (flash / memory-efficient / math) for the device.
+
+Two differences from calling SDPA yourself are handled here:
+
+* a query row whose mask allows no key gets a zero context (SDPA would return NaN or a
+  uniform average): such rows are opened for the kernel and zeroed afterwards, so their
+  gradients are zero as well;
+* ``need_weights=True`` also returns the weights, computed with the same scores by an
+  explicit masked softmax (the context still comes from SDPA, so asking for the weights
+  does not change the numbers).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.general.alignment import masked_softmax
+
+__all__ = ["sdpa_attend"]
+
+
+def sdpa_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``softmax(scale * q k^T, masked) v`` on the fused kernel.
+
+    Args:
+        q: ``[..., n_q, d]``; k: ``[..., n_k, d]``; v: ``[..., n_k, d_v]``.
+        scale: the factor multiplying ``q^T k``.
+        mask: bool, broadcastable to ``[..., n_q, n_k]``, True = may attend.
+        dropout_p: dropout on the weights (pass 0 in evaluation).
+        need_weights: also return the weights ``[..., n_q, n_k]`` (before dropout).
+
+    Returns ``(context [..., n_q, d_v], weights or None)``.
+    Cost: O(n_q n_k d) time; memory O(n_q d) on the flash / memory-efficient kernels.
+    """
+    row_ok = None
+    attn_mask = mask
+    if mask is not None:
+        row_ok = mask.any(-1, keepdim=True)
+        if not bool(row_ok.all()):
+            attn_mask = mask | ~row_ok
+        else:
+            row_ok = None
+    context = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
+    )
+    if row_ok is not None:
+        context = context * row_ok.to(context.dtype)
+    weights = None
+    if need_weights:
+        weights = masked_softmax((q @ k.transpose(-1, -2)) * scale, mask)
+    return context, weights

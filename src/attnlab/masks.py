@@ -1,0 +1,173 @@
+"""One mask convention for the whole library, and converters into it.
+
+**The convention.** A mask is a ``torch.bool`` tensor broadcastable to the score shape
+``[B, n_q, n_k]`` in which ``True`` means *this query may attend to this key* (the
+convention of :func:`torch.nn.functional.scaled_dot_product_attention`). Broadcasting
+follows PyTorch's rules, so a 2-D mask is ``[n_q, n_k]`` (e.g. a causal mask) and a key
+padding mask must be given as ``[B, 1, n_k]``; :func:`from_lengths` and
+:func:`from_key_padding_mask` produce that shape. (When the query is a single vector
+``[B, d_q]`` the attention functions also accept a ``[B, n_k]`` key mask.)
+
+A query row in which no key is allowed gets all-zero weights and a zero context, never
+NaN, in the forward and in the backward pass.
+
+Converters:
+
+* :func:`from_lengths` -- sequence lengths ``[B]`` -> ``[B, 1, n_k]``;
+* :func:`from_key_padding_mask` -- PyTorch's ``key_padding_mask`` (``True`` = ignore,
+  ``[B, n_k]``) -> ``[B, 1, n_k]``;
+* :func:`from_additive` -- additive float masks (``0`` = keep, ``-inf`` or a large
+  negative number = drop) -> bool;
+* :func:`causal` -- the lower-triangular mask of autoregressive attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "causal",
+    "combine",
+    "fill_value",
+    "from_additive",
+    "from_key_padding_mask",
+    "from_lengths",
+    "normalize_mask",
+]
+
+
+def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """Key mask ``[B, 1, n_k]`` from sequence lengths ``[B]``: key ``l`` is allowed iff
+    ``l < lengths[b]``. ``max_len`` defaults to ``lengths.max()``."""
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B]")
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer dtype")
+    if (lengths < 0).any():
+        raise ValueError("lengths must be non-negative")
+    if max_len is None:
+        max_len = int(lengths.max()) if lengths.numel() else 0
+    elif lengths.numel() and int(lengths.max()) > max_len:
+        raise ValueError(
+            f"max_len={max_len} is smaller than the longest length {int(lengths.max())}"
+        )
+    positions = torch.arange(max_len, device=lengths.device)
+    return (positions[None, :] < lengths[:, None])[:, None, :]
+
+
+def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """Convert PyTorch's ``key_padding_mask`` ``[B, n_k]`` (``True`` = *ignore* this key,
+    or an additive float mask) into attnlab's ``[B, 1, n_k]`` (``True`` = may attend)."""
+    if key_padding_mask.dim() != 2:
+        raise ValueError(
+            f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected [B, n_k]"
+        )
+    if key_padding_mask.dtype == torch.bool:
+        return (~key_padding_mask)[:, None, :]
+    if key_padding_mask.dtype.is_floating_point:
+        return from_additive(key_padding_mask)[:, None, :]
+    raise TypeError(
+        f"key_padding_mask has dtype {key_padding_mask.dtype}, expected torch.bool or a float dtype"
+    )
+
+
+def from_additive(mask: Tensor, threshold: float = -1e4, strict: bool = True) -> Tensor:
+    """Convert an additive float mask (added to the scores before the softmax) to bool.
+
+    Entries ``<= threshold`` (including ``-inf``) become ``False`` (drop), the others
+    ``True``. An additive mask may also carry finite biases (e.g. ALiBi); a bool mask
+    cannot express them, so with ``strict=True`` any entry that is neither ``0`` nor
+    ``<= threshold`` raises ``ValueError``.
+    """
+    if not mask.dtype.is_floating_point:
+        raise TypeError(f"mask has dtype {mask.dtype}, expected a float (additive) mask")
+    if torch.isnan(mask).any():
+        raise ValueError("the additive mask contains NaN")
+    keep = mask > threshold
+    if strict and (mask[keep] != 0).any():
+        raise ValueError(
+            "the additive mask holds finite non-zero biases, which a bool mask cannot "
+            "represent; add them to the scores yourself or pass strict=False to keep "
+            "only the drop pattern"
+        )
+    return keep
+
+
+def causal(n_q: int, n_k: int | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Causal mask ``[n_q, n_k]``: query ``i`` may attend to keys ``l <= i + (n_k - n_q)``
+    (the queries are the last ``n_q`` positions of the key sequence, as in
+    :func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``
+    when ``n_q == n_k``)."""
+    n_k = n_q if n_k is None else n_k
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of several masks (``None`` entries are skipped)."""
+    out: Tensor | None = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out & m
+    return out
+
+
+def fill_value(dtype: torch.dtype) -> float:
+    """The finite number used in place of ``-inf`` for masked scores: ``finfo.min``.
+    A finite fill keeps fully masked rows free of NaN; those rows are zeroed afterwards."""
+    return torch.finfo(dtype).min
+
+
+def normalize_mask(
+    mask: Tensor | None,
+    batch: int,
+    n_q: int,
+    n_k: int,
+    *,
+    device: torch.device | None = None,
+    name: str = "mask",
+    single_query: bool = False,
+) -> Tensor | None:
+    """Validate ``mask`` against the score shape ``[batch, n_q, n_k]`` and return it as a
+    3-D bool tensor that broadcasts to that shape (no copy where possible).
+
+    Raises ``TypeError`` for a non-bool mask and ``ValueError`` for a shape that does not
+    broadcast or a mask on another device; the messages name the argument and both shapes.
+    With ``single_query=True`` (the query was given as ``[B, d_q]``) a ``[B, n_k]`` mask is
+    read as a key mask ``[B, 1, n_k]``.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        hint = (
+            " (for an additive float mask use attnlab.masks.from_additive; for PyTorch's "
+            "key_padding_mask use attnlab.masks.from_key_padding_mask)"
+            if mask.dtype.is_floating_point
+            else ""
+        )
+        raise TypeError(f"{name} has dtype {mask.dtype}, expected torch.bool{hint}")
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}")
+    expected = (batch, n_q, n_k)
+    if single_query and mask.dim() == 2 and mask.shape[0] in (1, batch):
+        mask = mask[:, None, :]
+    if mask.dim() > 3:
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+            f"[B, n_q, n_k] = {list(expected)}"
+        )
+    while mask.dim() < 3:
+        mask = mask.unsqueeze(0)
+    for got, want in zip(mask.shape, expected, strict=True):
+        if got not in (1, want):
+            raise ValueError(
+                f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                f"[B, n_q, n_k] = {list(expected)} (a key padding mask is [B, 1, n_k]; see "
+                "attnlab.masks.from_lengths)"
+            )
+    return mask

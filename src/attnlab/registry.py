@@ -1,0 +1,185 @@
+"""Names -> mechanisms: the registry behind build-by-name, config dicts and ``attnlab list``.
+
+Every mechanism registers itself with a *kind* (``"score"``, ``"align"``, ``"dim"``,
+``"attention"``, and the later ``"feature"`` / ``"query"`` kinds), a name, its formula,
+its source paper and its cost. ``build(config)`` turns a plain dict into a module:
+
+* ``{"name": "additive", "kind": "score", "d_q": 8, "d_k": 8}`` builds a registered
+  component;
+* a dict without ``"name"`` (e.g. ``{"score": "additive", "align": "local-p", ...}``)
+  builds the general :class:`attnlab.Attention`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["Configurable", "Entry", "build", "entries", "get", "names", "register"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered mechanism."""
+
+    kind: str
+    name: str
+    cls: type
+    formula: str
+    source: str
+    cost: str = ""
+    aliases: tuple[str, ...] = ()
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, dict[str, Entry]] = {}
+_ALIASES: dict[str, dict[str, str]] = {}
+
+
+def register(
+    kind: str,
+    name: str,
+    *,
+    formula: str,
+    source: str,
+    cost: str = "",
+    aliases: tuple[str, ...] = (),
+    **capabilities: Any,
+):
+    """Class decorator adding a mechanism to the registry under ``kind``/``name``."""
+
+    def deco(cls: type) -> type:
+        table = _REGISTRY.setdefault(kind, {})
+        alias_table = _ALIASES.setdefault(kind, {})
+        if name in table and table[name].cls is not cls:
+            raise ValueError(f"{kind} {name!r} is already registered to {table[name].cls}")
+        entry = Entry(kind, name, cls, formula, source, cost, tuple(aliases), dict(capabilities))
+        table[name] = entry
+        for alias in aliases:
+            alias_table[alias] = name
+        cls.registry_name = name
+        cls.registry_kind = kind
+        return cls
+
+    return deco
+
+
+def _canonical(kind: str, name: str) -> str:
+    key = name.lower().replace("_", "-")
+    aliases = _ALIASES.get(kind, {})
+    table = _REGISTRY.get(kind, {})
+    if key in table:
+        return key
+    if key in aliases:
+        return aliases[key]
+    if name in table:
+        return name
+    raise KeyError(
+        f"unknown {kind} {name!r}; registered {kind}s: {', '.join(sorted(table)) or 'none'}"
+    )
+
+
+def get(kind: str, name: str) -> Entry:
+    """The entry registered as ``name`` (or one of its aliases) under ``kind``."""
+    _ensure_loaded()
+    if kind not in _REGISTRY:
+        raise KeyError(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[kind][_canonical(kind, name)]
+
+
+def names(kind: str) -> list[str]:
+    """Registered names of one kind."""
+    _ensure_loaded()
+    return sorted(_REGISTRY.get(kind, {}))
+
+
+def entries(kind: str | None = None) -> list[Entry]:
+    """All entries (of one kind), in registration order."""
+    _ensure_loaded()
+    kinds = [kind] if kind is not None else list(_REGISTRY)
+    return [e for k in kinds for e in _REGISTRY.get(k, {}).values()]
+
+
+def build(config: dict[str, Any]) -> nn.Module:
+    """Build a module from a plain config dict (see the module docstring)."""
+    _ensure_loaded()
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    cfg = dict(config)
+    name = cfg.pop("name", None)
+    kind = cfg.pop("kind", None)
+    if name is None:
+        from attnlab.general.attention import Attention
+
+        return Attention(**cfg)
+    if kind is None:
+        matches = [k for k, table in _REGISTRY.items() if _try_canonical(k, name) in table]
+        if not matches:
+            raise KeyError(f"no mechanism is registered as {name!r}")
+        if len(matches) > 1:
+            raise KeyError(f"{name!r} is registered under several kinds {matches}; add 'kind'")
+        kind = matches[0]
+    entry = get(kind, name)
+    params = inspect.signature(entry.cls).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in cfg if k not in params]
+    if unknown and not takes_kwargs:
+        raise TypeError(
+            f"{kind} {entry.name!r} ({entry.cls.__name__}) got unknown config keys {unknown}; "
+            f"it takes {[p for p in params if p != 'self']}"
+        )
+    return entry.cls(**cfg)
+
+
+def _try_canonical(kind: str, name: str) -> str | None:
+    try:
+        return _canonical(kind, name)
+    except KeyError:
+        return None
+
+
+def _ensure_loaded() -> None:
+    # Importing the package registers every built-in mechanism.
+    import attnlab  # noqa: F401
+
+
+class Configurable(nn.Module):
+    """Base class that records its constructor arguments, so that
+    ``build(module.get_config())`` rebuilds an equivalent (freshly initialised) module."""
+
+    registry_name: str = ""
+    registry_kind: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            return
+        original = cls.__init__
+        signature = inspect.signature(original)
+
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            bound = signature.bind(self, *args, **kw)
+            bound.apply_defaults()
+            config = {k: v for k, v in list(bound.arguments.items())[1:]}
+            var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+            for name in var_kw:
+                config.update(config.pop(name, {}))
+            original(self, *args, **kw)
+            # the most derived constructor's arguments win
+            if type(self) is cls or not hasattr(self, "_config"):
+                self._config = config
+
+        __init__.__signature__ = signature  # type: ignore[attr-defined]
+        __init__.__doc__ = original.__doc__
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments plus ``name`` and ``kind``, for :func:`build`."""
+        cfg = dict(getattr(self, "_config", {}))
+        if self.registry_name and type(self).__dict__.get("registry_name") == self.registry_name:
+            cfg = {"name": self.registry_name, "kind": self.registry_kind, **cfg}
+        return cfg
