@@ -1,0 +1,399 @@
+"""Multi-representational attention (survey section 3.1.3): dynamic meta-embeddings.
+
+| name | definition | source |
+| --- | --- | --- |
+| dme | ``x_ti = W_i x_i + b_i``; ``alpha_i = softmax_i(score(x_ti))`` over the available embeddings; ``x = sum_i alpha_i x_ti`` | Kiela, Wang & Cho 2018 |
+| cdme | as DME, but ``alpha_ij = softmax_i(score(h_ij))`` with ``h_ij`` the BiLSTM state at token ``j`` over embedding ``i``'s projected sequence | Kiela, Wang & Cho 2018 |
+
+The weighting is the general model with a query-less score over the ``E`` embeddings of a
+token: one :class:`attnlab.Attention` call on ``[B * n, E, d']`` keys, with the
+per-embedding availability as its mask (so a missing embedding is masked out of the
+softmax, not averaged in as zeros, and a token missing from every embedding gets a zero
+vector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError, check_tensor
+from attnlab.feature.multilevel import MaskedRNN
+from attnlab.general.attention import Attention
+from attnlab.output import AttentionOutput
+from attnlab.registry import Configurable, register
+
+__all__ = ["CDME", "DME", "EmbeddingSpec", "MetaEmbedding"]
+
+#: How one of the ``E`` embeddings is given to :class:`DME` / :class:`CDME`:
+#: an int ``d_i`` (no table: the caller passes looked-up vectors ``[B, n, d_i]``),
+#: a pair ``(vocab_size, d_i)`` (a fresh trainable ``nn.Embedding``), a tensor
+#: ``[V_i, d_i]`` (pretrained vectors) or an ``nn.Embedding``.
+EmbeddingSpec = int | tuple[int, int] | list[int] | Tensor | nn.Embedding
+
+
+class MetaEmbedding(Configurable):
+    """Shared machinery of :class:`DME` and :class:`CDME`: the ``E`` embedding tables,
+    their projections to the common size ``d_proj``, per-embedding OOV handling, and
+    the query-less attention over the embeddings. Subclasses define :meth:`gate_keys`
+    (the vectors the weights are scored from)."""
+
+    def __init__(
+        self,
+        embeddings: Sequence[EmbeddingSpec],
+        d_proj: int,
+        *,
+        align: str = "soft",
+        oov_index: int | Sequence[int | None] | None = None,
+        freeze: bool = True,
+        gate_dim: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if isinstance(embeddings, Tensor | nn.Module) or not isinstance(embeddings, Sequence):
+            raise ConfigError("embeddings must be a list with one entry per embedding")
+        if len(embeddings) < 1:
+            raise ConfigError("embeddings is empty; a meta-embedding needs at least one")
+        if isinstance(d_proj, bool) or not isinstance(d_proj, int) or d_proj < 1:
+            raise ConfigError(f"d_proj must be a positive int, got {d_proj!r}")
+        E = len(embeddings)
+        if oov_index is None or isinstance(oov_index, int):
+            oov = [oov_index] * E
+        else:
+            oov = list(oov_index)
+            if len(oov) != E:
+                raise ConfigError(
+                    f"oov_index has {len(oov)} entries, expected one per embedding ({E})"
+                )
+        self.E = E
+        self.d_proj = d_proj
+        self.oov_index = oov
+        self.tables = nn.ModuleList()
+        self.has_table: list[bool] = []
+        self.dims: list[int] = []
+        for i, spec in enumerate(embeddings):
+            table, dim = self._make_table(spec, i, freeze)
+            self.has_table.append(table is not None)
+            self.tables.append(table if table is not None else nn.Identity())
+            self.dims.append(dim)
+        self.proj = nn.ModuleList(nn.Linear(d, d_proj) for d in self.dims)
+        self.gate_dim = d_proj if gate_dim is None else gate_dim
+        self.gate = Attention(
+            score="queryless", align=align, d_k=self.gate_dim, d_v=d_proj, **options
+        )
+
+    @staticmethod
+    def _make_table(spec: EmbeddingSpec, i: int, freeze: bool) -> tuple[nn.Embedding | None, int]:
+        if isinstance(spec, nn.Embedding):
+            return spec, spec.embedding_dim
+        if isinstance(spec, Tensor):
+            if spec.dim() != 2 or not spec.dtype.is_floating_point:
+                raise ConfigError(
+                    f"embeddings[{i}] has shape {tuple(spec.shape)} and dtype {spec.dtype}, "
+                    "expected float pretrained vectors [V_i, d_i]"
+                )
+            return nn.Embedding.from_pretrained(spec, freeze=freeze), spec.shape[1]
+        if isinstance(spec, bool):
+            raise ConfigError(
+                f"embeddings[{i}] is {spec!r}, expected an int, (V, d), a tensor or an nn.Embedding"
+            )
+        if isinstance(spec, int):
+            if spec < 1:
+                raise ConfigError(f"embeddings[{i}]: the size d_i must be positive, got {spec}")
+            return None, spec
+        if (
+            isinstance(spec, tuple | list)
+            and len(spec) == 2
+            and all(isinstance(s, int) for s in spec)
+        ):
+            V, d = spec
+            if V < 1 or d < 1:
+                raise ConfigError(
+                    f"embeddings[{i}] = {spec!r}: vocabulary size and d_i must be positive"
+                )
+            return nn.Embedding(V, d), d
+        raise ConfigError(
+            f"embeddings[{i}] is {type(spec).__name__}, expected an int d_i, a pair "
+            "(vocab_size, d_i), a tensor [V_i, d_i] or an nn.Embedding"
+        )
+
+    # -------------------------------------------------------------- inputs
+
+    def _lookup(
+        self,
+        inputs: Sequence[Tensor],
+        masks: Sequence[Tensor | None] | None,
+        token_mask: Tensor | None,
+    ) -> tuple[list[Tensor], Tensor, int, int]:
+        if isinstance(inputs, Tensor) or not isinstance(inputs, Sequence):
+            raise TypeError("inputs must be a list with one tensor per embedding")
+        if len(inputs) != self.E:
+            raise ValueError(
+                f"inputs has {len(inputs)} tensors, expected one per embedding ({self.E})"
+            )
+        if masks is not None and (isinstance(masks, Tensor) or len(masks) != self.E):
+            raise ValueError(
+                f"masks must be a list of {self.E} bool tensors [B, n] (or None entries)"
+            )
+        B = n = None
+        vectors: list[Tensor] = []
+        avail: list[Tensor] = []
+        for i, x in enumerate(inputs):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"inputs[{i}] must be a torch.Tensor, got {type(x).__name__}")
+            if B is None:
+                if x.dim() < 2:
+                    raise ValueError(
+                        f"inputs[{i}] has shape {tuple(x.shape)}, expected [B, n] ids or [B, n, d_{i}] vectors"
+                    )
+                B, n = x.shape[0], x.shape[1]
+            if x.dtype.is_floating_point:
+                if x.shape != (B, n, self.dims[i]):
+                    raise ValueError(
+                        f"inputs[{i}] has shape {tuple(x.shape)}, expected vectors [B, n, d_{i}] = "
+                        f"[{B}, {n}, {self.dims[i]}]"
+                    )
+                vec = x
+                ok = torch.ones(B, n, dtype=torch.bool, device=x.device)
+            elif x.dtype == torch.bool:
+                raise TypeError(
+                    f"inputs[{i}] has dtype torch.bool, expected integer ids or float vectors"
+                )
+            else:
+                if x.shape != (B, n):
+                    raise ValueError(
+                        f"inputs[{i}] has shape {tuple(x.shape)}, expected ids [B, n] = [{B}, {n}]"
+                    )
+                if not self.has_table[i]:
+                    raise ValueError(
+                        f"inputs[{i}] holds ids, but embedding {i} was declared by its size only; "
+                        f"pass vectors [B, n, {self.dims[i]}] or build it with a table"
+                    )
+                table = self.tables[i]
+                V = table.num_embeddings
+                if x.numel() and (bool((x < -1).any()) or bool((x >= V).any())):
+                    bad = x[(x < -1) | (x >= V)][0].item()
+                    raise ValueError(
+                        f"inputs[{i}] holds id {bad}, outside [-1, {V - 1}] (vocabulary size {V} "
+                        f"of embedding {i}; -1 marks an OOV token)"
+                    )
+                ok = x != -1
+                if self.oov_index[i] is not None:
+                    ok = ok & (x != self.oov_index[i])
+                vec = table(x.clamp_min(0))
+            if masks is not None and masks[i] is not None:
+                mi = masks[i]
+                if not isinstance(mi, Tensor) or mi.dtype != torch.bool or mi.shape != (B, n):
+                    raise ValueError(
+                        f"masks[{i}] has shape {tuple(getattr(mi, 'shape', ()))} and dtype "
+                        f"{getattr(mi, 'dtype', type(mi).__name__)}, expected bool [B, n] = [{B}, {n}]"
+                    )
+                ok = ok & mi
+            vectors.append(vec)
+            avail.append(ok)
+        assert B is not None and n is not None
+        dtype = vectors[0].dtype
+        for i, v in enumerate(vectors):
+            check_tensor(v, f"inputs[{i}]")
+            if v.dtype != dtype:
+                raise TypeError(f"inputs[{i}] gives dtype {v.dtype} but inputs[0] gives {dtype}")
+        A = torch.stack(avail, dim=-1)  # [B, n, E]
+        if token_mask is not None:
+            if (
+                not isinstance(token_mask, Tensor)
+                or token_mask.dtype != torch.bool
+                or token_mask.shape != (B, n)
+            ):
+                raise ValueError(
+                    f"token_mask has shape {tuple(getattr(token_mask, 'shape', ()))}, expected bool [B, n] = [{B}, {n}]"
+                )
+            A = A & token_mask[..., None]
+        return vectors, A, B, n
+
+    def project(self, vectors: Sequence[Tensor], available: Tensor) -> Tensor:
+        """``x_ti = W_i x_i + b_i`` for every embedding, ``[B, n, E, d_proj]``; zero where
+        embedding ``i`` is unavailable for the token."""
+        xt = torch.stack([p(v) for p, v in zip(self.proj, vectors, strict=True)], dim=2)
+        return xt * available[..., None].to(xt.dtype)
+
+    def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
+        """The vectors the weights are scored from, ``[B, n, E, gate_dim]``."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        inputs: Sequence[Tensor],
+        *,
+        masks: Sequence[Tensor | None] | None = None,
+        token_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Meta-embed a batch of token sequences.
+
+        Args:
+            inputs: one tensor per embedding: ids ``[B, n]`` (looked up in that
+                embedding's table; ``-1`` or the embedding's ``oov_index`` = OOV) or
+                looked-up vectors ``[B, n, d_i]``.
+            masks: optional per-embedding availability ``[B, n]`` bool (True = the token
+                has this embedding), combined with the OOV ids.
+            token_mask: ``[B, n]`` bool, True at real tokens (padding gets a zero vector).
+
+        Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n, d_proj]``
+        and, with ``need_weights=True``, ``weights`` ``[B, n, E]`` (0 for unavailable
+        embeddings; all 0 for a token without any). ``extras["available"]`` is the
+        ``[B, n, E]`` availability.
+        """
+        vectors, A, B, n = self._lookup(inputs, masks, token_mask)
+        xt = self.project(vectors, A)
+        keys = self.gate_keys(xt, A, token_mask)
+        N = B * n
+        out = self.gate(
+            None,
+            keys.reshape(N, self.E, keys.shape[-1]),
+            xt.reshape(N, self.E, self.d_proj),
+            mask=A.reshape(N, self.E),
+            need_weights=need_weights,
+        )
+        context = out.context.reshape(B, n, self.d_proj)
+        weights = out.weights.reshape(B, n, self.E) if need_weights else None
+        return AttentionOutput(context, weights, extras={"available": A})
+
+
+@register(
+    "feature",
+    "dme",
+    formula=(
+        "x_ti = W_i x_i + b_i; alpha_i = softmax_i(w^T act(W x_ti + b)) over the embeddings "
+        "i available for the token; x = sum_i alpha_i x_ti"
+    ),
+    source="Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations (EMNLP)",
+    cost="O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory",
+    aliases=("dynamic-meta-embeddings", "meta-embedding"),
+)
+class DME(MetaEmbedding):
+    """Dynamic meta-embeddings (Kiela, Wang & Cho 2018).
+
+    For each token, each of the ``E`` embeddings ``x_i`` (sizes ``d_i``, own vocabularies)
+    is projected to the common size ``d'``, scored by a self-attentive (query-less) score
+    and the projections are averaged with the resulting weights::
+
+        x_ti    = W_i x_i + b_i                                   [d']
+        alpha_i = softmax_i( w^T act(W x_ti + b) )  over the i available for the token
+        x       = sum_i alpha_i x_ti
+
+    Kiela et al. use the linear score ``a^T x_ti + b`` -- the default ``act="identity"``
+    gives exactly that function class (``w^T (W x + b)`` is linear in ``x``); any other
+    ``act``/``d_w`` gives the general query-less score, and ``align`` may be any alignment
+    (``soft`` by default; ``sparsemax`` gives sparse weights). An embedding that is OOV
+    for a token (id ``-1`` or its ``oov_index``, or False in its ``masks`` entry) is
+    masked out: its weight is 0 and the others are renormalised; a token OOV in every
+    embedding (or padding) gets the zero vector.
+
+    Args:
+        embeddings: one :data:`EmbeddingSpec` per embedding: ``d_i`` (vectors given at
+            call time), ``(V_i, d_i)`` (a trainable table), a tensor ``[V_i, d_i]``
+            (pretrained, frozen unless ``freeze=False``) or an ``nn.Embedding``.
+        d_proj: the common size ``d'``.
+        align: alignment over the embeddings (default ``soft``).
+        oov_index: the id meaning "unknown" in each vocabulary (an int for all, or one
+            per embedding, ``None`` = none); ``-1`` always means OOV.
+        **options: passed to the query-less score (``d_w``, ``act`` (default
+            ``identity``), ``bias``) via :class:`attnlab.Attention`.
+
+    Shapes: ``forward(inputs, masks=None, token_mask=None)`` with ``inputs[i]`` ids
+    ``[B, n]`` or vectors ``[B, n, d_i]`` -> ``context`` ``[B, n, d']``, ``weights``
+    ``[B, n, E]``. Cost: O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory.
+    Source: Kiela, Wang & Cho 2018, "Dynamic Meta-Embeddings for Improved Sentence
+    Representations", EMNLP.
+    """
+
+    def __init__(
+        self,
+        embeddings: Sequence[EmbeddingSpec],
+        d_proj: int,
+        *,
+        align: str = "soft",
+        oov_index: int | Sequence[int | None] | None = None,
+        freeze: bool = True,
+        **options: Any,
+    ) -> None:
+        options.setdefault("act", "identity")
+        super().__init__(
+            embeddings, d_proj, align=align, oov_index=oov_index, freeze=freeze, **options
+        )
+
+    def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
+        return xt
+
+
+@register(
+    "feature",
+    "cdme",
+    formula=(
+        "x_tij = W_i x_ij + b_i; h_ij = BiLSTM(x_ti1..x_tin)_j; alpha_ij = softmax_i(w^T act(W h_ij + b)) "
+        "over the embeddings available for token j; x_j = sum_i alpha_ij x_tij"
+    ),
+    source="Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations (EMNLP)",
+    cost="O(B n (sum_i d_i d' + E (d' h + h^2) + E h d_w)) time, O(B n E (d' + h)) memory",
+    aliases=("contextualized-dme", "contextual-meta-embeddings"),
+)
+class CDME(MetaEmbedding):
+    """Contextualized dynamic meta-embeddings (Kiela, Wang & Cho 2018).
+
+    As :class:`DME`, but the weight of embedding ``i`` at token ``j`` is scored from the
+    state of a BiLSTM run over embedding ``i``'s projected sequence, so it depends on the
+    context::
+
+        x_tij    = W_i x_ij + b_i
+        h_ij     = BiLSTM(x_ti1, ..., x_tin)_j              (one BiLSTM shared by all i)
+        alpha_ij = softmax_i( w^T act(W h_ij + b) )  over the i available at token j
+        x_j      = sum_i alpha_ij x_tij
+
+    The BiLSTM (``lstm_hidden`` units per direction) reads each embedding's sequence with
+    the unavailable positions as zero vectors (their weights are masked out regardless)
+    and only the real tokens (``token_mask``). OOV handling, ``align`` and ``**options``
+    are those of :class:`DME` (default ``act="identity"``: the linear score
+    ``a^T h_ij + b`` of the paper).
+
+    Shapes: as :class:`DME`. Cost: O(B n (sum_i d_i d' + E (d' h + h^2) + E h d_w)) time,
+    the BiLSTM runs sequentially over ``n``. Source: Kiela, Wang & Cho 2018, "Dynamic
+    Meta-Embeddings for Improved Sentence Representations", EMNLP.
+    """
+
+    def __init__(
+        self,
+        embeddings: Sequence[EmbeddingSpec],
+        d_proj: int,
+        *,
+        lstm_hidden: int = 2,
+        align: str = "soft",
+        oov_index: int | Sequence[int | None] | None = None,
+        freeze: bool = True,
+        **options: Any,
+    ) -> None:
+        if isinstance(lstm_hidden, bool) or not isinstance(lstm_hidden, int) or lstm_hidden < 1:
+            raise ConfigError(f"lstm_hidden must be a positive int, got {lstm_hidden!r}")
+        options.setdefault("act", "identity")
+        super().__init__(
+            embeddings,
+            d_proj,
+            align=align,
+            oov_index=oov_index,
+            freeze=freeze,
+            gate_dim=2 * lstm_hidden,
+            **options,
+        )
+        self.lstm = MaskedRNN(d_proj, lstm_hidden, cell="lstm", bidirectional=True)
+
+    def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
+        B, n, E, d = xt.shape
+        seq = xt.permute(0, 2, 1, 3).reshape(B * E, n, d)
+        if token_mask is None:
+            tm = torch.ones(B * E, n, dtype=torch.bool, device=xt.device)
+        else:
+            tm = token_mask[:, None, :].expand(B, E, n).reshape(B * E, n)
+        h = self.lstm(seq, tm)
+        return h.reshape(B, E, n, -1).permute(0, 2, 1, 3)

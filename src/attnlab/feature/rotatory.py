@@ -1,0 +1,210 @@
+"""Rotatory attention (Zheng & Xia 2018, LCR-Rot) and its multi-hop form (Wallaart &
+Frasincar 2019, LCR-Rot-hop).
+
+For target-dependent sentiment a sentence is cut into a left context ``F_l``, the target
+phrase ``F_t`` and a right context ``F_r``. Rotatory attention lets the target and the
+contexts attend to each other in turn:
+
+    r_t  = mean(F_t)                                  (masked mean of the target)
+    r_l  = attend(F_l, query r_t)                     left context, target-aware
+    r_r  = attend(F_r, query r_t)                     right context, target-aware
+    r_tl = attend(F_t, query r_l)                     target, left-aware
+    r_tr = attend(F_t, query r_r)                     target, right-aware
+    r    = concat(r_l, r_r, r_tl, r_tr)
+
+The hop variant repeats the rotation with the new target vectors as queries:
+``r_l^(s+1) = attend(F_l, query r_tl^(s))``, ``r_r^(s+1) = attend(F_r, query r_tr^(s))``,
+then ``r_tl^(s+1) = attend(F_t, query r_l^(s+1))`` and ``r_tr^(s+1) = attend(F_t, query
+r_r^(s+1))``; hop 1 is LCR-Rot (``r_tl^(0) = r_tr^(0) = r_t``).
+
+Each ``attend`` is an :class:`attnlab.Attention`; the papers use the activated general
+score ``tanh(h^T W q + b)`` with soft alignment, the default here; any score and alignment
+can be plugged in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab.general.attention import Attention
+from attnlab.registry import Configurable, register
+
+__all__ = ["LCRRotHop", "RotatoryAttention", "RotatoryOutput", "masked_mean"]
+
+
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean over axis 1 of ``x`` ``[B, n, d]`` restricted to ``mask`` ``[B, n]`` (True =
+    real); a row with no real position gives a zero vector."""
+    if mask is None:
+        if x.shape[1] == 0:
+            return x.new_zeros(x.shape[0], x.shape[2])
+        return x.mean(1)
+    w = mask.to(x.dtype).unsqueeze(-1)
+    return (x * w).sum(1) / w.sum(1).clamp(min=1)
+
+
+@dataclass
+class RotatoryOutput:
+    """Result of rotatory attention.
+
+    Attributes:
+        output: the final representation ``concat(r_l, r_r, r_tl, r_tr)`` ``[B, 2 d_c + 2 d_t]``
+            (after the last hop).
+        left, right, target_left, target_right: the four context vectors of the last hop.
+        hops: one dict per hop with the weights ``"left"`` ``[B, n_l]``, ``"right"``
+            ``[B, n_r]``, ``"target_left"`` and ``"target_right"`` ``[B, n_t]``.
+    """
+
+    output: Tensor
+    left: Tensor
+    right: Tensor
+    target_left: Tensor
+    target_right: Tensor
+    hops: list[dict[str, Tensor]] = field(default_factory=list)
+
+    @property
+    def weights(self) -> dict[str, Tensor]:
+        """The weights of the last hop."""
+        return self.hops[-1]
+
+
+def _check_part(x: Tensor, mask: Tensor | None, name: str, batch: int | None, d: int) -> None:
+    check_tensor(x, name)
+    if x.dim() != 3 or (batch is not None and x.shape[0] != batch) or x.shape[2] != d:
+        b = batch if batch is not None else "B"
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected [B, n, d] = [{b}, n, {d}]")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"{name}_mask must be a bool tensor [B, n]")
+        if mask.shape != x.shape[:2]:
+            raise ValueError(
+                f"{name}_mask has shape {tuple(mask.shape)}, expected [B, n] = {list(x.shape[:2])}"
+            )
+
+
+class _Rotation(nn.Module):
+    """The four attentions of one rotation."""
+
+    def __init__(self, d_c: int, d_t: int, score: str, align: str, options: dict[str, Any]):
+        super().__init__()
+        self.left = Attention(score, align, d_q=d_t, d_k=d_c, **options)
+        self.right = Attention(score, align, d_q=d_t, d_k=d_c, **options)
+        self.target_left = Attention(score, align, d_q=d_c, d_k=d_t, **options)
+        self.target_right = Attention(score, align, d_q=d_c, d_k=d_t, **options)
+
+
+@register(
+    "feature",
+    "lcr-rot-hop",
+    formula="for s = 1..S: r_l = att(F_l, r_tl); r_r = att(F_r, r_tr); r_tl = att(F_t, r_l); r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]",
+    source="Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis Using a Lexicalized Domain Ontology and Attentional Neural Models (LCR-Rot-hop)",
+    cost="O(S B (n_l + n_r + 2 n_t) d_c d_t)",
+    aliases=("rotatory-hop", "lcr-rot-hop"),
+)
+class LCRRotHop(Configurable):
+    """Multi-hop rotatory attention (LCR-Rot-hop, Wallaart & Frasincar 2019).
+
+    Args:
+        d_c: size of the context features (left and right). d_t: size of the target
+            features (default ``d_c``).
+        hops: number of rotations ``S`` (1 = LCR-Rot).
+        share_weights: reuse the same four attentions in every hop (default) or give each
+            hop its own.
+        score, align, **options: the attention used for each ``attend`` (default the
+            papers' activated general score ``tanh(h^T W q + b)`` with soft alignment).
+
+    Shapes: ``left`` ``[B, n_l, d_c]``, ``target`` ``[B, n_t, d_t]``, ``right``
+    ``[B, n_r, d_c]``, each with an optional bool mask ``[B, n]`` (True = real token). Any
+    part may be empty (``n = 0``, or a row with no real token, e.g. a target at the start
+    of a sentence): its context vector is zero. Returns :class:`RotatoryOutput`, ``output``
+    ``[B, 2 d_c + 2 d_t]``.
+
+    Cost: O(S B (n_l + n_r + 2 n_t) d_c d_t) time for the activated general score.
+    """
+
+    def __init__(
+        self,
+        d_c: int,
+        d_t: int | None = None,
+        hops: int = 3,
+        share_weights: bool = True,
+        score: str = "activated-general",
+        align: str = "soft",
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if not isinstance(hops, int) or hops < 1:
+            raise ConfigError(f"hops must be an int >= 1, got {hops!r}")
+        d_t = d_c if d_t is None else d_t
+        self.d_c, self.d_t, self.hops = d_c, d_t, hops
+        n_rot = 1 if share_weights else hops
+        self.rotations = nn.ModuleList(
+            [_Rotation(d_c, d_t, score, align, options) for _ in range(n_rot)]
+        )
+
+    @property
+    def out_dim(self) -> int:
+        return 2 * self.d_c + 2 * self.d_t
+
+    def forward(
+        self,
+        left: Tensor,
+        target: Tensor,
+        right: Tensor,
+        left_mask: Tensor | None = None,
+        target_mask: Tensor | None = None,
+        right_mask: Tensor | None = None,
+    ) -> RotatoryOutput:
+        check_tensor(target, "target")
+        B = target.shape[0] if target.dim() == 3 else None
+        _check_part(target, target_mask, "target", B, self.d_t)
+        _check_part(left, left_mask, "left", B, self.d_c)
+        _check_part(right, right_mask, "right", B, self.d_c)
+        check_same(target, "target", left=left, right=right)
+        r_tl = r_tr = masked_mean(target, target_mask)
+        hops: list[dict[str, Tensor]] = []
+        for s in range(self.hops):
+            rot = self.rotations[s % len(self.rotations)]
+            out_l = rot.left(r_tl, left, mask=left_mask, need_weights=True)
+            out_r = rot.right(r_tr, right, mask=right_mask, need_weights=True)
+            out_tl = rot.target_left(out_l.context, target, mask=target_mask, need_weights=True)
+            out_tr = rot.target_right(out_r.context, target, mask=target_mask, need_weights=True)
+            r_l, r_r, r_tl, r_tr = out_l.context, out_r.context, out_tl.context, out_tr.context
+            hops.append(
+                {
+                    "left": out_l.weights,
+                    "right": out_r.weights,
+                    "target_left": out_tl.weights,
+                    "target_right": out_tr.weights,
+                }
+            )
+        output = torch.cat([r_l, r_r, r_tl, r_tr], dim=-1)
+        return RotatoryOutput(output, r_l, r_r, r_tl, r_tr, hops)  # type: ignore[arg-type]
+
+
+@register(
+    "feature",
+    "rotatory",
+    formula="r_t = mean(F_t); r_l = att(F_l, r_t); r_r = att(F_r, r_t); r_tl = att(F_t, r_l); r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]",
+    source="Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based Sentiment Analysis with Rotatory Attention (LCR-Rot)",
+    cost="O(B (n_l + n_r + 2 n_t) d_c d_t)",
+    aliases=("lcr-rot", "rotatory-attention"),
+)
+class RotatoryAttention(LCRRotHop):
+    """Rotatory attention (LCR-Rot, Zheng & Xia 2018): one rotation of
+    :class:`LCRRotHop`. Same arguments (without ``hops``), shapes and output."""
+
+    def __init__(
+        self,
+        d_c: int,
+        d_t: int | None = None,
+        score: str = "activated-general",
+        align: str = "soft",
+        **options: Any,
+    ) -> None:
+        super().__init__(d_c, d_t, 1, True, score, align, **options)

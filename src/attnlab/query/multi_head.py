@@ -1,0 +1,273 @@
+"""Multi-head attention (Vaswani et al. 2017) with any score and alignment per head.
+
+Per head ``j``: ``q_j = W_q^(j) q``, ``K_j = W_K^(j) F``, ``V_j = W_V^(j) F``; the head runs
+the general attention model ``c_j = sum_l align(score_j(q_j, k_jl)) v_jl``; the output is
+``W_O concat(c_1, ..., c_h)``. With the scaled-dot score and soft alignment this is the
+Transformer's attention and runs as ONE call of PyTorch's fused
+``scaled_dot_product_attention`` over all heads. Any other score or alignment is a
+per-head :class:`attnlab.Attention`, so every head owns its score parameters (additive,
+general, ...). Heads whose score reduces to a dot product (general, biased-general,
+cosine) are still fused: each head transforms its query, then one SDPA call runs them all.
+
+Grouped-query attention (Ainslie et al. 2023): ``num_kv_heads`` key/value heads shared by
+groups of query heads; ``num_kv_heads=1`` is multi-query attention (Shazeer 2019).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import masks as _masks
+from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab.general.attention import Attention
+from attnlab.general.sdpa import sdpa_attend
+from attnlab.output import AttentionOutput
+from attnlab.registry import Configurable, register
+
+__all__ = ["MultiHeadAttention"]
+
+
+@register(
+    "query",
+    "multi-head",
+    formula="c = W_O concat(c_1..c_h), c_j = attend(W_q^(j) q, W_K^(j) F, W_V^(j) F) with any score/align",
+    source="Vaswani et al. 2017, Attention Is All You Need",
+    cost="O(B h n_q n_k d_head) (+ projections O(B (n_q + n_k) d_model^2))",
+    aliases=("mha", "multihead"),
+)
+class MultiHeadAttention(Configurable):
+    """Multi-head attention with any score and alignment per head.
+
+    Args:
+        d_model: query size and (by default) output size.
+        num_heads: number of query heads ``h``.
+        d_k: key feature size (default ``d_model``); d_v: value feature size (default
+            ``d_k``).
+        head_dim: size of each head (default ``d_model // num_heads``).
+        num_kv_heads: key/value heads (default ``num_heads``); must divide ``num_heads``.
+            ``1`` gives multi-query attention, ``1 < num_kv_heads < num_heads``
+            grouped-query attention.
+        score, align, **options: the general attention each head runs (default
+            ``scaled-dot`` / ``soft``); options go to the score/alignment (e.g. ``d_w``).
+        dropout: dropout on the attention weights (training only).
+        bias: biases in the projections.
+        out_dim: output size (default ``d_model``).
+
+    Shapes: ``query`` ``[B, n_q, d_model]``; ``key`` ``[B, n_k, d_k]`` (default ``query``:
+    self-attention); ``value`` ``[B, n_k, d_v]`` (default ``key``); ``mask`` bool
+    broadcastable to ``[B, n_q, n_k]`` (or ``[B, h, n_q, n_k]``), True = may attend;
+    ``causal=True`` adds the causal mask. Returns :class:`AttentionOutput` with
+    ``context`` ``[B, n_q, out_dim]`` and, with ``need_weights``, the weights averaged over
+    heads ``[B, n_q, n_k]`` (``average_weights=False``: ``[B, h, n_q, n_k]``).
+
+    Cost: O(B h n_q n_k d_head) for the scores plus the projections; the fused path needs
+    O(B h n_q d_head) memory beyond the inputs when no weights are requested.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        head_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        score: str = "scaled-dot",
+        align: str = "soft",
+        dropout: float = 0.0,
+        bias: bool = True,
+        out_dim: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ConfigError(f"num_heads must be >= 1, got {num_heads}")
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ConfigError(
+                    f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                    "pass head_dim explicitly"
+                )
+            head_dim = d_model // num_heads
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ConfigError(
+                f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        d_k = d_model if d_k is None else d_k
+        d_v = d_k if d_v is None else d_v
+        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dropout = float(dropout)
+        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_k, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_v, num_kv_heads * head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * head_dim, out_dim or d_model, bias=bias)
+        self.heads = nn.ModuleList(
+            [
+                Attention(score, align, d_q=head_dim, d_k=head_dim, dropout=dropout, **options)
+                for _ in range(num_heads)
+            ]
+        )
+        if self.heads[0].multi:
+            raise ConfigError("multi-head attention combines scalar weights; use dim='single'")
+        paths = {h.explain()[0] for h in self.heads}
+        self._fused = paths == {"sdpa"}
+        self._parameter_free = self._fused and not any(
+            p.numel() for h in self.heads for p in h.parameters()
+        )
+
+    def explain(self, need_weights: bool = False) -> tuple[str, str]:
+        """``(path, reason)`` of a call."""
+        if self._fused:
+            return (
+                "sdpa",
+                "every head is a scaled dot product with soft alignment: one fused SDPA call",
+            )
+        path, reason = self.heads[0].explain(need_weights)
+        return f"per-head:{path}", f"each head runs attnlab.Attention ({reason})"
+
+    # ------------------------------------------------------------------ torch interop
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Build the equivalent module from a ``torch.nn.MultiheadAttention`` (same weights).
+
+        The result is batch-first whatever ``mha.batch_first`` is; it gives the same outputs
+        and the same head-averaged weights. ``add_bias_kv`` and ``add_zero_attn`` are not
+        supported (``ValueError``).
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("add_bias_kv / add_zero_attn are not supported by from_torch")
+        E = mha.embed_dim
+        has_bias = mha.in_proj_bias is not None
+        out = cls(E, mha.num_heads, d_k=mha.kdim, d_v=mha.vdim, dropout=mha.dropout, bias=has_bias)
+        w = mha.in_proj_weight
+        if w is not None:
+            q_w, k_w, v_w = w.detach().chunk(3)
+        else:
+            q_w, k_w, v_w = (
+                mha.q_proj_weight.detach(),
+                mha.k_proj_weight.detach(),
+                mha.v_proj_weight.detach(),
+            )
+        ref = mha.out_proj.weight
+        out = out.to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            out.q_proj.weight.copy_(q_w)
+            out.k_proj.weight.copy_(k_w)
+            out.v_proj.weight.copy_(v_w)
+            out.out_proj.weight.copy_(mha.out_proj.weight)
+            if has_bias:
+                qb, kb, vb = mha.in_proj_bias.detach().chunk(3)
+                out.q_proj.bias.copy_(qb)
+                out.k_proj.bias.copy_(kb)
+                out.v_proj.bias.copy_(vb)
+                out.out_proj.bias.copy_(mha.out_proj.bias)
+        out.train(mha.training)
+        return out
+
+    # ------------------------------------------------------------------ forward
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        B, n, _ = x.shape
+        return x.view(B, n, heads, self.head_dim).transpose(1, 2)
+
+    def _head_mask(
+        self, mask: Tensor | None, B: int, n_q: int, n_k: int, device: torch.device
+    ) -> Tensor | None:
+        if mask is None:
+            return None
+        if isinstance(mask, Tensor) and mask.dim() == 4:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
+            want = (B, self.num_heads, n_q, n_k)
+            if any(s not in (1, w) for s, w in zip(mask.shape, want, strict=True)):
+                raise ValueError(
+                    f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                    f"[B, h, n_q, n_k] = {list(want)}"
+                )
+            return mask
+        m3 = _masks.normalize_mask(mask, B, n_q, n_k, device=device)
+        return m3.unsqueeze(1)  # type: ignore[union-attr]
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+        average_weights: bool = True,
+    ) -> AttentionOutput:
+        check_tensor(query, "query")
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}, expected [B, n_q, d_model] = "
+                f"[B, n_q, {self.d_model}]"
+            )
+        key = query if key is None else key
+        value = key if value is None else value
+        B, n_q, _ = query.shape
+        check_tensor(key, "key")
+        check_tensor(value, "value")
+        if key.dim() != 3 or key.shape[0] != B or key.shape[-1] != self.d_k:
+            raise ValueError(
+                f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k] = [{B}, n_k, {self.d_k}]"
+            )
+        n_k = key.shape[1]
+        if value.dim() != 3 or value.shape[:2] != (B, n_k) or value.shape[-1] != self.d_v:
+            raise ValueError(
+                f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = "
+                f"[{B}, {n_k}, {self.d_v}]"
+            )
+        check_same(query, "query", key=key, value=value)
+        hmask = self._head_mask(mask, B, n_q, n_k, query.device)
+        if causal:
+            c = _masks.causal(n_q, n_k, device=query.device)[None, None]
+            hmask = c if hmask is None else hmask & c
+
+        q = self._split(self.q_proj(query), self.num_heads)  # [B, h, n_q, hd]
+        k = self._split(self.k_proj(key), self.num_kv_heads)
+        v = self._split(self.v_proj(value), self.num_kv_heads)
+        group = self.num_heads // self.num_kv_heads
+        if group > 1:  # grouped-query: each kv head serves `group` query heads (a view)
+            k = k[:, :, None].expand(B, self.num_kv_heads, group, n_k, self.head_dim)
+            k = k.reshape(B, self.num_heads, n_k, self.head_dim)
+            v = v[:, :, None].expand(B, self.num_kv_heads, group, n_k, self.head_dim)
+            v = v.reshape(B, self.num_heads, n_k, self.head_dim)
+
+        p = self.dropout if self.training else 0.0
+        if self._fused and n_k > 0:
+            if self._parameter_free:
+                q2, k2, scale = self.heads[0].score.dot_form(q, k)
+            else:
+                forms = [h.score.dot_form(q[:, j], k[:, j]) for j, h in enumerate(self.heads)]
+                q2 = torch.stack([f[0] for f in forms], 1)
+                k2 = torch.stack([f[1] for f in forms], 1)
+                scale = forms[0][2]
+            context, weights = sdpa_attend(q2, k2, v, scale, hmask, p, need_weights)
+            path = "sdpa"
+        else:
+            outs = []
+            for j, head in enumerate(self.heads):
+                m = None if hmask is None else hmask[:, min(j, hmask.shape[1] - 1)]
+                outs.append(head(q[:, j], k[:, j], v[:, j], mask=m, need_weights=need_weights))
+            context = torch.stack([o.context for o in outs], 1)
+            weights = torch.stack([o.weights for o in outs], 1) if need_weights else None
+            path = f"per-head:{outs[0].path}"
+        context = context.transpose(1, 2).reshape(B, n_q, self.num_heads * self.head_dim)
+        output = self.out_proj(context)
+        if weights is not None and average_weights:
+            weights = weights.mean(1)
+        return AttentionOutput(output, weights if need_weights else None, path=path)
