@@ -81,3 +81,13 @@ def check_values(v: Tensor, batch: int, n_k: int, name: str = "v") -> None:
 def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision softmaxes run in float32."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def broadcasts_to(
+    shape: tuple[int, ...] | torch.Size, target: tuple[int, ...] | torch.Size
+) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` (pure Python: cheaper than
+    ``torch.broadcast_shapes``, which is slow on its first call)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))

@@ -20,6 +20,8 @@ KIND_TITLES = {
     "align": "Alignment functions (survey 3.2.2)",
     "dim": "Attention dimensionality (survey 3.2.3)",
     "attention": "Attention modules",
+    "feature": "Feature-related attention (survey 3.1)",
+    "query": "Query-related attention (survey 3.3)",
 }
 
 
@@ -40,7 +42,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return 0
-    kinds: list[str] = []
+    # the survey's order (score, align, dim, attention), then any later kinds
+    kinds = [k for k in KIND_TITLES if any(e.kind == k for e in entries)]
     for e in entries:
         if e.kind not in kinds:
             kinds.append(e.kind)
@@ -93,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="list every registered mechanism")
-    p_list.add_argument("--kind", choices=sorted(KIND_TITLES), help="only this kind")
+    kinds = sorted(set(KIND_TITLES) | {e.kind for e in registry.entries()})
+    p_list.add_argument("--kind", choices=kinds, help="only this kind")
     p_list.add_argument("--json", action="store_true", help="machine-readable output")
     p_list.set_defaults(func=_cmd_list)
     p_exp = sub.add_parser("explain", help="which implementation path an attention takes")
@@ -110,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # e.g. `attnlab list | head`: the reader went away
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

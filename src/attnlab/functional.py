@@ -82,14 +82,15 @@ def _dot_form(
             f"score {name!r} needs d_q == d_k, but q has shape {tuple(q.shape)} and k has "
             f"shape {tuple(k.shape)}"
         )
+    # validate the parameters (unknown names, shapes, dtypes) through the score function
+    # on empty slices, so the fused path rejects exactly what the explicit one rejects
+    SCORE_FUNCTIONS[name](q[:, :0], k[:, :0], **params)
     if name == "dot":
         return q, k, 1.0
     if name == "scaled-dot":
         return q, k, 1.0 / math.sqrt(k.shape[-1]) if k.shape[-1] else 1.0
     if name == "cosine":
         return F.normalize(q, dim=-1, eps=COSINE_EPS), F.normalize(k, dim=-1, eps=COSINE_EPS), 1.0
-    # general / biased-general: validate the parameters through the score function
-    SCORE_FUNCTIONS[name](q[:, :0], k[:, :0], **params)
     return F.linear(q, params["W"], params.get("b")), k, 1.0
 
 

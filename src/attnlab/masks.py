@@ -50,6 +50,8 @@ def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
         raise ValueError("lengths must be non-negative")
     if max_len is None:
         max_len = int(lengths.max()) if lengths.numel() else 0
+    elif isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     elif lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(
             f"max_len={max_len} is smaller than the longest length {int(lengths.max())}"
@@ -61,6 +63,10 @@ def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
 def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     """Convert PyTorch's ``key_padding_mask`` ``[B, n_k]`` (``True`` = *ignore* this key,
     or an additive float mask) into attnlab's ``[B, 1, n_k]`` (``True`` = may attend)."""
+    if not isinstance(key_padding_mask, Tensor):
+        raise TypeError(
+            f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}"
+        )
     if key_padding_mask.dim() != 2:
         raise ValueError(
             f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected [B, n_k]"
@@ -82,6 +88,8 @@ def from_additive(mask: Tensor, threshold: float = -1e4, strict: bool = True) ->
     cannot express them, so with ``strict=True`` any entry that is neither ``0`` nor
     ``<= threshold`` raises ``ValueError``.
     """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if not mask.dtype.is_floating_point:
         raise TypeError(f"mask has dtype {mask.dtype}, expected a float (additive) mask")
     if torch.isnan(mask).any():
@@ -102,15 +110,21 @@ def causal(n_q: int, n_k: int | None = None, device: torch.device | str | None =
     :func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``
     when ``n_q == n_k``)."""
     n_k = n_q if n_k is None else n_k
+    for name, n in (("n_q", n_q), ("n_k", n_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of several masks (``None`` entries are skipped)."""
     out: Tensor | None = None
-    for m in masks:
+    for i, m in enumerate(masks):
         if m is None:
             continue
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            what = m.dtype if isinstance(m, Tensor) else type(m).__name__
+            raise TypeError(f"masks[{i}] is {what}, expected a torch.bool tensor")
         out = m if out is None else out & m
     return out
 
@@ -154,6 +168,7 @@ def normalize_mask(
     if device is not None and mask.device != device:
         raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}")
     expected = (batch, n_q, n_k)
+    given = tuple(mask.shape)
     if single_query and mask.dim() == 2 and mask.shape[0] in (1, batch):
         mask = mask[:, None, :]
     if mask.dim() > 3:
@@ -166,7 +181,7 @@ def normalize_mask(
     for got, want in zip(mask.shape, expected, strict=True):
         if got not in (1, want):
             raise ValueError(
-                f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                f"{name} has shape {given}, expected a shape broadcastable to "
                 f"[B, n_q, n_k] = {list(expected)} (a key padding mask is [B, 1, n_k]; see "
                 "attnlab.masks.from_lengths)"
             )

@@ -75,6 +75,8 @@ def _canonical(kind: str, name: str) -> str:
         return key
     if key in aliases:
         return aliases[key]
+    if name in aliases:
+        return aliases[name]
     if name in table:
         return name
     raise KeyError(
@@ -112,13 +114,20 @@ def build(config: dict[str, Any]) -> nn.Module:
     name = cfg.pop("name", None)
     kind = cfg.pop("kind", None)
     if name is None:
+        if kind not in (None, "attention"):
+            raise ValueError(
+                f"config has kind={kind!r} but no 'name'; add the {kind} name (one of "
+                f"{names(kind) if kind in _REGISTRY else 'none: unknown kind'}), or drop "
+                "'kind' to build the general Attention"
+            )
         from attnlab.general.attention import Attention
 
         return Attention(**cfg)
     if kind is None:
         matches = [k for k, table in _REGISTRY.items() if _try_canonical(k, name) in table]
         if not matches:
-            raise KeyError(f"no mechanism is registered as {name!r}")
+            known = "; ".join(f"{k}: {', '.join(sorted(t))}" for k, t in _REGISTRY.items())
+            raise KeyError(f"no mechanism is registered as {name!r}; registered names: {known}")
         if len(matches) > 1:
             raise KeyError(f"{name!r} is registered under several kinds {matches}; add 'kind'")
         kind = matches[0]
@@ -141,9 +150,33 @@ def _try_canonical(kind: str, name: str) -> str | None:
         return None
 
 
+#: Subpackages whose modules register the built-in mechanisms (survey 3.2, 3.1, 3.3).
+_BUILTIN_PACKAGES = ("attnlab.general", "attnlab.feature", "attnlab.query")
+_loaded = False
+
+
 def _ensure_loaded() -> None:
-    # Importing the package registers every built-in mechanism.
+    """Import every built-in mechanism module once, so that the registry (and therefore
+    ``build`` and ``attnlab list``) knows all of them, not only those that
+    ``import attnlab`` happens to pull in."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import importlib
+    import pkgutil
+
     import attnlab  # noqa: F401
+
+    for pkg_name in _BUILTIN_PACKAGES:
+        try:
+            pkg = importlib.import_module(pkg_name)
+        except ModuleNotFoundError as err:
+            if err.name == pkg_name:  # that part of the library is not there (yet)
+                continue
+            raise
+        for info in pkgutil.walk_packages(pkg.__path__, pkg_name + "."):
+            importlib.import_module(info.name)
 
 
 class Configurable(nn.Module):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -36,7 +37,7 @@ from attnlab._checks import (
     check_same,
     check_tensor,
 )
-from attnlab.general.alignment import Aligned, Alignment
+from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
 from attnlab.general.local import local_window_attend
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
@@ -51,6 +52,27 @@ _DIMS = {"single": False, "single-dimensional": False, "multi": True, "multi-dim
 
 def _params(cls: type) -> set[str]:
     return {p for p in inspect.signature(cls).parameters if p != "self"}
+
+
+def _nan_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor | None]:
+    """Rows of ``e`` (along ``dim``) holding a NaN score at an allowed key, and ``e`` with
+    its NaNs replaced by 0 so that every alignment can run on it (``None``: no NaN).
+    The alignment's result for those rows is then overwritten with NaN (see the class
+    docstring, "NaN inputs")."""
+    if not bool(torch.isnan(e.detach().sum())):  # cheap screen: one NaN makes the sum NaN
+        return e, None
+    nan = torch.isnan(e)
+    bad = (nan if mask is None else nan & mask).any(dim, keepdim=True)
+    return e.masked_fill(nan, 0.0), bad
+
+
+def _nan_or_none(centers: Tensor) -> Tensor | None:
+    nan = torch.isnan(centers)
+    return nan[..., None] if bool(nan.any()) else None
+
+
+def _fill_nan(x: Tensor, bad: Tensor | None) -> Tensor:
+    return x if bad is None else x.masked_fill(bad, float("nan"))
 
 
 @register(
@@ -93,6 +115,32 @@ class Attention(Configurable):
     An impossible combination raises :class:`~attnlab._checks.ConfigError` (a
     ``ValueError``) at construction, naming the conflict.
 
+    Bad input raises at the call: a wrong shape or batch size (of ``q``, ``k``, ``v`` or
+    ``mask``) ``ValueError``, a dtype mismatch (between ``q``, ``k`` and ``v``, or with the
+    module's parameters) or a non-bool mask ``TypeError``, a device mismatch ``ValueError``;
+    the message names the argument, its shape and the expected shape.
+
+    Special inputs (defined behaviour, tested):
+
+    * **Fully masked query row**: zero weights and a zero context, with zero (finite)
+      gradients, on every path.
+    * **Empty key set** (``n_k = 0``): a zero context ``[B, n_q, d_v']``, weights of shape
+      ``[B, n_q, 0]``, zero ``log_prob`` for stochastic alignments; ``backward()`` works
+      (the gradients are zero). The path is ``"explicit"``.
+    * **NaN inputs** are not an error and are not hidden. A NaN in the query ``q[b, i]``
+      makes the weights and context of query row ``(b, i)`` NaN; a NaN in the features
+      ``k[b, l]`` of an allowed key makes NaN every query row of batch element ``b`` that
+      may attend to ``l`` (for local attention: whose window holds ``l``); a NaN in
+      ``v[b, l]`` makes NaN the context features of ``b`` that sum over key ``l``. This
+      holds for every alignment (hard and reinforced attention return NaN weights for such
+      rows instead of a choice) and other batch elements are never affected. Padding
+      (masked-out) positions must hold finite numbers: the fused SDPA kernel may let a NaN
+      there through.
+    * **Half precision**: convert the module with ``.to(torch.bfloat16)`` (or
+      ``torch.float16``) and pass inputs of that dtype; softmaxes and the lean kernels
+      compute in float32 and cast back, so results stay within the dtype's rounding of the
+      float32 result. The SDPA path runs PyTorch's kernel in that dtype.
+
     Example::
 
         attn = Attention(score="additive", align="soft", d_q=16, d_k=32, d_w=64)
@@ -128,14 +176,12 @@ class Attention(Configurable):
         self.d_q = d_q
         self.d_k = d_k
         self.d_v = d_v if d_v is not None else d_k
-        self.key_proj = nn.Linear(d_k, key_dim) if key_dim is not None else None
-        self.value_proj = None
-        if value_dim is not None:
-            if self.d_v is None:
-                raise ConfigError("value_dim needs d_v (or d_k) to build W_V")
-            self.value_proj = nn.Linear(self.d_v, value_dim)
         if key_dim is not None and d_k is None:
             raise ConfigError("key_dim needs d_k to build W_K")
+        if value_dim is not None and self.d_v is None:
+            raise ConfigError("value_dim needs d_v (or d_k) to build W_V")
+        self.key_proj = nn.Linear(d_k, key_dim) if key_dim is not None else None
+        self.value_proj = nn.Linear(self.d_v, value_dim) if value_dim is not None else None
         key_size = key_dim if key_dim is not None else d_k
         value_size = value_dim if value_dim is not None else self.d_v
 
@@ -290,7 +336,25 @@ class Attention(Configurable):
                     f"q has shape {tuple(q.shape)}, expected [B, n_q, d_q] = [{B}, n_q, {self.d_q}]"
                 )
             check_same(k, "k", q=q3)
+        param = next(self.parameters(), None)
+        if param is not None:
+            if param.dtype != k.dtype:
+                raise TypeError(
+                    f"k has dtype {k.dtype} but the parameters of this Attention have dtype "
+                    f"{param.dtype}; convert the module with .to({k.dtype}) or cast the inputs"
+                )
+            if param.device != k.device:
+                raise ValueError(
+                    f"k is on {k.device} but the parameters of this Attention are on "
+                    f"{param.device}; move the module with .to({str(k.device)!r})"
+                )
         if v is None:
+            if self.d_v is not None and self.d_v != d_k:
+                raise ValueError(
+                    f"v is None, so the values are the features k {tuple(k.shape)}, but this "
+                    f"Attention was built with d_v={self.d_v}; pass v [B, n_k, d_v] = "
+                    f"[{B}, {n_k}, {self.d_v}]"
+                )
             v = k
         else:
             check_tensor(v, "v")
@@ -362,23 +426,46 @@ class Attention(Configurable):
                 need_weights,
                 dropout_p=p,
             )
+            if weights is not None:
+                # a NaN centre (e.g. from a NaN query) has no window: its whole row is NaN,
+                # as on the explicit path
+                weights = _fill_nan(weights, _nan_or_none(centers))
             extras["centers"] = centers
         else:
             if path == "lean-additive":
                 e = self.score(q3, keys)
             else:
                 e = self.score.explicit(q3, keys)
-            if self.multi:
+            if n_k == 0:
+                # nothing to attend to: zero weights [B, n_q, 0(, d_v)] and a zero context,
+                # still connected to the inputs so that backward() works
+                weights = e * 0
+                combine = combine_multi if self.multi else combine_single
+                context = combine(weights, values)
+                if self.align.stochastic:
+                    lp_shape = (B,) if isinstance(self.align, ReinforcedAlign) else (B, n_q)
+                    log_prob = e.new_zeros(lp_shape)
+            elif self.multi:
                 m4 = mask3.unsqueeze(-1) if mask3 is not None else None
+                e, bad = _nan_rows(e, m4, dim=2)
                 a = self.align.normalize(e, m4, dim=2)
-                weights = a
+                weights = a = _fill_nan(a, bad)
                 context = combine_multi(F.dropout(a, p, True) if p > 0 else a, values)
             else:
-                aligned: Aligned = self.align(e, mask3, query=q3, keys=keys, positions=positions)
-                a = aligned.weights
-                weights = a
+                # local alignments mask everything outside the window, NaN included
+                e, bad = (e, None) if self.align.local else _nan_rows(e, mask3, dim=-1)
+                # the alignment sees finite keys (reinforced attention samples from them);
+                # the rows with a NaN score are set to NaN below
+                keys_a = keys if bad is None else torch.nan_to_num(keys, nan=0.0)
+                aligned: Aligned = self.align(e, mask3, query=q3, keys=keys_a, positions=positions)
+                weights = a = _fill_nan(aligned.weights, bad)
                 log_prob = aligned.log_prob
                 extras.update(aligned.extras)
+                if bad is not None:
+                    if log_prob is not None and log_prob.shape == bad.shape[:-1]:
+                        log_prob = _fill_nan(log_prob, bad.squeeze(-1))
+                    if isinstance(extras.get("probs"), Tensor):
+                        extras["probs"] = _fill_nan(extras["probs"], bad)
                 context = combine_single(F.dropout(a, p, True) if p > 0 else a, values)
         if not need_weights:
             weights = None

@@ -18,6 +18,7 @@ Two differences from calling SDPA yourself are handled here:
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -48,6 +49,8 @@ def sdpa_attend(
     Cost: O(n_q n_k d) time; memory O(n_q d) on the flash / memory-efficient kernels.
     """
     row_ok = None
+    if mask is not None and mask.dim() < 2:  # SDPA wants at least [n_q, n_k]
+        mask = mask.reshape(1, -1)
     attn_mask = mask
     if mask is not None:
         row_ok = mask.any(-1, keepdim=True)
@@ -59,7 +62,9 @@ def sdpa_attend(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
     if row_ok is not None:
-        context = context * row_ok.to(context.dtype)
+        # where, not a product: an opened row must come back as exactly 0 even if a key it
+        # was opened to holds NaN or inf (0 * NaN = NaN)
+        context = torch.where(row_ok, context, context.new_zeros(()))
     weights = None
     if need_weights:
         weights = masked_softmax((q @ k.transpose(-1, -2)) * scale, mask)
