@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from attnlab._checks import check_tensor
+from attnlab._checks import check_same, check_tensor
 from attnlab.general.alignment import masked_softmax
+from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
 
@@ -24,15 +24,35 @@ __all__ = [
 ]
 
 
+def _check_values(v: Tensor, B: int, n_k: int, d_v: int | None) -> None:
+    check_tensor(v, "v")
+    if v.dim() != 3 or v.shape[:2] != (B, n_k) or (d_v is not None and v.shape[2] != d_v):
+        want = "d_v" if d_v is None else str(d_v)
+        raise ValueError(
+            f"v has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {want}]"
+        )
+
+
 def combine_single(weights: Tensor, v: Tensor) -> Tensor:
     """``c = sum_l a_l v_l``: weights ``[B, n_q, n_k]``, v ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``.
     Cost O(B n_q n_k d_v)."""
+    check_tensor(weights, "weights")
+    if weights.dim() != 3:
+        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected [B, n_q, n_k]")
+    _check_values(v, weights.shape[0], weights.shape[2], None)
+    check_same(weights, "weights", v=v)
     return weights @ v
 
 
 def combine_multi(weights: Tensor, v: Tensor) -> Tensor:
     """``c_i = sum_l a_{l,i} v_{l,i}``: weights ``[B, n_q, n_k, d_v]``, v ``[B, n_k, d_v]``
     -> ``[B, n_q, d_v]``. Cost O(B n_q n_k d_v) time and memory."""
+    check_tensor(weights, "weights")
+    if weights.dim() != 4:
+        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected [B, n_q, n_k, d_v]")
+    B, _, n_k, d_v = weights.shape
+    _check_values(v, B, n_k, d_v)
+    check_same(weights, "weights", v=v)
     return (weights * v.unsqueeze(1)).sum(2)
 
 
@@ -53,26 +73,14 @@ def multi_dimensional_attend(
     computes the context of DiSAN's additive vector score without that tensor.
     """
     check_tensor(scores, "scores")
-    check_tensor(v, "v")
     if scores.dim() != 4:
         raise ValueError(f"scores has shape {tuple(scores.shape)}, expected [B, n_q, n_k, d_v]")
-    B, _, n_k, d_v = scores.shape
-    if v.shape != (B, n_k, d_v):
-        raise ValueError(
-            f"v has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {d_v}]"
-        )
-    m4 = None
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
-        try:
-            torch.broadcast_shapes(mask.shape, scores.shape[:3])
-        except RuntimeError:
-            raise ValueError(
-                f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
-                f"[B, n_q, n_k] = {list(scores.shape[:3])}"
-            ) from None
-        m4 = mask.unsqueeze(-1)
+    B, n_q, n_k, d_v = scores.shape
+    _check_values(v, B, n_k, d_v)
+    check_same(scores, "scores", v=v)
+    # the mask must broadcast to [B, n_q, n_k] *without* enlarging it
+    m3 = normalize_mask(mask, B, n_q, n_k, device=scores.device, name="mask")
+    m4 = m3.unsqueeze(-1) if m3 is not None else None
     weights = masked_softmax(scores, m4, dim=2)
     return AttentionOutput(combine_multi(weights, v), weights, path="explicit")
 

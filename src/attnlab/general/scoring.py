@@ -138,10 +138,14 @@ def activated_general_score(
     (Ma et al. 2017, IAN)."""
     q3, single = _prepare(q, k)
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
-    if isinstance(b, Tensor) and b.numel() != 1:
-        raise ValueError(f"b has shape {tuple(b.shape)}, expected a scalar (shape [] or [1])")
     if isinstance(b, Tensor):
+        check_tensor(b, "b")
+        if b.numel() != 1 or b.dim() > 1:
+            raise ValueError(f"b has shape {tuple(b.shape)}, expected a scalar (shape [] or [1])")
         b = b.reshape(())
+    elif isinstance(b, bool) or not isinstance(b, int | float):
+        raise TypeError(f"b must be a float or a one-element tensor, got {type(b).__name__}")
+    check_same(q3, "q", W=W, b=b if isinstance(b, Tensor) else None)
     e = (q3 @ W.transpose(0, 1)) @ k.transpose(-1, -2) + b
     return _finish(get_activation(act)(e), single)
 
@@ -157,6 +161,7 @@ def cosine_score(q: Tensor, k: Tensor) -> Tensor:
 
 
 def _additive_checks(q3: Tensor, k: Tensor, W1: Tensor, W2: Tensor, b: Tensor | None) -> None:
+    check_tensor(W1, "W1")
     d_w = W1.shape[0] if W1.dim() == 2 else None
     check_param(W1, "W1", (d_w, q3.shape[-1]), "[d_w, d_q]")
     check_param(W2, "W2", (d_w, k.shape[-1]), "[d_w, d_k]")
@@ -185,8 +190,8 @@ def additive_score(
     """
     q3, single = _prepare(q, k)
     _additive_checks(q3, k, W1, W2, b)
-    w = w.reshape(-1)
     check_param(w, "w", (W1.shape[0],), "[d_w]")
+    check_same(q3, "q", w=w)
     q1 = F.linear(q3, W1, b)
     k2 = F.linear(k, W2)
     if lean:
@@ -220,6 +225,7 @@ def multi_dimensional_additive_score(
     check_param(W_d, "W_d", (W1.shape[0], None), "[d_w, d_v]")
     if b_d is not None:
         check_param(b_d, "b_d", (W_d.shape[1],), "[d_v]")
+    check_same(q3, "q", W_d=W_d, b_d=b_d)
     h = get_activation(act)(F.linear(q3, W1, b)[:, :, None, :] + F.linear(k, W2)[:, None, :, :])
     e = h @ W_d
     if b_d is not None:
@@ -244,10 +250,11 @@ def queryless_score(
     check_param(W, "W", (None, k.shape[-1]), "[d_w, d_k]")
     if b is not None:
         check_param(b, "b", (W.shape[0],), "[d_w]")
-    if w.dim() == 1:
-        check_param(w, "w", (W.shape[0],), "[d_w]")
-    else:
+    check_tensor(w, "w")
+    if w.dim() == 2:
         check_param(w, "w", (W.shape[0], None), "[d_w, d_v]")
+    else:
+        check_param(w, "w", (W.shape[0],), "[d_w] (or [d_w, d_v] for a vector score)")
     check_same(k, "k", W=W, w=w, b=b)
     e = get_activation(act)(F.linear(k, W, b)) @ w
     return e.unsqueeze(1)

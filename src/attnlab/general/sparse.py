@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from attnlab._checks import softmax_dtype
+from attnlab._checks import check_tensor, softmax_dtype
 
 __all__ = ["entmax15", "sparsemax"]
 
@@ -80,18 +80,52 @@ class _Entmax15(torch.autograd.Function):
         return gs - q * s
 
 
+def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
+    """Validate the arguments; return ``dim`` as a non-negative axis."""
+    check_tensor(e, "e")
+    if e.dim() == 0:
+        raise ValueError("e has shape (), expected at least one axis to normalise over")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -e.dim() <= dim < e.dim():
+        raise ValueError(f"dim={dim!r} is not an axis of e, which has shape {tuple(e.shape)}")
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = allowed)")
+        if mask.device != e.device:
+            raise ValueError(f"mask is on {mask.device} but e is on {e.device}")
+        try:
+            ok = torch.broadcast_shapes(mask.shape, e.shape) == e.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                f"e {tuple(e.shape)}"
+            )
+    return dim % e.dim()
+
+
 def _masked(fn: type[torch.autograd.Function], e: Tensor, mask: Tensor | None, dim: int) -> Tensor:
-    work = e.to(softmax_dtype(e.dtype)).movedim(dim, -1)
+    dim = _check(e, mask, dim)
     if e.shape[dim] == 0:
         return e.clone()
-    if mask is None:
+    work = e.to(softmax_dtype(e.dtype)).movedim(dim, -1)
+    m = None if mask is None else torch.broadcast_to(mask, e.shape).movedim(dim, -1)
+    # Both mappings are invariant to adding a constant to a row: shift by the (allowed)
+    # row maximum first, so the thresholds are computed on numbers <= 0 whatever the
+    # magnitude of the scores (without the shift, float32 rounding in the cumulative sums
+    # of large scores can leave the support empty).
+    if m is None:
+        row_max = work.amax(-1, keepdim=True)
+    else:
+        row_max = work.masked_fill(~m, float("-inf")).amax(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    work = work - row_max.detach()
+    if m is None:
         return fn.apply(work).movedim(-1, dim).to(e.dtype)
-    m = torch.broadcast_to(mask, e.shape).movedim(dim, -1)
-    allowed_max = work.masked_fill(~m, float("-inf")).amax(-1, keepdim=True)
-    allowed_max = torch.where(
-        torch.isfinite(allowed_max), allowed_max, torch.zeros_like(allowed_max)
-    )
-    filled = torch.where(m, work, (allowed_max - _OUTSIDE).detach())
+    # masked positions sit far below the allowed maximum (now 0): outside the support
+    filled = torch.where(m, work, torch.full_like(work, -_OUTSIDE))
     p = fn.apply(filled) * m
     return p.movedim(-1, dim).to(e.dtype)
 

@@ -1,0 +1,256 @@
+"""Tests of the sparse alignments sparsemax and 1.5-entmax (attnlab.general.sparse).
+
+References: the ``entmax`` package (an independent implementation by the method's
+authors) and examples worked out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import entmax
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.autograd import gradcheck
+
+from attnlab.general.sparse import entmax15, sparsemax
+
+F64 = torch.float64
+FNS = {"sparsemax": (sparsemax, entmax.sparsemax), "entmax15": (entmax15, entmax.entmax15)}
+both = pytest.mark.parametrize("name", list(FNS))
+
+
+def rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(*shape, generator=g, dtype=F64)
+
+
+def ref_masked(name: str, e: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """The reference mapping applied, slice by slice, to the allowed entries only."""
+    ref = FNS[name][1]
+    x = e.movedim(dim, -1).reshape(-1, e.shape[dim])
+    m = torch.broadcast_to(mask, e.shape).movedim(dim, -1).reshape(-1, e.shape[dim])
+    out = torch.zeros_like(x)
+    for r in range(x.shape[0]):
+        allowed = m[r].nonzero().flatten()
+        if len(allowed):
+            out[r, allowed] = ref(x[r, allowed], dim=-1)
+    moved = list(e.movedim(dim, -1).shape)
+    return out.reshape(moved).movedim(-1, dim)
+
+
+# ----------------------------------------------------------------- reference values
+
+
+@both
+@pytest.mark.parametrize("scale", [0.3, 1.0, 5.0])
+def test_matches_entmax_package(name, scale):
+    fn, ref = FNS[name]
+    e = rand(3, 4, 7, seed=1, scale=scale)
+    for dim in (-1, 0, 1, 2):
+        torch.testing.assert_close(fn(e, dim=dim), ref(e, dim=dim))
+
+
+def test_sparsemax_hand_example():
+    # tau = (1 + 0.5 - 1) / 2 = 0.25 over the support {1, 0.5}; -1 - 0.25 < 0
+    torch.testing.assert_close(
+        sparsemax(torch.tensor([1.0, 0.5, -1.0], dtype=F64)),
+        torch.tensor([0.75, 0.25, 0.0], dtype=F64),
+    )
+    # two equal scores share the mass; one at least 1 above all others takes all of it
+    torch.testing.assert_close(
+        sparsemax(torch.tensor([2.0, 2.0, 0.0])), torch.tensor([0.5, 0.5, 0.0])
+    )
+    torch.testing.assert_close(
+        sparsemax(torch.tensor([3.0, 1.5, 0.0])), torch.tensor([1.0, 0.0, 0.0])
+    )
+
+
+def test_entmax15_hand_example():
+    # z = [1, 0]: p = (z/2 - tau)_+^2 with both in the support: (0.5 + a)^2 + a^2 = 1,
+    # a = -tau = (sqrt(7) - 1) / 4, so p = [((sqrt 7 + 1)/4)^2, ((sqrt 7 - 1)/4)^2]
+    r7 = math.sqrt(7.0)
+    torch.testing.assert_close(
+        entmax15(torch.tensor([1.0, 0.0], dtype=F64)),
+        torch.tensor([((r7 + 1) / 4) ** 2, ((r7 - 1) / 4) ** 2], dtype=F64),
+    )
+    # z = [3, 0]: with only the first in the support tau = 1.5 - 1 = 0.5 and 0/2 - 0.5 < 0
+    torch.testing.assert_close(entmax15(torch.tensor([3.0, 0.0])), torch.tensor([1.0, 0.0]))
+
+
+@both
+def test_simplex_and_exact_zeros(name):
+    fn, _ = FNS[name]
+    e = rand(5, 9, seed=2, scale=3.0)
+    p = fn(e)
+    assert (p >= 0).all()
+    torch.testing.assert_close(p.sum(-1), torch.ones(5, dtype=F64))
+    assert (p == 0).sum() > 0  # genuinely sparse
+    assert ((p == 0).sum(-1) < 9).all()
+
+
+@both
+def test_shift_invariance_and_large_scores(name):
+    # regression: with scores of large magnitude the float32 cumulative sums used to lose
+    # the support (sparsemax raised an index error; masked 1.5-entmax summed to 0.5)
+    fn, _ = FNS[name]
+    base = torch.tensor([0.0, 128.0, -128.0])
+    for offset in (0.0, 2.0**20, 2.0**30):
+        torch.testing.assert_close(fn(base + offset), torch.tensor([0.0, 1.0, 0.0]))
+    e = torch.tensor([2.0**30, 2.0**30 + 256.0, 2.0**30 - 128.0])
+    mask = torch.tensor([True, False, True])
+    torch.testing.assert_close(fn(e, mask), torch.tensor([1.0, 0.0, 0.0]))
+    small = rand(4, 6, seed=3)
+    torch.testing.assert_close(fn(small + 1e6), fn(small), atol=1e-8, rtol=1e-6)
+
+
+# ----------------------------------------------------------------- gradients
+
+
+@both
+def test_gradcheck(name):
+    fn, _ = FNS[name]
+    e = rand(3, 6, seed=4, scale=2.0).requires_grad_()
+    assert gradcheck(fn, (e,))
+    assert gradcheck(lambda x: fn(x, dim=0), (e,))
+    mask = torch.tensor([[1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0], [1, 0, 1, 1, 1, 1]]).bool()
+    assert gradcheck(lambda x: fn(x, mask), (e,))
+
+
+@both
+def test_gradient_matches_entmax_package(name):
+    fn, ref = FNS[name]
+    e1 = rand(4, 7, seed=5, scale=2.0).requires_grad_()
+    e2 = e1.detach().clone().requires_grad_()
+    g = rand(4, 7, seed=6)
+    (fn(e1) * g).sum().backward()
+    (ref(e2, dim=-1) * g).sum().backward()
+    torch.testing.assert_close(e1.grad, e2.grad)
+
+
+# ----------------------------------------------------------------- masks
+
+
+@both
+def test_mask_zeroes_masked_and_fully_masked_rows(name):
+    fn, _ = FNS[name]
+    e = rand(2, 3, 5, seed=7, scale=2.0).requires_grad_()
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[0, 0, [1, 3]] = False
+    mask[1, 2] = False  # fully masked row
+    mask[0, 1, 0] = False
+    e_masked = e.detach().clone()
+    e_masked[~mask] = 1e6  # huge scores at masked positions must not matter
+    p = fn(e, mask)
+    assert (p[~mask] == 0).all()
+    assert (p[1, 2] == 0).all()
+    torch.testing.assert_close(p.sum(-1)[mask.any(-1)], torch.ones(5, dtype=F64))
+    torch.testing.assert_close(p, ref_masked(name, e.detach(), mask, -1))
+    torch.testing.assert_close(fn(e_masked, mask), p.detach())
+    (p * rand(2, 3, 5, seed=8)).sum().backward()
+    assert torch.isfinite(e.grad).all()
+    assert (e.grad[~mask] == 0).all() and (e.grad[1, 2] == 0).all()
+
+
+@both
+def test_all_masked_gives_zeros_without_nan(name):
+    fn, _ = FNS[name]
+    e = rand(2, 4, seed=9).requires_grad_()
+    p = fn(e, torch.zeros(2, 4, dtype=torch.bool))
+    assert (p == 0).all()
+    p.sum().backward()
+    assert (e.grad == 0).all()
+
+
+@both
+def test_dim_argument_with_broadcast_mask(name):
+    fn, _ = FNS[name]
+    e = rand(2, 3, 5, 4, seed=10, scale=2.0)
+    # normalise over axis 2 (the keys) separately for each of the 4 features; the mask is
+    # [B, n_q, n_k, 1] and broadcasts over the features
+    mask = rand(2, 3, 5, 1, seed=11) > -0.5
+    mask[0, 1] = False
+    p = fn(e, mask, dim=2)
+    assert p.shape == e.shape
+    torch.testing.assert_close(p, ref_masked(name, e, mask, 2))
+    torch.testing.assert_close(fn(e, mask, dim=-2), p)
+    assert (p[0, 1] == 0).all()
+    allowed = mask.any(2).expand(2, 3, 4)
+    torch.testing.assert_close(p.sum(2)[allowed], torch.ones(int(allowed.sum()), dtype=F64))
+    small, small_mask = e[:1, :2, :, :2].clone().requires_grad_(), mask[:1, :2]
+    assert gradcheck(lambda x: fn(x, small_mask, dim=2), (small,))
+
+
+@both
+def test_bfloat16_input(name):
+    fn, _ = FNS[name]
+    e = rand(3, 8, seed=12, scale=2.0)
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[1, :3] = False
+    eb = e.to(torch.bfloat16).requires_grad_()
+    p = fn(eb, mask)
+    assert p.dtype == torch.bfloat16
+    torch.testing.assert_close(p.float(), fn(eb.detach().float(), mask), atol=1e-2, rtol=0)
+    torch.testing.assert_close(p.float().sum(-1), torch.ones(3), atol=2e-2, rtol=0)
+    p.sum().backward()
+    assert eb.grad.dtype == torch.bfloat16 and torch.isfinite(eb.grad.float()).all()
+
+
+@both
+def test_empty_last_dim(name):
+    fn, _ = FNS[name]
+    e = torch.zeros(2, 3, 0, dtype=F64, requires_grad=True)
+    p = fn(e)
+    assert p.shape == (2, 3, 0)
+    assert fn(e, torch.zeros(2, 3, 0, dtype=torch.bool)).shape == (2, 3, 0)
+    p.sum().backward()
+    assert e.grad.shape == (2, 3, 0)
+
+
+# ----------------------------------------------------------------- bad input
+
+
+@both
+def test_bad_input(name):
+    fn, _ = FNS[name]
+    e = rand(2, 4, seed=13)
+    with pytest.raises(TypeError, match=r"mask has dtype torch\.int64"):
+        fn(e, torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 5\)"):
+        fn(e, torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask has shape \(3, 2, 4\)"):  # would enlarge e
+        fn(e, torch.ones(3, 2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"e has dtype torch\.int64"):
+        fn(torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="dim=2"):
+        fn(e, dim=2)
+
+
+# ----------------------------------------------------------------- property test
+
+
+@st.composite
+def scores_and_mask(draw):
+    rows = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 7))
+    floats = st.floats(-30.0, 30.0, allow_nan=False, allow_subnormal=False)
+    e = torch.tensor(draw(st.lists(floats, min_size=rows * n, max_size=rows * n)), dtype=F64)
+    bits = draw(st.lists(st.booleans(), min_size=rows * n, max_size=rows * n))
+    return e.reshape(rows, n), torch.tensor(bits).reshape(rows, n)
+
+
+@both
+@settings(max_examples=60, deadline=None)
+@given(data=scores_and_mask())
+def test_property_masked_weights_on_the_simplex(name, data):
+    fn, _ = FNS[name]
+    e, mask = data
+    p = fn(e, mask)
+    assert not torch.isnan(p).any()
+    assert (p >= 0).all()
+    assert (p[~mask] == 0).all()
+    expected = mask.any(-1).to(F64)  # 1 where something is allowed, else 0
+    torch.testing.assert_close(p.sum(-1), expected)
+    torch.testing.assert_close(p, ref_masked(name, e, mask, -1))
