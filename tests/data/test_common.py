@@ -1,0 +1,107 @@
+"""Errors, package lookup, the tokenizer and the seeded splits."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from attnlab.data._common import (
+    DataFormatError,
+    MissingDataError,
+    assign_splits,
+    package_file,
+    simple_tokenize,
+)
+
+
+def test_format_error_names_file_and_line():
+    error = DataFormatError("bad label", path="a.csv", line=7)
+    assert str(error) == "a.csv, line 7: bad label"
+    assert (error.path, error.line) == ("a.csv", 7)
+    assert isinstance(error, ValueError)
+    assert str(DataFormatError("x", line=3)) == "line 3: x"
+    assert str(DataFormatError("x")) == "x"
+
+
+def test_package_file_missing_package_names_pip_command():
+    with pytest.raises(MissingDataError) as info:
+        package_file(
+            "attnlab_no_such_package", "data/x.csv", distribution="no-such-data", version="1.2"
+        )
+    message = str(info.value)
+    assert "'no-such-data'" in message
+    assert "pip install no-such-data==1.2" in message
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_package_file_no_deps_hint():
+    with pytest.raises(MissingDataError, match=r"pip install --no-deps big-pkg==0\.2"):
+        package_file(
+            "attnlab_no_such_package", "x", distribution="big-pkg", version="0.2", no_deps=True
+        )
+
+
+def test_package_file_missing_file_in_installed_package():
+    # pytest is installed but ships no such data file
+    with pytest.raises(
+        MissingDataError, match=r"pytest .* is installed but has no _pytest/nope\.txt"
+    ):
+        package_file("_pytest", "nope.txt", distribution="pytest")
+
+
+def test_package_file_finds_a_file_without_importing(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "iniconfig", raising=False)
+    path = package_file("iniconfig", "__init__.py", distribution="iniconfig")
+    assert path.name == "__init__.py" and path.parent.name == "iniconfig"
+    assert "iniconfig" not in sys.modules  # located, not imported
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("@united: can't wait!", ["@united", ":", "can't", "wait", "!"]),
+        (
+            "Love #JetBlue, see http://t.co/x1?a=b now",
+            ["Love", "#JetBlue", ",", "see", "http://t.co/x1?a=b", "now"],
+        ),
+        ("well-made film... 10/10", ["well-made", "film", ".", ".", ".", "10", "/", "10"]),
+        ("  ", []),
+        ("café naïve", ["café", "naïve"]),
+    ],
+)
+def test_simple_tokenize(text, tokens):
+    assert simple_tokenize(text) == tokens
+
+
+def test_simple_tokenize_lower():
+    assert simple_tokenize("The CAT", lower=True) == ["the", "cat"]
+
+
+def test_assign_splits_is_deterministic_and_keeps_groups_together():
+    groups = [f"doc{i // 3}" for i in range(300)]  # 100 groups of 3 items
+    a = assign_splits(groups, seed=1)
+    assert a == assign_splits(list(groups), seed=1)
+    assert a != assign_splits(groups, seed=2)
+    per_group: dict[str, set[str]] = {}
+    for g, s in zip(groups, a, strict=True):
+        per_group.setdefault(g, set()).add(s)
+    assert all(len(s) == 1 for s in per_group.values())
+    counts = Counter(next(iter(s)) for s in per_group.values())
+    assert counts == {"train": 80, "dev": 10, "test": 10}
+
+
+def test_assign_splits_does_not_depend_on_item_order():
+    groups = [str(i) for i in range(50)]
+    a = dict(zip(groups, assign_splits(groups, seed=0), strict=True))
+    b = dict(zip(groups[::-1], assign_splits(groups[::-1], seed=0), strict=True))
+    assert a == b
+
+
+def test_assign_splits_fractions():
+    out = assign_splits([str(i) for i in range(10)], fractions=(0.5, 0.0, 0.5))
+    assert Counter(out) == {"train": 5, "test": 5}
+    with pytest.raises(ValueError, match="fractions"):
+        assign_splits(["a"], fractions=(0.5, 0.5, 0.5))

@@ -1,0 +1,82 @@
+"""Parallel text: the ||| layout and the two-file layout."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from datahelpers import SHARED_DATASETS, needs_shared
+
+from attnlab.data import DataFormatError
+from attnlab.data.parallel import read_parallel, read_parallel_files, write_parallel
+
+
+def test_read_separator_layout():
+    corpus = read_parallel(
+        io.StringIO("the house ||| la maison\nIt is . ||| C' est .\n"), split="train"
+    )
+    assert corpus.source == (("the", "house"), ("It", "is", "."))
+    assert corpus.target == (("la", "maison"), ("C'", "est", "."))
+    assert corpus.ids == ("1", "2") and corpus.splits == ("train", "train")
+    assert corpus.lengths == [(2, 2), (3, 3)]
+    assert corpus[1].source == ("It", "is", ".")
+
+
+def test_lower_and_empty_sides():
+    corpus = read_parallel(io.StringIO("A B ||| C\n ||| D\n"), lower=True, allow_empty=True)
+    assert corpus.source == (("a", "b"), ())
+    with pytest.raises(DataFormatError, match=r"line 2: the source side is empty"):
+        read_parallel(io.StringIO("A ||| C\n ||| D\n"))
+    with pytest.raises(DataFormatError, match=r"line 1: the target side is empty"):
+        read_parallel(io.StringIO("A |||\n"))
+
+
+@pytest.mark.parametrize(("line", "found"), [("a b c", 0), ("a ||| b ||| c", 2)])
+def test_separator_count(line, found):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"line 2: expected one '\|\|\|' between source and target, found {found}",
+    ):
+        read_parallel(io.StringIO("x ||| y\n" + line + "\n"))
+
+
+def test_custom_separator_and_write(tmp_path):
+    corpus = read_parallel(io.StringIO("a b\tc\n"), separator="\t")
+    out = tmp_path / "out.txt"
+    write_parallel(corpus, out)
+    assert out.read_text() == "a b ||| c\n"
+    assert read_parallel(out).source == corpus.source
+
+
+def test_two_files(tmp_path):
+    src, tgt = tmp_path / "a.en", tmp_path / "a.fr"
+    src.write_text("the house\ngood day\n")
+    tgt.write_text("la maison\nbonjour\n")
+    corpus = read_parallel_files(src, tgt)
+    assert corpus.target == (("la", "maison"), ("bonjour",))
+    assert set(corpus.splits) <= {"train", "dev", "test"}
+    tgt.write_text("la maison\n")
+    with pytest.raises(DataFormatError, match=r"a\.fr ends after 1 lines but .*a\.en goes on"):
+        read_parallel_files(src, tgt)
+    tgt.write_text("la maison\n\n")
+    with pytest.raises(DataFormatError, match=r"a\.fr, line 2: empty line"):
+        read_parallel_files(src, tgt)
+
+
+def test_no_pairs_and_bad_split():
+    with pytest.raises(DataFormatError, match="no sentence pairs"):
+        read_parallel(io.StringIO(""))
+    with pytest.raises(ValueError, match="split must be"):
+        read_parallel(io.StringIO("a ||| b\n"), split="holdout")
+    with pytest.raises(TypeError, match="no labels"):
+        read_parallel(io.StringIO("a ||| b\n")).label_counts()
+
+
+@needs_shared
+def test_wpt2003_enfr():
+    corpus = read_parallel(SHARED_DATASETS / "alignment" / "enfr.src-tgt")
+    assert len(corpus) == 447
+    assert all(corpus.source) and all(corpus.target)
+    assert corpus.split("train").ids == tuple(
+        i for i, s in zip(corpus.ids, corpus.splits, strict=True) if s == "train"
+    )

@@ -1,0 +1,46 @@
+"""Vocab: specials, unknown tokens, building from a corpus, JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.data.vocab import Vocab
+
+
+def test_specials_first_and_unknown_maps_to_unk():
+    vocab = Vocab(["film", "good", "film"])
+    assert vocab.tokens == ("<pad>", "<unk>", "film", "good")
+    assert (vocab.pad_index, vocab.unk_index) == (0, 1)
+    assert vocab.encode(["good", "bad", "film"]) == [3, 1, 2]
+    assert vocab.decode([3, 0]) == ["good", "<pad>"]
+    assert "good" in vocab and "bad" not in vocab and len(vocab) == 4
+    assert vocab["film"] == 2 and vocab.token(3) == "good"
+
+
+def test_from_corpus_orders_by_frequency_then_alphabet():
+    texts = [["b", "a", "c"], ["a", "c", "d"], ["a"]]
+    vocab = Vocab.from_corpus(texts)
+    assert vocab.tokens[2:] == ("a", "c", "b", "d")  # a:3, c:2, then b, d (1 each) alphabetically
+    assert Vocab.from_corpus(texts, min_freq=2).tokens[2:] == ("a", "c")
+    assert Vocab.from_corpus(texts, max_size=1).tokens[2:] == ("a",)
+
+
+def test_without_unk_unknown_is_key_error():
+    vocab = Vocab(["x"], specials=("<pad>",), unk=None)
+    assert vocab.unk_index is None
+    with pytest.raises(KeyError, match="'y' is not in the vocabulary"):
+        vocab.encode(["y"])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unk='<oov>' must be one of specials"):
+        Vocab(["x"], unk="<oov>")
+    with pytest.raises(TypeError, match="must be strings"):
+        Vocab(["x", 3])  # type: ignore[list-item]
+
+
+def test_json_round_trip_and_equality():
+    vocab = Vocab.from_corpus([["x", "y", "x"]], specials=("<pad>", "<unk>", "<s>"))
+    back = Vocab.from_json(vocab.to_json())
+    assert back == vocab and back.tokens == ("<pad>", "<unk>", "<s>", "x", "y")
+    assert Vocab(["x"]) != Vocab(["y"])
