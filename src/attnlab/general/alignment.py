@@ -79,12 +79,14 @@ def _check_scores(e: Tensor, mask: Tensor | None) -> None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
         try:
-            torch.broadcast_shapes(mask.shape, e.shape)
+            ok = torch.broadcast_shapes(mask.shape, e.shape) == e.shape
         except RuntimeError:
+            ok = False
+        if not ok:
             raise ValueError(
                 f"mask has shape {tuple(mask.shape)}, which does not broadcast to the scores "
                 f"e {tuple(e.shape)}"
-            ) from None
+            )
 
 
 def soft_align(e: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -129,7 +131,9 @@ def local_align(
         mask: bool, broadcastable to ``e``.
 
     Cost O(B n_q n_k) here; :class:`attnlab.Attention` computes only the window,
-    O(B n_q D). Gradients reach ``center`` through the Gaussian factor.
+    O(B n_q D). Gradients reach ``center`` through the Gaussian factor. Half-precision
+    scores: the window, the softmax and the Gaussian are computed in float32 (the centre is
+    never rounded to the half type) and the weights are cast back.
     """
     _check_scores(e, mask)
     _check_window(D)
@@ -139,13 +143,16 @@ def local_align(
             f"center has shape {tuple(center.shape)}, expected the scores' leading shape "
             f"{tuple(e.shape[:-1])} ([B, n_q])"
         )
-    dist, window = local_window(center.to(e.dtype), D, e.shape[-1])
+    # half-precision scores: the positions, the softmax and the Gaussian run in float32
+    # (a bf16 centre would be rounded to a multiple of 0.5 beyond position 128)
+    work = softmax_dtype(e.dtype)
+    dist, window = local_window(center.to(work), D, e.shape[-1])
     allowed = window if mask is None else window & mask
-    a = masked_softmax(e, allowed)
+    a = masked_softmax(e.to(work), allowed)
     if gaussian:
         sigma = D / 2
         a = a * torch.exp(-(dist**2) / (2 * sigma**2))
-    return a
+    return a.to(e.dtype)
 
 
 def _row_has_keys(probs: Tensor) -> Tensor:
@@ -171,25 +178,36 @@ def hard_align(
     _check_scores(e, mask)
     probs = masked_softmax(e, mask)
     n_k = e.shape[-1]
-    flat = probs.detach().reshape(-1, n_k).float()
-    has = _row_has_keys(flat)
     if n_k == 0:
         z = e.new_zeros(e.shape[:-1])
         return e.new_zeros(e.shape), z, probs
-    safe = torch.where(has[:, None], flat, torch.ones_like(flat))
+    flat = probs.detach().reshape(-1, n_k).float()
+    has = _row_has_keys(flat)
     if sample:
+        safe = torch.where(has[:, None], flat, torch.ones_like(flat))
         idx = torch.multinomial(safe, 1, generator=generator)
     else:
-        idx = safe.argmax(-1, keepdim=True)
+        # the argmax of the (masked) scores themselves: the float32 probabilities could
+        # tie two float64 scores that differ in their last digits
+        x = e.detach()
+        if mask is not None:
+            x = x.masked_fill(~mask, -math.inf)
+        idx = x.reshape(-1, n_k).argmax(-1, keepdim=True)
     weights = F.one_hot(idx.squeeze(-1), n_k).to(e.dtype) * has[:, None].to(e.dtype)
+    logp_all = _masked_log_softmax(e, mask).reshape(-1, n_k)
+    log_prob = torch.where(
+        has, logp_all.gather(-1, idx).squeeze(-1), torch.zeros_like(has, dtype=logp_all.dtype)
+    )
+    return weights.reshape(e.shape), log_prob.reshape(e.shape[:-1]).to(e.dtype), probs
+
+
+def _masked_log_softmax(e: Tensor, mask: Tensor | None) -> Tensor:
+    """``log_softmax`` over the allowed keys (in float32 for half inputs); the masked
+    entries hold finite junk that callers must not use."""
     x = e.to(softmax_dtype(e.dtype))
     if mask is not None:
         x = x.masked_fill(~mask, fill_value(x.dtype))
-    logp_all = torch.log_softmax(x, -1).reshape(-1, n_k)
-    log_prob = torch.where(
-        has, logp_all.gather(-1, idx).squeeze(-1), torch.zeros_like(has, dtype=x.dtype)
-    )
-    return weights.reshape(e.shape), log_prob.reshape(e.shape[:-1]).to(e.dtype), probs
+    return torch.log_softmax(x, -1)
 
 
 def gumbel_softmax_align(
@@ -216,7 +234,9 @@ def gumbel_softmax_align(
         return y.to(e.dtype)
     has = _row_has_keys(y.detach())
     y_hard = F.one_hot(y.detach().argmax(-1), e.shape[-1]).to(y.dtype) * has[..., None]
-    return (y_hard - y.detach() + y).to(e.dtype)
+    # straight-through: the forward value is exactly y_hard ((y - y.detach()) is exactly 0),
+    # the gradient is that of y
+    return (y_hard + (y - y.detach())).to(e.dtype)
 
 
 def reinforce_loss(
@@ -224,15 +244,45 @@ def reinforce_loss(
 ) -> Tensor:
     """Score-function (REINFORCE) surrogate loss ``-mean((reward - baseline) * log_prob)``.
 
-    ``reward`` is detached; ``baseline`` (e.g. a running mean of the reward) reduces the
-    variance. ``reward`` must broadcast to ``log_prob`` (use a per-example reward ``[B, 1]``
-    for ``log_prob`` ``[B, n_q]``). Minimising it raises the probability of choices with
-    above-baseline reward (Williams 1992).
+    ``reward`` and ``baseline`` are detached; the baseline (e.g. a running mean of the
+    reward) reduces the variance. ``reward`` (and a tensor ``baseline``) must broadcast to
+    ``log_prob`` without enlarging it; a per-example ``[B]`` tensor is lined up with
+    ``log_prob`` ``[B, n_q]`` along the batch axis (as ``[B, 1]``), never along the queries.
+    Anything else raises ``ValueError``. Minimising the loss raises the probability of
+    choices with above-baseline reward (Williams 1992).
     """
-    advantage = reward.detach()
+    if not isinstance(log_prob, Tensor):
+        raise TypeError(
+            f"log_prob must be a torch.Tensor, got {type(log_prob).__name__} (a deterministic "
+            "alignment has no log_prob)"
+        )
+    advantage = _per_choice(reward, log_prob, "reward").detach()
     if baseline is not None:
-        advantage = advantage - (baseline.detach() if isinstance(baseline, Tensor) else baseline)
+        if isinstance(baseline, Tensor):
+            advantage = advantage - _per_choice(baseline, log_prob, "baseline").detach()
+        else:
+            advantage = advantage - baseline
     return -(advantage * log_prob).mean()
+
+
+def _per_choice(x: Tensor, log_prob: Tensor, name: str) -> Tensor:
+    """``x`` lined up with ``log_prob``: a per-example ``[B]`` tensor against ``log_prob``
+    ``[B, n_q]`` gets a trailing axis (``[B, 1]``) instead of PyTorch's right-aligned
+    broadcasting, which would silently pair examples with queries when ``B == n_q``."""
+    if not isinstance(x, Tensor):
+        x = torch.as_tensor(x, dtype=log_prob.dtype, device=log_prob.device)
+    if 0 < x.dim() < log_prob.dim() and tuple(x.shape) == tuple(log_prob.shape[: x.dim()]):
+        x = x.reshape(*x.shape, *([1] * (log_prob.dim() - x.dim())))
+    try:
+        ok = torch.broadcast_shapes(x.shape, log_prob.shape) == log_prob.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} has shape {tuple(x.shape)}, which does not broadcast to log_prob "
+            f"{tuple(log_prob.shape)} (use [B] or [B, 1] for a per-example {name})"
+        )
+    return x
 
 
 # ----------------------------------------------------------------------------- modules
@@ -386,9 +436,9 @@ class HardAlign(Alignment):
                 log_prob = e.new_zeros(e.shape[:-1])
             else:
                 idx = weights.detach().argmax(-1, keepdim=True)
-                chosen = probs.gather(-1, idx).squeeze(-1)
+                chosen = _masked_log_softmax(e, mask).gather(-1, idx).squeeze(-1)
                 has = weights.detach().sum(-1) > 0
-                log_prob = torch.where(has, chosen.clamp_min(1e-30).log(), torch.zeros_like(chosen))
+                log_prob = torch.where(has, chosen, torch.zeros_like(chosen)).to(e.dtype)
             return Aligned(weights, log_prob, {"probs": probs})
         weights, log_prob, probs = hard_align(e, mask, sample=sample)
         return Aligned(weights, log_prob, {"probs": probs})

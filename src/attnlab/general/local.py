@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from attnlab.general.alignment import masked_softmax
+from attnlab._checks import softmax_dtype
+from attnlab.general.alignment import _check_window, masked_softmax
 
 __all__ = ["local_window_attend"]
 
@@ -54,15 +55,31 @@ def local_window_attend(
 
     Returns ``(context [B, n_q, d_v], dense weights or None, window weights [B, n_q, W])``.
     The weights equal :func:`attnlab.general.alignment.local_align` on the full scores.
+    An empty window (no existing, allowed key within ``D`` of the centre) and an empty
+    key set give zero weights and a zero context. Half-precision inputs: the window, the
+    softmax and the Gaussian are computed in float32. ``D`` must be an int >= 1 and
+    ``center`` ``[B, n_q]``, else ``ValueError``.
     """
+    _check_window(D)
     B, n_q, _ = q.shape
     n_k = k.shape[1]
+    if center.shape != (B, n_q):
+        raise ValueError(
+            f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
+        )
     W = 2 * D + 1
+    if n_k == 0:  # no keys: every window is empty
+        context = v.new_zeros(B, n_q, v.shape[-1])
+        dense = v.new_zeros(B, n_q, 0) if need_weights else None
+        return context, dense, v.new_zeros(B, n_q, W)
+    # positions, softmax and Gaussian in float32 for half inputs (a bf16 centre would be
+    # rounded to a multiple of 0.5 beyond position 128)
+    work = softmax_dtype(q.dtype)
     offsets = torch.arange(W, device=q.device)
-    p = center.to(q.dtype)
+    p = center.to(work)
     start = torch.ceil(p.detach() - D).to(torch.long)
     idx = start.unsqueeze(-1) + offsets  # [B, n_q, W]
-    dist = idx.to(q.dtype) - p.unsqueeze(-1)
+    dist = idx.to(work) - p.unsqueeze(-1)
     valid = (dist.abs() <= D) & (idx >= 0) & (idx < n_k)
     safe = idx.clamp(0, max(n_k - 1, 0))
     if mask is not None:
@@ -72,10 +89,11 @@ def local_window_attend(
     v_win = _gather_rows(v, safe)
     e = score(q.reshape(B * n_q, 1, q.shape[-1]), k_win.reshape(B * n_q, W, k.shape[-1]))
     e = e.reshape(B, n_q, W)
-    a = masked_softmax(e, valid)
+    a = masked_softmax(e.to(work), valid)
     if gaussian:
         sigma = D / 2
         a = a * torch.exp(-(dist**2) / (2 * sigma**2))
+    a = a.to(v.dtype)
     a_used = torch.nn.functional.dropout(a, dropout_p, True) if dropout_p > 0 else a
     context = (a_used.unsqueeze(-2) @ v_win).squeeze(-2)
     dense = None
