@@ -692,8 +692,9 @@ def test_nan_in_a_query_poisons_only_its_row(score, align, dim):
     poisoned[0, 1] = True
     assert torch.isnan(out.context[poisoned]).all()
     assert torch.isnan(out.weights[poisoned]).all()
+    # float32 rounding only: the batched kernels may sum the clean rows in another order
     torch.testing.assert_close(
-        out.context[~poisoned], clean.context[~poisoned], rtol=1e-6, atol=1e-7
+        out.context[~poisoned], clean.context[~poisoned], rtol=1e-5, atol=1e-6
     )
 
 
