@@ -33,6 +33,7 @@ __all__ = [
     "from_additive",
     "from_key_padding_mask",
     "from_lengths",
+    "normalize_head_mask",
     "normalize_mask",
 ]
 
@@ -116,6 +117,10 @@ def causal(n_q: int, n_k: int | None = None, device: torch.device | str | None =
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
 
 
+# the name `causal` is also a keyword argument of normalize_head_mask
+_causal_mask = causal
+
+
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of several masks (``None`` entries are skipped)."""
     out: Tensor | None = None
@@ -186,3 +191,44 @@ def normalize_mask(
                 "attnlab.masks.from_lengths)"
             )
     return mask
+
+
+def normalize_head_mask(
+    mask: Tensor | None,
+    batch: int,
+    heads: int,
+    n_q: int,
+    n_k: int,
+    *,
+    device: torch.device | None = None,
+    causal: bool = False,
+    name: str = "mask",
+) -> Tensor | None:
+    """A mask for multi-head attention, as a 4-D bool tensor broadcastable to
+    ``[batch, heads, n_q, n_k]``.
+
+    ``mask`` is either a per-head mask ``[B, h, n_q, n_k]`` (any axis may be 1) or anything
+    :func:`normalize_mask` accepts (shared by all heads). ``causal=True`` adds
+    :func:`causal`. Errors name the argument, its shape and the expected shape.
+    """
+    out: Tensor | None = None
+    if mask is not None:
+        if isinstance(mask, Tensor) and mask.dim() == 4:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"{name} has dtype {mask.dtype}, expected torch.bool")
+            if device is not None and mask.device != device:
+                raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}")
+            want = (batch, heads, n_q, n_k)
+            if any(s not in (1, w) for s, w in zip(mask.shape, want, strict=True)):
+                raise ValueError(
+                    f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+                    f"[B, h, n_q, n_k] = {list(want)}"
+                )
+            out = mask
+        else:
+            m3 = normalize_mask(mask, batch, n_q, n_k, device=device, name=name)
+            out = m3.unsqueeze(1)  # type: ignore[union-attr]
+    if causal:
+        c = _causal_mask(n_q, n_k, device=device)[None, None]
+        out = c if out is None else out & c
+    return out

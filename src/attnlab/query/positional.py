@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_same, check_tensor
 from attnlab.output import AttentionOutput
+from attnlab.query._convention import check_call
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -583,22 +584,6 @@ class RelativePositionAttention(Configurable):
         B, n, _ = x.shape
         return x.view(B, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _head_mask(self, mask: Tensor | None, B: int, n_q: int, n_k: int, device) -> Tensor | None:
-        if mask is None:
-            return None
-        if isinstance(mask, Tensor) and mask.dim() == 4:
-            if mask.dtype != torch.bool:
-                raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
-            want = (B, self.num_heads, n_q, n_k)
-            if any(s not in (1, w) for s, w in zip(mask.shape, want, strict=True)):
-                raise ValueError(
-                    f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
-                    f"[B, h, n_q, n_k] = {list(want)}"
-                )
-            return mask
-        m3 = _masks.normalize_mask(mask, B, n_q, n_k, device=device)
-        return m3.unsqueeze(1)  # type: ignore[union-attr]
-
     def forward(
         self,
         query: Tensor,
@@ -610,32 +595,20 @@ class RelativePositionAttention(Configurable):
         need_weights: bool = False,
         average_weights: bool = True,
     ) -> AttentionOutput:
-        check_tensor(query, "query")
-        if query.dim() != 3 or query.shape[-1] != self.d_model:
-            raise ValueError(
-                f"query has shape {tuple(query.shape)}, expected [B, n_q, d_model] = "
-                f"[B, n_q, {self.d_model}]"
-            )
-        key = query if key is None else key
-        value = key if value is None else value
+        key, value = check_call(
+            query,
+            key,
+            value,
+            d_model=self.d_model,
+            d_k=self.d_k,
+            d_v=self.d_v,
+            parameters=self.rel_k,
+        )
         B, n_q, _ = query.shape
-        check_tensor(key, "key")
-        check_tensor(value, "value")
-        if key.dim() != 3 or key.shape[0] != B or key.shape[-1] != self.d_k:
-            raise ValueError(
-                f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k] = [{B}, n_k, {self.d_k}]"
-            )
         n_k = key.shape[1]
-        if value.dim() != 3 or value.shape[:2] != (B, n_k) or value.shape[-1] != self.d_v:
-            raise ValueError(
-                f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = "
-                f"[{B}, {n_k}, {self.d_v}]"
-            )
-        check_same(query, "query", key=key, value=value, parameters=self.rel_k)
-        hmask = self._head_mask(mask, B, n_q, n_k, query.device)
-        if causal:
-            c = _masks.causal(n_q, n_k, device=query.device)[None, None]
-            hmask = c if hmask is None else hmask & c
+        hmask = _masks.normalize_head_mask(
+            mask, B, self.num_heads, n_q, n_k, device=query.device, causal=causal
+        )
 
         q = self._split(self.q_proj(query))  # [B, h, n_q, d]
         k = self._split(self.k_proj(key))
