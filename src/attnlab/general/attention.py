@@ -39,6 +39,7 @@ from attnlab._checks import (
 )
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
+from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
 from attnlab.general.sdpa import sdpa_attend
@@ -401,7 +402,6 @@ class Attention(Configurable):
             q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
             context, weights = sdpa_attend(q2, k2, values, scale, mask3, p, need_weights)
         elif path == "lean-multi":
-            from attnlab.general.fused import multi_dim_attend_lean
 
             assert q3 is not None and isinstance(self.score, AdditiveScore)
             q1, k2 = self.score.lean_parts(q3, keys)
@@ -414,10 +414,16 @@ class Attention(Configurable):
             centers = self.align.centers(
                 query=q3, batch=B, n_q=n_q, n_k=n_k, mask=mask3, positions=positions, like=keys
             )
+            score_fn, q_in, k_in = self.score, q3, keys
+            if isinstance(self.score, AdditiveScore) and not self.score.vector:
+                # project every key once (W2 k), not once per window slot
+                q_in, k_in = self.score.lean_parts(q3, keys)
+                w, act = self.score.w, self.score.act
+                score_fn = lambda qq, kk: additive_score_lean(qq, kk, w, act)  # noqa: E731
             context, weights, _ = local_window_attend(
-                self.score,
-                q3,
-                keys,
+                score_fn,
+                q_in,
+                k_in,
                 values,
                 centers,
                 self.align.D,
