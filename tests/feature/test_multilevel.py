@@ -714,15 +714,6 @@ def test_ava_registry_and_config_roundtrip():
 # ----------------------------------------------------------------------------- learning
 
 
-@pytest.fixture
-def one_thread():
-    """The learning tests train tiny models: one intra-op thread is faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _train(model, data, labels, n_train, epochs, lr=1e-2, batch=50):
     torch.manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -787,7 +778,7 @@ class _MeanPoolModel(nn.Module):
 
 
 @pytest.mark.slow
-def test_han_learns_key_word_in_marked_sentence(one_thread):
+def test_han_learns_key_word_in_marked_sentence():
     """Seed 0, 800 training documents, 6 epochs: HAN 1.00 test accuracy, mean pooling
     0.48 (chance: the bag of words carries no label information)."""
     g = torch.Generator().manual_seed(0)
@@ -861,7 +852,7 @@ class _AvAMeanModel(nn.Module):
 
 
 @pytest.mark.slow
-def test_ava_learns_character_inside_attended_word(one_thread):
+def test_ava_learns_character_inside_attended_word():
     """Seed 0, 1000 training sentences, 8 epochs: attention-via-attention (mixture) 0.996
     test accuracy; the bare formula (via='query': character features carry no word
     context, so the character step cannot tell which X/Y is inside the target word) 0.52;

@@ -106,15 +106,6 @@ def chi_square(counts: list[int], probs: list[float]) -> float:
 CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train several times faster on one thread (and do not fight over cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------- soft
 
 
@@ -1034,7 +1025,7 @@ def _train_hard(estimator: str, seed: int, steps: int) -> tuple[float, float]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["reinforce", "gumbel"])
-def test_hard_attention_learns_to_pick_the_informative_key(estimator, one_thread):
+def test_hard_attention_learns_to_pick_the_informative_key(estimator):
     """Mechanism: hard attention (REINFORCE with a running-mean baseline, or the
     straight-through Gumbel-softmax estimator) picks the flagged item in > 95% of test
     examples (argmax at evaluation) and reaches > 95% accuracy.
@@ -1048,7 +1039,7 @@ def test_hard_attention_learns_to_pick_the_informative_key(estimator, one_thread
 
 
 @pytest.mark.slow
-def test_reinforced_attention_learns_to_select_the_informative_key(one_thread):
+def test_reinforced_attention_learns_to_select_the_informative_key():
     """ReSAN-style selection with a constant (zero) score: soft attention over the selected
     keys is uniform, so the task is solved only if the policy keeps the flagged item and
     drops the others. Reward = -cross-entropy - 0.1 * selection ratio (sparsity).

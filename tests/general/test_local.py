@@ -269,16 +269,8 @@ def position_query(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([3.0 * (2 * t.float() / (N_POS - 1) - 1), torch.ones(len(t))], -1)[:, None]
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
-def test_local_p_learns_to_put_its_window_on_the_target_position(one_thread):
+def test_local_p_learns_to_put_its_window_on_the_target_position():
     """Task: a sequence of 32 tokens (8 kinds); the query encodes a target position t; the
     label is the token at t. The values are the one-hot tokens and the read-out is fixed
     (logits = 20 * context), the scores are frozen at 0 (uniform inside the window), so the

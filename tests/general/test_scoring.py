@@ -750,18 +750,8 @@ class _Reader(torch.nn.Module):
         return self.out(torch.cat([c, q], -1))
 
 
-@pytest.fixture
-def one_thread():
-    """The model is tiny: intra-op threads only add synchronisation, which on a busy 2-core
-    machine makes training many times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
-def test_learning_key_retrieval_beats_mean_pooling(one_thread):
+def test_learning_key_retrieval_beats_mean_pooling():
     torch.manual_seed(0)
     n_ids, d_key, n_k = 16, 16, 8
     codebook = torch.randn(n_ids, d_key, generator=torch.Generator().manual_seed(0))

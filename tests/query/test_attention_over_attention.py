@@ -14,14 +14,6 @@ from attnlab.query.attention_over_attention import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _softmax(xs):
     if not xs:
         return []
@@ -306,7 +298,7 @@ def _train_cloze(model, steps=300):
 
 
 @pytest.mark.slow
-def test_aoa_reader_answers_the_cloze_task(one_thread):
+def test_aoa_reader_answers_the_cloze_task():
     torch.manual_seed(0)
     acc, out, blank = _train_cloze(_Reader(aoa=True))
     torch.manual_seed(0)

@@ -15,14 +15,6 @@ from attnlab.query.capsule import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _mv(W, x, b=None):
     return [
         (float(b[o]) if b is not None else 0.0)
@@ -410,7 +402,7 @@ def _train_multi_label(model, steps=300):
 
 
 @pytest.mark.slow
-def test_capsules_learn_a_multi_label_task_mean_pooling_cannot(one_thread):
+def test_capsules_learn_a_multi_label_task_mean_pooling_cannot():
     torch.manual_seed(0)
     caps = _train_multi_label(_Classifier("capsule"))
     torch.manual_seed(0)
@@ -422,7 +414,7 @@ def test_capsules_learn_a_multi_label_task_mean_pooling_cannot(one_thread):
 
 
 @pytest.mark.slow
-def test_dynamic_routing_beats_uniform_coupling_and_mean_pooling(one_thread):
+def test_dynamic_routing_beats_uniform_coupling_and_mean_pooling():
     torch.manual_seed(0)
     routed = _train_multi_label(_Classifier("routing", iterations=3))
     torch.manual_seed(0)

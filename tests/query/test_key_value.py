@@ -13,14 +13,6 @@ from attnlab.query.key_value import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _naive_kv(q, K, V, allowed, score):
     """att((K, V), q) with Python loops; ``score(q_row, k_row) -> float``; ``allowed[b][l]``
     (or None). q ``[B, d_q]``. Returns (context [B, d_v], weights [B, n_k])."""
@@ -294,7 +286,7 @@ def _train_eval(model, queries, seed=0, steps=250):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("queries", [1, 2])
-def test_key_value_lookup_beats_mean_of_values(one_thread, queries):
+def test_key_value_lookup_beats_mean_of_values(queries):
     """One query (key-value attention) or two (multi-query, answers concatenated) read the
     values of the asked keys; the mean of the values cannot."""
     torch.manual_seed(0)

@@ -8,14 +8,6 @@ import attnlab
 from attnlab.query.multi_hop import MultiHopAttention, masked_mean_values
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _sig(x):
     return 1.0 / (1.0 + math.exp(-x))
 
@@ -317,7 +309,7 @@ def _train_lookup(model, steps=300):
 
 
 @pytest.mark.slow
-def test_two_hops_solve_the_two_step_lookup_one_hop_cannot(one_thread):
+def test_two_hops_solve_the_two_step_lookup_one_hop_cannot():
     torch.manual_seed(0)
     two = _train_lookup(_Lookup(hops=2))
     torch.manual_seed(0)

@@ -462,21 +462,13 @@ def test_registry_and_config_roundtrip() -> None:
 # ----------------------------------------------------------------------------- learning
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _sort_batch(count: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.rand(count, n, 1, generator=gen)
     return x, x.squeeze(-1).argsort(-1)
 
 
 @pytest.mark.slow
-def test_learns_to_sort_five_numbers(one_thread) -> None:
+def test_learns_to_sort_five_numbers() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = PointerNetwork(1, 32)

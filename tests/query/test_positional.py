@@ -447,14 +447,6 @@ def test_registry_entries() -> None:
 # ----------------------------------------------------------------------------- learning
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 N_TOKENS, A, B_TOKEN, N_FILLERS = 8, 0, 1, 4
 
 
@@ -529,13 +521,13 @@ def train_order_model(kind: str, steps: int = 300) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned", "relative", "rotary"])
-def test_positions_solve_an_order_task_that_attention_alone_cannot(kind, one_thread) -> None:
+def test_positions_solve_an_order_task_that_attention_alone_cannot(kind) -> None:
     accuracy = train_order_model(kind)
     assert accuracy > 0.9, f"{kind}: {accuracy}"
 
 
 @pytest.mark.slow
-def test_without_positions_the_order_task_is_at_chance(one_thread) -> None:
+def test_without_positions_the_order_task_is_at_chance() -> None:
     # self-attention + mean pooling is permutation-invariant: on the swapped-pair test set
     # it gets exactly half right whatever it learned
     accuracy = train_order_model("none")

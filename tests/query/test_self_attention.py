@@ -14,14 +14,6 @@ from attnlab.query.self_attention import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _softmax_rows(scores):
     """scores: list of (index, value) -> {index: weight}; empty -> {}."""
     if not scores:
@@ -514,7 +506,7 @@ def _train_marked(model, markers, penalty=0.0, steps=300):
 
 
 @pytest.mark.slow
-def test_constant_query_picks_the_informative_token(one_thread):
+def test_constant_query_picks_the_informative_token():
     torch.manual_seed(0)
     acc, _ = _train_marked(_Pooler("constant", 1), 1)
     torch.manual_seed(0)
@@ -525,7 +517,7 @@ def test_constant_query_picks_the_informative_token(one_thread):
 
 
 @pytest.mark.slow
-def test_learned_queries_with_penalty_pick_two_tokens(one_thread):
+def test_learned_queries_with_penalty_pick_two_tokens():
     torch.manual_seed(0)
     acc, weights = _train_marked(_Pooler("learned", 2), 2, penalty=0.1)
     torch.manual_seed(0)
@@ -581,7 +573,7 @@ def _train_pairs(model, steps=300):
 
 
 @pytest.mark.slow
-def test_relational_self_attention_reads_the_partner_position(one_thread):
+def test_relational_self_attention_reads_the_partner_position():
     torch.manual_seed(0)
     acc = _train_pairs(_Tagger(attend=True))
     torch.manual_seed(0)
