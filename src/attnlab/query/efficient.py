@@ -1,0 +1,169 @@
+"""The common boundary of the Transformer variants (survey section 3.3.2, seed 003).
+
+Transformer-XL (:mod:`attnlab.query.transformer_xl`), Reformer
+(:mod:`attnlab.query.reformer`), Linformer (:mod:`attnlab.query.linformer`) and the
+Synthesizer (:mod:`attnlab.query.synthesizer`) are each an attention module usable where
+:class:`attnlab.query.multi_head.MultiHeadAttention` is: the same call
+
+    forward(query [B, n_q, d_model], key=None, value=None, *, mask=None, causal=False,
+            need_weights=False, average_weights=True, **extras) -> AttentionOutput
+
+with ``key`` defaulting to ``query`` (self-attention), ``value`` to ``key``, ``mask`` a
+bool tensor broadcastable to ``[B, n_q, n_k]`` (True = may attend) and the output
+``context`` ``[B, n_q, d_model]``. This module holds the checks and head reshaping they
+share, so that every variant validates its inputs the same way and names the argument,
+its shape and the expected shape in its errors. It registers nothing.
+
+Each variant class states two capabilities as class attributes (and in its registry
+entry): ``supports_cross`` (it can attend over another sequence ``key``) and
+``supports_causal`` (``causal=True`` is meaningful); the Transformer layers of
+:mod:`attnlab.query.transformer` read them to refuse impossible combinations at
+construction.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlab import masks as _masks
+from attnlab._checks import ConfigError, check_same, check_tensor
+
+__all__ = [
+    "check_dropout",
+    "check_module_dtype",
+    "check_positive_int",
+    "head_dim_for",
+    "head_mask",
+    "merge_heads",
+    "reduce_weights",
+    "resolve_inputs",
+    "split_heads",
+]
+
+
+def check_positive_int(value: object, name: str, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum`` (``ConfigError`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_dropout(p: float) -> float:
+    if not 0.0 <= float(p) < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {p}")
+    return float(p)
+
+
+def head_dim_for(d_model: int, num_heads: int, head_dim: int | None) -> int:
+    """The per-head size: ``head_dim`` or ``d_model // num_heads`` (which must divide)."""
+    check_positive_int(d_model, "d_model")
+    check_positive_int(num_heads, "num_heads")
+    if head_dim is None:
+        if d_model % num_heads:
+            raise ConfigError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                "pass head_dim explicitly"
+            )
+        return d_model // num_heads
+    return check_positive_int(head_dim, "head_dim")
+
+
+def resolve_inputs(
+    mechanism: str,
+    query: Tensor,
+    key: Tensor | None,
+    value: Tensor | None,
+    d_model: int,
+    *,
+    self_only: bool,
+) -> tuple[Tensor, Tensor]:
+    """Check ``query`` ``[B, n_q, d_model]`` and return ``(key, value)`` with their
+    defaults (``key = query``, ``value = key``) after checking their shapes, dtypes and
+    devices. ``self_only`` mechanisms (shared-QK or relative self-attention) accept
+    ``key``/``value`` only when they are ``query`` itself."""
+    check_tensor(query, "query")
+    if query.dim() != 3 or query.shape[-1] != d_model:
+        raise ValueError(
+            f"query has shape {tuple(query.shape)}, expected [B, n_q, d_model] = "
+            f"[B, n_q, {d_model}]"
+        )
+    if self_only:
+        for name, t in (("key", key), ("value", value)):
+            if t is not None and t is not query:
+                raise ValueError(
+                    f"{mechanism} is self-attention only: {name} must be None (or the query "
+                    f"itself), got a tensor of shape {tuple(t.shape)}"
+                )
+        return query, query
+    B = query.shape[0]
+    key = query if key is None else key
+    value = key if value is None else value
+    check_tensor(key, "key")
+    check_tensor(value, "value")
+    if key.dim() != 3 or key.shape[0] != B or key.shape[-1] != d_model:
+        raise ValueError(
+            f"key has shape {tuple(key.shape)}, expected [B, n_k, d_model] = [{B}, n_k, {d_model}]"
+        )
+    n_k = key.shape[1]
+    if value.dim() != 3 or value.shape[:2] != (B, n_k) or value.shape[-1] != d_model:
+        raise ValueError(
+            f"value has shape {tuple(value.shape)}, expected [B, n_k, d_model] = "
+            f"[{B}, {n_k}, {d_model}]"
+        )
+    check_same(query, "query", key=key, value=value)
+    return key, value
+
+
+def check_module_dtype(module: torch.nn.Module, x: Tensor, name: str = "query") -> None:
+    """The input's dtype and device agree with the module's parameters."""
+    param = next(module.parameters(), None)
+    if param is None:
+        return
+    if param.dtype != x.dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the parameters of {type(module).__name__} have "
+            f"dtype {param.dtype}; convert the module with .to({x.dtype}) or cast the inputs"
+        )
+    if param.device != x.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the parameters of {type(module).__name__} are on "
+            f"{param.device}"
+        )
+
+
+def head_mask(
+    mask: Tensor | None,
+    batch: int,
+    n_q: int,
+    n_k: int,
+    device: torch.device,
+    *,
+    causal: bool = False,
+) -> Tensor | None:
+    """The user's mask (validated against ``[B, n_q, n_k]``) AND the causal mask, as a
+    bool tensor ``[B or 1, 1, n_q or 1, n_k or 1]`` that broadcasts over the heads."""
+    m = _masks.normalize_mask(mask, batch, n_q, n_k, device=device)
+    if causal:
+        c = _masks.causal(n_q, n_k, device=device)[None]
+        m = c if m is None else m & c
+    return None if m is None else m.unsqueeze(1)
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """``[B, n, heads * d] -> [B, heads, n, d]``."""
+    B, n, hd = x.shape
+    return x.view(B, n, heads, hd // heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``[B, heads, n, d] -> [B, n, heads * d]``."""
+    B, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(B, n, h * d)
+
+
+def reduce_weights(weights: Tensor | None, average: bool) -> Tensor | None:
+    """Per-head weights ``[B, h, n_q, n]`` averaged over the heads (or kept)."""
+    if weights is None or not average:
+        return weights
+    return weights.mean(1)

@@ -1,0 +1,301 @@
+"""Reformer's LSH attention (Kitaev, Kaiser & Levskaya 2020).
+
+Shared-QK self-attention whose query ``i`` attends only to the keys hashed into its
+bucket, found by sorting instead of by scoring all pairs:
+
+1. **Shared QK.** Per head, ``q_i = W_q x_i`` and the key of position ``j`` is the
+   normalised query ``k_j = q_j / ||q_j||``; the score is ``s_ij = q_i^T k_j / sqrt(d_head)``.
+2. **Hashing** (angular LSH, ``n_buckets`` even). Per round ``r = 1..n_hashes`` a random
+   rotation ``R_r`` ``[d_head, n_buckets / 2]`` gives ``h_r(x) = argmax([x R_r ; -x R_r])``.
+3. **Sort** the positions by ``(bucket, position)`` and cut the sorted sequence into chunks
+   of ``bucket_size`` positions.
+4. **Chunked attention.** A query attends to the keys of its own chunk and of the previous
+   chunk (the first chunk has none) that lie in its bucket (``P_i = {j : h(q_i) = h(k_j)}``;
+   ``restrict_to_bucket=False`` drops that condition and keeps only the chunk window),
+   that the mask allows and, with ``causal=True``, that are not in its future.
+5. **No attention to self** unless nothing else: the score of ``j = i`` is replaced by
+   ``-1e5`` (the query still may attend to itself, with a vanishing weight whenever it has
+   another key).
+6. **Rounds.** Round ``r`` gives ``o_r = sum_j softmax_j(s_ij) v_j`` and
+   ``z_r = logsumexp_{j in P_r(i)} s_ij``; they combine as
+   ``o = sum_r exp(z_r - logsumexp_r z_r) o_r`` -- the softmax over the union of the rounds'
+   key sets (a key found in several rounds counts once per round).
+
+With one bucket and ``bucket_size >= n`` every query sees every key: LSH attention is then
+exactly full shared-QK attention without self-attention (tested).
+
+Randomness: the rotations are drawn at every call from ``generator=`` (a forward keyword),
+else from a generator seeded with ``seed`` (a constructor option: the same rotations at
+every call), else from PyTorch's global RNG -- so ``torch.manual_seed`` makes a run
+deterministic. ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
+``[h, d_head, n_hashes, n_buckets / 2]`` record what was used.
+
+Shapes: ``query`` ``[B, n, d_model]`` (``key``/``value`` must be ``None`` or the query:
+shared-QK attention is self-attention); ``mask`` bool broadcastable to ``[B, n, n]``, True
+= may attend (a key padding mask ``[B, 1, n]`` costs nothing; a full ``[B, n, n]`` mask is
+gathered per chunk). Output ``context`` ``[B, n, d_model]``; with ``need_weights`` the
+effective weights ``[B, n, n]`` (the rounds combined, scattered into a dense matrix: O(n^2)
+memory, only when asked).
+
+Cost: hashing O(B h n_hashes n d_head n_buckets), sorting O(B h n_hashes n log n),
+attention O(B h n_hashes n bucket_size d_head) time and O(B h n_hashes n bucket_size)
+memory -- O(n log n) in the sequence length, chunk-limited memory instead of O(n^2).
+
+Source: N. Kitaev, L. Kaiser, A. Levskaya. Reformer: The Efficient Transformer. ICLR 2020.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.general.alignment import masked_softmax
+from attnlab.masks import normalize_mask
+from attnlab.output import AttentionOutput
+from attnlab.query.efficient import (
+    check_dropout,
+    check_module_dtype,
+    check_positive_int,
+    head_dim_for,
+    merge_heads,
+    reduce_weights,
+    resolve_inputs,
+    split_heads,
+)
+from attnlab.registry import Configurable, register
+
+__all__ = ["LSHAttention", "lsh_buckets"]
+
+
+def lsh_buckets(x: Tensor, rotations: Tensor) -> Tensor:
+    """Angular LSH: ``argmax([x R ; -x R])`` per round.
+
+    ``x`` ``[B, h, n, d]``; ``rotations`` ``[h, d, rounds, n_buckets / 2]``. Returns the
+    buckets ``[B, h, rounds, n]`` (int64, in ``[0, n_buckets)``)."""
+    proj = torch.einsum("bhnd,hdrk->bhrnk", x, rotations)
+    return torch.cat([proj, -proj], dim=-1).argmax(dim=-1)
+
+
+def _self_score(dtype: torch.dtype) -> float:
+    """The score that replaces ``s_ii``: very negative yet finite, so that a query with
+    no other key still attends to itself."""
+    return -1e5 if torch.finfo(dtype).max > 1e6 else -5e4
+
+
+@register(
+    "query",
+    "reformer",
+    formula=(
+        "shared QK (k_j = q_j/|q_j|); h(x) = argmax([xR; -xR]); sort by bucket, attend within "
+        "chunk + previous chunk and bucket, not self; rounds combined with logsumexp weights"
+    ),
+    source="Kitaev et al. 2020, Reformer: The Efficient Transformer",
+    cost=(
+        "O(B h n_hashes n (bucket_size d_head + log n)) time, O(B h n_hashes n bucket_size) memory"
+    ),
+    aliases=("lsh", "lsh-attention"),
+    supports_cross=False,
+    supports_causal=True,
+)
+class LSHAttention(Configurable):
+    """Reformer LSH attention with several hash rounds.
+
+    Args:
+        d_model: model size; num_heads: heads ``h``; head_dim: per-head size (default
+            ``d_model // num_heads``).
+        bucket_size: the chunk length (and the target average bucket size).
+        n_hashes: hash rounds.
+        num_buckets: buckets per round (even, or ``1``); default: the number of chunks,
+            ``ceil(n / bucket_size)``, rounded up to an even number (``1`` when there is
+            one chunk).
+        restrict_to_bucket: attend only to keys of the query's bucket (the paper's
+            ``P_i``); ``False`` keeps only the chunk window.
+        seed: draw the rotations from a generator seeded with this at every call (a fixed
+            hash); ``None`` (default) draws fresh rotations from the global RNG.
+        dropout: dropout on the attention weights (training only); bias: biases in the
+            projections.
+
+    See the module docstring for the formula, shapes, randomness and cost.
+    Source: Kitaev et al. 2020, Reformer: The Efficient Transformer (ICLR).
+    """
+
+    supports_cross = False
+    supports_causal = True
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        bucket_size: int = 64,
+        n_hashes: int = 2,
+        num_buckets: int | None = None,
+        restrict_to_bucket: bool = True,
+        seed: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        hd = head_dim_for(d_model, num_heads, head_dim)
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, hd
+        self.bucket_size = check_positive_int(bucket_size, "bucket_size")
+        self.n_hashes = check_positive_int(n_hashes, "n_hashes")
+        if num_buckets is not None:
+            check_positive_int(num_buckets, "num_buckets")
+            if num_buckets > 1 and num_buckets % 2:
+                raise ConfigError(
+                    f"num_buckets must be 1 or even (angular LSH hashes to [xR; -xR]), "
+                    f"got {num_buckets}"
+                )
+        self.num_buckets = num_buckets
+        self.restrict_to_bucket = bool(restrict_to_bucket)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an int or None, got {seed!r}")
+        self.seed = seed
+        self.dropout = check_dropout(dropout)
+        inner = num_heads * hd
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)  # shared query/key projection
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+
+    # ------------------------------------------------------------------ hashing
+
+    def buckets_for(self, n: int) -> int:
+        """The number of buckets per round for a sequence of length ``n``."""
+        if self.num_buckets is not None:
+            return self.num_buckets
+        chunks = max(1, math.ceil(n / self.bucket_size))
+        return 1 if chunks == 1 else chunks + chunks % 2
+
+    def draw_rotations(
+        self, n_buckets: int, like: Tensor, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Random rotations ``[h, d_head, n_hashes, n_buckets / 2]`` (standard normal)."""
+        if generator is None and self.seed is not None:
+            generator = torch.Generator(device=like.device).manual_seed(self.seed)
+        shape = (self.num_heads, self.head_dim, self.n_hashes, max(n_buckets // 2, 1))
+        rot = torch.randn(shape, generator=generator, device=like.device, dtype=torch.float32)
+        return rot.to(like.dtype)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+        average_weights: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> AttentionOutput:
+        resolve_inputs("reformer", query, key, value, self.d_model, self_only=True)
+        check_module_dtype(self, query)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        B, n, _ = query.shape
+        m3 = normalize_mask(mask, B, n, n, device=query.device)
+        H, R, c, dh = self.num_heads, self.n_hashes, self.bucket_size, self.head_dim
+        nb = self.buckets_for(n)
+        q = split_heads(self.q_proj(query), H)  # [B, h, n, d]
+        v = split_heads(self.v_proj(query), H)
+        rotations = self.draw_rotations(nb, query, generator)
+        if nb > 1:
+            buckets = lsh_buckets(q.detach(), rotations)  # [B, h, R, n]
+        else:
+            buckets = torch.zeros(B, H, R, n, dtype=torch.long, device=query.device)
+        extras = {"buckets": buckets, "rotations": rotations, "num_buckets": nb}
+        if n == 0:
+            out = self.out_proj(query.new_zeros(B, 0, H * dh))
+            w = query.new_zeros(B, H, 0, 0) if need_weights else None
+            return AttentionOutput(
+                out, reduce_weights(w, average_weights), path="lsh", extras=extras
+            )
+
+        # pad to whole chunks; padded positions hash to an extra last bucket (sorted last)
+        n_pad = math.ceil(n / c) * c
+        pad = n_pad - n
+        n_chunks = n_pad // c
+        if pad:
+            q_p = F.pad(q, (0, 0, 0, pad))
+            v_p = F.pad(v, (0, 0, 0, pad))
+            b_p = F.pad(buckets, (0, pad), value=nb)
+        else:
+            q_p, v_p, b_p = q, v, buckets
+        pos = torch.arange(n_pad, device=query.device)
+        order = (b_p * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]: sort by (bucket, pos)
+        undo = order.argsort(dim=-1)
+
+        def gather(x: Tensor) -> Tensor:  # [B, h, n_pad, d] -> [B, h, R, n_pad, d] sorted
+            idx = order[..., None].expand(*order.shape, x.shape[-1])
+            return x[:, :, None].expand(B, H, R, n_pad, x.shape[-1]).gather(3, idx)
+
+        sq = gather(q_p)
+        sk = sq / sq.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # shared QK: normalised
+        sv = gather(v_p)
+        spos = order  # original positions in sorted order
+        sbkt = b_p.gather(-1, order)
+
+        def chunks(x: Tensor) -> Tensor:  # [..., n_pad(, d)] -> [..., nc, c(, d)]
+            if x.dim() == 5:
+                return x.reshape(B, H, R, n_chunks, c, x.shape[-1])
+            return x.reshape(B, H, R, n_chunks, c)
+
+        def look_back(x: Tensor) -> Tensor:  # chunk t sees chunks t-1 and t
+            return torch.cat([x.roll(1, dims=3), x], dim=4)
+
+        cq, ck, cv = chunks(sq), look_back(chunks(sk)), look_back(chunks(sv))
+        qpos, kpos = chunks(spos), look_back(chunks(spos))
+        qb, kb = chunks(sbkt), look_back(chunks(sbkt))
+
+        scores = (cq @ ck.transpose(-1, -2)) * (1.0 / math.sqrt(dh))  # [B, h, R, nc, c, 2c]
+        qp, kp = qpos[..., :, None], kpos[..., None, :]
+        allowed = kp < n  # not padding
+        first = torch.zeros(n_chunks, 2 * c, dtype=torch.bool, device=query.device)
+        first[0, :c] = True  # the first chunk has no previous chunk
+        allowed = allowed & ~first[:, None, :]
+        if self.restrict_to_bucket:
+            allowed = allowed & (qb[..., :, None] == kb[..., None, :])
+        if causal:
+            allowed = allowed & (kp <= qp)
+        if m3 is not None:
+            bidx = torch.arange(B, device=query.device).view(B, 1, 1, 1, 1, 1)
+            if m3.shape[1] == 1:  # a key mask: gathered per key, O(n) extra memory
+                key_ok = F.pad(m3[:, 0, :].expand(B, n), (0, pad), value=False)
+                allowed = allowed & key_ok[bidx, kp]
+            else:  # a full [B, n, n] mask: gathered per (query, key) pair of the chunks
+                mb = F.pad(m3.expand(B, n, n), (0, pad, 0, pad), value=False)
+                allowed = allowed & mb[bidx, qp.expand_as(scores), kp.expand_as(scores)]
+        scores = scores.masked_fill(kp == qp, _self_score(scores.dtype))
+
+        a = masked_softmax(scores, allowed)  # per round, per chunk
+        lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(-1)  # [B, h, R, nc, c]
+        p = self.dropout if self.training else 0.0
+        o = (F.dropout(a, p, True) if p > 0 else a) @ cv  # [B, h, R, nc, c, d]
+
+        # back to the original order, then combine the rounds
+        o = o.reshape(B, H, R, n_pad, dh)
+        o = o.gather(3, undo[..., None].expand(B, H, R, n_pad, dh))
+        lse = lse.reshape(B, H, R, n_pad).gather(3, undo)
+        found = torch.isfinite(lse)
+        round_w = masked_softmax(lse.masked_fill(~found, 0.0), found, dim=2)  # over rounds
+        context = (round_w[..., None] * o).sum(2)[:, :, :n]  # [B, h, n, d]
+        out = self.out_proj(merge_heads(context))
+
+        weights = None
+        if need_weights:
+            # scatter every round's weights (times its round weight) into [n_pad, n_pad]
+            rw_sorted = round_w.gather(3, order).reshape(B, H, R, n_chunks, c)
+            vals = (a * rw_sorted[..., None]).reshape(B, H, -1)
+            flat = (qp * n_pad + kp).expand_as(a).reshape(B, H, -1)
+            dense = a.new_zeros(B, H, n_pad * n_pad).scatter_add_(2, flat, vals)
+            weights = dense.view(B, H, n_pad, n_pad)[:, :, :n, :n]
+            weights = reduce_weights(weights, average_weights)
+        return AttentionOutput(out, weights, path="lsh", extras=extras)
