@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_tensor
+from attnlab.query._convention import check_call
 
 __all__ = [
     "check_dropout",
@@ -96,23 +97,7 @@ def resolve_inputs(
                     f"itself), got a tensor of shape {tuple(t.shape)}"
                 )
         return query, query
-    B = query.shape[0]
-    key = query if key is None else key
-    value = key if value is None else value
-    check_tensor(key, "key")
-    check_tensor(value, "value")
-    if key.dim() != 3 or key.shape[0] != B or key.shape[-1] != d_model:
-        raise ValueError(
-            f"key has shape {tuple(key.shape)}, expected [B, n_k, d_model] = [{B}, n_k, {d_model}]"
-        )
-    n_k = key.shape[1]
-    if value.dim() != 3 or value.shape[:2] != (B, n_k) or value.shape[-1] != d_model:
-        raise ValueError(
-            f"value has shape {tuple(value.shape)}, expected [B, n_k, d_model] = "
-            f"[{B}, {n_k}, {d_model}]"
-        )
-    check_same(query, "query", key=key, value=value)
-    return key, value
+    return check_call(query, key, value, d_model=d_model, d_k=d_model, d_v=d_model)
 
 
 def check_module_dtype(module: torch.nn.Module, x: Tensor, name: str = "query") -> None:
@@ -143,11 +128,7 @@ def head_mask(
 ) -> Tensor | None:
     """The user's mask (validated against ``[B, n_q, n_k]``) AND the causal mask, as a
     bool tensor ``[B or 1, 1, n_q or 1, n_k or 1]`` that broadcasts over the heads."""
-    m = _masks.normalize_mask(mask, batch, n_q, n_k, device=device)
-    if causal:
-        c = _masks.causal(n_q, n_k, device=device)[None]
-        m = c if m is None else m & c
-    return None if m is None else m.unsqueeze(1)
+    return _masks.normalize_head_mask(mask, batch, 1, n_q, n_k, device=device, causal=causal)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
