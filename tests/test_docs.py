@@ -34,6 +34,7 @@ KIND_FOLDERS = {
     "dim": "dimensionality",
     "feature": "feature",
     "query": "query",
+    "model": "models",
 }
 SPECIAL_PAGES = {("attention", "general"): "attention.md"}
 

@@ -22,6 +22,7 @@ KIND_TITLES = {
     "attention": "Attention modules",
     "feature": "Feature-related attention (survey 3.1)",
     "query": "Query-related attention (survey 3.3)",
+    "model": "Task models (survey section 0: feature, query, attention and output model)",
 }
 
 

@@ -1,0 +1,394 @@
+"""The sentence classifier of Jain & Wallace (2019), with the attention swappable.
+
+The model is the survey's general task model (TAXONOMY section 0):
+
+    x_t = E[w_t]                                   feature model: embeddings (GloVe or learned)
+    h_1..h_n = Enc(x_1..x_n)                       encoder: BiLSTM, CNN or projected embeddings
+    a = align(score(q, h_t)),  c = sum_t a_t h_t    attention model (any pooling attention)
+    y = W_o c + b_o                                 output model: logits over the classes
+
+The attention is chosen by a spec:
+
+* ``"tanh"`` (default): Jain & Wallace's additive query-less attention
+  ``e_t = w^T tanh(W h_t + b)`` -- ``attnlab.Attention(score="queryless", ...)``;
+* a dict such as ``{"score": "scaled-dot", "align": "sparsemax"}``: any registered score
+  and alignment. A query-less score (``queryless``) is used directly; a score that takes a
+  query gets one trainable query vector
+  (:class:`~attnlab.query.self_attention.LearnedQuerySelfAttention`). Other keys are
+  passed on (``d_w``, ``act``, ``value_dim``, ``tau``, ...). ``"uniform": True`` in the
+  dict gives the uniform baseline of that attention;
+* a built module: an :class:`attnlab.Attention` with a query-less score, or any module
+  called as ``module(features [B, n, d], mask [B, n], need_weights=True)`` that returns an
+  :class:`~attnlab.output.AttentionOutput` with ``context [B, d_c]`` (e.g.
+  ``ConstantQuerySelfAttention``, ``LearnedQuerySelfAttention``);
+* the baselines ``"mean"`` (mean pooling over the real tokens; no attention parameters)
+  and ``"uniform"`` (the default attention with its weights replaced by ``1/length``).
+
+Source: Jain & Wallace 2019, "Attention is not Explanation", NAACL-HLT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnlab import masks as _masks
+from attnlab._checks import ConfigError
+from attnlab.general.attention import Attention
+from attnlab.general.dimensionality import combine_single
+from attnlab.output import AttentionOutput
+from attnlab.query.self_attention import LearnedQuerySelfAttention
+from attnlab.registry import Configurable, get, register
+
+__all__ = ["SentenceClassifier", "SentenceOutput"]
+
+ENCODERS = ("bilstm", "cnn", "average")
+BASELINES = ("mean", "uniform")
+_QUERYLESS = ("queryless", "query-less", "self-attentive", "constant-query")
+
+
+@dataclass
+class SentenceOutput:
+    """What :class:`SentenceClassifier` returns.
+
+    Attributes:
+        logits: ``[B, C]`` class scores (before softmax).
+        weights: the attention weights ``[B, n]`` (zero on padding, summing to 1 over the
+            real tokens of a non-empty sentence); ``None`` for mean pooling.
+            Multi-dimensional attention gives ``[B, n, d_c]``.
+        pooled: the sentence vector ``c`` ``[B, d_c]`` fed to the output layer.
+        hidden: the encoder states ``h`` ``[B, n, d_h]`` (zero on padding).
+        log_prob: for stochastic alignments (hard, reinforced) the log-probability of the
+            sampled choice ``[B]``, for a REINFORCE loss; else ``None``.
+    """
+
+    logits: Tensor
+    weights: Tensor | None
+    pooled: Tensor
+    hidden: Tensor
+    log_prob: Tensor | None = None
+
+
+def _as_matrix(embeddings: Any) -> Tensor:
+    """A float32 ``[V, d]`` tensor from a tensor, an array or ``attnlab.data.Embeddings``."""
+    matrix = getattr(embeddings, "matrix", embeddings)
+    if isinstance(matrix, np.ndarray):
+        matrix = torch.from_numpy(np.array(matrix, dtype=np.float32, copy=True))
+    if not isinstance(matrix, Tensor):
+        raise TypeError(
+            "embeddings must be a [V, d] tensor, a numpy array or attnlab.data.Embeddings, "
+            f"got {type(embeddings).__name__}"
+        )
+    if matrix.dim() != 2 or not matrix.dtype.is_floating_point:
+        raise ValueError(
+            f"embeddings has shape {tuple(matrix.shape)} and dtype {matrix.dtype}, expected a "
+            "float matrix [vocab_size, embed_dim]"
+        )
+    return matrix.detach().to(torch.float32).clone()
+
+
+@register(
+    "model",
+    "sentence-classifier",
+    formula="h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; y = W_o c + b_o",
+    source="Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT",
+    cost="encoder O(B n d_e h) (BiLSTM O(B n 8 h (d_e + h)) sequentially over n) + attention "
+    "O(B n d_h d_w) + output O(B d_c C)",
+    aliases=("sentence", "jain-wallace"),
+)
+class SentenceClassifier(Configurable):
+    """Sentence classifier: embeddings -> encoder -> pooling attention -> linear.
+
+    Args:
+        vocab_size: number of token ids (default: the rows of ``embeddings``).
+        num_classes: ``C``, the number of logits (default 2).
+        embed_dim: embedding size ``d_e`` (default: the columns of ``embeddings``, else 300).
+        embeddings: pretrained matrix ``[vocab_size, d_e]`` (tensor, numpy array or
+            ``attnlab.data.Embeddings`` whose ``.matrix`` is used); copied.
+        freeze_embeddings: keep the embedding matrix fixed during training.
+        padding_idx: the padding id (its row gets no gradient; it starts at zero unless a
+            pretrained matrix is given), or None.
+        encoder: ``"bilstm"`` (``hidden_size`` per direction, ``d_h = 2 hidden_size``),
+            ``"cnn"`` (``hidden_size`` ReLU filters for each width in ``kernel_sizes``,
+            same padding so every token keeps a feature, ``d_h = hidden_size *
+            len(kernel_sizes)``) or ``"average"`` (``h_t = ReLU(W x_t + b)``, no context,
+            ``d_h = hidden_size``: the averaged-embedding encoder).
+        hidden_size: see ``encoder`` (default 128, as in Jain & Wallace).
+        kernel_sizes: the CNN widths (default ``(1, 3, 5, 7)``).
+        attention: the pooling (see the module docstring): ``"tanh"`` (default), a dict
+            spec, a built module, ``"mean"`` or ``"uniform"``.
+        attention_dim: ``d_w`` of the default tanh attention (default ``hidden_size``).
+        dropout: dropout on the embeddings and on the pooled vector (training only).
+
+    Shapes: ``forward(tokens [B, n] long, lengths [B] | None, mask [B, n] bool | None)`` ->
+    :class:`SentenceOutput` (``logits [B, C]``, ``weights [B, n]``, ``pooled [B, d_c]``).
+    Give either ``lengths`` (real tokens first) or ``mask`` (True = real token; for the
+    BiLSTM it must be a prefix mask); with neither, every position is a real token. An
+    empty sentence (length 0) pools to a zero vector (its logits are the output bias).
+
+    Baselines: ``"mean"`` averages the encoder states of the real tokens and has no
+    attention parameters. ``"uniform"`` keeps the attention module (same parameters and
+    checkpoint layout as the attention model) but replaces its weights by ``1/length``
+    over the real tokens, pooling the attention's values; with the default attention the
+    values are the states themselves, so the pooled vector equals mean pooling, while the
+    (unused) attention parameters remain. Setting ``model.uniform = True`` on a trained
+    attention model gives Jain & Wallace's "replace the weights by uniform ones" test.
+
+    Cost: the encoder (BiLSTM O(B n 8 h (d_e + h)), sequential in n; CNN O(B n d_e h
+    sum(k)); average O(B n d_e h)) dominates; the tanh attention adds O(B n d_h d_w), mean
+    pooling O(B n d_h), the output layer O(B d_c C).
+
+    Source: Jain & Wallace 2019, "Attention is not Explanation", NAACL-HLT.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int | None = None,
+        num_classes: int = 2,
+        *,
+        embed_dim: int | None = None,
+        embeddings: Any = None,
+        freeze_embeddings: bool = False,
+        padding_idx: int | None = 0,
+        encoder: str = "bilstm",
+        hidden_size: int = 128,
+        kernel_sizes: Sequence[int] = (1, 3, 5, 7),
+        attention: str | dict[str, Any] | nn.Module = "tanh",
+        attention_dim: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        matrix = _as_matrix(embeddings) if embeddings is not None else None
+        if matrix is not None:
+            if vocab_size is not None and vocab_size != matrix.shape[0]:
+                raise ConfigError(
+                    f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
+                )
+            if embed_dim is not None and embed_dim != matrix.shape[1]:
+                raise ConfigError(
+                    f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
+                )
+            vocab_size, embed_dim = matrix.shape
+        if vocab_size is None:
+            raise ConfigError("give vocab_size or a pretrained embeddings matrix")
+        embed_dim = 300 if embed_dim is None else embed_dim
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("num_classes", num_classes),
+            ("embed_dim", embed_dim),
+            ("hidden_size", hidden_size),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
+            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        if encoder not in ENCODERS:
+            raise ConfigError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+
+        self.vocab_size, self.num_classes = int(vocab_size), int(num_classes)
+        self.padding_idx, self.encoder_name = padding_idx, encoder
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
+        if matrix is not None:
+            with torch.no_grad():
+                self.embedding.weight.copy_(matrix)
+        self.embedding.weight.requires_grad_(not freeze_embeddings)
+        self.dropout = nn.Dropout(dropout)
+
+        if encoder == "bilstm":
+            self.lstm = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=True)
+            d_h = 2 * hidden_size
+        elif encoder == "cnn":
+            widths = tuple(kernel_sizes)
+            if not widths or any(
+                isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths
+            ):
+                raise ConfigError(f"kernel_sizes must be ints >= 1, got {kernel_sizes!r}")
+            self.convs = nn.ModuleList(
+                nn.Conv1d(embed_dim, hidden_size, k, padding="same") for k in widths
+            )
+            d_h = hidden_size * len(widths)
+        else:
+            self.projection = nn.Linear(embed_dim, hidden_size)
+            d_h = hidden_size
+        self.d_h = d_h
+
+        self.uniform = False
+        self.attention: nn.Module | None
+        if isinstance(attention, nn.Module):
+            if isinstance(attention, Attention) and attention.score.needs_query:
+                raise ConfigError(
+                    "an Attention with a score that takes a query cannot pool a sentence on "
+                    "its own; pass a dict spec (a trainable query is added) or wrap it in "
+                    "attnlab.query.self_attention.LearnedQuerySelfAttention"
+                )
+            self.attention = attention
+        elif isinstance(attention, str):
+            if attention == "mean":
+                self.attention = None
+            elif attention in ("tanh", "additive", "uniform", *_QUERYLESS):
+                self.uniform = attention == "uniform"
+                self.attention = Attention("queryless", d_k=d_h, d_w=attention_dim or hidden_size)
+            else:
+                raise ConfigError(
+                    f"attention must be 'tanh', 'mean', 'uniform', a dict spec or a module, "
+                    f"got {attention!r}"
+                )
+        elif isinstance(attention, dict):
+            spec = dict(attention)
+            self.uniform = bool(spec.pop("uniform", False))
+            score = spec.pop("score", "queryless")
+            align = spec.pop("align", "soft")
+            if isinstance(score, str) and score in _QUERYLESS:
+                spec.setdefault("d_w", attention_dim or hidden_size)
+                self.attention = Attention("queryless", align, d_k=d_h, **spec)
+            elif isinstance(score, str) and not get("score", score).cls.needs_query:
+                self.attention = Attention(score, align, d_k=d_h, **spec)
+            else:
+                self.attention = LearnedQuerySelfAttention(d_h, score=score, align=align, **spec)
+        else:
+            raise ConfigError(
+                f"attention must be a name, a dict spec or a module, got {type(attention).__name__}"
+            )
+        self.d_c = self._pooled_size()
+        self.output = nn.Linear(self.d_c, num_classes)
+
+    # ------------------------------------------------------------------ parts
+
+    def _pooled_size(self) -> int:
+        if self.attention is None:
+            return self.d_h
+        with torch.no_grad():
+            was = self.attention.training
+            self.attention.eval()
+            param = next(self.attention.parameters(), None)
+            dtype = param.dtype if param is not None else torch.float32
+            out = self._attend(
+                torch.zeros(1, 1, self.d_h, dtype=dtype), torch.ones(1, 1, dtype=torch.bool)
+            )
+            self.attention.train(was)
+        return int(out.context.shape[-1])
+
+    def _attend(self, hidden: Tensor, mask: Tensor) -> AttentionOutput:
+        assert self.attention is not None
+        if isinstance(self.attention, Attention):
+            return self.attention(None, hidden, mask=mask[:, None, :], need_weights=True)
+        return self.attention(hidden, mask, need_weights=True)
+
+    def _values(self, hidden: Tensor) -> Tensor:
+        """The vectors the attention sums (its value projection of the states, if any)."""
+        attn = self.attention
+        inner = attn if isinstance(attn, Attention) else getattr(attn, "attention", None)
+        proj = getattr(inner, "value_proj", None)
+        return proj(hidden) if proj is not None else hidden
+
+    def _check_inputs(self, tokens: Tensor, lengths: Tensor | None, mask: Tensor | None) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor [B, n], got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(
+                f"tokens has dtype {tokens.dtype} and shape {tuple(tokens.shape)}, expected an "
+                "integer (torch.long) tensor [B, n] of token ids"
+            )
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, n]")
+        B, n = tokens.shape
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"tokens (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
+                f"{int(tokens.max())}], outside [0, vocab_size) = [0, {self.vocab_size})"
+            )
+        if lengths is not None and mask is not None:
+            raise ValueError("give lengths or mask, not both")
+        if lengths is not None:
+            if not isinstance(lengths, Tensor):
+                lengths = torch.as_tensor(lengths)
+            if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+                raise TypeError(
+                    f"lengths has dtype {lengths.dtype} and shape {tuple(lengths.shape)}, "
+                    f"expected an integer tensor [B] = [{B}]"
+                )
+            if tuple(lengths.shape) != (B,):
+                raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
+            if B and (int(lengths.min()) < 0 or int(lengths.max()) > n):
+                raise ValueError(
+                    f"lengths (shape {tuple(lengths.shape)}) holds values in "
+                    f"[{int(lengths.min())}, {int(lengths.max())}], outside [0, n] = [0, {n}] "
+                    f"for tokens of shape {tuple(tokens.shape)}"
+                )
+            return _masks.from_lengths(lengths.to(tokens.device), n)[:, 0, :]
+        if mask is not None:
+            if not isinstance(mask, Tensor):
+                raise TypeError(f"mask must be a torch.Tensor [B, n], got {type(mask).__name__}")
+            if mask.dtype != torch.bool:
+                raise TypeError(
+                    f"mask has dtype {mask.dtype} and shape {tuple(mask.shape)}, expected "
+                    f"torch.bool [B, n] = [{B}, {n}] (True = real token)"
+                )
+            if tuple(mask.shape) != (B, n):
+                raise ValueError(
+                    f"mask has shape {tuple(mask.shape)}, expected [B, n] = [{B}, {n}]"
+                )
+            if self.encoder_name == "bilstm":
+                prefix = _masks.from_lengths(mask.sum(1), n)[:, 0, :]
+                if not torch.equal(prefix, mask):
+                    raise ValueError(
+                        f"mask (shape {tuple(mask.shape)}) is not a prefix mask (real tokens "
+                        "first); the BiLSTM encoder needs one: pass lengths instead"
+                    )
+            return mask.to(tokens.device)
+        return torch.ones(B, n, dtype=torch.bool, device=tokens.device)
+
+    def encode(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Encoder states ``h`` ``[B, n, d_h]`` (zero on padding) of checked inputs."""
+        x = self.dropout(self.embedding(tokens))
+        keep = mask.unsqueeze(-1).to(x.dtype)
+        x = x * keep  # padding positions hold zeros, so extra padding changes nothing
+        B, n = tokens.shape
+        if self.encoder_name == "bilstm":
+            if n == 0 or B == 0:
+                return x.new_zeros(B, n, self.d_h)
+            lengths = mask.sum(1)
+            packed = pack_padded_sequence(
+                x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+            )
+            out, _ = self.lstm(packed)
+            h, _ = pad_packed_sequence(out, batch_first=True, total_length=n)
+        elif self.encoder_name == "cnn":
+            if n == 0:
+                return x.new_zeros(B, n, self.d_h)
+            xt = x.transpose(1, 2)
+            h = torch.cat([torch.relu(conv(xt)) for conv in self.convs], dim=1).transpose(1, 2)
+        else:
+            h = torch.relu(self.projection(x))
+        return h * keep
+
+    def classify(self, hidden: Tensor, mask: Tensor) -> SentenceOutput:
+        """Pool encoder states ``hidden`` ``[B, n, d_h]`` (``mask`` ``[B, n]`` bool, True =
+        real token) and apply the output layer: the attention + output path."""
+        log_prob = None
+        if self.attention is None or self.uniform:
+            w = mask.to(hidden.dtype)
+            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
+            values = hidden if self.attention is None else self._values(hidden)
+            pooled = combine_single(w[:, None, :], values).squeeze(1)
+            weights = None if self.attention is None else w
+        else:
+            out = self._attend(hidden, mask)
+            pooled, weights, log_prob = out.context, out.weights, out.log_prob
+        logits = self.output(self.dropout(pooled))
+        return SentenceOutput(logits, weights, pooled, hidden, log_prob)
+
+    def forward(
+        self, tokens: Tensor, lengths: Tensor | None = None, mask: Tensor | None = None
+    ) -> SentenceOutput:
+        """Classify ``tokens`` ``[B, n]`` (see the class docstring)."""
+        m = self._check_inputs(tokens, lengths, mask)
+        return self.classify(self.encode(tokens, m), m)
