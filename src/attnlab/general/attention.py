@@ -402,7 +402,6 @@ class Attention(Configurable):
             q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
             context, weights = sdpa_attend(q2, k2, values, scale, mask3, p, need_weights)
         elif path == "lean-multi":
-
             assert q3 is not None and isinstance(self.score, AdditiveScore)
             q1, k2 = self.score.lean_parts(q3, keys)
             context = multi_dim_attend_lean(
