@@ -1,0 +1,159 @@
+"""Smoke test of the benchmark suite (benchmarks/run.py) at toy sizes.
+
+It keeps the scripts from rotting: every benchmark runs end to end with ``--tiny``, and
+its agreement check (attnlab and the reference give the same outputs and gradients) must
+pass. Timings and memory figures are never asserted -- toy sizes say nothing about them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _cases as C  # noqa: E402
+import _harness as H  # noqa: E402
+import run as R  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # run.main(--tiny) drops to one thread; restore the caller's setting afterwards
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+EXPECTED_BENCHES = {
+    "sdpa": ["sdpa", "sdpa need_weights"] * 2,
+    "additive": ["additive", "additive memory"],
+    "multidim": ["multidim", "multidim memory"],
+    "local": ["local-p"] + ["local-p scaling"] * 4,
+}
+
+
+@pytest.mark.parametrize("name", C.CASES)
+def test_each_benchmark_runs_at_tiny_size(name, capsys):
+    rows = R.main(["--tiny", "--quick", "--only", name])
+    assert [r.bench for r in rows] == EXPECTED_BENCHES[name]
+    for r in rows:
+        assert _finite(r.attn), r
+        if r.unit:  # a time or a memory figure (the fitted exponent has no unit)
+            assert r.attn >= 0 and r.ref is not None and r.ref >= 0, r
+        assert r.met is None  # tiny mode never claims a target
+    out = capsys.readouterr().out
+    assert "| benchmark" in out and "mode=tiny" in out
+    for r in rows:
+        if r.bench.endswith("memory"):
+            for side in ("attnlab", "reference"):
+                m = r.details[side]
+                assert m["case"] == name and m["side"] == side and m["mode"] == "tiny"
+                assert m["maxrss_after_mib"] >= m["rss_before_mib"] > 0
+        elif r.bench == "local-p scaling" and "n_k" in r.details:
+            assert r.details["minor_page_faults_per_step"] >= 0
+            assert "| minor page faults |" in out
+        elif r.bench != "local-p scaling":
+            # the agreement check ran and passed, at float32 rounding level
+            assert r.details["max_rel_diff"] < 1e-3
+
+
+def test_fast_paths_are_the_ones_benchmarked():
+    (pair, _), _ = C.sdpa_pairs("tiny")
+    assert pair.info["path"] == "sdpa"
+    assert C.additive_pair("tiny").info["path"] == "lean-additive"
+    assert C.multidim_pair("tiny").info["path"] == "lean-multi"
+    assert C.local_pair("tiny").info["path"] == "local-window"
+
+
+def test_agreement_check_catches_a_wrong_reference():
+    pair = C.additive_pair("tiny")
+    good_ref = pair.ref
+    pair.check()  # the real reference agrees
+    pair.ref = lambda: good_ref() * 1.001  # a reference that is off by 0.1 %
+    with pytest.raises(AssertionError, match="output differs"):
+        pair.check()
+
+
+def test_agreement_check_catches_a_wrong_gradient():
+    pair = C.local_pair("tiny")
+    good_ref = pair.ref
+    q = pair.leaves[0]
+    # same forward values, but an extra gradient flows to q
+    pair.ref = lambda: good_ref() + _grad_bump(q)
+    with pytest.raises(AssertionError, match="grad q differs"):
+        pair.check()
+
+
+def test_per_leaf_tolerances_reach_the_check():
+    pair = C.additive_pair("tiny")
+    w = pair.leaves[pair.leaf_names.index("w")]
+    good_ref = pair.ref
+    pair.step_ref()
+    scale = float(w.grad.abs().max())
+    # the same output, plus a gradient of 2e-4 * max|grad w| on every element of w
+    c = 2e-4 * scale / float(pair.grad_out.sum())
+    pair.ref = lambda: good_ref() + c * (w - w.detach()).sum()
+    pair.overrides = {}
+    with pytest.raises(AssertionError, match="grad w differs"):
+        pair.check()
+    pair.overrides = {"w": {"srtol": 5e-4}}
+    assert 1e-4 < pair.check() < 5e-4
+
+
+def _grad_bump(q: torch.Tensor) -> torch.Tensor:
+    # zero in value, gradient 1 per element of q through the output's first feature
+    bump = (q - q.detach()).sum(-1, keepdim=True)
+    return torch.cat([bump, torch.zeros_like(q[..., 1:])], dim=-1)
+
+
+def test_check_close_tolerances():
+    a = torch.tensor([1.0, 2.0])
+    assert H.check_close("x", [a], [a + 1e-7], ["t"]) < 1e-6
+    with pytest.raises(AssertionError, match="t differs"):
+        H.check_close("x", [a], [a + 1e-2], ["t"])
+    with pytest.raises(AssertionError, match="shape"):
+        H.check_close("x", [a], [a[:1]], ["t"])
+    # a small element of a large-scale tensor: fails elementwise, passes relative to scale
+    big = torch.tensor([100.0, 0.0])
+    off = big + torch.tensor([0.0, 0.01])
+    with pytest.raises(AssertionError, match="t differs"):
+        H.check_close("x", [off], [big], ["t"])
+    ok = H.check_close("x", [off], [big], ["t"], overrides={"t": {"srtol": 5e-4}})
+    assert ok == pytest.approx(1e-4)
+    with pytest.raises(AssertionError, match="not finite"):
+        H.check_close("x", [a * math.nan], [a], ["t"])
+
+
+def test_fit_exponent_and_ratio_rows():
+    ns = [1000, 2000, 4000, 8000]
+    assert H.fit_exponent(ns, [3.0 * n for n in ns]) == pytest.approx(1.0)
+    assert H.fit_exponent(ns, [0.5 * n * n for n in ns]) == pytest.approx(2.0)
+    r = H.ratio_row("b", "c", 10.0, 50.0, "ms", kind="r/a>=", bound=4)
+    assert r.ratio == pytest.approx(5.0) and r.met is True
+    r = H.ratio_row("b", "c", 12.0, 10.0, "ms", kind="a/r<=", bound=1.1)
+    assert r.ratio == pytest.approx(1.2) and r.met is False
+    table = H.format_table([r])
+    assert "a/r <= 1.1" in table and "| NO " in table
+
+
+def test_interleaved_alternates_and_counts():
+    calls: list[str] = []
+    ta, tb = H.interleaved([lambda: calls.append("a"), lambda: calls.append("b")], 3, warmup=1)
+    assert len(ta) == len(tb) == 3
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+
+
+def test_unknown_benchmark_name_is_rejected():
+    with pytest.raises(SystemExit, match="unknown benchmark"):
+        R.selected(["nope"])
+    assert R.selected(["local-p,multi-dim", "sdpa"]) == ["local", "multidim", "sdpa"]
