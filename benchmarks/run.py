@@ -96,7 +96,7 @@ def bench_sdpa(mode: str) -> list[H.Row]:
     return rows
 
 
-def _memory_rows(case: str, mode: str, config: str, bound: float) -> tuple[H.Row, dict]:
+def _memory_row(case: str, mode: str, config: str, bound: float) -> H.Row:
     mem = {}
     for side in ("attnlab", "reference"):
         _log(f"[{case}] peak memory of the {side} side in a fresh process")
@@ -106,7 +106,7 @@ def _memory_rows(case: str, mode: str, config: str, bound: float) -> tuple[H.Row
         f"{case} memory", f"{config}; peak RSS increment", a, r, "MiB",
         kind="r/a>=", bound=bound, details=mem,
     )  # fmt: skip
-    return row, mem
+    return row
 
 
 def bench_additive(mode: str) -> list[H.Row]:
@@ -123,7 +123,7 @@ def bench_additive(mode: str) -> list[H.Row]:
             details={"attnlab": H.spread(ta), "reference": H.spread(tr), "max_rel_diff": diff},
         )
     ]  # fmt: skip
-    rows.append(_memory_rows("additive", mode, cfg, 8)[0])
+    rows.append(_memory_row("additive", mode, cfg, 8))
     return rows
 
 
@@ -141,7 +141,7 @@ def bench_multidim(mode: str) -> list[H.Row]:
             details={"attnlab": H.spread(ta), "reference": H.spread(tr), "max_rel_diff": diff},
         )
     ]  # fmt: skip
-    rows.append(_memory_rows("multidim", mode, cfg, 4)[0])
+    rows.append(_memory_row("multidim", mode, cfg, 4))
     return rows
 
 
