@@ -248,12 +248,7 @@ class TransformerEncoderLayer(_Layer):
         out = cls(
             layer.linear1.in_features,
             attention=attn,
-            dim_feedforward=layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            activation=_torch_activation(layer.activation),
-            norm_first=layer.norm_first,
-            layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None,
+            **_torch_layer_options(layer),
         )
         _copy_common(out, layer, 2)
         out.train(layer.training)
@@ -374,12 +369,7 @@ class TransformerDecoderLayer(_Layer):
             layer.linear1.in_features,
             attention=MultiHeadAttention.from_torch(layer.self_attn),
             cross_attention=MultiHeadAttention.from_torch(layer.multihead_attn),
-            dim_feedforward=layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            activation=_torch_activation(layer.activation),
-            norm_first=layer.norm_first,
-            layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None,
+            **_torch_layer_options(layer),
         )
         _copy_common(out, layer, 3)
         out.train(layer.training)
@@ -453,6 +443,18 @@ def _torch_activation(act: object) -> str | Callable[[Tensor], Tensor]:
     if callable(act):
         return act  # type: ignore[return-value]
     raise TypeError(f"unsupported activation {act!r}")
+
+
+def _torch_layer_options(layer: nn.Module) -> dict[str, Any]:
+    """The constructor options a PyTorch Transformer layer shares with ours."""
+    return {
+        "dim_feedforward": layer.linear1.out_features,
+        "dropout": layer.dropout.p,
+        "activation": _torch_activation(layer.activation),
+        "norm_first": layer.norm_first,
+        "layer_norm_eps": layer.norm1.eps,
+        "bias": layer.linear1.bias is not None,
+    }
 
 
 def _copy_common(ours: _Layer, theirs: nn.Module, n_norms: int) -> None:
