@@ -35,6 +35,7 @@ KIND_FOLDERS = {
     "feature": "feature",
     "query": "query",
     "model": "models",
+    "task": "tasks",
 }
 SPECIAL_PAGES = {("attention", "general"): "attention.md"}
 

@@ -151,7 +151,13 @@ def _try_canonical(kind: str, name: str) -> str | None:
 
 
 #: Subpackages whose modules register the built-in mechanisms (survey 3.2, 3.1, 3.3).
-_BUILTIN_PACKAGES = ("attnlab.general", "attnlab.feature", "attnlab.query", "attnlab.models")
+_BUILTIN_PACKAGES = (
+    "attnlab.general",
+    "attnlab.feature",
+    "attnlab.query",
+    "attnlab.models",
+    "attnlab.lab.tasks",
+)
 _loaded = False
 
 

@@ -1,0 +1,256 @@
+"""The contract between a task of the lab and the trainer, the ablation runner and the report.
+
+A *task* (TAXONOMY section 0) bundles real data, a task model that takes any compatible
+attention, a training loss and the task's metrics. The trainer
+(:func:`attnlab.lab.training.train_run`) only talks to a task through this interface, so a
+new task is one subclass of :class:`Task` registered with
+``@register_task("name", formula=..., source=...)``.
+
+Attention specs: an ablation swaps only the attention, given as a plain dict (what
+``--attention score=additive,align=soft,dim=multi`` parses to). Two keys are reserved:
+
+* ``"name"``: a preset of the task (e.g. ``"tanh"`` for the sentence classifier,
+  ``"bahdanau"`` for the translator) or one of the baselines ``"mean"`` (unweighted average
+  of the features) and ``"uniform"`` (the default attention with its weights replaced by
+  ``1/n`` over the real items); the other keys refine the preset.
+* everything else is passed to the attention the task model builds (``score``, ``align``,
+  ``dim`` and their options).
+
+:func:`spec_label` gives the canonical text label of a spec (used as the mechanism's name
+in tables and run ids).
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.registry import register
+
+__all__ = [
+    "AttentionExample",
+    "Task",
+    "TaskData",
+    "register_task",
+    "spec_label",
+    "spec_slug",
+]
+
+Batch = dict[str, Any]
+
+
+def register_task(name: str, *, formula: str, source: str, cost: str = "", **caps: Any):
+    """Register a :class:`Task` subclass under kind ``"task"`` (``attnlab list --kind task``)."""
+    return register("task", name, formula=formula, source=source, cost=cost, **caps)
+
+
+def spec_label(spec: Mapping[str, Any]) -> str:
+    """Canonical label of an attention spec: ``name`` first, then ``key=value`` sorted.
+
+    >>> spec_label({"align": "soft", "score": "additive"})
+    'align=soft,score=additive'
+    >>> spec_label({"name": "mean"})
+    'mean'
+    """
+    spec = dict(spec)
+    parts = []
+    name = spec.pop("name", None)
+    if name is not None:
+        parts.append(str(name))
+    parts += [f"{k}={_fmt(v)}" for k, v in sorted(spec.items())]
+    return ",".join(parts) or "default"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ";".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def spec_slug(spec: Mapping[str, Any]) -> str:
+    """A file-name safe version of :func:`spec_label` (used in run directory names)."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec_label(spec).replace(",", "__"))
+
+
+@dataclass
+class TaskData:
+    """A task's prepared data: the three splits (any sequence the task's :meth:`Task.batches`
+    understands) and whatever the model needs to be built (vocabularies, embeddings, sizes).
+    """
+
+    train: Any
+    dev: Any
+    test: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, name: str) -> Any:
+        if name not in ("train", "dev", "test"):
+            raise ValueError(f"split must be 'train', 'dev' or 'test', got {name!r}")
+        return getattr(self, name)
+
+
+@dataclass
+class AttentionExample:
+    """One attention map on a test example, as the report draws it.
+
+    Attributes:
+        title: a short heading (e.g. ``"test #12"``).
+        rows: labels of the rows (queries: target words, hops, or ``["attention"]`` for a
+            pooling attention over one sequence).
+        cols: labels of the columns (keys: source tokens, image patches, ...).
+        weights: ``len(rows) x len(cols)`` attention weights.
+        label: the gold answer as text (or None).
+        prediction: the model's answer as text (or None).
+        kind: ``"tokens"`` (one row over a token sequence: drawn as a highlighted sentence),
+            ``"matrix"`` (a heatmap of rows x cols) or ``"image"`` (cols are the cells of a
+            ``grid`` = (height, width) image; drawn as an overlay).
+        grid: for ``kind="image"``, the (height, width) of the attention grid.
+        image: for ``kind="image"``, the picture as ``H x W x 3`` floats in [0, 1] (or None).
+        extra: anything else worth showing (e.g. ``{"sentence_weights": [...]}``).
+    """
+
+    title: str
+    rows: list[str]
+    cols: list[str]
+    weights: list[list[float]]
+    label: str | None = None
+    prediction: str | None = None
+    kind: str = "tokens"
+    grid: tuple[int, int] | None = None
+    image: list | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tokens", "matrix", "image"):
+            raise ValueError(f"kind must be 'tokens', 'matrix' or 'image', got {self.kind!r}")
+        if len(self.weights) != len(self.rows):
+            raise ValueError(f"weights has {len(self.weights)} rows, rows has {len(self.rows)}")
+        for i, row in enumerate(self.weights):
+            if len(row) != len(self.cols):
+                raise ValueError(f"weights row {i} has {len(row)} entries, cols {len(self.cols)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> AttentionExample:
+        data = dict(payload)
+        if data.get("grid") is not None:
+            data["grid"] = tuple(data["grid"])
+        return cls(**data)
+
+
+class Task(abc.ABC):
+    """A task of the lab. Subclasses set the class attributes and implement the methods.
+
+    Class attributes:
+        name: set by :func:`register_task`.
+        metrics: the metric names :meth:`evaluate` returns; the first is the one the trainer
+            selects the best epoch by (on the dev split).
+        higher_is_better: direction of the first metric.
+        defaults: the task's options and their default values: training hyper-parameters
+            (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``) and data /
+            model options (e.g. ``max_train``, ``hidden_size``, ``encoder``). Every option a
+            user may pass must appear here; unknown options raise :class:`ConfigError`.
+        default_attention: the paper's attention for this task, as a spec dict.
+        presets: named attention specs (besides the baselines ``mean`` and ``uniform``).
+        data_source: one line naming the data and the package it comes from.
+    """
+
+    registry_name: ClassVar[str] = ""
+    registry_kind: ClassVar[str] = ""
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
+    higher_is_better: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, Any]] = {}
+    default_attention: ClassVar[dict[str, Any]] = {}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    data_source: ClassVar[str] = ""
+
+    _TRAINING_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "epochs": 5,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "grad_clip": 5.0,
+    }
+
+    def __init__(self, **options: Any) -> None:
+        known = {**self._TRAINING_DEFAULTS, **self.defaults}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"task {self.registry_name!r} has no option(s) {', '.join(unknown)}; "
+                f"its options: {', '.join(sorted(known))}"
+            )
+        self.options: dict[str, Any] = {**known, **options}
+
+    @property
+    def name(self) -> str:
+        return self.registry_name
+
+    # ------------------------------------------------------------------ to implement
+
+    @abc.abstractmethod
+    def load_data(self) -> TaskData:
+        """Load and prepare the data (may raise ``attnlab.data.MissingDataError``)."""
+
+    @abc.abstractmethod
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        """The task model with the attention given by ``attention`` (a spec dict)."""
+
+    @abc.abstractmethod
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Batch]:
+        """Mini-batches of one split as dicts of tensors (on the CPU; the trainer moves every
+        tensor value to the device)."""
+
+    @abc.abstractmethod
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        """The training loss of one batch (a scalar; includes REINFORCE terms when the
+        attention samples)."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        """The task's metrics on one split (the model is in eval mode, under no_grad)."""
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        """Attention maps on the first ``n`` test examples, for the report."""
+        return []
+
+    # ------------------------------------------------------------------ helpers
+
+    def resolve_attention(self, attention: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Expand a spec: ``{}``/None -> :attr:`default_attention`; ``{"name": preset, ...}``
+        -> the preset updated by the other keys; baselines are kept as ``{"name": ...}``."""
+        spec = dict(attention or {})
+        if not spec:
+            return dict(self.default_attention)
+        name = spec.get("name")
+        if name is None or name in ("mean", "uniform"):
+            return spec
+        if name not in self.presets:
+            raise ConfigError(
+                f"task {self.registry_name!r} has no attention preset {name!r}; presets: "
+                f"{', '.join(sorted(self.presets)) or 'none'}, baselines: mean, uniform, "
+                "or give score=..., align=..., dim=..."
+            )
+        rest = {k: v for k, v in spec.items() if k != "name"}
+        return {**self.presets[name], **rest}
