@@ -4,15 +4,41 @@
   (:func:`alignment_error_rate`; ``attnlab aer GOLD HYP``).
 * :mod:`.extraction` -- hard alignments from attention matrices (:func:`argmax_links`,
   :func:`threshold_links`) and symmetrisation (:func:`symmetrize`).
+* :mod:`.supervision` -- supervised attention: :class:`SupervisedAttentionLoss`,
+  :func:`attention_supervision_loss`, :func:`links_to_weights`.
+* :mod:`.correctness` -- attention correctness: :func:`attention_mass`,
+  :func:`rank_correlation`, :func:`region_to_grid`.
+* :mod:`.significance` -- ablation analysis over seeds: :func:`paired_comparison`,
+  :func:`compare_to_baseline`.
 """
 
 from attnlab.evaluation.aer import AERResult, alignment_error_rate
+from attnlab.evaluation.correctness import attention_mass, rank_correlation, region_to_grid
 from attnlab.evaluation.extraction import argmax_links, symmetrize, threshold_links
+from attnlab.evaluation.significance import (
+    PairedComparison,
+    compare_to_baseline,
+    paired_comparison,
+)
+from attnlab.evaluation.supervision import (
+    SupervisedAttentionLoss,
+    attention_supervision_loss,
+    links_to_weights,
+)
 
 __all__ = [
     "AERResult",
+    "PairedComparison",
+    "SupervisedAttentionLoss",
     "alignment_error_rate",
     "argmax_links",
+    "attention_mass",
+    "attention_supervision_loss",
+    "compare_to_baseline",
+    "links_to_weights",
+    "paired_comparison",
+    "rank_correlation",
+    "region_to_grid",
     "symmetrize",
     "threshold_links",
 ]
