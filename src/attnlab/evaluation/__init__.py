@@ -10,6 +10,11 @@
   :func:`rank_correlation`, :func:`region_to_grid`.
 * :mod:`.significance` -- ablation analysis over seeds: :func:`paired_comparison`,
   :func:`compare_to_baseline`.
+* :mod:`.divergences` -- :func:`tvd`, :func:`jsd`, :func:`kl`.
+* :mod:`.explanation` -- Jain & Wallace (2019): gradient and leave-one-out importance,
+  Kendall tau, the permutation test, adversarial attention.
+* :mod:`.diagnostics` -- Wiegreffe & Pinter (2019): uniform weights, seed variance, the
+  frozen-weight MLP, adversarial model training.
 """
 
 from attnlab.evaluation.aer import AERResult, alignment_error_rate

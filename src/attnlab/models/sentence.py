@@ -386,6 +386,20 @@ class SentenceClassifier(Configurable):
         logits = self.output(self.dropout(pooled))
         return SentenceOutput(logits, weights, pooled, hidden, log_prob)
 
+    def classify_with_weights(self, hidden: Tensor, weights: Tensor) -> Tensor:
+        """Logits ``[B, C]`` when the attention weights are replaced by ``weights`` ``[B, n]``
+        (the states ``hidden`` ``[B, n, d_h]`` pooled with them through the attention's value
+        projection, if any): the hook of the attention-as-explanation tests (permuted,
+        adversarial, transferred or uniform weights; Jain & Wallace 2019)."""
+        if weights.dim() != 2 or weights.shape != hidden.shape[:2]:
+            raise ValueError(
+                f"weights has shape {tuple(weights.shape)}, expected [B, n] = "
+                f"{list(hidden.shape[:2])}"
+            )
+        values = hidden if self.attention is None else self._values(hidden)
+        pooled = combine_single(weights[:, None, :].to(values.dtype), values).squeeze(1)
+        return self.output(self.dropout(pooled))
+
     def forward(
         self, tokens: Tensor, lengths: Tensor | None = None, mask: Tensor | None = None
     ) -> SentenceOutput:
