@@ -1,0 +1,272 @@
+"""Attention figures as PNG files (matplotlib, Agg backend; ``pip install 'attnlab[eval]'``).
+
+* :func:`plot_matrix` -- an attention or alignment matrix (rows: queries / target words,
+  columns: keys / source words), gold links optionally marked (sure: squares, possible:
+  dots), as in Bahdanau et al. (2015) and Luong et al. (2015).
+* :func:`plot_heads` -- a grid of the heads of a multi-head attention, one panel per head
+  (Vaswani et al. 2017; Clark et al. 2019).
+* :func:`plot_coattention` -- the affinity matrix between two inputs with each side's
+  attention as a bar along its axis (co-attention; Lu et al. 2016).
+* :func:`plot_hierarchy` -- a document's sentence weights beside a heatmap of each
+  sentence's word weights (hierarchical attention; Yang et al. 2016).
+* :func:`plot_image_attention` -- attention over a grid of image cells overlaid on the
+  image (Xu et al. 2015).
+* :func:`plot_scatter` -- one point per instance, e.g. Jain & Wallace's max attention vs
+  median output change under permutation, or JSD vs TVD.
+
+Every function returns the PNG as bytes and writes it to ``path`` when given. Figures are
+closed after saving, so loops do not leak memory.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "plot_coattention",
+    "plot_heads",
+    "plot_hierarchy",
+    "plot_image_attention",
+    "plot_matrix",
+    "plot_scatter",
+]
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError(
+            "attnlab.viz needs matplotlib: pip install 'attnlab[eval]'"
+        ) from None
+    return plt
+
+
+def _array(x: Any, ndim: int, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != ndim:
+        raise ValueError(f"{name} has shape {a.shape}, expected {ndim} dimensions")
+    return a
+
+
+def _labels(labels: Sequence[str] | None, n: int, name: str) -> list[str]:
+    if labels is None:
+        return [str(i) for i in range(n)]
+    if len(labels) != n:
+        raise ValueError(f"{name} has {len(labels)} labels for {n} positions")
+    return [str(s) for s in labels]
+
+
+def _finish(fig: Any, path: str | Path | None) -> bytes:
+    plt = _plt()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    data = buf.getvalue()
+    if path is not None:
+        Path(path).write_bytes(data)
+    return data
+
+
+def plot_matrix(
+    weights: Any,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    *,
+    sure: Iterable[tuple[int, int]] = (),
+    possible: Iterable[tuple[int, int]] = (),
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """``weights [n_rows, n_cols]`` as a grey-scale heatmap; gold links are ``(col, row)``
+    pairs -- ``(source, target)`` in the alignment convention of :mod:`attnlab.data`."""
+    plt = _plt()
+    w = _array(weights, 2, "weights")
+    r, c = _labels(rows, w.shape[0], "rows"), _labels(cols, w.shape[1], "cols")
+    fig, ax = plt.subplots(figsize=(max(3.0, 0.35 * len(c) + 1.5), max(2.5, 0.35 * len(r) + 1)))
+    ax.imshow(w, cmap="Greys", vmin=0.0, vmax=max(float(w.max()), 1e-9), aspect="auto")
+    for links, marker in ((sure, "s"), (possible, "o")):
+        pts = [(i, j) for i, j in links if i < w.shape[1] and j < w.shape[0]]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.scatter(xs, ys, marker=marker, s=60, facecolors="none", edgecolors="tab:red")
+    ax.set_xticks(range(len(c)), c, rotation=90)
+    ax.set_yticks(range(len(r)), r)
+    if title:
+        ax.set_title(title)
+    return _finish(fig, path)
+
+
+def plot_heads(
+    weights: Any,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    *,
+    columns: int = 4,
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """One panel per head of ``weights [H, n_q, n_k]``."""
+    plt = _plt()
+    w = _array(weights, 3, "weights")
+    H = w.shape[0]
+    if H == 0:
+        raise ValueError("weights has no heads")
+    r, c = _labels(rows, w.shape[1], "rows"), _labels(cols, w.shape[2], "cols")
+    ncol = min(columns, H)
+    nrow = -(-H // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3 * ncol, 3 * nrow), squeeze=False)
+    for h in range(nrow * ncol):
+        ax = axes[h // ncol][h % ncol]
+        if h >= H:
+            ax.axis("off")
+            continue
+        ax.imshow(w[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(range(len(c)), c, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(r)), r, fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_coattention(
+    affinity: Any,
+    tokens_a: Sequence[str],
+    tokens_b: Sequence[str],
+    weights_a: Any,
+    weights_b: Any,
+    *,
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """The affinity ``[n_a, n_b]`` between two inputs, with input A's weights ``[n_a]`` as a
+    bar chart on the left and input B's ``[n_b]`` on top."""
+    plt = _plt()
+    aff = _array(affinity, 2, "affinity")
+    wa, wb = _array(weights_a, 1, "weights_a"), _array(weights_b, 1, "weights_b")
+    if aff.shape != (wa.size, wb.size):
+        raise ValueError(f"affinity has shape {aff.shape}, expected ({wa.size}, {wb.size})")
+    ta, tb = _labels(tokens_a, wa.size, "tokens_a"), _labels(tokens_b, wb.size, "tokens_b")
+    fig = plt.figure(figsize=(2 + 0.4 * wb.size, 2 + 0.4 * wa.size))
+    grid = fig.add_gridspec(2, 2, width_ratios=(1, 4), height_ratios=(1, 4))
+    top = fig.add_subplot(grid[0, 1])
+    top.bar(range(wb.size), wb, color="tab:orange")
+    top.set_xticks([])
+    left = fig.add_subplot(grid[1, 0])
+    left.barh(range(wa.size), wa, color="tab:blue")
+    left.invert_yaxis()
+    left.set_yticks(range(wa.size), ta)
+    main = fig.add_subplot(grid[1, 1])
+    main.imshow(aff, cmap="RdBu_r", aspect="auto")
+    main.set_xticks(range(wb.size), tb, rotation=90)
+    main.set_yticks([])
+    if title:
+        fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_hierarchy(
+    sentences: Sequence[Sequence[str]],
+    word_weights: Sequence[Sequence[float]],
+    sentence_weights: Sequence[float],
+    *,
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """Sentence weights (bars, left) beside each sentence's word weights (a heat row)."""
+    plt = _plt()
+    S = len(sentences)
+    if len(word_weights) != S or len(sentence_weights) != S:
+        raise ValueError("sentences, word_weights and sentence_weights must have one entry each")
+    width = max((len(s) for s in sentences), default=1) or 1
+    grid = np.full((S, width), np.nan)
+    for i, (words, ws) in enumerate(zip(sentences, word_weights, strict=True)):
+        if len(words) != len(ws):
+            raise ValueError(f"sentence {i} has {len(words)} words and {len(ws)} weights")
+        grid[i, : len(ws)] = ws
+    fig, (bars, heat) = plt.subplots(
+        1, 2, figsize=(2 + 0.6 * width, 1 + 0.5 * S), gridspec_kw={"width_ratios": (1, 5)}
+    )
+    bars.barh(range(S), sentence_weights, color="tab:red")
+    bars.invert_yaxis()
+    bars.set_yticks(range(S), [f"s{i}" for i in range(S)])
+    heat.imshow(np.nan_to_num(grid), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    for i, words in enumerate(sentences):
+        for j, word in enumerate(words):
+            heat.text(j, i, word, ha="center", va="center", fontsize=7)
+    heat.set_xticks([])
+    heat.set_yticks([])
+    if title:
+        fig.suptitle(title)
+    return _finish(fig, path)
+
+
+def plot_image_attention(
+    image: Any,
+    weights: Any,
+    *,
+    alpha: float = 0.6,
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """``image [H, W, 3]`` (floats in [0, 1] or uint8) with ``weights [h, w]`` over a grid of
+    cells (``H``, ``W`` multiples of ``h``, ``w``) overlaid, upsampled by nearest cell."""
+    plt = _plt()
+    img = _array(image, 3, "image")
+    if img.max() > 1.0:
+        img = img / 255.0
+    w = _array(weights, 2, "weights")
+    H, W = img.shape[:2]
+    h, wd = w.shape
+    if H % h or W % wd:
+        raise ValueError(f"a {H}x{W} image cannot hold a {h}x{wd} attention grid evenly")
+    up = np.kron(w / max(float(w.max()), 1e-12), np.ones((H // h, W // wd)))
+    fig, ax = plt.subplots(figsize=(3, 3))
+    ax.imshow(img)
+    ax.imshow(up, cmap="jet", alpha=alpha, vmin=0, vmax=1)
+    ax.axis("off")
+    if title:
+        ax.set_title(title)
+    return _finish(fig, path)
+
+
+def plot_scatter(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    xlabel: str,
+    ylabel: str,
+    groups: Sequence[Any] | None = None,
+    title: str = "",
+    path: str | Path | None = None,
+) -> bytes:
+    """A scatter plot with one point per instance, coloured by ``groups`` (e.g. the class)."""
+    plt = _plt()
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xs.shape != ys.shape:
+        raise ValueError(f"x has {xs.size} values and y {ys.size}")
+    fig, ax = plt.subplots(figsize=(4, 3))
+    if groups is None:
+        ax.scatter(xs, ys, s=8, alpha=0.6)
+    else:
+        g = np.asarray(list(groups))
+        for value in sorted(set(g.tolist()), key=str):
+            sel = g == value
+            ax.scatter(xs[sel], ys[sel], s=8, alpha=0.6, label=str(value))
+        ax.legend(fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    return _finish(fig, path)

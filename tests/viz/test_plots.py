@@ -1,0 +1,93 @@
+"""The PNG figures: valid images, the drawn content where it can be checked, and errors."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("matplotlib", reason="attnlab.viz needs matplotlib (attnlab[eval])")
+import matplotlib.image as mpimg
+
+from attnlab.viz import (
+    plot_coattention,
+    plot_heads,
+    plot_hierarchy,
+    plot_image_attention,
+    plot_matrix,
+    plot_scatter,
+)
+
+
+def _decode(png: bytes) -> np.ndarray:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return mpimg.imread(io.BytesIO(png), format="png")
+
+
+def test_matrix_draws_dark_cells_for_high_weights(tmp_path: Path) -> None:
+    w = torch.zeros(3, 4)
+    w[1, 2] = 1.0
+    png = plot_matrix(
+        w, ["a", "b", "c"], ["w", "x", "y", "z"], sure=[(2, 1)], path=tmp_path / "m.png"
+    )
+    img = _decode(png)
+    assert (tmp_path / "m.png").read_bytes() == png
+    rgb = img[..., :3]
+    # one black cell (weight 1 in the Greys map) and the red gold-link marker
+    assert (rgb.sum(-1) < 0.2).any()
+    assert ((rgb[..., 0] > 0.7) & (rgb[..., 1] < 0.3) & (rgb[..., 2] < 0.3)).any()
+    empty = _decode(plot_matrix(torch.zeros(3, 4)))[..., :3]
+    # the all-zero matrix has no black cell area of that size
+    assert (empty.sum(-1) < 0.2).sum() < (rgb.sum(-1) < 0.2).sum()
+    with pytest.raises(ValueError, match="2 dimensions"):
+        plot_matrix(torch.zeros(4))
+    with pytest.raises(ValueError, match="labels"):
+        plot_matrix(torch.zeros(2, 2), ["a"], ["x", "y"])
+
+
+def test_heads_grid_grows_with_heads() -> None:
+    small = _decode(plot_heads(torch.softmax(torch.randn(2, 3, 3), -1)))
+    large = _decode(plot_heads(torch.softmax(torch.randn(8, 3, 3), -1), columns=4))
+    assert large.shape[0] > small.shape[0]  # two rows of panels instead of one
+    with pytest.raises(ValueError, match="3 dimensions"):
+        plot_heads(torch.zeros(3, 3))
+
+
+def test_coattention_hierarchy_image_scatter() -> None:
+    _decode(
+        plot_coattention(
+            torch.randn(3, 4),
+            list("abc"),
+            list("wxyz"),
+            torch.softmax(torch.randn(3), 0),
+            torch.softmax(torch.randn(4), 0),
+        )
+    )
+    with pytest.raises(ValueError, match="expected"):
+        plot_coattention(torch.randn(3, 4), list("abc"), list("wxyz"), torch.ones(3), torch.ones(3))
+    _decode(
+        plot_hierarchy(
+            [["good", "film"], ["bad", "ending", "though"]],
+            [[0.3, 0.7], [0.5, 0.4, 0.1]],
+            [0.8, 0.2],
+        )
+    )
+    with pytest.raises(ValueError, match="sentence 0"):
+        plot_hierarchy([["a"]], [[0.5, 0.5]], [1.0])
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    grid = np.zeros((8, 8))
+    grid[0, 0] = 1.0
+    over = _decode(plot_image_attention(image, grid))
+    assert over[..., :3].max() > 0.3  # the attended cell is coloured on the black image
+    with pytest.raises(ValueError, match="evenly"):
+        plot_image_attention(image, np.zeros((5, 5)))
+    _decode(
+        plot_scatter(
+            [0.1, 0.5], [0.0, 0.3], xlabel="max attention", ylabel="median TVD", groups=[0, 1]
+        )
+    )
+    with pytest.raises(ValueError, match="values"):
+        plot_scatter([0.1], [0.0, 0.3], xlabel="x", ylabel="y")
