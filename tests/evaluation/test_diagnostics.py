@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SIGNAL, make_signal_data
+from signal_task import SIGNAL, make_signal_data
 
 from attnlab.evaluation.diagnostics import (
     adversarial_model,

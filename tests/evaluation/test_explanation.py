@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import SIGNAL, VOCAB
+from signal_task import SIGNAL, VOCAB
 
 from attnlab.evaluation.divergences import JSD_MAX, jsd, tvd
 from attnlab.evaluation.explanation import (

@@ -1,0 +1,70 @@
+"""`attnlab explain RUN_DIR` end to end on a trained toy run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
+import toy_task  # noqa: F401  (registers the "toy" task)
+
+from attnlab.evaluation.explain_run import explain_command, explain_run
+from attnlab.lab.training import train_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("explain")
+    a = train_run("toy", {"name": "tanh"}, seed=0, out_dir=root / "a", progress=False)
+    b = train_run("toy", {"name": "tanh"}, seed=1, out_dir=root / "b", progress=False)
+    return Path(a.run_dir), Path(b.run_dir)
+
+
+QUICK = dict(
+    max_instances=48,
+    permutations=10,
+    adversarial_steps=20,
+    lambdas=(0.0, 1.0),
+    mlp_epochs=2,
+    adversarial_epochs=1,
+    max_train=128,
+    progress=False,
+)
+
+
+@pytest.mark.slow
+def test_explain_run_writes_every_test(runs: tuple[Path, Path]) -> None:
+    run, other = runs
+    r = explain_run(run, compare=[other], **QUICK)
+    saved = json.loads((run / "explanation" / "explanation.json").read_text())
+    assert saved["instances"] == r["instances"] == 48
+    assert set(saved["kendall"]) == {"attention-gradient", "attention-loo", "gradient-loo"}
+    for v in saved["kendall"].values():
+        assert -1 <= v["mean"] <= 1 and 0 <= v["significant"] <= 1
+    assert len(saved["permutation"]["per_instance"]) == len(saved["permutation"]["max_weight"])
+    assert 0 <= saved["adversarial"]["max_jsd"]["mean"] <= saved["adversarial"]["jsd_bound"]
+    assert set(saved["frozen_weights"]) == {"uniform", "learned", "transferred"}
+    assert [s["lambda"] for s in saved["adversarial_models"]] == [0.0, 1.0]
+    assert saved["seed_variance"]["runs"] == [str(other)]
+    assert 0 <= saved["uniform"]["uniform_accuracy"] <= 1
+    # the toy model is right on every test sentence, so the learned weights give accuracy 1
+    assert saved["uniform"]["learned_accuracy"] == pytest.approx(1.0)
+    if "plots" in saved:
+        for name in saved["plots"]:
+            assert (run / "explanation" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_command_and_errors(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    run, _ = runs
+    out = CliRunner().invoke(explain_command, [str(run), "--quick", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert "Kendall tau" in out.output and "frozen-weight MLP F1" in out.output
+    mean_run = train_run("toy", {"name": "mean"}, seed=0, out_dir=tmp_path / "m", progress=False)
+    out = CliRunner().invoke(explain_command, [str(mean_run.run_dir), "--quick", "--no-progress"])
+    assert out.exit_code != 0
+    assert "attention weights" in out.output
