@@ -1,4 +1,5 @@
-"""Tests for the ``attnlab`` command (attnlab.cli)."""
+"""Tests for the ``attnlab`` command (attnlab.cli, a click group), via click's CliRunner
+and the installed console script."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from attnlab import registry
-from attnlab.cli import KIND_TITLES, main
+from attnlab.cli import KIND_TITLES, LAZY_COMMANDS, _module_missing, main
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = "tests.lab.toy_task"
 
 SCORES = [
     "dot",
@@ -63,9 +69,21 @@ def _assert_lists_every_entry(text: str, kinds=None) -> None:
         assert f"source:  {e.source}" in block, e.name
 
 
-def test_list_prints_every_mechanism_with_formula_and_source(capsys):
-    assert main(["list"]) == 0
-    out = capsys.readouterr().out
+def run(*argv: str, **kw):
+    return CliRunner().invoke(main, list(argv), catch_exceptions=False, **kw)
+
+
+def test_main_is_a_click_group():
+    assert isinstance(main, click.Group)
+    assert main.name == "attnlab"
+    for name in ("list", "path", "train"):
+        assert name in main.commands
+
+
+def test_list_prints_every_mechanism_with_formula_and_source():
+    result = run("list")
+    assert result.exit_code == 0
+    out = result.stdout
     _assert_lists_every_entry(out)
     for name in SCORES + ALIGNS + DIMS:
         assert any(line.startswith(name) for line in out.splitlines()), name
@@ -77,24 +95,38 @@ def test_list_prints_every_mechanism_with_formula_and_source(capsys):
     assert "(aliases: multiplicative)" in out
 
 
-def test_list_json(capsys):
-    assert main(["list", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+def test_list_shows_the_tasks():
+    result = run("list", "--kind", "task")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("Tasks of the lab (survey section 0 on real data)\n")
+    _assert_lists_every_entry(result.stdout, kinds=["task"])
+    assert "\nsentiment\n" in result.stdout
+    assert "Jain & Wallace 2019" in result.stdout
+    assert "Score functions" not in result.stdout
+
+
+def test_list_json():
+    result = run("list", "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
     got = {(r["kind"], r["name"]) for r in rows}
     assert got >= {(e.kind, e.name) for e in _builtin_entries()}
+    assert ("task", "sentiment") in got
     by_name = {(r["kind"], r["name"]): r for r in rows}
     additive = by_name[("score", "additive")]
     assert additive["formula"] == "e_l = w^T act(W1 q + W2 k_l + b)"
     assert "Bahdanau" in additive["source"]
     assert "concat" in additive["aliases"]
     assert additive["class"] == "attnlab.general.scoring.AdditiveScore"
+    assert by_name[("task", "sentiment")]["class"] == ("attnlab.lab.tasks.sentiment.SentimentTask")
     for r in rows:
         assert set(r) == {"kind", "name", "aliases", "formula", "cost", "source", "class"}
 
 
-def test_list_kind_score(capsys):
-    assert main(["list", "--kind", "score"]) == 0
-    out = capsys.readouterr().out
+def test_list_kind_score():
+    result = run("list", "--kind", "score")
+    assert result.exit_code == 0
+    out = result.stdout
     _assert_lists_every_entry(out, kinds=["score"])
     assert "Score functions" in out
     assert "Alignment functions" not in out
@@ -107,9 +139,10 @@ def test_list_kind_score(capsys):
     assert not names & set(ALIGNS)
 
 
-def test_list_kind_align_json(capsys):
-    assert main(["list", "--kind", "align", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+def test_list_kind_align_json():
+    result = run("list", "--kind", "align", "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
     assert {r["kind"] for r in rows} == {"align"}
     assert {r["name"] for r in rows} >= set(ALIGNS)
 
@@ -127,30 +160,32 @@ def test_list_kind_align_json(capsys):
         (["--score", "additive", "--option", "d_w=32", "--option", "act=relu"], "lean-additive"),
     ],
 )
-def test_explain_prints_the_path(capsys, argv, path):
-    assert main(["explain", *argv]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+def test_path_prints_the_path(argv, path):
+    result = run("path", *argv)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
     assert lines[0] == f"path:   {path}"
     assert lines[1].startswith("reason: ")
     assert len(lines[1]) > len("reason: ")
 
 
-def test_explain_option_values_are_parsed_as_json(capsys):
-    assert main(["explain", "--score", "dot", "--align", "local-m", "--option", "D=3"]) == 0
-    assert "2D+1 = 7" in capsys.readouterr().out
+def test_path_option_values_are_parsed_as_json():
+    result = run("path", "--score", "dot", "--align", "local-m", "--option", "D=3")
+    assert result.exit_code == 0
+    assert "2D+1 = 7" in result.stdout
 
 
-def test_explain_bad_option_exits_2(capsys):
-    assert main(["explain", "--score", "additive", "--option", "bogus=1"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ")
-    assert "bogus" in err
+def test_path_bad_option_exits_2():
+    result = run("path", "--score", "additive", "--option", "bogus=1")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert "bogus" in result.stderr
 
 
-def test_explain_option_without_equals_exits_2(capsys):
-    assert main(["explain", "--option", "D"]) == 2
-    assert "KEY=VALUE" in capsys.readouterr().err
+def test_path_option_without_equals_exits_2():
+    result = run("path", "--option", "D")
+    assert result.exit_code == 2
+    assert "KEY=VALUE" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -162,26 +197,165 @@ def test_explain_option_without_equals_exits_2(capsys):
         (["--score", "nonsense"], "unknown score 'nonsense'"),
     ],
 )
-def test_explain_impossible_configuration_exits_2(capsys, argv, text):
-    assert main(["explain", *argv]) == 2
-    assert text in capsys.readouterr().err
+def test_path_impossible_configuration_exits_2(argv, text):
+    result = run("path", *argv)
+    assert result.exit_code == 2
+    assert text in result.stderr
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "text"),
     [
-        ["list", "--bogus"],
-        ["list", "--kind", "nonsense"],
-        ["explain", "--d-q", "four"],
-        ["frobnicate"],
-        [],
+        (["list", "--bogus"], "No such option '--bogus'"),
+        (["list", "--kind", "nonsense"], "'nonsense' is not one of"),
+        (["path", "--d-q", "four"], "'four' is not a valid integer"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+        (["train"], "Missing argument 'TASK'"),
     ],
 )
-def test_bad_command_line_exits_2(capsys, argv):
-    with pytest.raises(SystemExit) as err:
-        main(argv)
-    assert err.value.code == 2
-    assert "usage: attnlab" in capsys.readouterr().err
+def test_bad_command_line_exits_2(argv, text):
+    result = run(*argv)
+    assert result.exit_code == 2
+    assert "Usage: attnlab" in result.stderr
+    assert text in result.stderr
+
+
+def test_no_command_prints_the_usage():
+    result = run()
+    assert result.exit_code in (0, 2)  # click >= 8.2 exits 2 when a group gets no command
+    assert "Usage: attnlab" in result.output
+    for name in ("list", "path", "train", "explain", "aer"):
+        assert name in result.output
+
+
+# ----------------------------------------------------------------------------- lazy commands
+
+
+def test_lazy_commands_tolerate_only_their_own_module_missing():
+    missing_self = ModuleNotFoundError("x", name="attnlab.lab.ablation")
+    missing_package = ModuleNotFoundError("x", name="attnlab.evaluation")
+    missing_dependency = ModuleNotFoundError("x", name="ray")
+    assert _module_missing(missing_self, "attnlab.lab.ablation")
+    assert _module_missing(missing_package, "attnlab.evaluation.aer")
+    assert not _module_missing(missing_dependency, "attnlab.lab.ablation")
+    assert not _module_missing(ModuleNotFoundError("x", name="attnlab"), "attnlab.lab.demo")
+
+
+def test_lazy_commands_are_listed_when_their_module_exists():
+    import importlib.util
+
+    result = run("--help")
+    assert result.exit_code == 0
+    for name, (module, _) in LAZY_COMMANDS.items():
+        try:
+            exists = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            exists = False
+        listed = any(line.split()[:1] == [name] for line in result.stdout.splitlines())
+        assert listed == exists, name
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def _toy_argv(tmp_path, *extra):
+    return ["train", "toy", "--plugin", TOY, "--no-progress", "--out", str(tmp_path), *extra]
+
+
+def test_train_the_toy_task_with_a_plugin(tmp_path):
+    result = run(*_toy_argv(tmp_path, "--attention", "mean", "--seed", "1", "--seed", "2"))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.splitlines()[0] == "toy  attention: mean"
+    assert "test accuracy" in out and "test f1" in out and "mean ± std" in out
+    for seed in (1, 2):
+        run_dir = tmp_path / f"mean--seed{seed}"
+        assert str(run_dir) in out
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["status"] == "done" and info["seed"] == seed
+        assert info["attention"] == {"name": "mean"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mean--seed1", "mean--seed2"]
+
+
+def test_train_options_precedence(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "attention: {score: scaled-dot}\noptions: {epochs: 3, lr: 0.05}\nseeds: [4]\n"
+    )
+    out = tmp_path / "runs"
+    result = run(*_toy_argv(out, "--config", str(config), "-o", "epochs=2", "--batch-size", "16"))
+    assert result.exit_code == 0, result.output
+    info = json.loads((out / "score=scaled-dot--seed4" / "run.json").read_text())
+    assert info["seed"] == 4
+    assert info["attention"] == {"score": "scaled-dot"}
+    assert info["task_options"]["epochs"] == 2  # -o over the file
+    assert info["task_options"]["lr"] == 0.05  # from the file
+    assert info["task_options"]["batch_size"] == 16  # --batch-size over both
+    # --attention and --seed override the file
+    result = run(*_toy_argv(out, "--config", str(config), "--attention", "tanh", "--seed", "0"))
+    assert result.exit_code == 0, result.output
+    assert (out / "tanh--seed0" / "run.json").is_file()
+
+
+def test_train_default_out_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("train", "toy", "--plugin", TOY, "--no-progress", "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "toy" / "default--seed0" / "run.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        (["--attention", "score=dot,,align=soft"], "stray comma"),
+        (["--attention", "tanh,mean"], "two names"),
+        (["--attention", "bogus"], "no attention preset 'bogus'"),
+        (["-o", "epochz=3"], "no option(s) epochz"),
+        (["-o", "epochs"], "an option must be key=value, got 'epochs'"),
+        (["--device", "cuda:99"], "cuda:99"),
+        (["--config", "missing.yaml"], "does not exist"),
+    ],
+)
+def test_train_bad_input_exits_2_with_a_message(tmp_path, extra, text):
+    result = run(*_toy_argv(tmp_path, *extra))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert text in result.stderr
+    assert not any(p.name.endswith("seed0") for p in tmp_path.iterdir())
+
+
+def test_train_unknown_task_and_plugin(tmp_path):
+    result = run("train", "nope", "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "unknown task 'nope'; registered tasks:" in result.stderr
+    assert "sentiment" in result.stderr
+    result = run("train", "toy", "--plugin", "no_such_plugin_module")
+    assert result.exit_code == 2
+    assert "--plugin 'no_such_plugin_module'" in result.stderr
+
+
+def test_train_plugin_from_a_file(tmp_path):
+    plugin = tmp_path / "my_task.py"
+    plugin.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport {TOY}\n")
+    result = run(
+        "train", "toy", "--plugin", str(plugin), "--no-progress", "--epochs", "1",
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def test_train_missing_data_exits_1(tmp_path):
+    result = run(
+        "train", "sentiment", "-o", "data=sst", "-o", f"path={tmp_path / 'none.csv'}",
+        "--no-progress", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: the SST binary CSV is not at")
+    failed = json.loads((tmp_path / "o" / "default--seed0" / "run.json").read_text())
+    assert failed["status"] == "failed" and "MissingDataError" in failed["error"]
+
+
+# ----------------------------------------------------------------------------- installed
 
 
 def _console_script() -> str:
@@ -203,7 +377,7 @@ def test_installed_console_script_lists_everything():
 
 def test_installed_console_script_bad_option_exits_2():
     proc = subprocess.run(
-        [_console_script(), "explain", "--score", "additive", "--option", "bogus=1"],
+        [_console_script(), "path", "--score", "additive", "--option", "bogus=1"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -211,3 +385,24 @@ def test_installed_console_script_bad_option_exits_2():
     )
     assert proc.returncode == 2
     assert "bogus" in proc.stderr
+
+
+def test_installed_console_script_trains_with_a_plugin_from_the_current_directory(tmp_path):
+    proc = subprocess.run(
+        [_console_script(), "train", "toy", "--plugin", TOY, "--epochs", "1",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "toy seed 0" in proc.stderr  # the progress bars go to stderr
+    assert (tmp_path / "default--seed0" / "model.safetensors").is_file()
+
+
+def test_python_m_attnlab(monkeypatch, capsys):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["attnlab", "list", "--kind", "dim"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("attnlab", run_name="__main__")
+    assert exit_.value.code == 0
+    assert "Attention dimensionality" in capsys.readouterr().out

@@ -1,19 +1,32 @@
-"""The ``attnlab`` command.
+"""The ``attnlab`` command (built on click).
 
-``attnlab list`` prints every registered mechanism with its formula, cost and source.
-``attnlab explain`` builds an :class:`attnlab.Attention` from options and says which
-implementation path it takes and why.
+* ``attnlab list`` prints every registered mechanism and task with its formula, cost and
+  source (``--kind``, ``--json``).
+* ``attnlab path`` builds an :class:`attnlab.Attention` from options and says which
+  implementation path it takes and why.
+* ``attnlab train TASK`` trains one run per seed (:func:`attnlab.lab.training.train_run`)
+  and prints the test metrics and the run directories.
+* ``attnlab ablate``, ``attnlab demo``, ``attnlab report``, ``attnlab aer`` and
+  ``attnlab explain RUN_DIR`` (the attention-as-explanation tests) come from their own
+  modules (:data:`LAZY_COMMANDS`), imported only when used.
+
+Errors in what the user typed (a bad option, spec, task or device) print ``error: ...`` on
+stderr and exit with status 2; missing data exits with status 1.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
+import importlib.util
 import json
+import math
 import sys
 import textwrap
-from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from attnlab import registry
+import click
+
+__all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "main"]
 
 KIND_TITLES = {
     "score": "Score functions (survey 3.2.1)",
@@ -23,12 +36,120 @@ KIND_TITLES = {
     "feature": "Feature-related attention (survey 3.1)",
     "query": "Query-related attention (survey 3.3)",
     "model": "Task models (survey section 0: feature, query, attention and output model)",
+    "task": "Tasks of the lab (survey section 0 on real data)",
+}
+
+#: Commands defined in other modules: name -> (module, attribute). A command whose module
+#: does not exist (yet) is left out; any other import error propagates.
+LAZY_COMMANDS = {
+    "ablate": ("attnlab.lab.ablation", "ablate_command"),
+    "demo": ("attnlab.lab.demo", "demo_command"),
+    "report": ("attnlab.lab.report", "report_command"),
+    "aer": ("attnlab.evaluation.aer", "aer_command"),
+    "explain": ("attnlab.evaluation.explain_run", "explain_command"),
+}
+#: What ``attnlab --help`` says of a lazy command without importing its module.
+LAZY_HELP = {
+    "ablate": "Run every attention spec x every seed on a task; resumable.",
+    "demo": "The default main job: a small sentiment ablation and its report.",
+    "report": "Write a self-contained HTML report of a run or an ablation.",
+    "aer": "Alignment error rate of predicted word alignments against gold ones.",
+    "explain": "Attention-as-explanation tests (Jain & Wallace; Wiegreffe & Pinter) on a run.",
 }
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    entries = registry.entries(args.kind)
-    if args.json:
+def _module_missing(error: ModuleNotFoundError, module: str) -> bool:
+    """Whether ``error`` says that ``module`` itself (or a package above it inside attnlab)
+    does not exist, as opposed to something it imports being missing."""
+    parts = module.split(".")
+    own = {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
+    return error.name in own
+
+
+def _load_lazy(name: str) -> click.Command | None:
+    module, attr = LAZY_COMMANDS[name]
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if _module_missing(error, module):
+            return None
+        raise
+    command = getattr(mod, attr)
+    if not isinstance(command, click.Command):
+        raise TypeError(f"{module}.{attr} must be a click command, got {type(command).__name__}")
+    return command
+
+
+class _Group(click.Group):
+    """The top-level group: adds the lazy commands and ends quietly on a closed pipe."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = set(super().list_commands(ctx))
+        for name, (module, _) in LAZY_COMMANDS.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:
+                found = False
+            if found:
+                names.add(name)
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in LAZY_COMMANDS:
+            command = _load_lazy(cmd_name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # the lazy commands are described without importing them, so --help stays fast
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, LAZY_HELP[name]))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except BrokenPipeError:  # e.g. `attnlab list | head`: the reader went away
+            sys.stderr.close()
+            return 0
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(name="attnlab", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Attention mechanisms of the survey literature, and a lab to compare them."""
+
+
+# ----------------------------------------------------------------------------- list
+
+
+@main.command("list")
+@click.option("--kind", metavar="KIND", help="only this kind (score, align, dim, task, ...)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def list_command(kind: str | None, as_json: bool) -> None:
+    """List every registered mechanism and task with its formula, cost and source."""
+    from attnlab import registry
+
+    all_entries = registry.entries()
+    kinds_known = sorted(set(KIND_TITLES) | {e.kind for e in all_entries})
+    if kind is not None and kind not in kinds_known:
+        raise click.BadParameter(
+            f"{kind!r} is not one of {', '.join(kinds_known)}", param_hint="'--kind'"
+        )
+    entries = registry.entries(kind)
+    if as_json:
         rows = [
             {
                 "kind": e.kind,
@@ -41,25 +162,29 @@ def _cmd_list(args: argparse.Namespace) -> int:
             }
             for e in entries
         ]
-        print(json.dumps(rows, indent=2))
-        return 0
-    # the survey's order (score, align, dim, attention), then any later kinds
+        click.echo(json.dumps(rows, indent=2))
+        return
+    # the survey's order (score, align, dim, attention, ...), then any later kinds
     kinds = [k for k in KIND_TITLES if any(e.kind == k for e in entries)]
     for e in entries:
         if e.kind not in kinds:
             kinds.append(e.kind)
-    for kind in kinds:
-        title = KIND_TITLES.get(kind, kind)
-        print(f"{title}\n{'=' * len(title)}")
-        for e in (x for x in entries if x.kind == kind):
+    lines: list[str] = []
+    for k in kinds:
+        title = KIND_TITLES.get(k, k)
+        lines += [title, "=" * len(title)]
+        for e in (x for x in entries if x.kind == k):
             alias = f"  (aliases: {', '.join(e.aliases)})" if e.aliases else ""
-            print(f"{e.name}{alias}")
-            print(textwrap.indent(f"formula: {e.formula}", "    "))
+            lines.append(f"{e.name}{alias}")
+            lines.append(textwrap.indent(f"formula: {e.formula}", "    "))
             if e.cost:
-                print(textwrap.indent(f"cost:    {e.cost}", "    "))
-            print(textwrap.indent(f"source:  {e.source}", "    "))
-        print()
-    return 0
+                lines.append(textwrap.indent(f"cost:    {e.cost}", "    "))
+            lines.append(textwrap.indent(f"source:  {e.source}", "    "))
+        lines.append("")
+    click.echo("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- path
 
 
 def _parse_value(text: str) -> object:
@@ -69,58 +194,195 @@ def _parse_value(text: str) -> object:
         return text
 
 
-def _cmd_explain(args: argparse.Namespace) -> int:
+@main.command("path")
+@click.option("--score", default="scaled-dot", show_default=True)
+@click.option("--align", default="soft", show_default=True)
+@click.option("--dim", default="single", show_default=True)
+@click.option("--d-q", "d_q", type=int, default=64, show_default=True)
+@click.option("--d-k", "d_k", type=int, default=64, show_default=True)
+@click.option("--need-weights", is_flag=True)
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="score/align option")
+def path_command(
+    score: str, align: str, dim: str, d_q: int, d_k: int, need_weights: bool, options
+) -> None:
+    """Say which implementation path an attention takes, and why."""
     from attnlab import Attention
 
-    options = {}
-    for item in args.option or []:
+    parsed = {}
+    for item in options:
         if "=" not in item:
-            print(f"error: --option expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
+            _fail(f"--option expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        options[key] = _parse_value(value)
+        parsed[key] = _parse_value(value)
     try:
-        attn = Attention(
-            score=args.score, align=args.align, dim=args.dim, d_q=args.d_q, d_k=args.d_k, **options
-        )
+        attn = Attention(score=score, align=align, dim=dim, d_q=d_q, d_k=d_k, **parsed)
     except (ValueError, TypeError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path, reason = attn.explain(need_weights=args.need_weights)
-    print(f"path:   {path}\nreason: {reason}")
-    return 0
+        _fail(str(err).strip("'\""))
+    path, reason = attn.explain(need_weights=need_weights)
+    click.echo(f"path:   {path}\nreason: {reason}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="attnlab", description="Attention mechanisms of the survey literature."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="list every registered mechanism")
-    kinds = sorted(set(KIND_TITLES) | {e.kind for e in registry.entries()})
-    p_list.add_argument("--kind", choices=kinds, help="only this kind")
-    p_list.add_argument("--json", action="store_true", help="machine-readable output")
-    p_list.set_defaults(func=_cmd_list)
-    p_exp = sub.add_parser("explain", help="which implementation path an attention takes")
-    p_exp.add_argument("--score", default="scaled-dot")
-    p_exp.add_argument("--align", default="soft")
-    p_exp.add_argument("--dim", default="single")
-    p_exp.add_argument("--d-q", type=int, default=64)
-    p_exp.add_argument("--d-k", type=int, default=64)
-    p_exp.add_argument("--need-weights", action="store_true")
-    p_exp.add_argument("--option", action="append", metavar="KEY=VALUE", help="score/align option")
-    p_exp.set_defaults(func=_cmd_explain)
-    return parser
+# ----------------------------------------------------------------------------- train
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _import_plugins(plugins: tuple[str, ...]) -> None:
+    """Import each plugin module (a dotted name, or a .py file); the current directory is
+    searched too, as ``python -m`` would."""
+    import os
+
+    for plugin in plugins:
+        try:
+            if plugin.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(
+                    f"attnlab_plugin_{abs(hash(plugin))}", os.path.abspath(plugin)
+                )
+                if spec is None or spec.loader is None or not os.path.isfile(plugin):
+                    _fail(f"--plugin {plugin!r}: no such file")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+                continue
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            importlib.import_module(plugin)
+        except ModuleNotFoundError as error:
+            _fail(f"--plugin {plugin!r}: {error}")
+
+
+def _fmt_metric(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(out)
+
+
+@main.command("train")
+@click.argument("task")
+@click.option(
+    "--attention",
+    "-a",
+    metavar="SPEC",
+    help="attention spec: a preset (tanh), a baseline (mean, uniform), "
+    "score=...,align=...,dim=... or a .yaml/.toml/.json file",
+)
+@click.option("--seed", "seeds", type=int, multiple=True, help="a seed (repeat for several)")
+@click.option("--epochs", type=int, help="training epochs")
+@click.option("--batch-size", type=int, help="mini-batch size")
+@click.option("--lr", type=float, help="learning rate (Adam)")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE", help="task option")
+@click.option(
+    "--config",
+    "config_file",
+    metavar="FILE",
+    help="a .yaml/.toml/.json file with attention, options and seeds",
+)
+@click.option("--out", metavar="DIR", help="folder of the run directories [default: runs/<task>]")
+@click.option("--threads", type=int, help="torch threads for training")
+@click.option("--no-progress", is_flag=True, help="no progress bars")
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="MODULE",
+    help="import a module that registers extra tasks (a dotted name or a .py file)",
+)
+def train_command(
+    task: str,
+    attention: str | None,
+    seeds: tuple[int, ...],
+    epochs: int | None,
+    batch_size: int | None,
+    lr: float | None,
+    device: str,
+    options: tuple[str, ...],
+    config_file: str | None,
+    out: str | None,
+    threads: int | None,
+    no_progress: bool,
+    plugins: tuple[str, ...],
+) -> None:
+    """Train TASK once per seed and print the test metrics.
+
+    Each run is written to OUT/<attention>--seed<N> (see docs/lab/train.md). Options are
+    taken from --config, then -o, then --epochs / --batch-size / --lr.
+    """
+    from pathlib import Path
+
+    from attnlab._checks import ConfigError
+    from attnlab.data._common import MissingDataError
+    from attnlab.lab.config import load_config_file, parse_attention, parse_options
+    from attnlab.lab.task import spec_slug
+    from attnlab.lab.training import resolve_task, train_run
+
+    _import_plugins(plugins)
     try:
-        return int(args.func(args))
-    except BrokenPipeError:  # e.g. `attnlab list | head`: the reader went away
-        sys.stderr.close()
-        return 0
+        config = load_config_file(config_file) if config_file else {}
+        spec = config.get("attention", {})
+        if attention is not None:
+            spec = parse_attention(attention)
+        opts = dict(config.get("options", {}))
+        opts.update(parse_options(options))
+        for name, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr)):
+            if value is not None:
+                opts[name] = value
+        run_seeds = list(seeds) or list(config.get("seeds", [0]))
+        the_task = resolve_task(task, opts)
+        the_task.resolve_attention(spec)  # check the spec before any training
+    except ConfigError as error:
+        _fail(str(error))
+    base = Path(out) if out else Path("runs") / the_task.name
+    results = []
+    for seed in run_seeds:
+        run_dir = base / f"{spec_slug(spec)}--seed{seed}"
+        try:
+            result = train_run(
+                the_task,
+                spec,
+                seed=seed,
+                device=device,
+                out_dir=run_dir,
+                progress=not no_progress,
+                num_threads=threads,
+            )
+        except ConfigError as error:
+            _fail(str(error))
+        except MissingDataError as error:
+            _fail(str(error), code=1)
+        results.append((seed, result))
+    metric_names = list(the_task.metrics)
+    header = ["seed", *[f"test {m}" for m in metric_names], "best epoch", "run directory"]
+    rows = [
+        [
+            str(seed),
+            *[_fmt_metric(r.metrics["test"].get(m)) for m in metric_names],
+            str(r.metrics["best_epoch"]),
+            str(r.run_dir),
+        ]
+        for seed, r in results
+    ]
+    if len(results) > 1:
+        cells = []
+        for m in metric_names:
+            values = [r.metrics["test"].get(m) for _, r in results]
+            values = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+            if values:
+                mean = sum(values) / len(values)
+                std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+                cells.append(f"{mean:.4f} ± {std:.4f}")
+            else:
+                cells.append("n/a")
+        rows.append(["mean ± std", *cells, "", ""])
+    click.echo(f"{the_task.name}  attention: {results[0][1].label}")
+    click.echo(_table(header, rows))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

