@@ -34,6 +34,8 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.registry import register
 
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "ppl", "aer", "hamming", "wer", "cer")
+
 __all__ = [
     "AttentionExample",
     "Task",
@@ -181,6 +183,7 @@ class Task(abc.ABC):
         "lr": 1e-3,
         "weight_decay": 0.0,
         "grad_clip": 5.0,
+        "select_metric": None,
     }
 
     def __init__(self, **options: Any) -> None:
@@ -196,6 +199,21 @@ class Task(abc.ABC):
     @property
     def name(self) -> str:
         return self.registry_name
+
+    def selection(self) -> tuple[str, bool]:
+        """The dev metric the trainer selects the best epoch by, and whether higher is
+        better: the first of :attr:`metrics` unless the option ``select_metric`` names
+        another (e.g. ``roc_auc``, as Jain & Wallace select their models)."""
+        chosen = self.options.get("select_metric")
+        if chosen is None or chosen == self.metrics[0]:
+            return self.metrics[0], bool(self.higher_is_better)
+        if chosen not in self.metrics:
+            raise ConfigError(
+                f"select_metric={chosen!r} is not a metric of task {self.registry_name!r}; "
+                f"its metrics: {', '.join(self.metrics)}"
+            )
+        lower = any(w in chosen.lower() for w in _LOWER_IS_BETTER)
+        return chosen, not lower
 
     # ------------------------------------------------------------------ to implement
 
@@ -227,7 +245,10 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        """The task's metrics on one split (the model is in eval mode, under no_grad)."""
+        """The task's metrics on one split (the model is in eval mode, under no_grad).
+        The trainer moves batches to the device only for :meth:`loss`; here (and in
+        :meth:`attention_examples`) move them to the model's device yourself
+        (``attnlab.lab.training.move_batch``)."""
 
     def attention_examples(
         self, model: nn.Module, data: TaskData, n: int = 4

@@ -321,6 +321,7 @@ def train_run(
         raise ConfigError(f"attention must be a mapping or spec text, got {attention!r}")
     the_task = resolve_task(task, options)
     spec = the_task.resolve_attention(spec_given)
+    the_task.selection()  # a bad select_metric fails here
     dev = resolve_device(device)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an int, got {seed!r}")
@@ -395,8 +396,7 @@ def _train(
     )
     clip = opts.get("grad_clip")
     generator = torch.Generator().manual_seed(seed)
-    primary = task.metrics[0]
-    higher = bool(task.higher_is_better)
+    primary, higher = task.selection()
     epochs, batch_size = int(opts["epochs"]), int(opts["batch_size"])
     try:
         n_train = len(data.split("train"))
