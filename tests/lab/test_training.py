@@ -351,3 +351,21 @@ def test_baselines_and_presets_train(tmp_path, toy):
     for spec in ("tanh", "sparsemax", "mean", "uniform"):
         result = train_run("toy", spec, out_dir=tmp_path / spec, progress=False)
         assert result.metrics["test"]["accuracy"] >= 0.9, spec
+
+
+def test_peak_rss_sampler_sees_a_temporary_allocation():
+    import time
+
+    from attnlab.lab.training import _PeakRSS, _rss_mb
+
+    if _rss_mb() is None:
+        pytest.skip("no /proc/self/statm on this platform")
+    sampler = _PeakRSS(interval=0.005)
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    time.sleep(0.1)
+    del block
+    peak = sampler.stop()
+    assert peak is not None and peak >= 48, peak
+    # a second sampler in the same process starts from the current level, not from zero
+    again = _PeakRSS(interval=0.005)
+    assert again.stop() < 16

@@ -1297,7 +1297,7 @@ def _section_cost(ctx: ReportContext) -> str:
         f"<tbody>{''.join(body)}</tbody></table>"
         '<p class="muted">Means over the finished seeds; n/a where the run did not measure it. '
         "Peak memory as the trainer measured it (on CUDA the peak allocated memory; on the CPU "
-        "the growth of the process's peak resident memory during the run).</p>"
+        "the largest increase of the resident memory over its value after the data is loaded, sampled every 10 ms).</p>"
     )
 
 

@@ -214,13 +214,49 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _max_rss_mb() -> float | None:
+def _rss_mb() -> float | None:
+    """The process's current resident set size (Linux ``/proc``; None elsewhere)."""
     try:
-        import resource
-    except ImportError:  # not on this platform
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
         return None
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _PeakRSS:
+    """Samples the resident set size every ``interval`` seconds on a daemon thread; ``peak``
+    is the largest increase over the value at start. Unlike ``ru_maxrss`` (a high-water mark
+    of the whole process), this is the run's own peak when several runs share a process
+    (an ablation with ``jobs=1``, the demo); memory that the allocator kept from an earlier
+    run and reuses is not counted again."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import threading
+
+        self.start = _rss_mb()
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if self.start is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            now = _rss_mb()
+            if now is not None and self.start is not None:
+                self.peak = max(self.peak, now - self.start)
+
+    def stop(self) -> float | None:
+        if self.start is None:
+            return None
+        self._stop.set()
+        self._thread.join()
+        now = _rss_mb()
+        if now is not None:
+            self.peak = max(self.peak, now - self.start)
+        return self.peak
 
 
 def _n_items(task: Task, data: Any, split: str, batch_size: int) -> int:
@@ -383,11 +419,11 @@ def _train(
     opts = task.options
     seed_everything(seed)
     cuda = device.type == "cuda"
-    rss_start = _max_rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
     data = task.load_data()
+    sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
     model = task.build_model(data, spec).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in model.parameters())
@@ -489,8 +525,7 @@ def _train(
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        end = _max_rss_mb()
-        peak = None if end is None or rss_start is None else max(end - rss_start, 0.0)
+        peak = sampler.stop() if sampler is not None else None
     metrics = {
         "primary": primary,
         "higher_is_better": higher,
