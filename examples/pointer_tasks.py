@@ -10,7 +10,8 @@ Tasks (all data generated from ``--seed``):
   The target is the vertices of the convex hull (strict vertices: points inside an edge are
   not vertices) in counter-clockwise order, starting with the vertex of lowest index, then
   the end pointer, whose index is ``--n`` (the padded input width). The hull is computed
-  exactly by :func:`convex_hull` (Andrew's monotone chain).
+  exactly by :func:`attnlab.data.pointer_tasks.convex_hull` (Andrew's monotone chain);
+the generators and metrics live in :mod:`attnlab.data.pointer_tasks`.
 
 Metrics on ``--eval-size`` held-out instances (from a separate seed stream):
 
@@ -50,152 +51,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+# the generators, the exact hull and the metrics live in the library; imported here so that
+# `python examples/pointer_tasks.py` and the tests find them under this module's names too
+from attnlab.data.pointer_tasks import (  # noqa: F401
+    convex_hull,
+    hull_metrics,
+    is_simple_polygon,
+    make_hull,
+    make_pointer_data,
+    make_sort,
+    polygon_area,
+    sequence_metrics,
+)
 from attnlab.query.pointer import IGNORE_INDEX, PointerNetwork, pointer_loss
 
-# ----------------------------------------------------------------------------- geometry
-
-
-def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
-    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-
-def convex_hull(points: np.ndarray) -> list[int]:
-    """Indices of the strict vertices of the convex hull of ``points`` ``[m, 2]``, counter-
-    clockwise, starting with the vertex of lowest index (Andrew's monotone chain,
-    O(m log m)). Points on an edge are not vertices. Fewer than 3 distinct non-collinear
-    points give the extreme points only (1 or 2)."""
-    pts = [(float(p[0]), float(p[1])) for p in points]
-    order = sorted(range(len(pts)), key=lambda i: pts[i])
-    if len(order) <= 1:
-        return order
-    lower: list[int] = []
-    for i in order:
-        while len(lower) >= 2 and _cross(pts[lower[-2]], pts[lower[-1]], pts[i]) <= 0:
-            lower.pop()
-        lower.append(i)
-    upper: list[int] = []
-    for i in reversed(order):
-        while len(upper) >= 2 and _cross(pts[upper[-2]], pts[upper[-1]], pts[i]) <= 0:
-            upper.pop()
-        upper.append(i)
-    hull = lower[:-1] + upper[:-1]
-    if len(hull) == 2 and pts[hull[0]] == pts[hull[1]]:
-        hull = hull[:1]
-    start = hull.index(min(hull))
-    return hull[start:] + hull[:start]
-
-
-def polygon_area(points: np.ndarray) -> float:
-    """Absolute area of the polygon with vertices ``points`` ``[m, 2]`` in order (shoelace)."""
-    if len(points) < 3:
-        return 0.0
-    x, y = points[:, 0], points[:, 1]
-    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
-
-
-def _segments_cross(p1, p2, p3, p4) -> bool:
-    d1, d2 = _cross(p3, p4, p1), _cross(p3, p4, p2)
-    d3, d4 = _cross(p1, p2, p3), _cross(p1, p2, p4)
-    return ((d1 > 0) != (d2 > 0)) and ((d3 > 0) != (d4 > 0)) and 0 not in (d1, d2, d3, d4)
-
-
-def is_simple_polygon(points: np.ndarray) -> bool:
-    """Whether the closed polygon through ``points`` ``[m, 2]`` (m >= 3) has no two
-    non-adjacent edges that cross."""
-    m = len(points)
-    if m < 3:
-        return False
-    pts = [(float(p[0]), float(p[1])) for p in points]
-    for i in range(m):
-        a, b = pts[i], pts[(i + 1) % m]
-        for j in range(i + 1, m):
-            if j == i or (j + 1) % m == i or j == (i + 1) % m:
-                continue  # adjacent edges share a vertex
-            if _segments_cross(a, b, pts[j], pts[(j + 1) % m]):
-                return False
-    return True
-
-
 # ----------------------------------------------------------------------------- data
-
-
-def make_sort(count: int, n: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-    x = rng.random((count, n, 1), dtype=np.float32)
-    targets = np.argsort(x[..., 0], axis=1, kind="stable")
-    return {
-        "x": torch.from_numpy(x),
-        "targets": torch.from_numpy(targets).long(),
-        "lengths": torch.full((count,), n, dtype=torch.long),
-    }
-
-
-def make_hull(
-    count: int, n: int, min_points: int, rng: np.random.Generator
-) -> dict[str, torch.Tensor]:
-    x = np.zeros((count, n, 2), dtype=np.float32)
-    lengths = rng.integers(min_points, n + 1, size=count)
-    targets = np.full((count, n + 1), IGNORE_INDEX, dtype=np.int64)
-    for b in range(count):
-        m = int(lengths[b])
-        x[b, :m] = rng.random((m, 2), dtype=np.float32)
-        hull = convex_hull(x[b, :m])
-        targets[b, : len(hull)] = hull
-        targets[b, len(hull)] = n  # the end pointer
-    return {
-        "x": torch.from_numpy(x),
-        "targets": torch.from_numpy(targets),
-        "lengths": torch.from_numpy(lengths).long(),
-    }
 
 
 def make_data(
     task: str, count: int, args: argparse.Namespace, seed: int
 ) -> dict[str, torch.Tensor]:
-    rng = np.random.default_rng(seed)
-    if task == "sort":
-        return make_sort(count, args.n, rng)
-    return make_hull(count, args.n, args.min_points, rng)
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def sequence_metrics(pred: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-    """Per-position and whole-sequence accuracy of ``pred`` ``[B, T']`` against
-    ``targets`` ``[B, T]`` (both padded with -1)."""
-    B, T = targets.shape
-    width = max(T, pred.shape[1])
-    p = torch.full((B, width), IGNORE_INDEX, dtype=torch.long)
-    t = torch.full((B, width), IGNORE_INDEX, dtype=torch.long)
-    p[:, : pred.shape[1]] = pred
-    t[:, :T] = targets
-    counted = t != IGNORE_INDEX
-    correct = (p == t) & counted
-    return {
-        "position_accuracy": float(correct.sum()) / max(int(counted.sum()), 1),
-        "sequence_accuracy": float((p == t).all(1).float().mean()) if B else 0.0,
-    }
-
-
-def hull_metrics(pred: torch.Tensor, data: dict[str, torch.Tensor], n: int) -> dict[str, float]:
-    """Area coverage and invalid rate of decoded hulls (see the module docstring)."""
-    ratios, invalid = [], 0
-    for b in range(pred.shape[0]):
-        m = int(data["lengths"][b])
-        pts = data["x"][b, :m].numpy().astype(np.float64)
-        seq = [int(i) for i in pred[b] if 0 <= int(i) < n]
-        true_area = polygon_area(pts[convex_hull(pts)])
-        poly = pts[seq] if seq else np.zeros((0, 2))
-        if len(seq) < 3 or not is_simple_polygon(poly) or true_area == 0:
-            invalid += 1
-            ratios.append(0.0)
-        else:
-            ratios.append(polygon_area(poly) / true_area)
-    count = max(len(ratios), 1)
-    return {"area_coverage": sum(ratios) / count, "invalid_rate": invalid / count}
+    return make_pointer_data(task, count, args.n, seed, min_points=args.min_points)
 
 
 @torch.no_grad()

@@ -1,0 +1,165 @@
+"""Task ``vqa``: every preset and baseline on a tiny generated TaskData (no data package
+needed), and an end-to-end run on real easy-VQA (skipped when the package is absent)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.data import MissingDataError
+from attnlab.data.vocab import Vocab
+from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.tasks.vqa import VQAData, VQATask, vqa_batches, vqa_metrics
+from attnlab.models.vqa import VQAModel
+
+SPECS = [{}, *({"name": p} for p in VQATask.presets), {"name": "mean"}, {"name": "uniform"}]
+SPECS += [
+    {"name": "alternating", "score": "dot"},
+    {"co_attention": "parallel", "align": "sparsemax"},
+]
+
+
+def tiny_split(n_images: int, seed: int, vocab: Vocab) -> VQAData:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n_images, 16, 16, 3), generator=g, dtype=torch.uint8)
+    per = 3
+    image_index = torch.arange(n_images).repeat_interleave(per)
+    words = [("what", "color", "is", "it")[: 1 + (i % 4)] for i in range(n_images * per)]
+    lengths = torch.tensor([len(w) for w in words])
+    tokens = torch.zeros(len(words), 4, dtype=torch.long)
+    for i, w in enumerate(words):
+        tokens[i, : len(w)] = torch.tensor(vocab.encode(w))
+    labels = torch.randint(0, 3, (len(words),), generator=g)
+    return VQAData(
+        images, image_index, tokens, lengths, labels, tuple(words), ("color",) * len(words)
+    )
+
+
+@pytest.fixture
+def task():
+    return VQATask(grid=4, channels=[4], hidden_size=4, embed_dim=4, batch_size=4)
+
+
+@pytest.fixture
+def data():
+    vocab = Vocab(["what", "color", "is", "it"])
+    info = {
+        "vocab": vocab,
+        "answers": ("red", "blue", "yes"),
+        "num_classes": 3,
+        "image_size": 16,
+        "version": "tiny",
+    }
+    return TaskData(tiny_split(4, 0, vocab), tiny_split(2, 1, vocab), tiny_split(3, 2, vocab), info)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_preset_and_baseline(task, data, spec):
+    torch.manual_seed(0)
+    model = task.build_model(data, task.resolve_attention(spec))
+    assert isinstance(model, VQAModel)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for batch in task.batches(data, "train", 4, shuffle=True, generator=torch.Generator()):
+        loss = task.loss(model, batch)
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        metrics = task.evaluate(model, data, "dev")
+        examples = task.attention_examples(model, data, n=2)
+    assert list(metrics)[:2] == list(task.metrics)
+    assert all(0.0 <= metrics[m] <= 1.0 for m in task.metrics)
+    assert len(examples) == 2
+    for ex in examples:
+        assert isinstance(ex, AttentionExample) and ex.kind == "image" and ex.grid == (4, 4)
+        assert len(ex.cols) == 16 and len(ex.weights) == 1
+        assert sum(ex.weights[0]) == pytest.approx(1.0, abs=1e-4)
+        assert np.asarray(ex.image).shape == (16, 16, 3)
+        assert 0.0 <= np.min(ex.image) and np.max(ex.image) <= 1.0
+        n_words = len(ex.extra["words"])
+        assert len(ex.extra["word_weights"]) == n_words
+        assert ex.extra["question"] == " ".join(ex.extra["words"])
+        assert ex.label in data.info["answers"] and ex.prediction in data.info["answers"]
+        assert AttentionExample.from_json(json.loads(json.dumps(ex.to_json()))) == ex
+    # the examples are the first question of each of the first test images
+    assert [ex.title.split(":")[0] for ex in examples] == ["test #0", "test #3"]
+
+
+def test_batches_group_images(data):
+    part = data.train
+    seen = []
+    for batch in vqa_batches(part, 5, shuffle=True, generator=torch.Generator().manual_seed(1)):
+        idx = batch["index"]
+        # every question's image is the batch image it points at
+        for row, i in enumerate(idx.tolist()):
+            img = batch["images"][batch["image_index"][row]]
+            assert torch.equal(img, part.images[part.image_index[i]])
+        assert batch["images"].shape[0] == len(torch.unique(part.image_index[idx]))
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(len(part)))
+    # questions about one image stay together (consecutive) after shuffling
+    order = part.image_index[torch.tensor(seen)].tolist()
+    assert sum(a != b for a, b in itertools.pairwise(order)) == part.images.shape[0] - 1
+
+
+def test_metrics_by_hand():
+    m = vqa_metrics(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 1]), 3)
+    assert m["accuracy"] == pytest.approx(0.5)
+    # per class F1: class 0: p=1, r=1/2 -> 2/3; class 1: p=1/3, r=1 -> 1/2; class 2: 0
+    assert m["f1_macro"] == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)
+
+
+def test_options():
+    with pytest.raises(ConfigError, match="no option"):
+        VQATask(bogus=1)
+    with pytest.raises(ConfigError, match="max_train"):
+        VQATask(max_train=0)
+    with pytest.raises(ConfigError, match="preset"):
+        VQATask().resolve_attention({"name": "bogus"})
+    assert VQATask.metrics[0] == "accuracy"
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+@pytest.fixture(scope="module")
+def real():
+    task = VQATask(max_train=150, max_dev=40, max_test=40, epochs=1, batch_size=32)
+    try:
+        return task, task.load_data()
+    except MissingDataError as error:
+        pytest.skip(str(error))
+
+
+def test_real_data_limits(real):
+    _, data = real
+    assert len(data.train) == 150 and len(data.dev) == 40 and len(data.test) == 40
+    assert data.info["num_classes"] == 13
+    assert data.train.images.shape[1:] == (64, 64, 3)
+    # whole images: a subsample keeps the questions of an image together
+    assert data.train.images.shape[0] < 40
+
+
+def test_real_train_run(real, tmp_path):
+    training = pytest.importorskip("attnlab.lab.training")
+    task, _ = real
+    for spec in ({"name": "parallel"}, {"name": "mean"}):
+        out = tmp_path / spec["name"]
+        result = training.train_run(task, spec, seed=0, out_dir=out, progress=False, num_threads=1)
+        run = json.loads((out / "run.json").read_text())
+        assert run["status"] == "done" and run["task"] == "vqa"
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["primary"] == "accuracy"
+        assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
+        examples = json.loads((out / "examples.json").read_text())
+        assert examples and examples[0]["kind"] == "image" and examples[0]["grid"] == [8, 8]
+        assert len(examples[0]["weights"][0]) == 64
+        assert result.metrics["test"] == metrics["test"]
