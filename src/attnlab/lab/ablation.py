@@ -1,0 +1,798 @@
+"""Ablation studies: one task, a grid of attention specs x seeds, every run recorded in a
+results store the moment it finishes, resumable, on local processes or a Ray cluster.
+
+``attnlab ablate sentiment --grid "score=additive,scaled-dot;align=soft,sparsemax"`` trains
+the four combinations (plus the ``mean`` and ``uniform`` baselines) with seeds 0, 1, 2 and
+prints mean +- sample std of the test metrics per mechanism.
+
+The ablation directory (default ``ablations/<task>``) holds::
+
+    ablation.json    {"task", "task_options", "grid": [specs], "seeds", "executor", "created"}
+    results.sqlite   one row per run (see attnlab.lab.store)
+    runs/<run_id>/   the run directories (attnlab.lab.training.train_run)
+
+Running the same command again resumes: the run ids already ``"done"`` in the store are
+skipped; failed and missing runs are run. A grid or seed list that is a superset of the
+recorded one extends the study; anything else (another task, other options, a grid that
+drops specs) is refused with what differs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from attnlab._checks import ConfigError
+from attnlab.lab.config import coerce_value, parse_attention, parse_options
+from attnlab.lab.executors import (
+    EXECUTORS,
+    RunJob,
+    RunOutcome,
+    import_plugins,
+    make_executor,
+)
+from attnlab.lab.store import MechanismSummary, ResultsStore
+from attnlab.lab.task import Task, spec_label, spec_slug
+
+__all__ = [
+    "BASELINES",
+    "AblationMismatchError",
+    "AblationResult",
+    "ablate_command",
+    "expand_grid",
+    "format_table",
+    "parse_options",
+    "parse_seeds",
+    "parse_spec",
+    "run_ablation",
+    "run_id",
+]
+
+BASELINES: tuple[dict[str, Any], ...] = ({"name": "mean"}, {"name": "uniform"})
+_GRID_FILE_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+class AblationMismatchError(ConfigError):
+    """An ablation directory holds another study (task, options, grid or seeds)."""
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+def parse_spec(text: str | Mapping[str, Any]) -> dict[str, Any]:
+    """One attention spec: a dict (copied) or what ``--attention`` takes
+    (:func:`attnlab.lab.config.parse_attention`: ``"score=additive,align=soft"``, a preset
+    or baseline name, ``"tanh,d_w=32"``, or a YAML/TOML/JSON file holding one spec)."""
+    if isinstance(text, Mapping):
+        return dict(text)
+    spec = parse_attention(str(text))
+    if not spec:
+        raise ConfigError(f"empty attention spec {text!r}")
+    return spec
+
+
+def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int | None = None):
+    """Seeds from ``"0,1,2"``, a list, or ``num_seeds`` (``0..n-1``); default ``[0, 1, 2]``."""
+    if seeds is not None and num_seeds is not None:
+        raise ConfigError("give either seeds or num_seeds, not both")
+    if num_seeds is not None:
+        if int(num_seeds) < 1:
+            raise ConfigError(f"num_seeds must be >= 1, got {num_seeds}")
+        return list(range(int(num_seeds)))
+    if seeds is None:
+        return [0, 1, 2]
+    if isinstance(seeds, int):
+        return [seeds]
+    if isinstance(seeds, str):
+        try:
+            values = [int(s) for s in seeds.replace(" ", "").split(",") if s]
+        except ValueError:
+            raise ConfigError(f"seeds must be integers separated by ',', got {seeds!r}") from None
+    else:
+        values = [int(s) for s in seeds]
+    if not values:
+        raise ConfigError("no seeds given")
+    return list(dict.fromkeys(values))
+
+
+def _is_file(text: str) -> bool:
+    return text.lower().endswith(_GRID_FILE_SUFFIXES) or (
+        "=" not in text and ";" not in text and "," not in text and Path(text).is_file()
+    )
+
+
+def _load_file(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"no such grid/spec file: {path}")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+        import yaml
+
+        return yaml.safe_load(text)
+    except Exception as err:
+        raise ConfigError(f"{path}: cannot parse ({err})") from err
+
+
+def _grid_text(text: str) -> list[dict[str, Any]]:
+    """``"score=additive,dot;align=soft,sparsemax"`` -> the cartesian product of the axes."""
+    axes: dict[str, list[Any]] = {}
+    for axis in text.split(";"):
+        axis = axis.strip()
+        if not axis:
+            continue
+        key, sep, values = axis.partition("=")
+        if not sep:  # "tanh,mean": an axis of preset names
+            key, values = "name", axis
+        key = key.strip()
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        bad = [v for v in items if "=" in v]
+        if bad or not key:
+            raise ConfigError(
+                f"grid {text!r}: axis {axis!r} is not key=value1,value2 -- separate the axes "
+                "with ';' (e.g. \"score=additive,dot;align=soft,sparsemax\"); give single "
+                "specs with --attention"
+            )
+        if not items:
+            raise ConfigError(f"grid {text!r}: axis {key!r} has no values")
+        if key in axes:
+            raise ConfigError(f"grid {text!r}: axis {key!r} given twice")
+        axes[key] = [coerce_value(v) for v in items]
+    return _product(axes)
+
+
+def _product(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    if not axes:
+        return []
+    keys = list(axes)
+    values = [v if isinstance(v, (list, tuple)) else [v] for v in axes.values()]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _from_loaded(loaded: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(loaded, Mapping):
+        for key in ("grid", "attention", "specs"):
+            if key in loaded:
+                return expand_grid(loaded[key])
+        if "axes" in loaded:
+            return _product(loaded["axes"])
+        if loaded and all(isinstance(v, (list, tuple)) for v in loaded.values()):
+            return _product(loaded)
+        return [dict(loaded)]
+    if isinstance(loaded, (list, tuple)):
+        return expand_grid(list(loaded))
+    raise ConfigError(f"{where}: expected a list of attention specs, got {type(loaded).__name__}")
+
+
+def expand_grid(
+    grid: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | None,
+    *,
+    baselines: bool = False,
+) -> list[dict[str, Any]]:
+    """The list of attention specs of a grid, without duplicates (by :func:`spec_label`),
+    in order.
+
+    ``grid`` may be:
+
+    * a grid text ``"score=additive,dot;align=soft,sparsemax"``: ``;`` separates axes,
+      ``,`` the values of an axis; the grid is the cartesian product of the axes (an axis
+      without ``key=`` is a list of preset names: ``"tanh,mean"``);
+    * a YAML/TOML/JSON file: a list of specs (TOML: ``[[grid]]`` tables), or a mapping
+      with ``grid``/``attention``/``specs`` (a list) or ``axes`` (a mapping of lists);
+    * a mapping of axes ``{"score": ["additive", "dot"], "align": ["soft"]}``;
+    * a list whose items are spec dicts, spec texts (``"score=additive,align=soft"``, see
+      :func:`parse_spec`) or nested lists / grids.
+
+    With ``baselines=True`` the baselines ``{"name": "mean"}`` and ``{"name": "uniform"}``
+    come first (unless already there).
+
+    >>> [spec_label(s) for s in expand_grid("score=additive,dot;align=soft")]
+    ['align=soft,score=additive', 'align=soft,score=dot']
+    """
+    specs: list[dict[str, Any]] = []
+    if grid is None:
+        pass
+    elif isinstance(grid, os.PathLike):
+        specs = _from_loaded(_load_file(Path(grid)), str(grid))
+    elif isinstance(grid, str):
+        if _is_file(grid.strip()):
+            specs = _from_loaded(_load_file(Path(grid.strip())), grid)
+        else:
+            specs = _grid_text(grid)
+    elif isinstance(grid, Mapping):
+        if grid and all(isinstance(v, (list, tuple)) for v in grid.values()):
+            specs = _product(grid)
+        else:
+            specs = _from_loaded(grid, "grid")
+    elif isinstance(grid, Sequence):
+        for item in grid:
+            if isinstance(item, Mapping):
+                specs.append(dict(item))
+            elif isinstance(item, str):
+                specs.append(parse_spec(item))
+            elif isinstance(item, (list, tuple)):
+                specs += expand_grid(item)
+            else:
+                raise ConfigError(f"grid item {item!r} is not a spec (dict or text)")
+    else:
+        raise ConfigError(f"grid must be text, a file, a mapping or a list, got {grid!r}")
+    if baselines:
+        specs = [dict(b) for b in BASELINES] + specs
+    unique: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        unique.setdefault(spec_label(spec), spec)
+    return list(unique.values())
+
+
+def run_id(spec: Mapping[str, Any], seed: int) -> str:
+    """The run id of ``spec`` with ``seed``: ``f"{spec_slug(spec)}--seed{seed}"``."""
+    return f"{spec_slug(spec)}--seed{int(seed)}"
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class AblationResult:
+    """What :func:`run_ablation` returns.
+
+    Attributes:
+        out_dir: the ablation directory.
+        task: the task name; ``options`` its options (all, after defaults).
+        metrics: the task's metric names (``metrics[0]`` is the primary one).
+        higher_is_better: the direction of the primary metric.
+        summary: per mechanism label, in grid order: n, mean and sample std of every test
+            metric (:class:`~attnlab.lab.store.MechanismSummary`).
+        ran: run ids trained by this call; ``skipped``: run ids already done;
+        recovered: run ids whose finished run directory was found but not in the store;
+        failed: run id -> error (first line) of the runs that failed in this call.
+    """
+
+    out_dir: Path
+    task: str
+    options: dict[str, Any]
+    grid: list[dict[str, Any]]
+    seeds: list[int]
+    metrics: tuple[str, ...]
+    higher_is_better: bool
+    summary: dict[str, MechanismSummary]
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> str:
+        return self.metrics[0]
+
+    @property
+    def best(self) -> list[str]:
+        """The label(s) with the best mean of the primary metric."""
+        return _best(self.summary, self.primary, self.higher_is_better)
+
+    def table(self) -> str:
+        return format_table(self.summary, self.metrics, higher_is_better=self.higher_is_better)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out_dir": str(self.out_dir),
+            "task": self.task,
+            "options": self.options,
+            "grid": self.grid,
+            "seeds": self.seeds,
+            "metrics": list(self.metrics),
+            "higher_is_better": self.higher_is_better,
+            "summary": {k: v.to_json() for k, v in self.summary.items()},
+            "ran": self.ran,
+            "skipped": self.skipped,
+            "recovered": self.recovered,
+            "failed": self.failed,
+        }
+
+
+def _best(summary: Mapping[str, MechanismSummary], metric: str, higher: bool) -> list[str]:
+    values = {k: s.mean.get(metric) for k, s in summary.items()}
+    values = {k: v for k, v in values.items() if v is not None}
+    if not values:
+        return []
+    target = max(values.values()) if higher else min(values.values())
+    return [k for k, v in values.items() if v == target]
+
+
+def _fmt_stat(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "-"
+    if std is None:
+        return f"{mean:.4f}"
+    return f"{mean:.4f} ± {std:.4f}"
+
+
+def format_table(
+    summary: Mapping[str, MechanismSummary],
+    metrics: Sequence[str],
+    *,
+    higher_is_better: bool = True,
+) -> str:
+    """A plain-text table: mechanism, runs, mean ± sample std of every test metric, the
+    parameter count and training seconds; ``*`` marks the best mean of ``metrics[0]``."""
+    best = set(_best(summary, metrics[0], higher_is_better)) if metrics else set()
+    header = ["mechanism", "n", *[f"test {m}" for m in metrics], "params", "train s"]
+    rows = []
+    for label, s in summary.items():
+        n = str(s.n) + (f" ({s.failed} failed)" if s.failed else "")
+        cells = [("* " if label in best else "  ") + label, n]
+        cells += [_fmt_stat(s.mean.get(m), s.std.get(m)) for m in metrics]
+        params = s.cost.get("parameters")
+        cells.append("-" if params is None else f"{params:,.0f}")
+        secs = s.cost.get("train_seconds")
+        cells.append("-" if secs is None else f"{secs:.1f}")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    numeric = set(range(1, len(header)))
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    if best:
+        direction = "highest" if higher_is_better else "lowest"
+        out.append(f"* best ({direction} mean test {metrics[0]}); ± is the sample std over seeds")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _task_class(name: str) -> type[Task]:
+    from attnlab import registry
+
+    try:
+        return registry.get("task", name).cls
+    except KeyError:
+        known = ", ".join(_task_names()) or "none"
+        raise ConfigError(
+            f"unknown task {name!r}; registered tasks: {known} (a task from another module: "
+            "--plugin MODULE)"
+        ) from None
+
+
+def _task_names() -> list[str]:
+    from attnlab import registry
+
+    try:
+        return registry.names("task")
+    except KeyError:  # pragma: no cover
+        return []
+
+
+def _resolve_task(task: str | Task, options: Mapping[str, Any] | None) -> Task:
+    if isinstance(task, Task):
+        return type(task)(**{**task.options, **dict(options or {})})
+    if isinstance(task, type) and issubclass(task, Task):
+        return task(**dict(options or {}))
+    return _task_class(str(task))(**dict(options or {}))
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _check_existing(
+    path: Path, task: str, options: dict, grid: list[dict], seeds: list[int]
+) -> tuple[list[dict], list[int], dict]:
+    """Compare a recorded ablation.json with this invocation; return the merged grid and
+    seeds (the recorded ones first) and the recorded payload. Raises
+    :class:`AblationMismatchError` naming what differs."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise AblationMismatchError(f"{path} is not readable JSON ({err})") from err
+    where = path.parent
+    problems = []
+    if old.get("task") != task:
+        problems.append(f"task: recorded {old.get('task')!r}, now {task!r}")
+    old_options = old.get("task_options", {})
+    if old_options != options:
+        keys = sorted(set(old_options) | set(options))
+        diffs = [
+            f"{k}={old_options.get(k, '<unset>')!r} -> {options.get(k, '<unset>')!r}"
+            for k in keys
+            if old_options.get(k, "<unset>") != options.get(k, "<unset>")
+        ]
+        problems.append("task options differ: " + ", ".join(diffs))
+    old_grid = old.get("grid", [])
+    new_labels = {spec_label(s) for s in grid}
+    dropped = [spec_label(s) for s in old_grid if spec_label(s) not in new_labels]
+    if dropped:
+        problems.append(
+            "the grid lacks recorded mechanism(s) " + ", ".join(dropped) + " (a resumed grid "
+            "must contain the recorded one; add them, e.g. keep --baselines)"
+        )
+    dropped_seeds = [s for s in old.get("seeds", []) if s not in seeds]
+    if dropped_seeds:
+        problems.append(f"the seeds lack recorded seed(s) {dropped_seeds}")
+    if problems:
+        raise AblationMismatchError(
+            f"{where} holds another ablation; refusing to resume into it:\n  - "
+            + "\n  - ".join(problems)
+            + f"\nRerun with the recorded settings (see {path}) or choose another --out."
+        )
+    old_labels = {spec_label(s) for s in old_grid}
+    merged_grid = list(old_grid) + [s for s in grid if spec_label(s) not in old_labels]
+    old_seeds = list(old.get("seeds", []))
+    merged_seeds = old_seeds + [s for s in seeds if s not in old_seeds]
+    return merged_grid, merged_seeds, old
+
+
+def _finished_dir(run_dir: Path, task: str, spec: Mapping, seed: int) -> dict | None:
+    """The run.json/metrics.json/cost.json of a run directory that finished (status done)
+    but may not have reached the store (the process died in between)."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        if info.get("status") != "done":
+            return None
+        if info.get("task") != task or int(info.get("seed", -1)) != int(seed):
+            return None
+        if spec_label(info.get("attention") or {}) != spec_label(spec):
+            return None
+        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+        cost_path = run_dir / "cost.json"
+        cost = json.loads(cost_path.read_text(encoding="utf-8")) if cost_path.is_file() else {}
+    except (OSError, ValueError, TypeError):
+        return None
+    return {"metrics": metrics, "cost": cost}
+
+
+def _first_line(error: str | None) -> str:
+    lines = [x for x in (error or "").strip().splitlines() if x.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+def run_ablation(
+    task: str | Task,
+    grid: Any,
+    seeds: Iterable[int] | str | None = (0, 1, 2),
+    *,
+    out_dir: str | os.PathLike[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    jobs: int = 1,
+    address: str | None = None,
+    progress: bool = True,
+    device: str = "cpu",
+    plugins: Sequence[str] = (),
+) -> AblationResult:
+    """Train every spec of ``grid`` with every seed on ``task``, record each run in
+    ``<out_dir>/results.sqlite`` the moment it finishes, and summarise.
+
+    Args:
+        task: a registered task name (or a :class:`Task` instance, whose options are used).
+        grid: the attention specs: anything :func:`expand_grid` takes (baselines are not
+            added here; ``expand_grid(..., baselines=True)`` adds them).
+        seeds: the seeds (``"0,1,2"`` or ints).
+        out_dir: the ablation directory (default ``ablations/<task>``).
+        options: task options (``{"epochs": 3}``), validated by the task.
+        executor: ``"local"`` (``jobs`` processes; 1 = in this process) or ``"ray"``.
+        jobs: parallel runs (local processes, or the CPUs of a local Ray instance).
+        address: a Ray cluster's address (``--executor ray`` only).
+        progress: show a progress bar over the runs and print the table.
+        device: the torch device of every run.
+        plugins: modules to import first (here and in the workers) that register tasks.
+
+    Resuming: run ids already ``"done"`` in the store are skipped; a finished run directory
+    the store missed (the process died right after the run) is recorded without training;
+    failed runs are run again. A recorded ``ablation.json`` with another task or options, or
+    a grid/seeds that are not a superset of the recorded ones, raises
+    :class:`AblationMismatchError`. Failed runs are counted (``result.failed``), not
+    raised.
+    """
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    plugin_paths = (os.getcwd(),)
+    import_plugins(plugins, plugin_paths)
+    task_obj = _resolve_task(task, options)
+    name = task_obj.name
+    task_options = _jsonable(task_obj.options)
+    specs = expand_grid(grid)
+    if not specs:
+        raise ConfigError("the grid is empty: give --attention SPEC, --grid or --baselines")
+    for spec in specs:  # fail fast on an unknown preset, before anything runs
+        task_obj.resolve_attention(spec)
+    seed_list = parse_seeds(seeds)
+    out = Path(out_dir) if out_dir is not None else Path("ablations") / name
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "ablation.json"
+    specs = [_jsonable(s) for s in specs]
+    created = _now()
+    if meta_path.is_file():
+        specs, seed_list, old = _check_existing(meta_path, name, task_options, specs, seed_list)
+        created = old.get("created", created)
+    _write_json(
+        meta_path,
+        {
+            "task": name,
+            "task_options": task_options,
+            "grid": specs,
+            "seeds": seed_list,
+            "executor": executor,
+            "created": created,
+            "updated": _now(),
+        },
+    )
+
+    store = ResultsStore(out / ResultsStore.FILENAME)
+    done = store.done_ids()
+    result = AblationResult(
+        out_dir=out,
+        task=name,
+        options=task_options,
+        grid=specs,
+        seeds=seed_list,
+        metrics=tuple(task_obj.metrics),
+        higher_is_better=bool(task_obj.higher_is_better),
+        summary={},
+    )
+    todo: list[RunJob] = []
+    specs_by_id: dict[str, tuple[dict, int]] = {}
+    for spec in specs:
+        for seed in seed_list:
+            rid = run_id(spec, seed)
+            specs_by_id[rid] = (spec, seed)
+            if rid in done:
+                result.skipped.append(rid)
+                continue
+            run_dir = out / "runs" / rid
+            found = _finished_dir(run_dir, name, spec, seed)
+            if found is not None:
+                store.record(
+                    rid, name, spec, seed, "done", found["metrics"], found["cost"], run_dir
+                )
+                result.recovered.append(rid)
+                continue
+            todo.append(
+                RunJob(
+                    run_id=rid,
+                    task=name,
+                    spec=spec,
+                    seed=seed,
+                    run_dir=str(run_dir.resolve()),
+                    options=task_options,
+                    device=device,
+                    plugins=tuple(plugins),
+                    sys_path=plugin_paths,
+                )
+            )
+
+    total = len(specs) * len(seed_list)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=total,
+            initial=total - len(todo),
+            desc=f"ablate {name}",
+            unit="run",
+            dynamic_ncols=True,
+        )
+        if result.skipped or result.recovered:
+            bar.write(
+                f"resuming {out}: {len(result.skipped) + len(result.recovered)} of {total} "
+                f"runs already done, {len(todo)} to run"
+            )
+
+    def on_done(outcome: RunOutcome) -> None:
+        spec, seed = specs_by_id[outcome.run_id]
+        store.record(
+            outcome.run_id,
+            name,
+            spec,
+            seed,
+            outcome.status,
+            outcome.metrics,
+            outcome.cost,
+            outcome.run_dir,
+            outcome.error,
+        )
+        result.ran.append(outcome.run_id)
+        if outcome.status != "done":
+            result.failed[outcome.run_id] = _first_line(outcome.error)
+        if bar is not None:
+            if outcome.status != "done":
+                bar.write(f"run {outcome.run_id} failed: {_first_line(outcome.error)}")
+            bar.set_postfix_str(f"failed={len(result.failed)}" if result.failed else "")
+            bar.update(1)
+
+    try:
+        make_executor(executor, jobs=jobs, address=address).run(todo, on_done)
+    finally:
+        if bar is not None:
+            bar.close()
+    result.summary = store.summary(
+        labels=[spec_label(s) for s in specs], higher_is_better=result.higher_is_better
+    )
+    store.close()
+    if progress:
+        click.echo(f"\n{name}: test metrics over seeds {seed_list} ({out})")
+        click.echo(result.table())
+        if result.failed:
+            click.echo(
+                f"\n{len(result.failed)} run(s) failed (they are retried on the next "
+                f"invocation; errors in {out / 'results.sqlite'}):"
+            )
+            for rid, err in result.failed.items():
+                click.echo(f"  {rid}: {err}")
+    return result
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def _collect_specs(
+    attention: Sequence[str], grid: str | None, baselines: bool
+) -> list[dict[str, Any]]:
+    specs: list[Any] = []
+    for item in attention:
+        text = item.strip()
+        if _is_file(text):
+            specs += _from_loaded(_load_file(Path(text)), text)
+        else:
+            specs.append(parse_spec(text))
+    if grid:
+        specs += expand_grid(grid)
+    return expand_grid(specs, baselines=baselines)
+
+
+def write_report_for(out_dir: Path) -> Path | None:
+    """Write the HTML report of an ablation directory with attnlab.lab.report (None when
+    that module is not available)."""
+    try:
+        from attnlab.lab.report import write_report
+    except ImportError as err:
+        click.echo(f"(no report: attnlab.lab.report is not available: {err})", err=True)
+        return None
+    return Path(write_report(out_dir))
+
+
+@click.command("ablate")
+@click.argument("task")
+@click.option(
+    "--attention",
+    "-a",
+    "attention",
+    multiple=True,
+    metavar="SPEC",
+    help="An attention spec (score=additive,align=soft or a preset name or a "
+    "YAML/TOML/JSON file); repeat for several.",
+)
+@click.option(
+    "--grid",
+    "-g",
+    metavar="TEXT|FILE",
+    help='The cartesian product of axes: "score=additive,dot;align=soft,sparsemax" '
+    "(';' separates axes, ',' values), or a YAML/TOML/JSON file with a list of specs.",
+)
+@click.option("--seeds", metavar="0,1,2", help="Seeds, comma-separated [default: 0,1,2].")
+@click.option("--num-seeds", type=click.IntRange(min=1), help="Seeds 0..N-1.")
+@click.option(
+    "-o",
+    "--option",
+    "option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A task option (e.g. -o epochs=3 -o max_train=2000); repeat for several.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="The ablation directory [default: ablations/TASK].",
+)
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Parallel runs (local processes; the CPUs of a local Ray instance).",
+)
+@click.option("--address", help="Address of an existing Ray cluster (with --executor ray).")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of every run.")
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first (e.g. a module registering a task); repeat for several.",
+)
+@click.option(
+    "--baselines/--no-baselines",
+    default=True,
+    show_default=True,
+    help="Add the mean-pooling and uniform-weights baselines to the grid.",
+)
+@click.option(
+    "--report/--no-report",
+    default=True,
+    show_default=True,
+    help="Write the HTML report of the ablation afterwards.",
+)
+def ablate_command(
+    task: str,
+    attention: tuple[str, ...],
+    grid: str | None,
+    seeds: str | None,
+    num_seeds: int | None,
+    option: tuple[str, ...],
+    out: str | None,
+    executor: str,
+    jobs: int,
+    address: str | None,
+    device: str,
+    plugins: tuple[str, ...],
+    baselines: bool,
+    report: bool,
+) -> None:
+    """Run an ablation: every attention spec x every seed on TASK.
+
+    Each finished run is recorded at once in OUT/results.sqlite; running the same command
+    again resumes (runs already done are skipped, failed ones retried). Prints mean ± sample
+    std of the test metrics per mechanism.
+    """
+    try:
+        import_plugins(plugins, (os.getcwd(),))
+    except ImportError as err:
+        raise click.BadParameter(str(err), param_hint="--plugin") from err
+    try:
+        specs = _collect_specs(attention, grid, baselines)
+        seed_list = parse_seeds(seeds, num_seeds)
+        if address and executor != "ray":
+            raise ConfigError("--address needs --executor ray")
+        result = run_ablation(
+            task,
+            specs,
+            seed_list,
+            out_dir=out,
+            options=parse_options(option),
+            executor=executor,
+            jobs=jobs,
+            address=address,
+            progress=True,
+            device=device,
+            plugins=plugins,
+        )
+    except (ConfigError, ImportError) as err:
+        raise click.ClickException(str(err)) from err
+    if report:
+        path = write_report_for(result.out_dir)
+        if path is not None:
+            click.echo(f"report: {path}")
+    if result.failed:
+        sys.exit(1)

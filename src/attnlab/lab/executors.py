@@ -1,0 +1,293 @@
+"""Where the runs of an ablation execute: in this process, in local worker processes, or on
+a Ray cluster.
+
+An executor takes :class:`RunJob` objects (plain, picklable descriptions of one run) and
+calls ``on_done(outcome)`` in the calling process the moment each run finishes, so that the
+ablation records it in its results store at once. A run that raises is reported as a
+``"failed"`` :class:`RunOutcome` (with the traceback); the other runs go on.
+
+* :class:`LocalExecutor` -- ``jobs=1``: one run after the other in this process;
+  ``jobs>1``: a pool of ``jobs`` spawned processes, each with
+  ``torch.set_num_threads(max(1, cpus // jobs))``.
+* :class:`RayExecutor` -- every run is a Ray task (``num_cpus=1``, and ``num_gpus=1`` for a
+  ``cuda`` device): ``ray.init(address=...)``
+  joins an existing cluster, otherwise a local Ray instance with ``jobs`` (default: all)
+  CPUs is started (and shut down afterwards). Results are gathered with ``ray.wait`` one at
+  a time. Ray is optional: ``pip install 'attnlab[ray]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "EXECUTORS",
+    "LocalExecutor",
+    "RayExecutor",
+    "RunJob",
+    "RunOutcome",
+    "cpu_count",
+    "execute_job",
+    "import_plugins",
+    "make_executor",
+]
+
+EXECUTORS = ("local", "ray")
+RAY_HINT = "pip install 'attnlab[ray]'"
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One run of an ablation: train ``spec`` on ``task`` with ``seed`` into ``run_dir``."""
+
+    run_id: str
+    task: str
+    spec: dict[str, Any]
+    seed: int
+    run_dir: str
+    options: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    plugins: tuple[str, ...] = ()
+    num_threads: int | None = None
+    #: import paths the worker needs (the driver's working directory, for plugins)
+    sys_path: tuple[str, ...] = ()
+
+
+@dataclass
+class RunOutcome:
+    """What an executor reports for one finished run."""
+
+    run_id: str
+    status: str  # "done" | "failed"
+    run_dir: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def cpu_count() -> int:
+    """CPUs this process may use (the affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def import_plugins(modules: Iterable[str], paths: Iterable[str] = ()) -> None:
+    """Import plugin modules (that register tasks or mechanisms), after adding ``paths`` to
+    ``sys.path`` (only when there is a module to import)."""
+    modules = list(modules)
+    if not modules:
+        return
+    for path in paths:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    for module in modules:
+        importlib.import_module(module)
+
+
+def execute_job(job: RunJob) -> RunOutcome:
+    """Run one job with :func:`attnlab.lab.training.train_run` and report its outcome;
+    never raises for a failing run (the traceback goes into ``error``)."""
+    start = time.perf_counter()
+    try:
+        import_plugins(job.plugins, job.sys_path)
+        from attnlab.lab.training import train_run
+
+        result = train_run(
+            job.task,
+            dict(job.spec),
+            seed=job.seed,
+            options=dict(job.options),
+            device=job.device,
+            out_dir=job.run_dir,
+            progress=False,
+            num_threads=job.num_threads,
+        )
+    except Exception as err:  # a failing run must not stop the others
+        text = "".join(traceback.format_exception(err)).strip()
+        return RunOutcome(
+            job.run_id,
+            "failed",
+            job.run_dir,
+            error=text,
+            seconds=time.perf_counter() - start,
+        )
+    return RunOutcome(
+        job.run_id,
+        "done",
+        str(getattr(result, "run_dir", job.run_dir)),
+        metrics=dict(getattr(result, "metrics", {}) or {}),
+        cost=dict(getattr(result, "cost", {}) or {}),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel end this worker when the ablation process dies (killed), so
+    that no orphaned worker goes on training (and writing) after its parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        pass
+
+
+def _init_worker(threads: int, plugins: tuple[str, ...], paths: tuple[str, ...]) -> None:
+    _die_with_parent()
+    import torch
+
+    torch.set_num_threads(threads)
+    import_plugins(plugins, paths)
+
+
+class LocalExecutor:
+    """Runs jobs in this process (``jobs=1``) or in a pool of ``jobs`` spawned processes."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1) -> None:
+        if int(jobs) < 1:
+            raise ValueError(f"jobs must be >= 1, got {jobs}")
+        self.jobs = int(jobs)
+
+    def run(self, jobs: Sequence[RunJob], on_done: Callable[[RunOutcome], None]) -> None:
+        if not jobs:
+            return
+        if self.jobs == 1:
+            for job in jobs:
+                on_done(execute_job(job))
+            return
+        threads = max(1, cpu_count() // self.jobs)
+        plugins = tuple(dict.fromkeys(p for j in jobs for p in j.plugins))
+        paths = tuple(dict.fromkeys(p for j in jobs for p in j.sys_path))
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(
+            max_workers=min(self.jobs, len(jobs)),
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(threads, plugins, paths),
+        )
+        try:
+            pending: set[Future] = {
+                pool.submit(execute_job, _with_threads(job, threads)) for job in jobs
+            }
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    on_done(future.result())
+        except BaseException:
+            # Ctrl-C or a failing callback: drop the queued runs, do not wait for the others
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+
+
+def _with_threads(job: RunJob, threads: int) -> RunJob:
+    if job.num_threads is not None:
+        return job
+    return RunJob(**{**job.__dict__, "num_threads": threads})
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(
+            f"the Ray executor needs the optional dependency ray: {RAY_HINT}"
+        ) from err
+    return ray
+
+
+class RayExecutor:
+    """Runs every job as a Ray task with ``num_cpus=1``.
+
+    Args:
+        address: an existing cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
+            None starts a local Ray instance (unless Ray is already initialised).
+        jobs: CPUs of the local instance (default: all of this machine's); ignored with an
+            address.
+
+    The workers import the plugins of each job themselves, and the driver's working
+    directory is put on their ``sys.path`` (a cluster needs attnlab and the plugins
+    installed on its nodes, or a ``runtime_env``).
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, jobs: int | None = None) -> None:
+        self.ray = _import_ray()
+        self.address = address
+        self.jobs = jobs
+
+    def run(self, jobs: Sequence[RunJob], on_done: Callable[[RunOutcome], None]) -> None:
+        if not jobs:
+            return
+        ray = self.ray
+        started = False
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                ray.init(
+                    num_cpus=self.jobs or cpu_count(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
+            started = True
+        pending: dict[Any, RunJob] = {}
+        try:
+            remote = ray.remote(num_cpus=1, max_retries=0)(execute_job)
+            for job in jobs:
+                # a CUDA run asks Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES for it)
+                gpus = 1 if job.device.startswith("cuda") else 0
+                ref = remote.options(num_gpus=gpus).remote(_with_threads(job, 1))
+                pending[ref] = job
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    job = pending.pop(ref)
+                    try:
+                        outcome = ray.get(ref)
+                    except Exception as err:  # a worker that died
+                        outcome = RunOutcome(
+                            job.run_id, "failed", job.run_dir, error=f"ray task failed: {err}"
+                        )
+                    on_done(outcome)
+        except BaseException:
+            for ref in pending:  # Ctrl-C: do not leave the runs queued on a cluster
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # already finished or gone
+                    pass
+            raise
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def make_executor(kind: str = "local", *, jobs: int = 1, address: str | None = None):
+    """The executor named ``kind`` (``"local"`` or ``"ray"``)."""
+    if kind == "local":
+        if address:
+            raise ValueError("--address is for the ray executor; add --executor ray")
+        return LocalExecutor(jobs)
+    if kind == "ray":
+        return RayExecutor(address, jobs if jobs and jobs > 1 else None)
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")

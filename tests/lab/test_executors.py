@@ -1,0 +1,145 @@
+"""The executors: one job in this process, a failing job reported (not raised), the local
+process pool and a local 2-CPU Ray instance giving the same results store as running in
+this process (the toy runs are deterministic), and the error when Ray is missing."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from attnlab.lab.ablation import run_ablation
+from attnlab.lab.executors import (
+    LocalExecutor,
+    RayExecutor,
+    RunJob,
+    cpu_count,
+    execute_job,
+    make_executor,
+)
+from attnlab.lab.store import ResultsStore
+
+# the task "toy" (tests/lab/toy_task.py) is registered by a fixture, not at collection
+pytestmark = pytest.mark.usefixtures("toy_task_module")
+
+TINY = {"epochs": 2, "n_train": 64, "n_eval": 32}
+GRID = [{"name": "mean"}, {"name": "tanh"}, {"name": "dot"}]
+
+
+def _job(tmp_path, **options):
+    return RunJob(
+        run_id="tanh--seed0",
+        task="toy",
+        spec={"name": "tanh"},
+        seed=0,
+        run_dir=str(tmp_path / "run"),
+        options={**TINY, **options},
+        plugins=("tests.lab.toy_task",),
+    )
+
+
+def test_execute_job_done(tmp_path):
+    outcome = execute_job(_job(tmp_path))
+    assert outcome.status == "done" and outcome.error is None
+    assert outcome.run_id == "tanh--seed0"
+    assert outcome.run_dir == str(tmp_path / "run")
+    assert set(outcome.metrics["test"]) == {"accuracy", "f1"}
+    assert 0.0 <= outcome.metrics["test"]["accuracy"] <= 1.0
+    assert outcome.cost["parameters"] > 0
+    assert (tmp_path / "run" / "run.json").is_file()
+
+
+def test_execute_job_failure_is_reported_not_raised(tmp_path):
+    outcome = execute_job(_job(tmp_path, fail_after_steps=1))
+    assert outcome.status == "failed"
+    assert "RuntimeError: toy task: failing on purpose" in outcome.error
+    assert outcome.metrics == {}
+
+
+def test_sequential_local_executor_calls_back_in_order(tmp_path):
+    jobs = [
+        RunJob(f"{n}--seed0", "toy", {"name": n}, 0, str(tmp_path / n), dict(TINY))
+        for n in ("mean", "tanh")
+    ]
+    seen = []
+    LocalExecutor(1).run(jobs, seen.append)
+    assert [o.run_id for o in seen] == ["mean--seed0", "tanh--seed0"]
+    assert all(o.status == "done" for o in seen)
+    LocalExecutor(1).run([], seen.append)  # nothing to do
+    assert len(seen) == 2
+
+
+def test_make_executor_checks_its_arguments():
+    assert isinstance(make_executor("local", jobs=2), LocalExecutor)
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        LocalExecutor(0)
+    with pytest.raises(ValueError, match="--executor ray"):
+        make_executor("local", address="localhost:6379")
+    with pytest.raises(ValueError, match="executor must be one of"):
+        make_executor("slurm")
+    assert cpu_count() >= 1
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'attnlab\[ray\]'"):
+        RayExecutor()
+
+
+def _rows(path):
+    return {
+        r.run_id: (r.label, r.seed, r.status, r.test, r.dev, r.cost["parameters"])
+        for r in ResultsStore(path).runs()
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, toy_task_module):
+    """The toy grid run in this process, one run after the other."""
+    out = tmp_path_factory.mktemp("sequential")
+    run_ablation("toy", GRID, [0, 1], out_dir=out, options=TINY, progress=False)
+    rows = _rows(out)
+    assert len(rows) == 6 and all(v[2] == "done" for v in rows.values())
+    return rows
+
+
+@pytest.mark.slow
+def test_process_pool_gives_the_same_store(tmp_path, reference):
+    out = tmp_path / "pool"
+    result = run_ablation(
+        "toy",
+        GRID,
+        [0, 1],
+        out_dir=out,
+        options=TINY,
+        jobs=2,
+        progress=False,
+        plugins=["tests.lab.toy_task"],
+    )
+    assert not result.failed and len(result.ran) == 6
+    assert _rows(out) == reference
+
+
+@pytest.mark.slow
+def test_ray_local_instance_gives_the_same_store(tmp_path, reference, monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = tmp_path / "ray"
+    result = run_ablation(
+        "toy",
+        GRID,
+        [0, 1],
+        out_dir=out,
+        options=TINY,
+        executor="ray",
+        jobs=2,  # ray.init(num_cpus=2)
+        progress=False,
+        plugins=["tests.lab.toy_task"],
+    )
+    assert not ray.is_initialized()  # it started Ray, so it shut it down
+    assert not result.failed, result.failed
+    assert sorted(result.ran) == sorted(reference)
+    assert _rows(out) == reference  # same run ids, same metrics for the same seeds
+    assert '"executor": "ray"' in (out / "ablation.json").read_text()

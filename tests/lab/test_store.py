@@ -1,0 +1,182 @@
+"""The SQLite results store: schema, record/get/runs/done_ids, summary statistics (checked
+against hand-computed means and sample standard deviations), replacement of a retried run,
+and concurrent writers in several processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from attnlab.lab.store import ResultsStore, mean_std
+
+METRICS = {"primary": "accuracy", "dev": {"accuracy": 0.5}, "test": {"accuracy": 0.25, "f1": 1}}
+
+
+def test_schema_and_wal(tmp_path):
+    store = ResultsStore(tmp_path / "results.sqlite")
+    con = sqlite3.connect(tmp_path / "results.sqlite")
+    columns = [row[1] for row in con.execute("PRAGMA table_info(runs)")]
+    assert columns == [
+        "run_id",
+        "task",
+        "label",
+        "attention_json",
+        "seed",
+        "status",
+        "dev_json",
+        "test_json",
+        "cost_json",
+        "run_dir",
+        "finished",
+        "error",
+    ]
+    pk = [row[1] for row in con.execute("PRAGMA table_info(runs)") if row[5]]
+    assert pk == ["run_id"]
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con.close()
+    store.close()
+
+
+def test_directory_path_means_results_sqlite(tmp_path):
+    ResultsStore(tmp_path).record("a--seed0", "toy", {"name": "mean"}, 0, "done", METRICS)
+    assert (tmp_path / "results.sqlite").is_file()
+    ResultsStore(tmp_path / "new" / "abl")  # a missing path without suffix: a directory
+    assert (tmp_path / "new" / "abl" / "results.sqlite").is_file()
+    ResultsStore(tmp_path / "other.db")
+    assert (tmp_path / "other.db").is_file()
+
+
+def test_record_is_committed_at_once_and_read_back(tmp_path):
+    store = ResultsStore(tmp_path / "r.sqlite")
+    spec = {"score": "additive", "align": "soft"}
+    store.record(
+        "x--seed3", "toy", spec, 3, "done", METRICS, {"parameters": 7}, tmp_path / "run", None
+    )
+    # another connection sees the row without any explicit commit or close
+    con = sqlite3.connect(tmp_path / "r.sqlite")
+    row = con.execute("SELECT label, attention_json, seed, test_json FROM runs").fetchone()
+    con.close()
+    assert row[0] == "align=soft,score=additive"
+    assert json.loads(row[1]) == spec
+    assert row[2] == 3
+    assert json.loads(row[3]) == {"accuracy": 0.25, "f1": 1.0}
+    rec = store.get("x--seed3")
+    assert rec.status == "done" and rec.seed == 3 and rec.spec == spec
+    assert rec.dev == {"accuracy": 0.5}
+    assert rec.cost == {"parameters": 7}
+    assert rec.run_dir == str(tmp_path / "run")
+    assert rec.error is None and rec.finished
+    assert store.get("missing") is None
+
+
+def test_flat_metrics_are_test_metrics(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.record("a", "toy", {"name": "mean"}, 0, "done", {"accuracy": 0.75})
+    assert store.get("a").test == {"accuracy": 0.75}
+    assert store.get("a").dev == {}
+
+
+def test_bad_status_is_refused(tmp_path):
+    store = ResultsStore(tmp_path)
+    with pytest.raises(ValueError, match="status"):
+        store.record("a", "toy", {}, 0, "running")
+    with pytest.raises(ValueError, match="status"):
+        store.runs("maybe")
+
+
+def test_retry_replaces_the_row(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.record("a--seed0", "toy", {"name": "mean"}, 0, "failed", error="boom")
+    store.record("b--seed0", "toy", {"name": "tanh"}, 0, "done", METRICS)
+    assert store.done_ids() == {"b--seed0"}
+    assert [r.run_id for r in store.runs("failed")] == ["a--seed0"]
+    assert store.get("a--seed0").error == "boom"
+    store.record("a--seed0", "toy", {"name": "mean"}, 0, "done", METRICS)
+    assert len(store) == 2
+    assert store.done_ids() == {"a--seed0", "b--seed0"}
+    assert store.runs("failed") == []
+    assert store.get("a--seed0").error is None
+
+
+def test_mean_std_by_hand():
+    assert mean_std([]) == (None, None)
+    assert mean_std([0.5]) == (0.5, None)
+    # 1, 2, 4: mean 7/3; squared deviations 16/9, 1/9, 25/9 -> sum 42/9, / (3 - 1) = 7/3
+    mean, std = mean_std([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3)
+    assert std == pytest.approx((7 / 3) ** 0.5)
+
+
+def test_summary_per_label(tmp_path):
+    store = ResultsStore(tmp_path)
+    tanh = {"name": "tanh"}
+    for seed, acc in enumerate([0.6, 0.8]):
+        store.record(
+            f"tanh--seed{seed}",
+            "toy",
+            tanh,
+            seed,
+            "done",
+            {"test": {"accuracy": acc, "loss": 1.0}},
+            {"parameters": 10, "train_seconds": 2.0 + seed},
+        )
+    store.record("mean--seed0", "toy", {"name": "mean"}, 0, "done", {"test": {"accuracy": 0.9}})
+    store.record("mean--seed1", "toy", {"name": "mean"}, 1, "failed", error="x")
+    store.record("hard--seed0", "toy", {"name": "hard"}, 0, "failed", error="y")
+    summary = store.summary()
+    assert list(summary) == ["tanh", "mean", "hard"]
+    s = summary["tanh"]
+    assert (s.n, s.failed, s.seeds) == (2, 0, [0, 1])
+    assert s.mean["accuracy"] == pytest.approx(0.7)
+    # sample std of 0.6, 0.8: sqrt((0.01 + 0.01) / 1)
+    assert s.std["accuracy"] == pytest.approx(0.02**0.5)
+    assert s.mean["loss"] == 1.0 and s.std["loss"] == 0.0
+    assert s.cost == {"parameters": 10, "train_seconds": 2.5}
+    one = summary["mean"]  # one done run: a mean, no sample std; the failed one not counted
+    assert (one.n, one.failed, one.mean, one.std) == (1, 1, {"accuracy": 0.9}, {"accuracy": None})
+    none = summary["hard"]  # no done run
+    assert (none.n, none.failed, none.mean, none.std) == (0, 1, {}, {})
+
+    ranked = store.summary("accuracy")
+    assert list(ranked) == ["mean", "tanh", "hard"]  # best first, no value last
+    assert list(store.summary("accuracy", higher_is_better=False)) == ["tanh", "mean", "hard"]
+    only = store.summary(labels=["mean", "dot"])
+    assert list(only) == ["mean", "dot"] and only["dot"].n == 0
+    assert only["mean"].to_json()["mean"] == {"accuracy": 0.9}
+
+
+def test_pickled_store_opens_its_own_connection(tmp_path):
+    import pickle
+
+    store = ResultsStore(tmp_path)
+    store.record("a", "toy", {"name": "mean"}, 0, "done", METRICS)
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.done_ids() == {"a"}
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    store = ResultsStore(path)
+    for i in range(n):
+        store.record(
+            f"w{worker}--seed{i}", "toy", {"name": f"w{worker}"}, i, "done", {"accuracy": i}
+        )
+    store.close()
+
+
+def test_concurrent_writers(tmp_path):
+    path = str(tmp_path / "results.sqlite")
+    ResultsStore(path).close()
+    ctx = multiprocessing.get_context("fork")  # cheap; each child opens its own connection
+    procs = [ctx.Process(target=_writer, args=(path, w, 25)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    store = ResultsStore(path)
+    assert store.done_ids() == {f"w{w}--seed{i}" for w in range(3) for i in range(25)}
+    summary = store.summary()
+    assert {k: v.n for k, v in summary.items()} == {"w0": 25, "w1": 25, "w2": 25}
