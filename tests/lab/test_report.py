@@ -981,3 +981,35 @@ def test_explanation_every_seed_and_missing_values(tmp_path: Path) -> None:
 
 def test_no_explanation_no_section(ablation: Path) -> None:
     assert '<section id="explanation">' not in render_report(ablation)
+
+
+def test_ablation_analysis_pairs_by_seed(tmp_path):
+    """The analysis section compares each mechanism with the baselines by seed: hand values
+    for the mean difference, d_z and the sign-flip p."""
+    from report_fixtures import write_ablation_dir
+
+    from attnlab.lab.report import load_report_data, paired_analysis
+
+    acc = {
+        "mean": [0.70, 0.72, 0.71],
+        "tanh": [0.75, 0.78, 0.74],  # differences 0.05, 0.06, 0.03
+    }
+    runs = [
+        {"attention": {"name": name}, "seed": seed, "test": {"accuracy": v, "f1": v}}
+        for name, values in acc.items()
+        for seed, v in enumerate(values)
+    ]
+    root = write_ablation_dir(tmp_path / "abl", runs)
+    data = load_report_data(root)
+    analysis = paired_analysis(data, "accuracy")
+    assert set(analysis) == {"mean", "tanh"}  # the baseline and the best mechanism
+    c = analysis["mean"]["tanh"]
+    d = [0.05, 0.06, 0.03]
+    mean = sum(d) / 3
+    sd = (sum((x - mean) ** 2 for x in d) / 2) ** 0.5
+    assert c["n"] == 3
+    assert c["diff"] == pytest.approx(mean)
+    assert c["effect_size"] == pytest.approx(mean / sd)
+    assert c["perm_p"] == pytest.approx(0.25)  # all three differences positive: 2 of 8 flips
+    html = render_report(root)
+    assert 'id="analysis-mean"' in html and "Cohen" in html

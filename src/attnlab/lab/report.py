@@ -1202,6 +1202,68 @@ def _section_table(ctx: ReportContext) -> str:
     )
 
 
+def paired_analysis(data: ReportData, metric: str) -> dict[str, dict[str, Any]]:
+    """Each mechanism against each baseline present (``mean``, ``uniform``) and against the
+    best mechanism, on ``metric``, paired by seed (:mod:`attnlab.evaluation.significance`).
+    Returns ``{reference: {label: PairedComparison.as_dict()}}``."""
+    from attnlab.evaluation.significance import compare_to_baseline
+
+    scores: dict[str, dict[int, float]] = {}
+    for label in data.labels:
+        for r in data.runs_of(label):
+            value = (r.metrics.get("test") or {}).get(metric)
+            if r.seed is not None and isinstance(value, (int, float)) and math.isfinite(value):
+                scores.setdefault(label, {})[int(r.seed)] = float(value)
+    refs = [b for b in ("mean", "uniform") if b in scores]
+    higher = data.higher_is_better(metric)
+    ranked = sorted(
+        (lab for lab in scores if lab not in ("mean", "uniform")),
+        key=lambda lab: sum(scores[lab].values()) / len(scores[lab]),
+        reverse=higher,
+    )
+    if ranked:
+        refs.append(ranked[0])
+    return {
+        ref: {k: v.as_dict() for k, v in compare_to_baseline(scores, ref).items()} for ref in refs
+    }
+
+
+def _section_analysis(ctx: ReportContext) -> str:
+    data = ctx.data
+    metric = data.primary or (data.test_metrics[0] if data.test_metrics else None)
+    if metric is None:
+        return '<p class="muted">no finished runs with test metrics.</p>'
+    analysis = paired_analysis(data, metric)
+    if not analysis:
+        return '<p class="muted">no mechanism shares seeds with another.</p>'
+    parts = []
+    for ref, rows in analysis.items():
+        if not rows:
+            continue
+        body = []
+        for label, c in rows.items():
+            body.append(
+                f'<tr data-label="{esc(label)}"><td class="label"><code>{esc(label)}</code></td>'
+                f"<td>{c['n']}</td><td>{_fmt_num(c['diff'])}</td>"
+                f"<td>{_fmt_num(c['effect_size'])}</td><td>{_fmt_num(c['t_p'])}</td>"
+                f"<td>{_fmt_num(c['perm_p'])} (floor {_fmt_num(c['min_perm_p'])})</td></tr>"
+            )
+        parts.append(
+            f"<h3>vs <code>{esc(ref)}</code> on test {esc(metric)}</h3>"
+            f'<table class="data" id="analysis-{esc(ref)}"><thead><tr><th class="label">'
+            "mechanism</th><th>paired seeds</th><th>mean difference</th><th>Cohen's d_z</th>"
+            "<th>paired t-test p</th><th>sign-flip p</th></tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>"
+        )
+    note = (
+        '<p class="muted">Differences are mechanism minus reference over the seeds both ran '
+        "(paired by seed). d_z = mean difference / sd of the differences. The exact sign-flip "
+        "test cannot go below 2/2^n with n seeds (the floor), so few seeds cannot reach "
+        "p &lt; 0.05 however large the effect; read the effect size with it.</p>"
+    )
+    return "".join(parts) + note
+
+
 def _mean_curve(runs: Sequence[RunRecord], get: Callable[[Mapping[str, Any]], Any]) -> list:
     by_epoch: dict[float, list[float]] = {}
     for r in runs:
@@ -1771,6 +1833,7 @@ def _section_explanation(ctx: ReportContext) -> str:
 SECTIONS: list[Section] = [
     Section("overview", "Overview", _section_header),
     Section("ablation", "Ablation table", _section_table),
+    Section("analysis", "Ablation analysis: paired tests over seeds", _section_analysis),
     Section("failed", "Failed or unfinished runs", _section_failed),
     Section("curves", "Learning curves", _section_curves),
     Section("attention", "Attention on test examples", _section_examples),
