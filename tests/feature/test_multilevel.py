@@ -873,3 +873,31 @@ def test_ava_learns_character_inside_attended_word():
     assert results["mixture"] >= 0.95, results
     assert results["query"] <= 0.62, results
     assert results["mean"] <= 0.62, results
+
+
+def test_hierarchical_multi_dimensional_weights_keep_their_feature_axis():
+    from attnlab.feature.multilevel import HierarchicalAttention
+
+    torch.manual_seed(0)
+    m = HierarchicalAttention(5, 2, dim="multi")
+    x = torch.randn(2, 3, 4, 5)
+    out = m(x, need_weights=True)
+    words, sents = out.weights
+    assert words.shape == (2, 3, 4, 5) and sents.shape == (2, 3, 5)
+    # one softmax per feature over the words of each sentence, and over the sentences
+    assert torch.allclose(words.sum(-2), torch.ones(2, 3, 5), atol=1e-6)
+    assert torch.allclose(sents.sum(-2), torch.ones(2, 5), atol=1e-6)
+    # the document vector is the feature-wise weighted sum of the sentence vectors
+    sentence_vectors = out.extras["units"][0]  # [2, 3, 5]
+    assert torch.allclose(out.context, (sents * sentence_vectors).sum(1), atol=1e-6)
+
+
+def test_hierarchical_stochastic_alignment_log_prob_per_document():
+    from attnlab.feature.multilevel import HierarchicalAttention
+
+    torch.manual_seed(0)
+    m = HierarchicalAttention(5, 2, align="hard").train()
+    out = m(torch.randn(2, 3, 4, 5), need_weights=True)
+    assert out.log_prob is not None and out.log_prob.shape == (2,)
+    assert torch.all(torch.isfinite(out.log_prob)) and torch.all(out.log_prob <= 0)
+    assert HierarchicalAttention(5, 2)(torch.randn(2, 3, 4, 5)).log_prob is None

@@ -276,3 +276,26 @@ def test_learns_target_dependent_sentiment_where_mean_pooling_cannot():
     # measured with these seeds: rotatory ~0.99, mean pooling ~0.5 (chance)
     assert rot_acc > 0.9, rot_acc
     assert mean_acc < 0.7, mean_acc
+
+
+def test_value_dim_is_refused_with_a_reason():
+    from attnlab._checks import ConfigError
+    from attnlab.feature.rotatory import LCRRotHop
+
+    with pytest.raises(ConfigError, match="keeps the feature size"):
+        LCRRotHop(6, 6, value_dim=4)
+
+
+def test_stochastic_alignment_log_prob_is_carried():
+    from attnlab.feature.rotatory import LCRRotHop
+
+    torch.manual_seed(0)
+    parts = torch.randn(2, 3, 6), torch.randn(2, 2, 6), torch.randn(2, 4, 6)
+    hard = LCRRotHop(6, hops=2, align="hard").train()
+    out = hard(*parts)
+    assert out.log_prob is not None and out.log_prob.shape == (2,)
+    # 4 attentions x 2 hops, each a log-probability of one key: finite and <= 0
+    assert torch.all(torch.isfinite(out.log_prob)) and torch.all(out.log_prob <= 0)
+    out.log_prob.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in hard.parameters())
+    assert LCRRotHop(6)(*parts).log_prob is None

@@ -454,6 +454,8 @@ class HierarchicalAttention(Configurable):
         weights: list[Tensor] = []
         masks: list[Tensor] = []
         units: list[Tensor] = []
+        log_prob: Tensor | None = None
+        B = x.shape[0]
         for level in range(self.levels):
             lead = tuple(h.shape[:-2])
             n, d = h.shape[-2], h.shape[-1]
@@ -473,7 +475,11 @@ class HierarchicalAttention(Configurable):
             out = self.attn[level](q, hf, mask=mf, need_weights=need_weights)
             masks.append(m)
             if need_weights:
-                weights.append(out.weights.reshape(*lead, n))
+                # [N, n] for single-dimensional attention, [N, n, d_v] for multi-dimensional
+                weights.append(out.weights.reshape(*lead, *out.weights.shape[1:]))
+            if out.log_prob is not None:  # stochastic alignments: one log-prob per batch row
+                lp = out.log_prob.reshape(B, -1).sum(-1)
+                log_prob = lp if log_prob is None else log_prob + lp
             h = out.context.reshape(*lead, out.context.shape[-1])
             m = m.any(-1)
             if level + 1 < self.levels:
@@ -481,6 +487,7 @@ class HierarchicalAttention(Configurable):
         return AttentionOutput(
             h,
             weights if need_weights else None,
+            log_prob=log_prob,
             extras={"masks": masks, "units": units},
         )
 

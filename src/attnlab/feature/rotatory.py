@@ -58,6 +58,9 @@ class RotatoryOutput:
         left, right, target_left, target_right: the four context vectors of the last hop.
         hops: one dict per hop with the weights ``"left"`` ``[B, n_l]``, ``"right"``
             ``[B, n_r]``, ``"target_left"`` and ``"target_right"`` ``[B, n_t]``.
+        log_prob: for stochastic alignments (hard, reinforced), the summed log-probability
+            ``[B]`` of every attention's sampled choice over all hops, for a REINFORCE
+            loss; else ``None``.
     """
 
     output: Tensor
@@ -66,6 +69,7 @@ class RotatoryOutput:
     target_left: Tensor
     target_right: Tensor
     hops: list[dict[str, Tensor]] = field(default_factory=list)
+    log_prob: Tensor | None = None
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -140,6 +144,12 @@ class LCRRotHop(Configurable):
         super().__init__()
         if not isinstance(hops, int) or hops < 1:
             raise ConfigError(f"hops must be an int >= 1, got {hops!r}")
+        for key in ("value_dim", "out_dim"):
+            if options.get(key) is not None:
+                raise ConfigError(
+                    f"rotatory attention does not take {key}: each context vector is the "
+                    "query of the next attention, so it keeps the feature size (d_c or d_t)"
+                )
         d_t = d_c if d_t is None else d_t
         self.d_c, self.d_t, self.hops = d_c, d_t, hops
         n_rot = 1 if share_weights else hops
@@ -168,6 +178,7 @@ class LCRRotHop(Configurable):
         check_same(target, "target", left=left, right=right)
         r_tl = r_tr = masked_mean(target, target_mask)
         hops: list[dict[str, Tensor]] = []
+        log_prob: Tensor | None = None
         for s in range(self.hops):
             rot = self.rotations[s % len(self.rotations)]
             out_l = rot.left(r_tl, left, mask=left_mask, need_weights=True)
@@ -175,6 +186,10 @@ class LCRRotHop(Configurable):
             out_tl = rot.target_left(out_l.context, target, mask=target_mask, need_weights=True)
             out_tr = rot.target_right(out_r.context, target, mask=target_mask, need_weights=True)
             r_l, r_r, r_tl, r_tr = out_l.context, out_r.context, out_tl.context, out_tr.context
+            for out in (out_l, out_r, out_tl, out_tr):
+                if out.log_prob is not None:
+                    lp = out.log_prob.reshape(out.log_prob.shape[0], -1).sum(-1)
+                    log_prob = lp if log_prob is None else log_prob + lp
             hops.append(
                 {
                     "left": out_l.weights,
@@ -184,7 +199,7 @@ class LCRRotHop(Configurable):
                 }
             )
         output = torch.cat([r_l, r_r, r_tl, r_tr], dim=-1)
-        return RotatoryOutput(output, r_l, r_r, r_tl, r_tr, hops)  # type: ignore[arg-type]
+        return RotatoryOutput(output, r_l, r_r, r_tl, r_tr, hops, log_prob)  # type: ignore[arg-type]
 
 
 @register(
