@@ -1,0 +1,512 @@
+"""Sequence-to-sequence translator with attention, in the styles of Bahdanau et al. (2015)
+and Luong et al. (2015), with the attention swappable.
+
+Encoder (both styles): embeddings and a bidirectional LSTM/GRU with ``hidden_size / 2``
+units per direction, so the encoder states ``h_1..h_S`` and the decoder state have the same
+size ``d = hidden_size`` (the dot score needs that). The decoder starts from
+``s_0 = tanh(W_b [h_fwd_S; h_bwd_1])`` (the final states of the two directions).
+
+Bahdanau style (``style="bahdanau"``; additive score by default)::
+
+    e_{t,l} = score(s_{t-1}, h_l);  a_t = align(e_t);  c_t = sum_l a_{t,l} h_l
+    s_t = RNN([E y_{t-1}; c_t], s_{t-1})
+    logits_t = W_y tanh(W_o [s_t; c_t; E y_{t-1}])
+
+Luong style (``style="luong"``; general score by default; input feeding on by default)::
+
+    s_t = RNN([E y_{t-1}; h~_{t-1}], s_{t-1})           (h~_0 = 0; without input feeding
+                                                           the input is E y_{t-1} alone)
+    e_{t,l} = score(s_t, h_l);  a_t = align(e_t);  c_t = sum_l a_{t,l} h_l
+    h~_t = tanh(W_c [c_t; s_t]);  logits_t = W_y h~_t
+
+The attention is :class:`attnlab.Attention` with any registered score (``dot``, ``general``,
+``additive``/``concat``, ``scaled-dot``, ``biased-general``, ``cosine``, ...) and alignment
+(``soft`` = global, ``local-m``, ``local-p`` with window ``D``, ``sparsemax``, ...). For
+local-m the window centre of output step ``t`` is ``p_t = t``. Baselines: ``"mean"``
+(``c_t`` = the mean of the encoder states, no attention parameters) and ``"uniform"`` (the
+attention module kept, its weights replaced by ``1/S``).
+
+Sources: Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to
+Align and Translate", ICLR; Luong, Pham & Manning 2015, "Effective Approaches to
+Attention-based Neural Machine Translation", EMNLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnlab._checks import ConfigError
+from attnlab.general.alignment import LocalMAlign
+from attnlab.general.attention import Attention
+from attnlab.general.dimensionality import combine_single
+from attnlab.registry import Configurable, register
+
+__all__ = [
+    "Encoded",
+    "Seq2SeqTranslator",
+    "Translation",
+    "TranslatorOutput",
+    "sequence_log_prob",
+]
+
+STYLES = ("bahdanau", "luong")
+BASELINES = ("mean", "uniform")
+_DEFAULT_SCORE = {"bahdanau": "additive", "luong": "general"}
+
+
+@dataclass
+class TranslatorOutput:
+    """Teacher-forced result: ``logits`` ``[B, T, V]``, attention ``weights`` ``[B, T, S]``
+    (zero on source padding), and for stochastic alignments the summed ``log_prob``
+    ``[B]`` of the sampled choices (else None)."""
+
+    logits: Tensor
+    weights: Tensor
+    log_prob: Tensor | None = None
+
+
+@dataclass
+class Encoded:
+    """Encoder result: ``states`` ``[B, S, d]`` (zero on padding), ``mask`` ``[B, S]``
+    bool (True = real token), ``init`` the decoder's initial hidden ``[B, d]``."""
+
+    states: Tensor
+    mask: Tensor
+    init: Tensor
+
+
+@dataclass
+class Translation:
+    """Decoded output per example: ``tokens`` (ids, without BOS/EOS), ``attention``
+    (``[len(tokens), S_i]`` weights over the real source tokens, one row per generated
+    token), ``score`` (the sum of the tokens' log-probabilities, EOS included when it was
+    generated; beam search ranks by ``score / lp`` with the length penalty ``lp``)."""
+
+    tokens: list[list[int]]
+    attention: list[Tensor]
+    scores: list[float] = field(default_factory=list)
+
+
+@register(
+    "model",
+    "translator",
+    formula="s_t = RNN(...); c_t = sum_l align(score(s, h_l)) h_l; Bahdanau: query s_{t-1}, "
+    "c_t into the RNN; Luong: query s_t, h~_t = tanh(W_c [c_t; s_t]), input feeding",
+    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and "
+    "Translate; Luong et al. 2015, Effective Approaches to Attention-based Neural Machine "
+    "Translation",
+    cost="encoder O(B S d (d_e + d)); decoder per step O(B d (d_e + d)) + attention "
+    "O(B S d) (global) or O(B D d) (local); output O(B T d V)",
+    aliases=("seq2seq", "nmt"),
+)
+class Seq2SeqTranslator(Configurable):
+    """Encoder-decoder translator with attention (see the module docstring).
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        embed_dim: ``d_e``. hidden_size: ``d`` (even; ``d/2`` per encoder direction).
+        rnn: ``"lstm"`` or ``"gru"`` (encoder and decoder).
+        style: ``"bahdanau"`` or ``"luong"``.
+        attention: ``None`` (the style's default score with soft alignment), a score
+            name, a dict ``{"score": ..., "align": ..., **options}`` passed to
+            :class:`attnlab.Attention` (e.g. ``{"align": "local-p", "D": 4}``; ``"uniform":
+            True`` gives the uniform baseline of that attention), or ``"mean"`` /
+            ``"uniform"``.
+        input_feeding: Luong's input feeding (ignored for Bahdanau).
+        dropout: on the embeddings and before the output layer (training only).
+        pad_idx, bos_idx, eos_idx: special target ids (source padding is ``pad_idx`` too).
+
+    Shapes: ``forward(src [B, S], src_lengths [B], tgt_in [B, T])`` ->
+    :class:`TranslatorOutput` (``logits [B, T, V]``, ``weights [B, T, S]``). ``tgt_in``
+    starts with BOS (the gold target shifted right). ``greedy_decode`` and
+    ``beam_search`` return :class:`Translation`.
+
+    Cost: encoder O(B S d (d_e + d)) sequential in S; each decoder step O(B d (d_e + d))
+    plus the attention, O(B S d) for global attention (additive O(B S d d_w)), O(B D d) for
+    local; output layer O(B T d V).
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        *,
+        embed_dim: int = 64,
+        hidden_size: int = 64,
+        rnn: str = "lstm",
+        style: str = "luong",
+        attention: str | dict[str, Any] | None = None,
+        input_feeding: bool = True,
+        dropout: float = 0.0,
+        pad_idx: int = 0,
+        bos_idx: int = 2,
+        eos_idx: int = 3,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("src_vocab_size", src_vocab_size),
+            ("tgt_vocab_size", tgt_vocab_size),
+            ("embed_dim", embed_dim),
+            ("hidden_size", hidden_size),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if hidden_size % 2:
+            raise ConfigError(f"hidden_size must be even (d/2 per direction), got {hidden_size}")
+        if style not in STYLES:
+            raise ConfigError(f"style must be one of {STYLES}, got {style!r}")
+        if rnn not in ("lstm", "gru"):
+            raise ConfigError(f"rnn must be 'lstm' or 'gru', got {rnn!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        for name, idx in (("pad_idx", pad_idx), ("bos_idx", bos_idx), ("eos_idx", eos_idx)):
+            if not 0 <= idx < tgt_vocab_size:
+                raise ConfigError(f"{name}={idx} is outside [0, {tgt_vocab_size})")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx
+        self.style, self.rnn_type = style, rnn
+        self.input_feeding = bool(input_feeding) and style == "luong"
+        d = hidden_size
+        self.d = d
+        cell = nn.LSTM if rnn == "lstm" else nn.GRU
+        self.src_embedding = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_idx)
+        self.tgt_embedding = nn.Embedding(tgt_vocab_size, embed_dim, padding_idx=pad_idx)
+        self.encoder = cell(embed_dim, d // 2, batch_first=True, bidirectional=True)
+        self.bridge = nn.Linear(d, d)
+        self.dropout = nn.Dropout(dropout)
+
+        # the attention
+        self.uniform = False
+        self.attention: Attention | None
+        spec: dict[str, Any]
+        if attention is None:
+            spec = {}
+        elif isinstance(attention, str):
+            if attention == "mean":
+                spec = {"mean": True}
+            elif attention == "uniform":
+                spec = {"uniform": True}
+            else:
+                spec = {"score": attention}
+        elif isinstance(attention, dict):
+            spec = dict(attention)
+        else:
+            raise ConfigError(
+                f"attention must be None, a score name, a dict spec, 'mean' or 'uniform', got "
+                f"{type(attention).__name__}"
+            )
+        if spec.pop("mean", False):
+            self.attention = None
+        else:
+            self.uniform = bool(spec.pop("uniform", False))
+            score = spec.pop("score", _DEFAULT_SCORE[style])
+            align = spec.pop("align", "soft")
+            if score in ("additive", "concat", "bahdanau", "mlp"):
+                spec.setdefault("d_w", d)
+            self.attention = Attention(score, align, d_q=d, d_k=d, **spec)
+        # local-m centres the window of output step t on p_t = t
+        self.local_m = self.attention is not None and isinstance(self.attention.align, LocalMAlign)
+
+        if style == "bahdanau":
+            self.decoder = cell(embed_dim + d, d, batch_first=True)
+            self.pre_output = nn.Linear(2 * d + embed_dim, d)
+        else:
+            self.decoder = cell(embed_dim + (d if self.input_feeding else 0), d, batch_first=True)
+            self.combine = nn.Linear(2 * d, d, bias=False)  # W_c
+        self.output = nn.Linear(d, tgt_vocab_size)
+
+    # ------------------------------------------------------------------ encoder
+
+    def _check(self, src: Tensor, src_lengths: Tensor | None) -> Tensor:
+        if not isinstance(src, Tensor) or src.dtype.is_floating_point or src.dtype == torch.bool:
+            raise TypeError(f"src must be an integer tensor [B, S] of token ids, got {src!r}")
+        if src.dim() != 2:
+            raise ValueError(f"src has shape {tuple(src.shape)}, expected [B, S]")
+        B, S = src.shape
+        if src.numel() and (int(src.min()) < 0 or int(src.max()) >= self.src_vocab_size):
+            raise ValueError(
+                f"src (shape {tuple(src.shape)}) holds ids outside [0, {self.src_vocab_size})"
+            )
+        if src_lengths is None:
+            return torch.full((B,), S, dtype=torch.long, device=src.device)
+        lengths = torch.as_tensor(src_lengths, device=src.device)
+        if lengths.dtype.is_floating_point or tuple(lengths.shape) != (B,):
+            raise ValueError(
+                f"src_lengths has shape {tuple(lengths.shape)} and dtype {lengths.dtype}, "
+                f"expected integers [B] = [{B}]"
+            )
+        if B and (int(lengths.min()) < 0 or int(lengths.max()) > S):
+            raise ValueError(f"src_lengths must lie in [0, S] = [0, {S}]")
+        return lengths.long()
+
+    def encode(self, src: Tensor, src_lengths: Tensor | None = None) -> Encoded:
+        """Encoder states ``[B, S, d]`` (zero on padding), the mask and ``s_0``."""
+        lengths = self._check(src, src_lengths)
+        B, S = src.shape
+        mask = torch.arange(S, device=src.device)[None, :] < lengths[:, None]
+        x = self.dropout(self.src_embedding(src)) * mask[..., None]
+        if B == 0 or S == 0:
+            states = x.new_zeros(B, S, self.d)
+            return Encoded(states, mask, torch.tanh(self.bridge(x.new_zeros(B, self.d))))
+        packed = pack_padded_sequence(
+            x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+        )
+        out, final = self.encoder(packed)
+        states, _ = pad_packed_sequence(out, batch_first=True, total_length=S)
+        h_n = final[0] if self.rnn_type == "lstm" else final  # [2, B, d/2]
+        last = torch.cat([h_n[0], h_n[1]], -1) * (lengths > 0)[:, None]
+        states = states * mask[..., None]
+        return Encoded(states, mask, torch.tanh(self.bridge(last)))
+
+    # ------------------------------------------------------------------ decoder step
+
+    def init_state(self, enc: Encoded) -> dict[str, Tensor]:
+        """The decoder state before the first step (a dict of ``[N, ...]`` tensors)."""
+        h = enc.init
+        state = {"h": h, "step": torch.zeros(h.shape[0], dtype=torch.long, device=h.device)}
+        if self.rnn_type == "lstm":
+            state["c"] = torch.zeros_like(h)
+        if self.input_feeding:
+            state["feed"] = torch.zeros_like(h)
+        return state
+
+    def _attend(self, query: Tensor, enc: Encoded, step: Tensor) -> tuple[Tensor, Tensor, Any]:
+        """Context ``[N, d]``, weights ``[N, S]`` and log_prob of one decoder step."""
+        mask = enc.mask
+        if self.attention is None or self.uniform:
+            w = mask.to(enc.states.dtype)
+            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
+            values = enc.states
+            if self.attention is not None and self.attention.value_proj is not None:
+                values = self.attention.value_proj(values)
+            return combine_single(w[:, None, :], values).squeeze(1), w, None
+        positions = step.to(enc.states.dtype)[:, None] if self.local_m else None
+        out = self.attention(query, enc.states, mask=mask, need_weights=True, positions=positions)
+        return out.context, out.weights, out.log_prob
+
+    def _rnn(self, x: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        h = state["h"][None].contiguous()
+        if self.rnn_type == "lstm":
+            out, (h1, c1) = self.decoder(x[:, None, :], (h, state["c"][None].contiguous()))
+            new = {"h": h1[0], "c": c1[0]}
+        else:
+            out, h1 = self.decoder(x[:, None, :], h)
+            new = {"h": h1[0]}
+        return out[:, 0], new
+
+    def decode_step(
+        self, y_prev: Tensor, state: dict[str, Tensor], enc: Encoded
+    ) -> tuple[Tensor, dict[str, Tensor], Tensor, Any]:
+        """One decoder step: ``y_prev`` ``[N]`` ids -> logits ``[N, V]``, the new state,
+        the attention weights ``[N, S]`` and the alignment's log_prob (or None)."""
+        emb = self.dropout(self.tgt_embedding(y_prev))
+        step = state["step"]
+        if self.style == "bahdanau":
+            context, weights, log_prob = self._attend(state["h"], enc, step)
+            s, new = self._rnn(torch.cat([emb, context], -1), state)
+            hidden = torch.tanh(self.pre_output(torch.cat([s, context, emb], -1)))
+        else:
+            x = torch.cat([emb, state["feed"]], -1) if self.input_feeding else emb
+            s, new = self._rnn(x, state)
+            context, weights, log_prob = self._attend(s, enc, step)
+            hidden = torch.tanh(self.combine(torch.cat([context, s], -1)))
+            if self.input_feeding:
+                new["feed"] = hidden
+        new["step"] = step + 1
+        logits = self.output(self.dropout(hidden))
+        return logits, new, weights, log_prob
+
+    # ------------------------------------------------------------------ training
+
+    def decode(self, enc: Encoded, tgt_in: Tensor) -> TranslatorOutput:
+        """Teacher-forced decoding of ``tgt_in`` ``[B, T]`` (BOS first)."""
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != enc.states.shape[0]:
+            raise ValueError(
+                f"tgt_in has shape {tuple(tgt_in.shape)}, expected [B, T] with B = "
+                f"{enc.states.shape[0]}"
+            )
+        state = self.init_state(enc)
+        logits, weights, log_probs = [], [], []
+        for t in range(tgt_in.shape[1]):
+            lg, state, w, lp = self.decode_step(tgt_in[:, t], state, enc)
+            logits.append(lg)
+            weights.append(w)
+            if lp is not None:
+                log_probs.append(lp)
+        B, S = enc.mask.shape
+        if not logits:
+            return TranslatorOutput(
+                enc.states.new_zeros(B, 0, self.tgt_vocab_size), enc.states.new_zeros(B, 0, S)
+            )
+        log_prob = torch.stack(log_probs, 1).sum(1) if log_probs else None
+        return TranslatorOutput(torch.stack(logits, 1), torch.stack(weights, 1), log_prob)
+
+    def forward(self, src: Tensor, src_lengths: Tensor | None, tgt_in: Tensor) -> TranslatorOutput:
+        """Teacher forcing: logits ``[B, T, V]`` and weights ``[B, T, S]``."""
+        return self.decode(self.encode(src, src_lengths), tgt_in)
+
+    # ------------------------------------------------------------------ inference
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """Decoding distribution: ``log_softmax`` of ``logits`` ``[..., V]`` with PAD and
+        BOS excluded (a decoder never emits them)."""
+        banned = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        banned[[self.pad_idx, self.bos_idx]] = True
+        x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return torch.log_softmax(x.masked_fill(banned, float("-inf")), -1)
+
+    @staticmethod
+    def _select(state: dict[str, Tensor], idx: Tensor) -> dict[str, Tensor]:
+        return {k: v.index_select(0, idx) for k, v in state.items()}
+
+    @staticmethod
+    def _select_enc(enc: Encoded, idx: Tensor) -> Encoded:
+        return Encoded(
+            enc.states.index_select(0, idx),
+            enc.mask.index_select(0, idx),
+            enc.init.index_select(0, idx),
+        )
+
+    @torch.no_grad()
+    def greedy_decode(
+        self, src: Tensor, src_lengths: Tensor | None = None, max_len: int = 50
+    ) -> Translation:
+        """Pick the most probable token at every step until EOS or ``max_len`` tokens."""
+        enc = self.encode(src, src_lengths)
+        B = src.shape[0]
+        state = self.init_state(enc)
+        y = torch.full((B,), self.bos_idx, dtype=torch.long, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        rows: list[list[Tensor]] = [[] for _ in range(B)]
+        scores = [0.0] * B
+        for _ in range(max_len):
+            logits, state, w, _ = self.decode_step(y, state, enc)
+            logp = self.log_probs(logits)
+            y = logp.argmax(-1)
+            for b in range(B):
+                if done[b]:
+                    continue
+                scores[b] += float(logp[b, y[b]])
+                if int(y[b]) == self.eos_idx:
+                    done[b] = True
+                else:
+                    tokens[b].append(int(y[b]))
+                    rows[b].append(w[b])
+            if bool(done.all()):
+                break
+        lengths = enc.mask.sum(1).tolist()
+        attention = [
+            torch.stack(r)[:, : lengths[b]] if r else enc.states.new_zeros(0, lengths[b])
+            for b, r in enumerate(rows)
+        ]
+        return Translation(tokens, attention, scores)
+
+    @torch.no_grad()
+    def beam_search(
+        self,
+        src: Tensor,
+        src_lengths: Tensor | None = None,
+        *,
+        beam_size: int = 5,
+        max_len: int = 50,
+        length_penalty: float = 0.0,
+    ) -> Translation:
+        """Beam search per example.
+
+        Hypotheses are ranked by ``sum log p / lp`` with ``lp = ((5 + |y|) / 6) ** alpha``
+        (Wu et al. 2016; ``alpha = length_penalty``, 0 = plain log-probability). At every
+        step the ``2k`` best expansions are ranked; an expansion ending in EOS that ranks
+        among the first ``k`` is finished, the first ``k`` others stay alive. The search
+        stops when ``k`` hypotheses are finished or after ``max_len`` tokens (the alive ones
+        then count as finished). ``beam_size=1`` is greedy decoding.
+        """
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+        enc_all = self.encode(src, src_lengths)
+        lengths = enc_all.mask.sum(1).tolist()
+        out = Translation([], [], [])
+        for b in range(src.shape[0]):
+            toks, rows, score = self._beam_one(
+                self._select_enc(enc_all, torch.tensor([b], device=src.device)),
+                beam_size,
+                max_len,
+                length_penalty,
+            )
+            out.tokens.append(toks)
+            att = (
+                torch.stack(rows)[:, : lengths[b]]
+                if rows
+                else enc_all.states.new_zeros(0, lengths[b])
+            )
+            out.attention.append(att)
+            out.scores.append(score)
+        return out
+
+    @staticmethod
+    def _lp(length: int, alpha: float) -> float:
+        return ((5.0 + length) / 6.0) ** alpha if alpha else 1.0
+
+    def _beam_one(
+        self, enc: Encoded, k: int, max_len: int, alpha: float
+    ) -> tuple[list[int], list[Tensor], float]:
+        device = enc.states.device
+        state = self.init_state(enc)
+        # alive hypotheses: (tokens, attention rows, summed log-prob)
+        alive: list[tuple[list[int], list[Tensor], float]] = [([], [], 0.0)]
+        finished: list[tuple[float, list[int], list[Tensor], float]] = []
+        for _ in range(max_len):
+            n = len(alive)
+            encn = self._select_enc(enc, torch.zeros(n, dtype=torch.long, device=device))
+            y = torch.tensor(
+                [h[0][-1] if h[0] else self.bos_idx for h in alive], dtype=torch.long, device=device
+            )
+            logits, new_state, w, _ = self.decode_step(y, state, encn)
+            logp = self.log_probs(logits).double()
+            total = (
+                logp + torch.tensor([h[2] for h in alive], dtype=logp.dtype, device=device)[:, None]
+            )
+            flat = total.reshape(-1)
+            top = torch.topk(flat, min(2 * k, flat.numel()))
+            V = logp.shape[1]
+            next_alive: list[tuple[list[int], list[Tensor], float]] = []
+            keep: list[int] = []
+            for rank, (value, index) in enumerate(
+                zip(top.values.tolist(), top.indices.tolist(), strict=True)
+            ):
+                src_h, tok = divmod(index, V)
+                toks, rows, _ = alive[src_h]
+                if tok == self.eos_idx:
+                    if rank < k:
+                        finished.append((value / self._lp(len(toks) + 1, alpha), toks, rows, value))
+                    continue
+                if len(next_alive) < k:
+                    next_alive.append(([*toks, tok], [*rows, w[src_h]], value))
+                    keep.append(src_h)
+            if len(finished) >= k or not next_alive:
+                alive = []
+                break
+            alive = next_alive
+            state = self._select(new_state, torch.tensor(keep, dtype=torch.long, device=device))
+        for toks, rows, value in alive:
+            finished.append((value / self._lp(len(toks), alpha), toks, rows, value))
+        best = max(finished, key=lambda f: f[0])
+        return best[1], best[2], best[3]
+
+
+def sequence_log_prob(
+    model: Seq2SeqTranslator, src: Tensor, tgt: list[int], eos: bool = True
+) -> float:
+    """``sum_t log p(y_t | y_<t, x)`` of the target ids ``tgt`` (EOS appended when ``eos``)
+    for one source ``src`` ``[S]``: the score beam search ranks by."""
+    ys = list(tgt) + ([model.eos_idx] if eos else [])
+    tgt_in = torch.tensor([[model.bos_idx, *ys[:-1]]], device=src.device)
+    with torch.no_grad():
+        out = model(src[None], None, tgt_in)
+    logp = model.log_probs(out.logits[0].double())
+    return float(sum(logp[t, y] for t, y in enumerate(ys)))
