@@ -484,3 +484,30 @@ def test_non_prefix_mask_is_fine_without_lstm():
     w = model(tokens, mask=mask).weights
     assert (w[:, 2] == 0).all()
     torch.testing.assert_close(w.sum(1), torch.ones(4))
+
+
+def test_max_pooling_baseline_has_no_attention():
+    """'max' (no attention): the feature-wise maximum of the real tokens' states, by a loop."""
+    torch.manual_seed(0)
+    model = SentenceClassifier(12, 2, embed_dim=4, encoder="bilstm", hidden_size=3, attention="max")
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 0], [0, 0, 0]])
+    lengths = torch.tensor([3, 2, 0])
+    out = model(tokens, lengths=lengths)
+    assert out.weights is None and out.log_prob is None
+    mask = torch.arange(3)[None] < lengths[:, None]
+    hidden = model.encode(tokens, mask)
+    for b in range(3):
+        for f in range(hidden.shape[-1]):
+            vals = [float(hidden[b, t, f]) for t in range(int(lengths[b]))]
+            assert float(out.pooled[b, f]) == pytest.approx(max(vals) if vals else 0.0)
+    out.logits.sum().backward()
+    assert model.lstm.weight_ih_l0.grad is not None
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_sentiment_task_accepts_the_max_baseline():
+    from attnlab.lab.tasks.sentiment import SentimentTask
+
+    task = SentimentTask()
+    assert task.resolve_attention({"name": "max"}) == {"name": "max"}
+    assert task.model_attention({"name": "max"}) == "max"

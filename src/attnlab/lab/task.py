@@ -164,7 +164,10 @@ class Task(abc.ABC):
             model options (e.g. ``max_train``, ``hidden_size``, ``encoder``). Every option a
             user may pass must appear here; unknown options raise :class:`ConfigError`.
         default_attention: the paper's attention for this task, as a spec dict.
-        presets: named attention specs (besides the baselines ``mean`` and ``uniform``).
+        presets: named attention specs (besides the baselines).
+        baselines: the attention-free references the task supports: ``mean`` (unweighted
+            average) and ``uniform`` (the attention with weights ``1/n``) everywhere, and
+            e.g. ``max`` (no attention: max-pooling over time) where the model has it.
         data_source: one line naming the data and the package it comes from.
     """
 
@@ -175,6 +178,7 @@ class Task(abc.ABC):
     defaults: ClassVar[dict[str, Any]] = {}
     default_attention: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    baselines: ClassVar[tuple[str, ...]] = ("mean", "uniform")
     data_source: ClassVar[str] = ""
 
     _TRAINING_DEFAULTS: ClassVar[dict[str, Any]] = {
@@ -265,12 +269,13 @@ class Task(abc.ABC):
         if not spec:
             return dict(self.default_attention)
         name = spec.get("name")
-        if name is None or name in ("mean", "uniform"):
+        if name is None or name in self.baselines:
             return spec
         if name not in self.presets:
             raise ConfigError(
                 f"task {self.registry_name!r} has no attention preset {name!r}; presets: "
-                f"{', '.join(sorted(self.presets)) or 'none'}, baselines: mean, uniform, "
+                f"{', '.join(sorted(self.presets)) or 'none'}, baselines: "
+                f"{', '.join(self.baselines)}, "
                 "or give score=..., align=..., dim=..."
             )
         rest = {k: v for k, v in spec.items() if k != "name"}

@@ -21,8 +21,8 @@ The attention is chosen by a spec:
   called as ``module(features [B, n, d], mask [B, n], need_weights=True)`` that returns an
   :class:`~attnlab.output.AttentionOutput` with ``context [B, d_c]`` (e.g.
   ``ConstantQuerySelfAttention``, ``LearnedQuerySelfAttention``);
-* the baselines ``"mean"`` (mean pooling over the real tokens; no attention parameters)
-  and ``"uniform"`` (the default attention with its weights replaced by ``1/length``).
+* the baselines ``"mean"`` (mean pooling over the real tokens; no attention parameters),
+  ``"max"`` (no attention at all: max-pooling over time of the real tokens' states) and ``"uniform"`` (the default attention with its weights replaced by ``1/length``).
 
 Source: Jain & Wallace 2019, "Attention is not Explanation", NAACL-HLT.
 """
@@ -49,7 +49,7 @@ from attnlab.registry import Configurable, get, register
 __all__ = ["SentenceClassifier", "SentenceOutput"]
 
 ENCODERS = ("bilstm", "cnn", "average")
-BASELINES = ("mean", "uniform")
+BASELINES = ("mean", "uniform", "max")
 _QUERYLESS = ("queryless", "query-less", "self-attentive", "constant-query")
 
 
@@ -221,6 +221,7 @@ class SentenceClassifier(Configurable):
         self.d_h = d_h
 
         self.uniform = False
+        self.pooling = "attention"  # or "mean" / "max" for the baselines without attention
         self.attention: nn.Module | None
         if isinstance(attention, nn.Module):
             if isinstance(attention, Attention) and attention.score.needs_query:
@@ -231,8 +232,9 @@ class SentenceClassifier(Configurable):
                 )
             self.attention = attention
         elif isinstance(attention, str):
-            if attention == "mean":
+            if attention in ("mean", "max"):
                 self.attention = None
+                self.pooling = attention
             elif attention in ("tanh", "additive", "uniform", *_QUERYLESS):
                 self.uniform = attention == "uniform"
                 self.attention = Attention("queryless", d_k=d_h, d_w=attention_dim or hidden_size)
@@ -374,6 +376,17 @@ class SentenceClassifier(Configurable):
         """Pool encoder states ``hidden`` ``[B, n, d_h]`` (``mask`` ``[B, n]`` bool, True =
         real token) and apply the output layer: the attention + output path."""
         log_prob = None
+        if self.attention is None and self.pooling == "max":
+            # no attention: the feature-wise maximum over the real tokens (0 if none)
+            filled = hidden.masked_fill(~mask[..., None], float("-inf"))
+            pooled = (
+                filled.amax(1)
+                if hidden.shape[1]
+                else hidden.new_zeros(hidden.shape[0], hidden.shape[2])
+            )
+            pooled = torch.where(mask.any(1, keepdim=True), pooled, torch.zeros_like(pooled))
+            logits = self.output(self.dropout(pooled))
+            return SentenceOutput(logits, None, pooled, hidden, None)
         if self.attention is None or self.uniform:
             w = mask.to(hidden.dtype)
             w = w / w.sum(1, keepdim=True).clamp(min=1.0)

