@@ -7,8 +7,10 @@ one), so the whole suite runs single-threaded. Tests assert correctness, never t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
@@ -16,3 +18,13 @@ SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datas
 
 def pytest_configure(config) -> None:
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Run a test with one intra-op thread and restore the setting afterwards (a learning
+    test that a caller runs outside this suite's single-threaded configuration)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -47,6 +47,7 @@ LAZY_COMMANDS = {
     "report": ("attnlab.lab.report", "report_command"),
     "aer": ("attnlab.evaluation.aer", "aer_command"),
     "explain": ("attnlab.evaluation.explain_run", "explain_command"),
+    "correctness": ("attnlab.evaluation.vqa_correctness", "correctness_command"),
 }
 #: What ``attnlab --help`` says of a lazy command without importing its module.
 LAZY_HELP = {
@@ -55,6 +56,7 @@ LAZY_HELP = {
     "report": "Write a self-contained HTML report of a run or an ablation.",
     "aer": "Alignment error rate of predicted word alignments against gold ones.",
     "explain": "Attention-as-explanation tests (Jain & Wallace; Wiegreffe & Pinter) on a run.",
+    "correctness": "Attention correctness of a VQA run on easy-VQA (mass on the shape, Spearman).",
 }
 
 

@@ -154,14 +154,6 @@ def test_config_round_trip(attention):
 # ----------------------------------------------------------------------------- learning
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def train_sort(attention, steps=250):
     torch.manual_seed(0)
     model = PointerNetworkModel(1, 32, attention=attention, max_inputs=5)

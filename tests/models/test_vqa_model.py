@@ -262,14 +262,6 @@ def cell_color_task(n, seed):
     return images, tokens, cells.reshape(n, 16)[torch.arange(n), k]
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def train_cell_task(attention, epochs=6):
     torch.manual_seed(0)
     model = VQAModel(

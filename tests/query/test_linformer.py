@@ -19,14 +19,6 @@ def _bench():
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _naive(m: LinformerAttention, q_in, kv_in, key_ok):
     """Per head h, projected slot s and query i, in loops:
     K'_s = sum_l E[s, l] k_l over allowed keys, V'_s likewise with F,

@@ -19,14 +19,6 @@ def _bench():
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _heads(m: LSHAttention, x):
     B, n, _ = x.shape
     H, hd = m.num_heads, m.head_dim

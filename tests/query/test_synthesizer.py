@@ -20,14 +20,6 @@ def _bench():
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _relu(v: float) -> float:
     return v if v > 0 else 0.0
 

@@ -26,14 +26,6 @@ def _bench():
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _bt(x, batch_first):
     return x if batch_first else x.transpose(0, 1)
 

@@ -21,14 +21,6 @@ def _bench():
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _sinusoid(t: int, d: int) -> list[float]:
     """R_t written out: sin over the first half, cos over the second."""
     half = (d + 1) // 2

@@ -7,7 +7,8 @@
 * :mod:`.supervision` -- supervised attention: :class:`SupervisedAttentionLoss`,
   :func:`attention_supervision_loss`, :func:`links_to_weights`.
 * :mod:`.correctness` -- attention correctness: :func:`attention_mass`,
-  :func:`rank_correlation`, :func:`region_to_grid`.
+  :func:`rank_correlation`, :func:`region_to_grid`; :mod:`.vqa_correctness` applies them
+  to a trained easy-vqa run (``attnlab correctness RUN_DIR``).
 * :mod:`.significance` -- ablation analysis over seeds: :func:`paired_comparison`,
   :func:`compare_to_baseline`.
 * :mod:`.divergences` -- :func:`tvd`, :func:`jsd`, :func:`kl`.

@@ -1,0 +1,342 @@
+"""Attention correctness of a VQA run (attnlab.evaluation.vqa_correctness).
+
+Hand-made cases: two 64x64 images whose shapes cover known cells of the 8x8 grid, a stub
+model with known region weights, masses and Spearman's rho computed by hand / naive loops.
+One real-data test (skipped without easy-vqa) trains a tiny run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+import attnlab.evaluation.vqa_correctness as vc
+from attnlab.lab.task import TaskData
+from attnlab.lab.tasks.vqa import VQAData, VQATask
+from attnlab.models.vqa import VQAModel
+
+R = 64
+
+
+@pytest.fixture(autouse=True)
+def _single_threaded(one_thread):  # tests/conftest.py's fixture, for every test here
+    yield
+
+
+# ----------------------------------------------------------------------------- hand data
+
+
+def image_a() -> np.ndarray:
+    """White, with a red shape covering cells (1,1) and (1,2) fully and half of (2,1)."""
+    img = np.full((64, 64, 3), 255, dtype=np.uint8)
+    img[8:16, 8:24] = (200, 0, 0)
+    img[16:20, 8:16] = (200, 0, 0)
+    return img
+
+
+def image_b() -> np.ndarray:
+    """Light grey, with a blue square covering cells (4,4), (4,5), (5,4), (5,5)."""
+    img = np.full((64, 64, 3), 240, dtype=np.uint8)
+    img[32:48, 32:48] = (0, 0, 180)
+    return img
+
+
+#: the hand-computed cell fractions of image_a and image_b (row-major cells 8 * row + col)
+FRAC_A = np.zeros(R)
+FRAC_A[9] = FRAC_A[10] = 1.0
+FRAC_A[17] = 0.5
+FRAC_B = np.zeros(R)
+FRAC_B[[36, 37, 44, 45]] = 1.0
+
+#: the stub model's region weights for question 1 (about image a) and 2 (about image b)
+W1 = np.zeros(R)
+W1[9], W1[17], W1[0] = 0.5, 0.25, 0.25
+W2 = np.zeros(R)
+W2[63] = 1.0
+
+
+class StubModel(nn.Module):
+    """Region weights looked up by the question's first token id (1-based row of
+    ``table``); predicts answer ``pred[id - 1]``."""
+
+    def __init__(self, table: np.ndarray, pred: list[int], num_answers: int = 2) -> None:
+        super().__init__()
+        self.grid = 8
+        self.anchor = nn.Parameter(torch.zeros(1))
+        self.table = torch.tensor(table, dtype=torch.float64)
+        self.pred = torch.tensor(pred)
+        self.num_answers = num_answers
+
+    def forward(self, images, tokens, lengths=None, mask=None, image_index=None):
+        ids = tokens[:, 0] - 1
+        logits = torch.nn.functional.one_hot(self.pred[ids], self.num_answers).float()
+        return SimpleNamespace(region_weights=self.table[ids], logits=logits)
+
+
+def make_part(images: list[np.ndarray], image_of: list[int], labels: list[int], types):
+    n = len(image_of)
+    return VQAData(
+        images=torch.from_numpy(np.stack(images)),
+        image_index=torch.tensor(image_of, dtype=torch.long),
+        tokens=torch.arange(1, n + 1, dtype=torch.long)[:, None],
+        lengths=torch.ones(n, dtype=torch.long),
+        labels=torch.tensor(labels, dtype=torch.long),
+        words=tuple(("q",) for _ in range(n)),
+        types=tuple(types),
+    )
+
+
+def fake_run(monkeypatch, tmp_path: Path, part: VQAData, model: nn.Module) -> Path:
+    """A run directory whose load_run gives (VQATask, data with ``part`` as every split,
+    ``model``)."""
+    data = TaskData(part, part, part, {"answers": ("no", "yes"), "num_classes": 2})
+    task = VQATask()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"label": "stub", "status": "done"}))
+
+    def load(run_dir, *, device="cpu"):
+        assert Path(run_dir) == run
+        return task, data, model
+
+    monkeypatch.setattr(vc, "load_run", load)
+    return run
+
+
+@pytest.fixture
+def two_questions(monkeypatch, tmp_path):
+    part = make_part([image_a(), image_b()], [0, 1], [0, 1], ["shape", "color"])
+    model = StubModel(np.stack([W1, W2]), pred=[0, 0])  # q1 right, q2 wrong
+    return fake_run(monkeypatch, tmp_path, part, model)
+
+
+# ----------------------------------------------------------------------------- naive refs
+
+
+def naive_ranks(x: list[float]) -> list[float]:
+    """1-based ranks, ties given the mean of the ranks they span."""
+    ranks = [0.0] * len(x)
+    for i, xi in enumerate(x):
+        below = sum(1 for xj in x if xj < xi)
+        equal = sum(1 for xj in x if xj == xi)
+        ranks[i] = below + (equal + 1) / 2
+    return ranks
+
+
+def naive_spearman(a, b) -> float:
+    ra, rb = naive_ranks(list(a)), naive_ranks(list(b))
+    n = len(ra)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((ra[i] - ma) * (rb[i] - mb) for i in range(n))
+    va = sum((ra[i] - ma) ** 2 for i in range(n))
+    vb = sum((rb[i] - mb) ** 2 for i in range(n))
+    return cov / math.sqrt(va * vb)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_region_fractions_hand_images() -> None:
+    got = vc.region_fractions(np.stack([image_a(), image_b()]), (8, 8))
+    assert got.shape == (2, R)
+    np.testing.assert_allclose(got[0], FRAC_A)
+    np.testing.assert_allclose(got[1], FRAC_B)
+    with pytest.raises(ValueError, match="expected"):
+        vc.region_fractions(np.zeros((2, 64, 64)), (8, 8))
+
+
+def test_question_scores_by_hand() -> None:
+    s = vc.question_scores(W1, FRAC_A)
+    assert s["mass"] == pytest.approx(0.5 * 1 + 0.25 * 0.5)  # cell 0 is outside
+    assert s["mass_touch"] == pytest.approx(0.75)
+    assert s["pointing"] == 1.0  # the top cell (9) touches the shape
+    assert s["spearman"] == pytest.approx(naive_spearman(W1, FRAC_A))
+    s2 = vc.question_scores(W2, FRAC_B)
+    assert (s2["mass"], s2["mass_touch"], s2["pointing"]) == (0.0, 0.0, 0.0)
+    assert s2["spearman"] == pytest.approx(naive_spearman(W2, FRAC_B))
+    assert s2["spearman"] < 0  # the one weighted cell is outside the shape
+
+
+def test_question_scores_uniform_is_area_and_ties_share_pointing() -> None:
+    u = np.full(R, 1 / R)
+    s = vc.question_scores(u, FRAC_A)
+    assert s["mass"] == pytest.approx(2.5 / 64)  # the area fraction of the region
+    assert s["mass_touch"] == pytest.approx(3 / 64)
+    assert s["pointing"] == pytest.approx(3 / 64)  # every cell ties: the touching share
+    assert math.isnan(s["spearman"])  # a constant map has no ranking
+    with pytest.raises(ValueError, match="equal 1-d maps"):
+        vc.question_scores(u[:10], FRAC_A)
+
+
+def test_vqa_correctness_two_questions(two_questions: Path) -> None:
+    r = vc.vqa_correctness(two_questions)
+    assert r["questions"] == 2 and r["grid"] == [8, 8] and r["label"] == "stub"
+    assert r["accuracy"] == 0.5 and r["model_is_uniform"] is False
+    assert r["accuracy_by_type"]["shape"] == 1.0 and r["accuracy_by_type"]["color"] == 0.0
+    assert math.isnan(r["accuracy_by_type"]["yes/no"])
+    rho1, rho2 = naive_spearman(W1, FRAC_A), naive_spearman(W2, FRAC_B)
+    m = r["maps"]["model"]
+    o = m["overall"]
+    assert o["mass"]["mean"] == pytest.approx((0.625 + 0.0) / 2)
+    assert o["mass"]["std"] == pytest.approx(0.3125)  # population std of {0.625, 0}
+    assert o["mass_touch"]["mean"] == pytest.approx(0.375)
+    assert o["pointing"]["mean"] == pytest.approx(0.5)
+    assert o["spearman"]["mean"] == pytest.approx((rho1 + rho2) / 2)
+    assert o["mass"]["n"] == 2
+    # by type and by correctness: q1 is a right "shape" question, q2 a wrong "color" one
+    assert m["by_type"]["shape"]["mass"]["mean"] == pytest.approx(0.625)
+    assert m["by_type"]["color"]["spearman"]["mean"] == pytest.approx(rho2)
+    assert m["by_type"]["yes/no"]["mass"]["n"] == 0
+    assert m["by_correct"]["correct"]["mass"]["mean"] == pytest.approx(0.625)
+    assert m["by_correct"]["wrong"]["mass_touch"]["mean"] == pytest.approx(0.0)
+    # the uniform reference: mass = area fraction of each region
+    u = r["maps"]["uniform"]["overall"]
+    assert u["mass"]["mean"] == pytest.approx((2.5 / 64 + 4 / 64) / 2)
+    assert u["mass_touch"]["mean"] == pytest.approx((3 / 64 + 4 / 64) / 2)
+    assert u["spearman"]["n"] == 0 and math.isnan(u["spearman"]["mean"])
+    assert r["region"]["area"]["mean"] == pytest.approx(u["mass"]["mean"])
+    assert r["lift"]["mass_minus_uniform"]["mean"] == pytest.approx(
+        ((0.625 - 2.5 / 64) + (0 - 4 / 64)) / 2
+    )
+    assert r["lift"]["share_above_uniform"] == 0.5
+    sp = r["spread"]
+    assert sp["model"]["max_weight"]["mean"] == pytest.approx((0.5 + 1.0) / 2)
+    h1 = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)) / math.log(R)
+    assert sp["model"]["entropy"]["mean"] == pytest.approx(h1 / 2)  # q2 is one-hot: 0
+    assert sp["uniform"]["entropy"]["mean"] == pytest.approx(1.0)
+
+
+def test_correctness_json_keys_and_nan_as_null(two_questions: Path) -> None:
+    r = vc.vqa_correctness(two_questions)
+    saved = json.loads((two_questions / "correctness.json").read_text())
+    assert set(saved) == {
+        "run_dir",
+        "task",
+        "label",
+        "split",
+        "questions",
+        "grid",
+        "accuracy",
+        "accuracy_by_type",
+        "model_is_uniform",
+        "region",
+        "maps",
+        "spread",
+        "lift",
+        "reference",
+    }
+    assert set(saved["maps"]) == set(vc.MAPS) == {"model", "uniform", "random"}
+    for name in vc.MAPS:
+        assert set(saved["maps"][name]) == {"overall", "by_type", "by_correct"}
+        assert set(saved["maps"][name]["overall"]) == set(vc.METRICS)
+        assert set(saved["maps"][name]["by_type"]) == {"shape", "color", "yes/no"}
+        assert set(saved["maps"][name]["by_correct"]) == {"correct", "wrong"}
+    assert saved["maps"]["uniform"]["overall"]["spearman"]["mean"] is None
+    assert saved["maps"]["model"]["overall"]["mass"]["mean"] == pytest.approx(
+        r["maps"]["model"]["overall"]["mass"]["mean"]
+    )
+    assert saved["task"] == "vqa" and saved["split"] == "test"
+
+
+def test_max_questions_and_no_write(two_questions: Path) -> None:
+    r = vc.vqa_correctness(two_questions, max_questions=1, write=False)
+    assert r["questions"] == 1
+    assert r["maps"]["model"]["overall"]["mass"]["mean"] == pytest.approx(0.625)
+    assert not (two_questions / "correctness.json").exists()
+    with pytest.raises(ValueError, match="max_questions"):
+        vc.vqa_correctness(two_questions, max_questions=0)
+
+
+def test_mean_baseline_model_equals_uniform_reference(monkeypatch, tmp_path) -> None:
+    part = make_part([image_a(), image_b()], [0, 1, 1], [0, 1, 0], ["shape", "color", "yes/no"])
+    torch.manual_seed(0)
+    model = VQAModel(5, 2, embed_dim=4, hidden_size=4, channels=(4,), attention="mean").eval()
+    run = fake_run(monkeypatch, tmp_path, part, model)
+    r = vc.vqa_correctness(run, write=False)
+    assert r["model_is_uniform"] is True
+    for metric in ("mass", "mass_touch", "pointing"):
+        got = r["maps"]["model"]["overall"][metric]["mean"]
+        assert got == pytest.approx(r["maps"]["uniform"]["overall"][metric]["mean"])
+    assert r["maps"]["model"]["overall"]["mass"]["mean"] == pytest.approx(
+        (2.5 / 64 + 4 / 64 + 4 / 64) / 3
+    )
+    assert r["maps"]["model"]["overall"]["spearman"]["n"] == 0
+    assert r["lift"]["share_above_uniform"] == 0.0
+
+
+def test_random_reference_is_chance_level_and_seeded(monkeypatch, tmp_path) -> None:
+    n = 240
+    image_of = [i % 2 for i in range(n)]
+    part = make_part([image_a(), image_b()], image_of, [0] * n, ["shape"] * n)
+    model = StubModel(np.full((n, R), 1 / R), pred=[0] * n)
+    run = fake_run(monkeypatch, tmp_path, part, model)
+    r = vc.vqa_correctness(run, write=False, seed=3)
+    area = (2.5 / 64 + 4 / 64) / 2
+    rnd = r["maps"]["random"]["overall"]
+    # Dirichlet(1) maps: E[mass] = area fraction (sd of the mean ~ 0.002), E[rho] = 0
+    assert rnd["mass"]["mean"] == pytest.approx(area, abs=0.01)
+    assert abs(rnd["spearman"]["mean"]) < 0.05
+    assert rnd["mass"]["std"] > 0
+    again = vc.vqa_correctness(run, write=False, seed=3)["maps"]["random"]["overall"]
+    other = vc.vqa_correctness(run, write=False, seed=4)["maps"]["random"]["overall"]
+    assert again["mass"]["mean"] == rnd["mass"]["mean"]
+    assert other["mass"]["mean"] != rnd["mass"]["mean"]
+
+
+def test_command_prints_table(two_questions: Path) -> None:
+    res = CliRunner().invoke(vc.correctness_command, [str(two_questions), "--max-questions", "2"])
+    assert res.exit_code == 0, res.output
+    assert "mass_touch" in res.output and "uniform" in res.output and "random" in res.output
+    assert "written:" in res.output
+    assert (two_questions / "correctness.json").is_file()
+    bad = CliRunner().invoke(vc.correctness_command, [str(two_questions), "--max-questions", "0"])
+    assert bad.exit_code != 0 and "max_questions" in bad.output
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+@pytest.mark.slow
+def test_real_easy_vqa_tiny_run(tmp_path: Path) -> None:
+    from attnlab.data import MissingDataError
+    from attnlab.data.easy_vqa import load_easy_vqa, shape_region
+    from attnlab.lab.training import load_run, train_run
+
+    try:
+        load_easy_vqa()
+    except MissingDataError as error:
+        pytest.skip(str(error))
+    opts = dict(max_train=300, max_dev=60, max_test=120, epochs=1, hidden_size=8, embed_dim=8)
+    run = train_run(
+        "vqa",
+        {"name": "parallel"},
+        seed=0,
+        options=opts,
+        out_dir=tmp_path / "run",
+        progress=False,
+        num_threads=1,
+    ).run_dir
+    r = vc.vqa_correctness(run, max_questions=100)
+    assert r["questions"] == 100 and r["model_is_uniform"] is False
+    assert json.loads((Path(run) / "correctness.json").read_text())["questions"] == 100
+    # uniform mass = the shapes' pixel share, computed here from the pixels directly
+    _, data, _ = load_run(run)
+    test = data.test
+    share = [
+        shape_region(test.images[int(test.image_index[i])].numpy()).sum() / 64**2
+        for i in range(100)
+    ]
+    assert r["maps"]["uniform"]["overall"]["mass"]["mean"] == pytest.approx(np.mean(share))
+    o = r["maps"]["model"]["overall"]
+    assert 0 <= o["mass"]["mean"] <= o["mass_touch"]["mean"] <= 1
+    assert -1 <= o["spearman"]["mean"] <= 1 and o["spearman"]["n"] == 100
+    counts = sum(s["mass"]["n"] for s in r["maps"]["model"]["by_type"].values())
+    assert counts == 100
