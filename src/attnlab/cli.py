@@ -48,6 +48,7 @@ LAZY_COMMANDS = {
     "aer": ("attnlab.evaluation.aer", "aer_command"),
     "explain": ("attnlab.evaluation.explain_run", "explain_command"),
     "correctness": ("attnlab.evaluation.vqa_correctness", "correctness_command"),
+    "aer-table": ("attnlab.evaluation.alignment_study", "aer_table_command"),
 }
 #: What ``attnlab --help`` says of a lazy command without importing its module.
 LAZY_HELP = {
@@ -57,6 +58,7 @@ LAZY_HELP = {
     "aer": "Alignment error rate of predicted word alignments against gold ones.",
     "explain": "Attention-as-explanation tests (Jain & Wallace; Wiegreffe & Pinter) on a run.",
     "correctness": "Attention correctness of a VQA run on easy-VQA (mass on the shape, Spearman).",
+    "aer-table": "AER of a translation ablation's attention vs silver alignments, with baselines.",
 }
 
 

@@ -55,6 +55,10 @@ def eflomal_directions(
         ) from None
     if len(source) != len(target):
         raise ValueError(f"{len(source)} source and {len(target)} target sentences")
+    if iterations is not None:
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be an int >= 1 or None, got {iterations!r}")
+        iterations = (iterations, iterations, iterations)  # IBM1, HMM and fertility stages
     aligner = Aligner(n_iterations=iterations, n_samplers=samplers)
     with tempfile.TemporaryDirectory() as tmp:
         fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"

@@ -8,10 +8,22 @@ Data (option ``corpus``):
   tokens on either side dropped, at most ``max_pairs`` pairs. Every pair keeps its silver
   word alignment from shared Strong's numbers (for AER).
 * ``"reverse"`` / ``"copy"``: a generated task (reverse or copy a random sequence of
-  symbols), data-free, for tests and quick checks.
+  symbols), data-free, for tests and quick checks; its exact word alignment is known
+  (source ``i`` -- target ``n - 1 - i`` for reverse, ``i`` -- ``i`` for copy).
 
 Model: :class:`attnlab.models.translator.Seq2SeqTranslator` (Bahdanau or Luong style,
 any score x alignment), trained with token-level cross-entropy under teacher forcing.
+Supervised attention (option ``supervise`` = lambda > 0; Liu et al. 2016, Mi et al. 2016):
+the loss becomes ``L_task + lambda * D(gold || a)`` with ``D`` =
+``supervise_divergence`` (``"ce"``, ``"kl"``, ``"mse"`` or ``"mass"``, see
+:mod:`attnlab.evaluation.supervision`), averaged over the real target words that have a
+gold link. The gold attention ``[B, T, S]`` comes from each pair's links
+(:func:`~attnlab.evaluation.supervision.links_to_weights`): row ``j`` (the decoder step
+that predicts target word ``j``; the source has no BOS, so column ``i`` is source word
+``i``) is uniform over the source words linked to target word ``j``; the EOS row and
+unlinked words are not supervised. Batches carry it as ``gold_attention`` only when
+``supervise > 0``.
+
 Metrics: ``bleu`` (corpus BLEU of the decoded dev/test translations, sacrebleu, on the
 joined tokens; selection metric), ``perplexity`` (``exp`` of the teacher-forced
 per-token loss; lower is better) and ``accuracy`` (teacher-forced next-token accuracy).
@@ -32,6 +44,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
+from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.translator import Seq2SeqTranslator, Translation
@@ -44,8 +57,9 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class TranslationData:
-    """One split: tokens, ids (without BOS/EOS), verse ids and silver alignments
-    (``None`` for generated data), pair by pair."""
+    """One split: tokens, ids (without BOS/EOS), verse ids and alignments (the silver
+    Strong's-number links for the Bible, the exact ones for generated data), pair by
+    pair."""
 
     source: tuple[tuple[str, ...], ...]
     target: tuple[tuple[str, ...], ...]
@@ -140,6 +154,8 @@ class TranslationTask(Task):
         "beam_size": 5,
         "length_penalty": 0.0,
         "max_decode_len": None,
+        "supervise": 0.0,
+        "supervise_divergence": "ce",
     }
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "bahdanau": {"style": "bahdanau", "score": "additive", "align": "soft"},
@@ -160,6 +176,24 @@ class TranslationTask(Task):
             raise ConfigError(f"decode must be 'greedy' or 'beam', got {o['decode']!r}")
         if o["style"] not in ("bahdanau", "luong"):
             raise ConfigError(f"style must be 'bahdanau' or 'luong', got {o['style']!r}")
+        lam = o["supervise"]
+        if (
+            isinstance(lam, bool)
+            or not isinstance(lam, int | float)
+            or not math.isfinite(lam)
+            or lam < 0
+        ):
+            raise ConfigError(f"supervise (lambda) must be a number >= 0, got {lam!r}")
+        if o["supervise_divergence"] not in DIVERGENCES:
+            raise ConfigError(
+                f"supervise_divergence must be one of {', '.join(DIVERGENCES)}, got "
+                f"{o['supervise_divergence']!r}"
+            )
+
+    @property
+    def supervised(self) -> bool:
+        """Whether the loss has the attention supervision term (``supervise > 0``)."""
+        return float(self.options["supervise"]) > 0.0
 
     # ------------------------------------------------------------------ data
 
@@ -188,7 +222,13 @@ class TranslationTask(Task):
         rows = []
         for k, (s, t) in enumerate(pairs):
             split = "train" if k < 0.8 * n else "dev" if k < 0.9 * n else "test"
-            rows.append((s, t, f"{o['corpus']}-{k}", split, None))
+            m = len(s)
+            links = (
+                frozenset((m - 1 - j, j) for j in range(m))
+                if o["corpus"] == "reverse"
+                else frozenset((j, j) for j in range(m))
+            )
+            rows.append((s, t, f"{o['corpus']}-{k}", split, Alignment(sure=links)))
         return rows, {"corpus": o["corpus"], "pairs": n}
 
     def load_data(self) -> TaskData:
@@ -231,14 +271,21 @@ class TranslationTask(Task):
         order = list(range(len(part)))
         if shuffle:
             order = torch.randperm(len(part), generator=generator).tolist()
+        gold = self.supervised
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            yield self.collate(part, idx)
+            yield self.collate(part, idx, gold=gold)
 
     @staticmethod
-    def collate(part: TranslationData, idx: list[int]) -> dict[str, Tensor]:
+    def collate(part: TranslationData, idx: list[int], *, gold: bool = False) -> dict[str, Tensor]:
         """Pad the pairs ``idx`` of a split: ``src`` ``[B, S]``, ``src_lengths`` ``[B]``,
-        ``tgt_in`` ``[B, T]`` (BOS + y), ``tgt_out`` ``[B, T]`` (y + EOS; PAD after)."""
+        ``tgt_in`` ``[B, T]`` (BOS + y), ``tgt_out`` ``[B, T]`` (y + EOS; PAD after).
+
+        With ``gold=True`` also ``gold_attention`` ``[B, T, S]``: row ``j`` uniform over the
+        source words linked to target word ``j`` (the row of the step whose output is
+        ``tgt_out[:, j]`` = ``y_j``; column ``i`` = ``src[:, i]`` = source word ``i``); the
+        EOS row, padding and unlinked words are zero rows. Raises ``ValueError`` when a pair
+        has no alignment."""
         srcs = [part.src_ids[i] for i in idx]
         tgts = [part.tgt_ids[i] for i in idx]
         B = len(idx)
@@ -251,13 +298,25 @@ class TranslationTask(Task):
             src[b, : len(s)] = torch.tensor(s, dtype=torch.long)
             tgt_in[b, : len(t) + 1] = torch.tensor((BOS, *t), dtype=torch.long)
             tgt_out[b, : len(t) + 1] = torch.tensor((*t, EOS), dtype=torch.long)
-        return {
+        batch = {
             "src": src,
             "src_lengths": torch.tensor([len(s) for s in srcs], dtype=torch.long),
             "tgt_in": tgt_in,
             "tgt_out": tgt_out,
             "index": torch.tensor(idx, dtype=torch.long),
         }
+        if gold:
+            links = []
+            for i in idx:
+                alignment = part.alignments[i]
+                if alignment is None:
+                    raise ValueError(
+                        f"pair {part.ids[i]!r} has no word alignment to supervise the attention "
+                        "with (option supervise > 0)"
+                    )
+                links.append(alignment.possible)
+            batch["gold_attention"] = links_to_weights(links, T, S)
+        return batch
 
     # ------------------------------------------------------------------ model
 
@@ -306,7 +365,28 @@ class TranslationTask(Task):
         if out.log_prob is not None:
             reward = -(nll * real).sum(1).detach()
             loss = loss + reinforce_loss(out.log_prob, reward, baseline=reward.mean())
+        if self.supervised:
+            loss = loss + float(self.options["supervise"]) * self.supervision_loss(
+                out.weights, batch
+            )
         return loss
+
+    def supervision_loss(self, weights: Tensor, batch: Mapping[str, Tensor]) -> Tensor:
+        """``D(gold || weights)`` averaged over the real target words with a gold link:
+        ``weights`` ``[B, T, S]`` (teacher-forced attention), ``batch`` from
+        :meth:`collate` with ``gold=True``."""
+        if "gold_attention" not in batch:
+            raise KeyError(
+                "the batch has no 'gold_attention' (collate(..., gold=True) adds it; the task's "
+                "batches do when supervise > 0)"
+            )
+        return attention_supervision_loss(
+            weights,
+            batch["gold_attention"],
+            kind="links",
+            divergence=self.options["supervise_divergence"],
+            mask=batch["tgt_out"] != PAD,
+        )
 
     # ------------------------------------------------------------------ evaluation
 
