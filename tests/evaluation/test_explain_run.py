@@ -68,3 +68,20 @@ def test_command_and_errors(runs: tuple[Path, Path], tmp_path: Path) -> None:
     out = CliRunner().invoke(explain_command, [str(mean_run.run_dir), "--quick", "--no-progress"])
     assert out.exit_code != 0
     assert "attention weights" in out.output
+
+
+def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:
+    """A split sorted by label must not give a one-class sample."""
+    from attnlab.evaluation.explain_run import task_batches
+    from attnlab.lab.training import resolve_task
+
+    task = resolve_task("toy", {"n_eval": 80})
+    data = task.load_data()
+    sample = task_batches(task, data, "test", 8, 24, seed=0)
+    again = task_batches(task, data, "test", 8, 24, seed=0)
+    other = task_batches(task, data, "test", 8, 24, seed=1)
+    ys = [int(v) for _, _, y in sample for v in y]
+    assert len(ys) == 24
+    assert ys == [int(v) for _, _, y in again for v in y]
+    assert ys != [int(v) for _, _, y in other for v in y]
+    assert 0 < sum(ys) < 24

@@ -47,13 +47,15 @@ Batch = tuple[Tensor, Tensor, Tensor]
 
 
 def task_batches(
-    task: Any, data: Any, split: str, batch_size: int, limit: int | None
+    task: Any, data: Any, split: str, batch_size: int, limit: int | None, seed: int = 0
 ) -> list[Batch]:
-    """``(tokens, lengths, labels)`` batches of a sentence task's split (at most ``limit``
-    instances)."""
+    """``(tokens, lengths, labels)`` batches of a sentence task's split: at most ``limit``
+    instances drawn in a seeded random order (data files are often sorted by label, so the
+    first ``limit`` rows would be a biased sample)."""
     out: list[Batch] = []
     seen = 0
-    for batch in task.batches(data, split, batch_size, shuffle=False):
+    generator = torch.Generator().manual_seed(seed)
+    for batch in task.batches(data, split, batch_size, shuffle=True, generator=generator):
         for key in ("tokens", "lengths", "labels"):
             if key not in batch:
                 raise ValueError(
@@ -99,6 +101,7 @@ def explain_run(
     adversarial_steps: int = 100,
     lambdas: Sequence[float] = (0.0, 0.5, 1.0),
     mlp_epochs: int = 5,
+    mlp_lr: float = 5e-3,
     adversarial_epochs: int = 3,
     adversarial_lr: float = 5e-3,
     max_train: int = 2000,
@@ -111,8 +114,10 @@ def explain_run(
     Args:
         compare: other run directories of the same task and attention trained with other
             seeds (for the seed-variance diagnostic).
-        max_instances: test instances used by the per-instance tests.
-        max_train: training instances used by the frozen-weight MLPs and adversarial models.
+        max_instances: test instances used by the per-instance tests (a seeded random
+            sample of the test split).
+        max_train: training instances used by the frozen-weight MLPs and adversarial models
+            (a seeded random sample).
     Returns the dict written to the JSON file.
     """
     from attnlab.lab.training import load_run
@@ -127,8 +132,8 @@ def explain_run(
                 f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
                 "explanation tests run on sentence classifiers with one attention over tokens"
             )
-    test = task_batches(task, data, "test", 32, max_instances)
-    train = task_batches(task, data, "train", 32, max_train)
+    test = task_batches(task, data, "test", 32, max_instances, seed)
+    train = task_batches(task, data, "train", 32, max_train, seed)
     probe = test[0]
     weights, _ = attention_weights(model, probe[0], probe[1])
     if weights is None:
@@ -183,7 +188,7 @@ def explain_run(
 
     result["frozen_weights"] = {
         name: frozen_weight_diagnostic(
-            embeddings, num_classes, train, test, source, epochs=mlp_epochs, seed=seed
+            embeddings, num_classes, train, test, source, epochs=mlp_epochs, lr=mlp_lr, seed=seed
         )
         for name, source in (
             ("uniform", "uniform"),
