@@ -47,7 +47,7 @@ def test_explain_run_writes_every_test(runs: tuple[Path, Path]) -> None:
         assert -1 <= v["mean"] <= 1 and 0 <= v["significant"] <= 1
     assert len(saved["permutation"]["per_instance"]) == len(saved["permutation"]["max_weight"])
     assert 0 <= saved["adversarial"]["max_jsd"]["mean"] <= saved["adversarial"]["jsd_bound"]
-    assert set(saved["frozen_weights"]) == {"uniform", "learned", "transferred"}
+    assert set(saved["frozen_weights"]) == {"uniform", "learned", "transferred", "adversarial"}
     assert [s["lambda"] for s in saved["adversarial_models"]] == [0.0, 1.0]
     assert saved["seed_variance"]["runs"] == [str(other)]
     assert 0 <= saved["uniform"]["uniform_accuracy"] <= 1

@@ -186,6 +186,24 @@ def explain_run(
     def transferred(tokens: Tensor, lengths: Tensor) -> Tensor:
         return attention_weights(model, tokens, lengths)[0].float()
 
+    sweep = []
+    adversary = None  # the model of the largest lambda: its weights feed the frozen-weight MLP
+    for lam in lambdas:
+        r = adversarial_model(
+            model, train, test, lam, epochs=adversarial_epochs, lr=adversarial_lr, seed=seed
+        )
+        sweep.append(
+            {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
+        )
+        if adversary is None or lam >= adversary[0]:
+            adversary = (lam, r.model)
+    result["adversarial_models"] = sweep
+    bar.update()
+
+    def adversarial(tokens: Tensor, lengths: Tensor) -> Tensor:
+        assert adversary is not None
+        return attention_weights(adversary[1], tokens, lengths)[0].float()
+
     result["frozen_weights"] = {
         name: frozen_weight_diagnostic(
             embeddings, num_classes, train, test, source, epochs=mlp_epochs, lr=mlp_lr, seed=seed
@@ -194,19 +212,9 @@ def explain_run(
             ("uniform", "uniform"),
             ("learned", "learned"),
             ("transferred", transferred),
+            *((("adversarial", adversarial),) if adversary is not None else ()),
         )
     }
-    bar.update()
-
-    sweep = []
-    for lam in lambdas:
-        r = adversarial_model(
-            model, train, test, lam, epochs=adversarial_epochs, lr=adversarial_lr, seed=seed
-        )
-        sweep.append(
-            {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
-        )
-    result["adversarial_models"] = sweep
     bar.update()
 
     if compare:
