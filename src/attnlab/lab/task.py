@@ -262,6 +262,23 @@ class Task(abc.ABC):
 
     # ------------------------------------------------------------------ helpers
 
+    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
+        """The ``attention`` argument of the task model for a resolved spec: a baseline
+        without attention (``mean``, ``max``, ...) as its name, ``uniform`` as the default
+        attention (refined by the spec) with ``"uniform": True``, anything else as the spec
+        dict. The task models (sentence, document, target, VQA) all read this form."""
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if name == "uniform":
+            return {**self.default_attention, **spec, "uniform": True}
+        if name in self.baselines:
+            if spec:
+                raise ConfigError(f"the {name} baseline takes no attention options, got {spec}")
+            return str(name)
+        if name is not None:  # resolve_attention expands presets; anything else is unknown
+            raise ConfigError(f"unknown attention preset {name!r}")
+        return spec
+
     def resolve_attention(self, attention: Mapping[str, Any] | None) -> dict[str, Any]:
         """Expand a spec: ``{}``/None -> :attr:`default_attention`; ``{"name": preset, ...}``
         -> the preset updated by the other keys; baselines are kept as ``{"name": ...}``."""

@@ -275,20 +275,6 @@ class DocumentTask(Task):
 
     # ------------------------------------------------------------------ model
 
-    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
-        """The ``attention`` argument of :class:`DocumentClassifier` for a resolved spec."""
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        if name == "mean":
-            if spec:
-                raise ConfigError(f"the mean baseline takes no attention options, got {spec}")
-            return "mean"
-        if name == "uniform":
-            return {**self.default_attention, **spec, "uniform": True}
-        if name is not None:
-            raise ConfigError(f"unknown attention preset {name!r}")
-        return spec
-
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
         o = self.options
         vocab: Vocab = data.info["vocab"]

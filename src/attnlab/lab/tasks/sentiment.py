@@ -321,20 +321,6 @@ class SentimentTask(Task):
 
     # ------------------------------------------------------------------ model
 
-    def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
-        """The ``attention`` argument of :class:`SentenceClassifier` for a resolved spec."""
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        if name in ("mean", "max"):
-            if spec:
-                raise ConfigError(f"the {name} baseline takes no attention options, got {spec}")
-            return name
-        if name == "uniform":
-            return {**self.default_attention, **spec, "uniform": True}
-        if name is not None:  # resolve_attention expands presets; anything else is unknown
-            raise ConfigError(f"unknown attention preset {name!r}")
-        return spec
-
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
         o = self.options
         vocab: Vocab = data.info["vocab"]
