@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.feature.multilevel import HierarchicalAttention, MaskedRNN, hierarchy_mask
 from attnlab.general.dimensionality import combine_single
-from attnlab.models.sentence import _as_matrix
+from attnlab.models.sentence import _embedding_shape
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
@@ -211,19 +211,7 @@ class DocumentClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix = _as_matrix(embeddings) if embeddings is not None else None
-        if matrix is not None:
-            if vocab_size is not None and vocab_size != matrix.shape[0]:
-                raise ConfigError(
-                    f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            if embed_dim is not None and embed_dim != matrix.shape[1]:
-                raise ConfigError(
-                    f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            vocab_size, embed_dim = matrix.shape
-        if vocab_size is None:
-            raise ConfigError("give vocab_size or a pretrained embeddings matrix")
+        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
         embed_dim = 200 if embed_dim is None else embed_dim
         for name, value in (
             ("vocab_size", vocab_size),

@@ -93,6 +93,27 @@ def _as_matrix(embeddings: Any) -> Tensor:
     return matrix.detach().to(torch.float32).clone()
 
 
+def _embedding_shape(
+    embeddings: Any, vocab_size: int | None, embed_dim: int | None
+) -> tuple[Tensor | None, int, int | None]:
+    """The pretrained matrix (or None) and the vocabulary size and embedding size it implies,
+    checked against the ones given; shared by the task models' constructors."""
+    matrix = _as_matrix(embeddings) if embeddings is not None else None
+    if matrix is not None:
+        if vocab_size is not None and vocab_size != matrix.shape[0]:
+            raise ConfigError(
+                f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
+            )
+        if embed_dim is not None and embed_dim != matrix.shape[1]:
+            raise ConfigError(
+                f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
+            )
+        vocab_size, embed_dim = matrix.shape
+    if vocab_size is None:
+        raise ConfigError("give vocab_size or a pretrained embeddings matrix")
+    return matrix, vocab_size, embed_dim
+
+
 @register(
     "model",
     "sentence-classifier",
@@ -164,19 +185,7 @@ class SentenceClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix = _as_matrix(embeddings) if embeddings is not None else None
-        if matrix is not None:
-            if vocab_size is not None and vocab_size != matrix.shape[0]:
-                raise ConfigError(
-                    f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            if embed_dim is not None and embed_dim != matrix.shape[1]:
-                raise ConfigError(
-                    f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            vocab_size, embed_dim = matrix.shape
-        if vocab_size is None:
-            raise ConfigError("give vocab_size or a pretrained embeddings matrix")
+        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
         embed_dim = 300 if embed_dim is None else embed_dim
         for name, value in (
             ("vocab_size", vocab_size),

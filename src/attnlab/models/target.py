@@ -35,7 +35,7 @@ from attnlab.feature.multilevel import MaskedRNN
 from attnlab.feature.rotatory import LCRRotHop, masked_mean
 from attnlab.general.dimensionality import combine_single
 from attnlab.masks import from_lengths
-from attnlab.models.sentence import _as_matrix
+from attnlab.models.sentence import _embedding_shape
 from attnlab.registry import Configurable, register
 
 __all__ = ["PARTS", "TargetOutput", "TargetSentimentClassifier"]
@@ -165,19 +165,7 @@ class TargetSentimentClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix = _as_matrix(embeddings) if embeddings is not None else None
-        if matrix is not None:
-            if vocab_size is not None and vocab_size != matrix.shape[0]:
-                raise ConfigError(
-                    f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            if embed_dim is not None and embed_dim != matrix.shape[1]:
-                raise ConfigError(
-                    f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
-                )
-            vocab_size, embed_dim = matrix.shape
-        if vocab_size is None:
-            raise ConfigError("give vocab_size or a pretrained embeddings matrix")
+        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
         embed_dim = 300 if embed_dim is None else embed_dim
         for name, value in (
             ("vocab_size", vocab_size),
