@@ -8,7 +8,7 @@ was expected.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class ConfigError(ValueError):
@@ -58,6 +58,34 @@ def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
             )
         if t.device != ref.device:
             raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def check_module_dtype(module: nn.Module, x: Tensor, name: str = "query") -> None:
+    """Check that the input ``x`` (called ``name`` in the caller's signature) has the dtype
+    and device of ``module``'s floating-point parameters.
+
+    Without it, a float64 input to a float32 module fails deep inside PyTorch with
+    ``mat1 and mat2 must have the same dtype``; this raises one line that names the
+    argument, both dtypes and the two fixes. A module without floating-point parameters
+    accepts any dtype, and under :func:`torch.autocast` mixed dtypes are expected, so the
+    dtype is not checked there.
+    """
+    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if param is None:
+        return
+    owner = type(module).__name__
+    if param.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the parameters of {owner} have dtype "
+            f"{param.dtype}; cast the input ({name}.to({param.dtype})) or convert the module "
+            f"(module.to({x.dtype}))"
+        )
+    if param.device != x.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the parameters of {owner} are on {param.device}; "
+            f"move the input ({name}.to({str(param.device)!r})) or the module "
+            f"(module.to({str(x.device)!r}))"
+        )
 
 
 def check_param(x: Tensor, name: str, shape: tuple[int | None, ...], layout: str) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
@@ -141,11 +141,12 @@ def _check_mask(mask: object, name: str, x: Tensor) -> Tensor | None:
 
 
 def _check_pair(
-    f1: object, f2: object, mask1: object, mask2: object, d1: int, d2: int
+    module: nn.Module, f1: object, f2: object, mask1: object, mask2: object, d1: int, d2: int
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     x1 = _check_input(f1, "f1", None, d1)
     x2 = _check_input(f2, "f2", x1.shape[0], d2)
     check_same(x1, "f1", f2=x2)
+    check_module_dtype(module, x1, "f1")
     return x1, x2, _check_mask(mask1, "mask1", x1), _check_mask(mask2, "mask2", x2)
 
 
@@ -426,7 +427,7 @@ class AlternatingCoAttention(Configurable):
         mask1: Tensor | None = None,
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
         out0 = self.attend0(None, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(out0.context, f2, mask=mask2, need_weights=True)
         out1 = self.attend1(out2.context, f1, mask=mask1, need_weights=True)
@@ -509,7 +510,7 @@ class InteractiveCoAttention(Configurable):
         mask1: Tensor | None = None,
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
         kbar1, kbar2 = masked_mean(f1, mask1), masked_mean(f2, mask2)
         out1 = self.attend1(kbar2, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(kbar1, f2, mask=mask2, need_weights=True)
@@ -640,7 +641,7 @@ class ParallelCoAttention(Configurable):
         mask1: Tensor | None = None,
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
         A = _masked_affinity(self.affinity(f1, f2), mask1, mask2)
         e1, e2, ok1, ok2 = self.scores_from_affinity(A, f1, f2, mask1, mask2)
         a1, al1 = _align_vector(self.align1, e1, ok1, f1)
@@ -761,7 +762,7 @@ class MultiGrainedCoAttention(Configurable):
         mask1: Tensor | None = None,
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
         coarse = self.coarse(f1, f2, mask1, mask2)
         extras: dict[str, Any] = {
             "coarse_" + k: v for k, v in coarse.extras.items() if k.startswith("query")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
@@ -200,6 +200,7 @@ class MetaEmbedding(Configurable):
             check_tensor(v, f"inputs[{i}]")
             if v.dtype != dtype:
                 raise TypeError(f"inputs[{i}] gives dtype {v.dtype} but inputs[0] gives {dtype}")
+            check_module_dtype(self, v, f"inputs[{i}]")
         A = torch.stack(avail, dim=-1)  # [B, n, E]
         if token_mask is not None:
             if (

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.output import AttentionOutput
@@ -437,6 +437,7 @@ class HierarchicalAttention(Configurable):
                 f"x has shape {tuple(x.shape)}, expected {layout} with d_in = {self.d_in} "
                 f"({L} levels)"
             )
+        check_module_dtype(self, x, "x")
         if mask is None:
             return torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
         m_layout = "[B" + "".join(f", n_{i + 1}" for i in range(L)) + "]"
@@ -772,6 +773,8 @@ class AttentionViaAttention(Configurable):
                     )
                 n_w = word_mask.shape[1]
             _bool_mask(word_mask, "word_mask", (B, n_w), "[B, n_w]")
+        check_same(q, "q", chars=chars, words=words)
+        check_module_dtype(self, q, "q")
         return B, n_c, n_w
 
     def forward(

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
 from attnlab.registry import Configurable, register
 
@@ -176,6 +176,7 @@ class LCRRotHop(Configurable):
         _check_part(left, left_mask, "left", B, self.d_c)
         _check_part(right, right_mask, "right", B, self.d_c)
         check_same(target, "target", left=left, right=right)
+        check_module_dtype(self, left, "left")
         r_tl = r_tr = masked_mean(target, target_mask)
         hops: list[dict[str, Tensor]] = []
         log_prob: Tensor | None = None

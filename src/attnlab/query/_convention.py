@@ -8,9 +8,9 @@ argument, its shape and the expected shape, so each module does not repeat it.
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
-from attnlab._checks import check_same, check_tensor
+from attnlab._checks import check_module_dtype, check_same, check_tensor
 
 
 def check_call(
@@ -21,10 +21,10 @@ def check_call(
     d_model: int,
     d_k: int,
     d_v: int,
-    parameters: Tensor | None = None,
+    module: nn.Module | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Validate ``query``/``key``/``value`` and return ``(key, value)`` with the defaults
-    applied. ``parameters`` (any parameter of the module) is checked for dtype/device."""
+    applied. ``query`` is checked against the dtype/device of ``module``'s parameters."""
     check_tensor(query, "query")
     if query.dim() != 3 or query.shape[-1] != d_model:
         raise ValueError(
@@ -45,5 +45,7 @@ def check_call(
         raise ValueError(
             f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {d_v}]"
         )
-    check_same(query, "query", key=key, value=value, parameters=parameters)
+    check_same(query, "query", key=key, value=value)
+    if module is not None:
+        check_module_dtype(module, query, "query")
     return key, value

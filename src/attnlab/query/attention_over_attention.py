@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.alignment import Alignment, masked_softmax
 from attnlab.general.scoring import Score, dot_score
 from attnlab.registry import Configurable, get, register
@@ -296,11 +296,6 @@ class AttentionOverAttention(Configurable):
         query_mask: Tensor | None = None,
     ) -> AoAOutput:
         _check_inputs(document, query, document_mask, query_mask, self.d_k, self.d_q)
-        param = next(self.parameters(), None)
-        if param is not None and param.dtype != document.dtype:
-            raise TypeError(
-                f"document has dtype {document.dtype} but the parameters of "
-                f"AttentionOverAttention have dtype {param.dtype}"
-            )
+        check_module_dtype(self, document, "document")
         matching = self.matching(document, query)
         return _aoa(matching, document, document_mask, query_mask, self.align.normalize)

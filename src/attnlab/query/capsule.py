@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.attention import Attention
 from attnlab.general.scoring import Score
@@ -60,20 +60,6 @@ def _check_features(features: Tensor, d: int) -> None:
     if features.dim() != 3 or features.shape[2] != d:
         raise ValueError(
             f"features has shape {tuple(features.shape)}, expected [B, n, d_k] = [B, n, {d}]"
-        )
-
-
-def _check_dtype(module: nn.Module, x: Tensor) -> None:
-    param = next(module.parameters(), None)
-    if param is not None and param.dtype != x.dtype:
-        raise TypeError(
-            f"features has dtype {x.dtype} but the parameters of {type(module).__name__} have "
-            f"dtype {param.dtype}; convert the module with .to({x.dtype})"
-        )
-    if param is not None and param.device != x.device:
-        raise ValueError(
-            f"features is on {x.device} but the parameters of {type(module).__name__} are on "
-            f"{param.device}"
         )
 
 
@@ -272,7 +258,7 @@ class CapsuleAttention(Configurable):
         self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = True
     ) -> CapsuleOutput:
         _check_features(features, self.d_k)
-        _check_dtype(self, features)
+        check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         C = self.num_classes
         pm = _position_mask(mask, B, n, features.device)
@@ -478,7 +464,7 @@ class CapsuleRouting(Configurable):
 
     def forward(self, features: Tensor, mask: Tensor | None = None) -> RoutingOutput:
         _check_features(features, self.d_k)
-        _check_dtype(self, features)
+        check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         pm = _position_mask(mask, B, n, features.device)
         u = self.predictions(features)  # [B, n, C, d]

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.query._convention import check_call
 
 __all__ = [
@@ -98,23 +98,6 @@ def resolve_inputs(
                 )
         return query, query
     return check_call(query, key, value, d_model=d_model, d_k=d_model, d_v=d_model)
-
-
-def check_module_dtype(module: torch.nn.Module, x: Tensor, name: str = "query") -> None:
-    """The input's dtype and device agree with the module's parameters."""
-    param = next(module.parameters(), None)
-    if param is None:
-        return
-    if param.dtype != x.dtype:
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the parameters of {type(module).__name__} have "
-            f"dtype {param.dtype}; convert the module with .to({x.dtype}) or cast the inputs"
-        )
-    if param.device != x.device:
-        raise ValueError(
-            f"{name} is on {x.device} but the parameters of {type(module).__name__} are on "
-            f"{param.device}"
-        )
 
 
 def head_mask(

@@ -32,7 +32,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.functional import attend
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
@@ -210,6 +210,7 @@ class KeyValueAttention(Configurable):
     ) -> AttentionOutput:
         a = self.attention
         _check_kv(query, keys, values, (2, 3), a.d_q, a.d_k, a.d_v)
+        check_module_dtype(self, keys, "keys")
         return self.attention(query, keys, values, mask=mask, need_weights=need_weights)
 
 
@@ -275,6 +276,7 @@ class MultiQueryAttention(Configurable):
     ) -> AttentionOutput:
         a = self.attention
         _check_kv(queries, keys, values, (3,), a.d_q, a.d_k, a.d_v, query_name="queries")
+        check_module_dtype(self, keys, "keys")
         if self.num_queries is not None and queries.shape[1] != self.num_queries:
             raise ValueError(
                 f"queries has shape {tuple(queries.shape)}, expected [B, M, d_q] with "

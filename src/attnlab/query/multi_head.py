@@ -193,7 +193,9 @@ class MultiHeadAttention(Configurable):
         need_weights: bool = False,
         average_weights: bool = True,
     ) -> AttentionOutput:
-        key, value = check_call(query, key, value, d_model=self.d_model, d_k=self.d_k, d_v=self.d_v)
+        key, value = check_call(
+            query, key, value, d_model=self.d_model, d_k=self.d_k, d_v=self.d_v, module=self
+        )
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         hmask = _masks.normalize_head_mask(

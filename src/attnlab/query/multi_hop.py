@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
@@ -243,12 +243,7 @@ class MultiHopAttention(Configurable):
                     f"[{B}, {n_k}, {self.d_v}]"
                 )
         check_same(keys, "keys", query=query, values=values)
-        param = next(self.parameters(), None)
-        if param is not None and param.dtype != keys.dtype:
-            raise TypeError(
-                f"keys has dtype {keys.dtype} but the parameters of MultiHopAttention have "
-                f"dtype {param.dtype}; convert the module with .to({keys.dtype})"
-            )
+        check_module_dtype(self, keys, "keys")
         single = query.dim() == 2
         return (query.unsqueeze(1) if single else query), single, values
 

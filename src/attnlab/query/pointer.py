@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value
 from attnlab.registry import Configurable, build, get, register
@@ -304,14 +304,7 @@ class PointerNetwork(Configurable):
             raise ValueError(
                 f"x has shape {tuple(x.shape)}, expected [B, n, d_in] = [B, n, {self.d_in}]"
             )
-        param = self.start
-        if x.dtype != param.dtype:
-            raise TypeError(
-                f"x has dtype {x.dtype} but the parameters have dtype {param.dtype}; convert "
-                f"the module with .to({x.dtype}) or cast x"
-            )
-        if x.device != param.device:
-            raise ValueError(f"x is on {x.device} but the parameters are on {param.device}")
+        check_module_dtype(self, x, "x")
         B, n, _ = x.shape
         if lengths is not None and mask is not None:
             raise ValueError("give lengths or mask, not both")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import check_call
 from attnlab.registry import Configurable, get, register
@@ -243,7 +243,7 @@ class LearnedPositions(Configurable):
                     f"(max_len={self.max_len})"
                 )
             pe = self.weight[positions.to(self.weight.device).long()]
-        check_same(x, "x", weights=self.weight)
+        check_module_dtype(self, x, "x")
         out = x + pe
         return F.dropout(out, self.dropout, self.training) if self.dropout > 0 else out
 
@@ -602,7 +602,7 @@ class RelativePositionAttention(Configurable):
             d_model=self.d_model,
             d_k=self.d_k,
             d_v=self.d_v,
-            parameters=self.rel_k,
+            module=self,
         )
         B, n_q, _ = query.shape
         n_k = key.shape[1]

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.general.activations import get_activation
 from attnlab.general.attention import Attention
 from attnlab.general.scoring import Score
@@ -53,22 +53,6 @@ def _check_features(features: Tensor, d: int, name: str = "features") -> None:
     if features.dim() != 3 or features.shape[2] != d:
         raise ValueError(
             f"{name} has shape {tuple(features.shape)}, expected [B, n, d_f] = [B, n, {d}]"
-        )
-
-
-def _check_module(module: nn.Module, x: Tensor, name: str) -> None:
-    param = next(module.parameters(), None)
-    if param is None:
-        return
-    if param.dtype != x.dtype:
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the parameters of {type(module).__name__} have "
-            f"dtype {param.dtype}; convert the module with .to({x.dtype}) or cast the input"
-        )
-    if param.device != x.device:
-        raise ValueError(
-            f"{name} is on {x.device} but the parameters of {type(module).__name__} are on "
-            f"{param.device}"
         )
 
 
@@ -211,7 +195,7 @@ class ConstantQuerySelfAttention(Configurable):
         self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
     ) -> AttentionOutput:
         _check_features(features, self.d_k)
-        _check_module(self, features, "features")
+        check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         m = _key_mask(mask, B, 1, n, features.device)
         return self.attention(None, features, mask=m, need_weights=need_weights)
@@ -320,7 +304,7 @@ class LearnedQuerySelfAttention(Configurable):
         self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
     ) -> AttentionOutput:
         _check_features(features, self.d_k)
-        _check_module(self, features, "features")
+        check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         r = self.num_queries
         m = _key_mask(mask, B, r, n, features.device)
@@ -453,7 +437,7 @@ class RelationalSelfAttention(Configurable):
         need_weights: bool = False,
     ) -> AttentionOutput:
         _check_features(features, self.d_f)
-        _check_module(self, features, "features")
+        check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         m = _masks.normalize_mask(mask, B, n, n, device=features.device)
         if causal:

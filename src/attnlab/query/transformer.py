@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import check_dropout, check_positive_int
 from attnlab.query.multi_head import MultiHeadAttention
@@ -165,6 +165,7 @@ class _Layer(Configurable):
                 f"{name} has shape {tuple(x.shape)}, expected [B, n, d_model] = "
                 f"[B, n, {self.d_model}]"
             )
+        check_module_dtype(self, x, name)
 
     def _block(
         self,

@@ -1,0 +1,327 @@
+"""Tests for attnlab._checks.check_module_dtype and its use by every query- and
+feature-related module with parameters: a float64 input to a float32 module is refused
+with one line that names the argument, both dtypes and the fix, not PyTorch's
+``mat1 and mat2 must have the same dtype`` from deep inside a matmul."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab import registry
+from attnlab._checks import check_module_dtype
+from attnlab.feature.co_attention import (
+    AlternatingCoAttention,
+    InteractiveCoAttention,
+    MultiGrainedCoAttention,
+    ParallelCoAttention,
+)
+from attnlab.feature.meta_embedding import CDME, DME
+from attnlab.feature.multilevel import AttentionViaAttention, HierarchicalAttention
+from attnlab.feature.rotatory import LCRRotHop, RotatoryAttention
+from attnlab.query.attention_over_attention import AttentionOverAttention
+from attnlab.query.capsule import CapsuleAttention, CapsuleRouting
+from attnlab.query.key_value import KeyValueAttention, MultiQueryAttention
+from attnlab.query.linformer import LinformerAttention
+from attnlab.query.multi_head import MultiHeadAttention
+from attnlab.query.multi_hop import MultiHopAttention
+from attnlab.query.pointer import PointerNetwork
+from attnlab.query.positional import LearnedPositions, RelativePositionAttention
+from attnlab.query.reformer import LSHAttention
+from attnlab.query.self_attention import (
+    ConstantQuerySelfAttention,
+    LearnedQuerySelfAttention,
+    RelationalSelfAttention,
+)
+from attnlab.query.synthesizer import SynthesizerAttention
+from attnlab.query.transformer import TransformerDecoderLayer, TransformerEncoderLayer
+from attnlab.query.transformer_xl import TransformerXLAttention
+
+B, N, D = 2, 5, 8
+
+#: registered query/feature mechanisms without parameters: they accept any float dtype
+PARAMETER_FREE = {"sinusoidal-positions", "rotary-positions"}
+
+
+def _inputs(dtype: torch.dtype) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    # characters 0-1 -> word 0, 2-3 -> word 1, 4 -> word 2; as [B, n_w, n_c]
+    char_to_word = torch.eye(3, dtype=torch.bool)[[0, 0, 1, 1, 2]].T.expand(B, 3, N)
+    return {"r": r, "char_to_word": char_to_word}
+
+
+# name -> (registry name, builder, call(module, inputs), the argument the error must name)
+Case = tuple[str, Callable[[], nn.Module], Callable[[nn.Module, dict[str, Any]], Any], str]
+CASES: dict[str, Case] = {
+    "attention-over-attention": (
+        "attention-over-attention",
+        lambda: AttentionOverAttention(D, D, score="general"),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, D)),
+        "document",
+    ),
+    "capsule": (
+        "capsule",
+        lambda: CapsuleAttention(D, 3),
+        lambda m, i: m(i["r"](B, N, D)),
+        "features",
+    ),
+    "capsule-routing": (
+        "capsule-routing",
+        lambda: CapsuleRouting(D, 3),
+        lambda m, i: m(i["r"](B, N, D)),
+        "features",
+    ),
+    "key-value": (
+        "key-value",
+        lambda: KeyValueAttention(D, D, D, score="general"),
+        lambda m, i: m(i["r"](B, 2, D), i["r"](B, N, D), i["r"](B, N, D)),
+        "keys",
+    ),
+    "multi-query": (
+        "multi-query",
+        lambda: MultiQueryAttention(D, D, D, num_queries=2, score="general"),
+        lambda m, i: m(i["r"](B, 2, D), i["r"](B, N, D), i["r"](B, N, D)),
+        "keys",
+    ),
+    "linformer": (
+        "linformer",
+        lambda: LinformerAttention(D, 2, max_len=N, proj_len=3),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
+    ),
+    "multi-head": (
+        "multi-head",
+        lambda: MultiHeadAttention(D, 2),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
+    ),
+    "multi-head-cross-general": (
+        "multi-head",
+        lambda: MultiHeadAttention(D, 2, d_k=6, d_v=6, score="general"),
+        lambda m, i: m(i["r"](B, 3, D), i["r"](B, N, 6)),
+        "query",
+    ),
+    "multi-head-grouped-additive": (
+        "multi-head",
+        lambda: MultiHeadAttention(D, 4, num_kv_heads=2, score="additive"),
+        lambda m, i: m(i["r"](B, N, D), causal=True),
+        "query",
+    ),
+    "multi-head-no-bias": (
+        "multi-head",
+        lambda: MultiHeadAttention(D, 2, bias=False, head_dim=3, out_dim=5),
+        lambda m, i: m(i["r"](B, N, D), need_weights=True),
+        "query",
+    ),
+    "multi-hop": (
+        "multi-hop",
+        lambda: MultiHopAttention(D, D),
+        lambda m, i: m(i["r"](B, D), i["r"](B, N, D)),
+        "keys",
+    ),
+    "pointer-network": (
+        "pointer-network",
+        lambda: PointerNetwork(D, 8),
+        lambda m, i: m(i["r"](B, N, D), torch.arange(N).repeat(B, 1)),
+        "x",
+    ),
+    "learned-positions": (
+        "learned-positions",
+        lambda: LearnedPositions(N, D),
+        lambda m, i: m(i["r"](B, N, D)),
+        "x",
+    ),
+    "relative-positions": (
+        "relative-positions",
+        lambda: RelativePositionAttention(D, 2),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
+    ),
+    "reformer": (
+        "reformer",
+        lambda: LSHAttention(D, 2, bucket_size=2),
+        lambda m, i: m(i["r"](B, 4, D)),
+        "query",
+    ),
+    "constant-query-self-attention": (
+        "constant-query-self-attention",
+        lambda: ConstantQuerySelfAttention(D),
+        lambda m, i: m(i["r"](B, N, D)),
+        "features",
+    ),
+    "learned-query-self-attention": (
+        "learned-query-self-attention",
+        lambda: LearnedQuerySelfAttention(D),
+        lambda m, i: m(i["r"](B, N, D)),
+        "features",
+    ),
+    "relational-self-attention": (
+        "relational-self-attention",
+        lambda: RelationalSelfAttention(D),
+        lambda m, i: m(i["r"](B, N, D)),
+        "features",
+    ),
+    "synthesizer": (
+        "synthesizer",
+        lambda: SynthesizerAttention(D, 2, max_len=N),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
+    ),
+    "transformer-encoder-layer": (
+        "transformer-encoder-layer",
+        lambda: TransformerEncoderLayer(D, 2, dim_feedforward=8, dropout=0.0),
+        lambda m, i: m(i["r"](B, N, D)),
+        "src",
+    ),
+    "transformer-encoder-layer-norm-first": (
+        "transformer-encoder-layer",
+        lambda: TransformerEncoderLayer(D, 2, dim_feedforward=8, dropout=0.0, norm_first=True),
+        lambda m, i: m(i["r"](B, N, D)),
+        "src",
+    ),
+    "transformer-decoder-layer": (
+        "transformer-decoder-layer",
+        lambda: TransformerDecoderLayer(D, 2, dim_feedforward=8, dropout=0.0),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, D)),
+        "tgt",
+    ),
+    "transformer-xl": (
+        "transformer-xl",
+        lambda: TransformerXLAttention(D, 2),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
+    ),
+    "alternating-co-attention": (
+        "alternating-co-attention",
+        lambda: AlternatingCoAttention(D, 6),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, 6)),
+        "f1",
+    ),
+    "interactive-co-attention": (
+        "interactive-co-attention",
+        lambda: InteractiveCoAttention(D, 6),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, 6)),
+        "f1",
+    ),
+    "parallel-co-attention": (
+        "parallel-co-attention",
+        lambda: ParallelCoAttention(D, 6),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, 6)),
+        "f1",
+    ),
+    "parallel-co-attention-max": (
+        "parallel-co-attention",
+        lambda: ParallelCoAttention(D, D, affinity="concat", scores="max"),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, D)),
+        "f1",
+    ),
+    "multi-grained-co-attention": (
+        "multi-grained-co-attention",
+        lambda: MultiGrainedCoAttention(D, 6, affinity="bilinear"),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 3, 6)),
+        "f1",
+    ),
+    "hierarchical-attention": (
+        "hierarchical-attention",
+        lambda: HierarchicalAttention(D),
+        lambda m, i: m(i["r"](B, 3, N, D)),
+        "x",
+    ),
+    "attention-via-attention": (
+        "attention-via-attention",
+        lambda: AttentionViaAttention(D, 6, 6),
+        lambda m, i: m(
+            i["r"](B, D), i["r"](B, N, 6), i["r"](B, 3, 6), char_to_word=i["char_to_word"]
+        ),
+        "q",
+    ),
+    "dme": (
+        "dme",
+        lambda: DME([D, 6], 4),
+        lambda m, i: m([i["r"](B, N, D), i["r"](B, N, 6)]),
+        "inputs[0]",
+    ),
+    "cdme": (
+        "cdme",
+        lambda: CDME([D, 6], 4),
+        lambda m, i: m([i["r"](B, N, D), i["r"](B, N, 6)]),
+        "inputs[0]",
+    ),
+    "lcr-rot-hop": (
+        "lcr-rot-hop",
+        lambda: LCRRotHop(D),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 2, D), i["r"](B, 3, D)),
+        "left",
+    ),
+    "rotatory": (
+        "rotatory",
+        lambda: RotatoryAttention(D),
+        lambda m, i: m(i["r"](B, N, D), i["r"](B, 2, D), i["r"](B, 3, D)),
+        "left",
+    ),
+}
+
+
+def test_every_query_and_feature_mechanism_with_parameters_is_covered():
+    registered = {e.name for kind in ("query", "feature") for e in registry.entries(kind)}
+    covered = {case[0] for case in CASES.values()}
+    assert registered - PARAMETER_FREE == covered
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_float64_input_to_float32_module_names_the_argument_and_the_fix(case):
+    _, build, call, arg = CASES[case]
+    torch.manual_seed(0)
+    module = build()
+    assert next(module.parameters()).dtype == torch.float32
+    with pytest.raises(TypeError) as err:
+        call(module, _inputs(torch.float64))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{arg} has dtype torch.float64 but the parameters of ")
+    assert type(module).__name__ in msg
+    assert "have dtype torch.float32" in msg
+    assert f"{arg}.to(torch.float32)" in msg
+    assert "module.to(torch.float64)" in msg
+    # both fixes it names work
+    call(module, _inputs(torch.float32))
+    call(module.to(torch.float64), _inputs(torch.float64))
+
+
+@pytest.mark.parametrize(
+    "case", ["multi-head", "transformer-encoder-layer", "parallel-co-attention"]
+)
+def test_mixed_dtypes_stay_allowed_under_autocast(case):
+    """Under autocast a bfloat16 activation meets float32 parameters by design."""
+    _, build, call, _ = CASES[case]
+    torch.manual_seed(0)
+    module = build()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        call(module, _inputs(torch.bfloat16))
+
+
+def test_check_module_dtype_accepts_anything_without_float_parameters():
+    check_module_dtype(nn.Identity(), torch.zeros(2, dtype=torch.float64), "x")
+    check_module_dtype(nn.ReLU(), torch.zeros(2, dtype=torch.float16), "x")
+
+
+def test_check_module_dtype_reports_the_device():
+    module = nn.Linear(2, 2, device="meta")
+    with pytest.raises(ValueError) as err:
+        check_module_dtype(module, torch.zeros(1, 2), "x")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("x is on cpu but the parameters of Linear are on meta")
+    assert "x.to('meta')" in msg and "module.to('cpu')" in msg
+
+
+def test_check_module_dtype_passes_a_matching_input():
+    check_module_dtype(nn.Linear(2, 2).double(), torch.zeros(1, 2, dtype=torch.float64), "x")
