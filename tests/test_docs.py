@@ -2,7 +2,9 @@
 
 * Every ```python block of README.md and docs/**/*.md runs. The blocks of one page run in
   order in one fresh namespace (a later block may use names from an earlier one); a failure
-  names the page and the block number.
+  names the page and the block number. A page whose examples need an optional package says
+  so in a comment, ``<!-- needs: matplotlib (pip install 'attnlab[eval]') -->``; without
+  the package its examples skip with that install command as the reason.
 * Every registered mechanism has a docs page that names it and cites its source paper.
 * Every relative link in the docs points at a file that exists.
 * docs/functional.md lists the exact signatures of ``attnlab.functional``.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
 import traceback
@@ -41,6 +44,7 @@ SPECIAL_PAGES = {("attention", "general"): "attention.md"}
 
 _FENCE = re.compile(r"^```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+_NEEDS = re.compile(r"<!--\s*needs:\s*(?P<module>[\w.]+)\s*\((?P<install>[^)]*)\)\s*-->")
 
 
 def _rel(path: Path) -> str:
@@ -56,12 +60,26 @@ def _without_code(text: str) -> str:
     return _FENCE.sub("", text)
 
 
+def missing_needs(text: str) -> list[str]:
+    """The install commands of the optional packages a page's examples need and that are
+    not installed (declared as ``<!-- needs: MODULE (INSTALL) -->``)."""
+    return [
+        f"{m['module']} is not installed ({m['install'].strip()})"
+        for m in _NEEDS.finditer(text)
+        if importlib.util.find_spec(m["module"]) is None
+    ]
+
+
 # ----------------------------------------------------------------------------- examples
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_examples_run(page: Path) -> None:
-    blocks = python_blocks(page.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    missing = missing_needs(text)
+    if missing:
+        pytest.skip(f"{_rel(page)}: " + "; ".join(missing))
+    blocks = python_blocks(text)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     torch.manual_seed(0)
     for number, code in enumerate(blocks, start=1):
@@ -75,6 +93,25 @@ def test_examples_run(page: Path) -> None:
 def test_block_extraction_sees_fences() -> None:
     text = "intro\n```python\nx = 1\n```\ntext\n```text\nnot code\n```\n```python\ny = x\n```\n"
     assert python_blocks(text) == ["x = 1\n", "y = x\n"]
+
+
+def test_needs_marker_is_read() -> None:
+    text = "<!-- needs: attnlab_no_such_module (pip install x) -->\n<!-- needs: torch (y) -->"
+    assert missing_needs(text) == ["attnlab_no_such_module is not installed (pip install x)"]
+
+
+def test_pages_that_import_optional_packages_declare_them() -> None:
+    # an example importing an optional package must say so, or a fresh clone fails on it
+    optional = {"matplotlib": "attnlab.viz", "pysword": None, "eflomal": None, "ray": None}
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        code = "\n".join(python_blocks(text))
+        for module, via in optional.items():
+            uses = re.search(rf"^\s*(from|import) {module}\b", code, re.M) or (
+                via is not None and re.search(rf"^\s*(from|import) {re.escape(via)}\b", code, re.M)
+            )
+            declared = any(m["module"] == module for m in _NEEDS.finditer(text))
+            assert not uses or declared, f"{_rel(page)} imports {module} without a needs: marker"
 
 
 def test_every_page_has_an_example() -> None:
@@ -255,3 +292,45 @@ def test_readme_names_the_setup_commands() -> None:
     for command in ("make test", "make demo", "make bench", "make lint"):
         assert command in readme, f"README.md does not mention `{command}`"
     assert attnlab.__version__
+
+
+# ----------------------------------------------------------------------------- README
+
+
+def _readme_commands() -> list[list[str]]:
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [m["body"] for m in _FENCE.finditer(text) if m["lang"] in ("text", "")]
+    return [
+        shlex.split(line.split("#", 1)[0])
+        for block in blocks
+        for line in block.splitlines()
+        if line.startswith("attnlab ")
+    ]
+
+
+def _run_dir_of_train(words: list[str]) -> str:
+    """The run directory an `attnlab train TASK ...` line of the README creates."""
+    from attnlab.lab.config import parse_attention
+    from attnlab.lab.task import spec_slug
+
+    task, spec, seed, out = words[2], None, "0", None
+    for k, word in enumerate(words):
+        if word in ("-a", "--attention"):
+            spec = words[k + 1]
+        elif word == "--seed":
+            seed = words[k + 1]
+        elif word == "--out":
+            out = words[k + 1]
+    base = out or f"runs/{task}"
+    return f"{base}/{spec_slug(parse_attention(spec))}--seed{seed}"
+
+
+def test_readme_explains_a_run_its_own_train_line_creates() -> None:
+    commands = _readme_commands()
+    created = {_run_dir_of_train(c) for c in commands if c[1] == "train" and "--help" not in c}
+    explained = [c[2] for c in commands if c[1] == "explain"]
+    assert explained, "the README no longer shows `attnlab explain`"
+    for run_dir in explained:
+        assert run_dir in created, f"README: explain {run_dir} names no run a train line makes"

@@ -26,5 +26,5 @@ def needs_package(module: str, install: str):
 
 needs_shared = pytest.mark.skipif(
     not SHARED_DATASETS.is_dir(),
-    reason=f"the reference data folder {SHARED_DATASETS} is absent (a fresh clone has no shared/)",
+    reason="reference data for maintainers is absent",
 )

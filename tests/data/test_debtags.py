@@ -7,6 +7,7 @@ import json
 import lzma
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +271,20 @@ def test_main_freeze_and_stats(lists_dir, tmp_path, capsys):
     assert "use::editing" in capsys.readouterr().out
     assert dt.main(["freeze", str(dest), "--lists-dir", str(tmp_path / "none")]) == 1
     assert "apt-get update" in capsys.readouterr().err
+
+
+def test_the_set_up_command_runs_without_warnings(lists_dir, tmp_path):
+    # `make data` runs it; `python -m attnlab.data.debtags` made runpy warn (RuntimeWarning:
+    # the module was already imported by its package)
+    dest = tmp_path / "m.jsonl.gz"
+    command = [sys.executable, "-W", "error", "-m", "attnlab.data", "debtags", "freeze"]
+    done = subprocess.run(
+        [*command, str(dest), "--lists-dir", str(lists_dir)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and "froze 4 tagged packages" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "attnlab.data", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
 
 
 # ----------------------------------------------------------------------------- real data

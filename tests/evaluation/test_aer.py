@@ -13,7 +13,7 @@ from attnlab.evaluation.aer import aer_command, alignment_error_rate
 ALIGN = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "alignment"
 needs_alignments = pytest.mark.skipif(
     not (ALIGN / "enfr.gold").is_file(),
-    reason=f"reference alignments not found at {ALIGN} (../shared/datasets is absent)",
+    reason="reference data for maintainers is absent (awesome-align alignments)",
 )
 
 GOLD_1 = Alignment(sure=frozenset({(0, 0), (1, 1)}), possible_only=frozenset({(1, 2)}))

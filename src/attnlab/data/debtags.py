@@ -13,7 +13,7 @@ labels.
 Set-up freezes the lists into one file, so the corpus does not change with the next
 ``apt-get update``::
 
-    python -m attnlab.data.debtags freeze      # -> ~/.cache/attnlab/debtags/debtags.jsonl.gz
+    python -m attnlab.data debtags freeze      # -> ~/.cache/attnlab/debtags/debtags.jsonl.gz
 
 :func:`freeze_debtags` writes a gzip-compressed JSON Lines file (a header line, then one
 record per tagged package: ``package``, ``source``, ``section``, ``description``,
@@ -75,7 +75,7 @@ FORMAT_VERSION = 1
 DEFAULT_FACETS = ("use", "works-with", "field", "interface", "implemented-in")
 SETUP_HINT = (
     "run `apt-get update` (as root) so that /var/lib/apt/lists holds Debian's package lists, "
-    "then `python -m attnlab.data.debtags freeze`"
+    "then `python -m attnlab.data debtags freeze`"
 )
 
 
@@ -450,7 +450,7 @@ def read_frozen(path: str | Path) -> list[dict[str, Any]]:
     if header.get("version") != FORMAT_VERSION:
         raise DataFormatError(
             f"format version {header.get('version')}, this attnlab reads {FORMAT_VERSION}; "
-            "freeze again with `python -m attnlab.data.debtags freeze`",
+            "freeze again with `python -m attnlab.data debtags freeze`",
             path=path,
             line=1,
         )
@@ -534,7 +534,7 @@ def load_debtags(
 ) -> MultiLabelDataset:
     """Debian package descriptions labelled with their debtags, as a :class:`MultiLabelDataset`.
 
-    Reads the frozen file ``path`` (default: the one ``python -m attnlab.data.debtags
+    Reads the frozen file ``path`` (default: the one ``python -m attnlab.data debtags
     freeze`` wrote, when it exists), else the apt lists in ``lists_dir`` (parsed once and
     cached); :class:`MissingDataError` when there is neither.
 
@@ -595,11 +595,11 @@ def load_debtags(
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m attnlab.data.debtags freeze [DEST] [--lists-dir DIR]`` and ``... stats``."""
+    """``python -m attnlab.data debtags freeze [DEST] [--lists-dir DIR]`` and ``... stats``."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m attnlab.data.debtags", description=__doc__.split("\n")[0]
+        prog="python -m attnlab.data debtags", description=__doc__.split("\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
     freeze = commands.add_parser("freeze", help="freeze the apt lists' debtags into a file")
@@ -626,7 +626,3 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

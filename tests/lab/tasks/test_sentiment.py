@@ -312,7 +312,7 @@ def test_rotten_tomatoes_with_glove(tmp_path):
 
 def test_sst_from_shared_datasets(tmp_path):
     if not SST.is_file():
-        pytest.skip(f"no SST binary CSV at {SST}")
+        pytest.skip("reference data for maintainers is absent (the SST binary CSV)")
     task = SentimentTask(
         data="sst", path=str(SST), embeddings="learned", embed_dim=8, max_train=100
     )
