@@ -13,6 +13,7 @@ import struct
 import subprocess
 import zlib
 from collections.abc import Mapping, Sequence
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,64 @@ def write_ablation_dir(
         con.commit()
         con.close()
     return root
+
+
+# ----------------------------------------------------------------------------- reading HTML
+
+
+class Cells(HTMLParser):
+    """Every element's (tag, attrs, text) in document order, with the text of its subtree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[dict] = []
+        self._open: list[dict] = []
+
+    def handle_starttag(self, tag, attrs):
+        el = {"tag": tag, "attrs": dict(attrs), "text": "", "parents": list(self._open)}
+        self.elements.append(el)
+        if tag not in ("br", "img", "meta", "input", "link", "hr", "circle", "line", "rect"):
+            self._open.append(el)
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i]["tag"] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data):
+        for el in self._open:
+            el["text"] += data
+
+    def find(self, tag=None, **attrs):
+        out = []
+        for el in self.elements:
+            if tag is not None and el["tag"] != tag:
+                continue
+            if all(el["attrs"].get(k.replace("_", "-")) == v for k, v in attrs.items()):
+                out.append(el)
+        return out
+
+
+def parse(text: str) -> Cells:
+    p = Cells()
+    p.feed(text)
+    p.close()
+    return p
+
+
+def table_rows(doc: Cells, table_id: str) -> dict[str, list[dict]]:
+    """{row label: [td elements]} of the table with that id."""
+    rows: dict[str, list[dict]] = {}
+    for el in doc.elements:
+        if el["tag"] != "td":
+            continue
+        tables = [p for p in el["parents"] if p["tag"] == "table"]
+        if not tables or tables[-1]["attrs"].get("id") != table_id:
+            continue
+        tr = [p for p in el["parents"] if p["tag"] == "tr"][-1]
+        rows.setdefault(tr["attrs"].get("data-label") or str(id(tr)), []).append(el)
+    return rows
 
 
 # ----------------------------------------------------------------------------- chromium

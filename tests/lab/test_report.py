@@ -13,19 +13,21 @@ import shutil
 import sqlite3
 import struct
 import zlib
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from report_fixtures import (
     EXPLANATION,
+    Cells,
     coattention_example,
     heads_example,
     hierarchy_example,
     image_example,
     matrix_example,
+    parse,
     run_id,
+    table_rows,
     tiny_png,
     tokens_example,
     write_ablation_dir,
@@ -49,61 +51,6 @@ MEAN = {"name": "mean"}
 ADD = {"score": "additive", "align": "soft"}
 DOT = {"score": "dot", "align": "soft"}
 HEAT = "rgb({},{},{})".format(*assets.HEAT_RGB)
-
-
-class Cells(HTMLParser):
-    """Every element's (tag, attrs, text) in document order, with the text of its subtree."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements: list[dict] = []
-        self._open: list[dict] = []
-
-    def handle_starttag(self, tag, attrs):
-        el = {"tag": tag, "attrs": dict(attrs), "text": "", "parents": list(self._open)}
-        self.elements.append(el)
-        if tag not in ("br", "img", "meta", "input", "link", "hr", "circle", "line", "rect"):
-            self._open.append(el)
-
-    def handle_endtag(self, tag):
-        for i in range(len(self._open) - 1, -1, -1):
-            if self._open[i]["tag"] == tag:
-                del self._open[i:]
-                break
-
-    def handle_data(self, data):
-        for el in self._open:
-            el["text"] += data
-
-    def find(self, tag=None, **attrs):
-        out = []
-        for el in self.elements:
-            if tag is not None and el["tag"] != tag:
-                continue
-            if all(el["attrs"].get(k.replace("_", "-")) == v for k, v in attrs.items()):
-                out.append(el)
-        return out
-
-
-def parse(text: str) -> Cells:
-    p = Cells()
-    p.feed(text)
-    p.close()
-    return p
-
-
-def table_rows(doc: Cells, table_id: str) -> dict[str, list[dict]]:
-    """{row label: [td elements]} of the table with that id."""
-    rows: dict[str, list[dict]] = {}
-    for el in doc.elements:
-        if el["tag"] != "td":
-            continue
-        tables = [p for p in el["parents"] if p["tag"] == "table"]
-        if not tables or tables[-1]["attrs"].get("id") != table_id:
-            continue
-        tr = [p for p in el["parents"] if p["tag"] == "tr"][-1]
-        rows.setdefault(tr["attrs"].get("data-label") or str(id(tr)), []).append(el)
-    return rows
 
 
 def metric_cell(rows, label, metric):
@@ -924,13 +871,32 @@ def test_explanation_section(tmp_path: Path) -> None:
     seeds = cells_by_key(doc, "explain-0-seeds")
     assert seeds == {"1 other run(s)": {"mean_jsd": 0.125, "mean_tvd": 0.0625, "n": 2.0}}
     assert "<code>other-run</code>" in text
-    # the PNG plots, inline: the data URIs decode to the files' bytes
+    # the permutation and adversarial plots are drawn as SVG: their PNGs are not repeated
+    assert [el for el in doc.find("img") if el["attrs"].get("class") == "plot"] == []
+
+
+def test_explanation_png_plots_without_an_svg_are_inlined_once(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    result = json.loads(json.dumps(EXPLANATION))
+    names = ["permutation.png", "adversarial.png", "adversarial_models.png"]
+    result["plots"] = names
+    write_explanation(root, result)
+    doc = parse(render_report(root))
+    svgs = [el["attrs"]["aria-label"] for el in doc.find("svg", **{"class": "scatter"})]
+    assert svgs[:2] == ["permutation test", "adversarial attention"]
     figs = [el for el in doc.find("img") if el["attrs"].get("class") == "plot"]
-    assert [f["attrs"]["alt"] for f in figs] == ["permutation.png", "adversarial.png"]
-    for fig, name in zip(figs, ("permutation.png", "adversarial.png"), strict=True):
-        data = base64.b64decode(fig["attrs"]["src"].split(",", 1)[1])
-        assert data == (root / "explanation" / name).read_bytes()
-    assert base64.b64decode(figs[0]["attrs"]["src"].split(",", 1)[1]) == tiny_png((10, 200, 30))
+    # the adversarial-models plot has no SVG: inline, its data URI decodes to the file
+    assert [f["attrs"]["alt"] for f in figs] == ["adversarial_models.png"]
+    data = base64.b64decode(figs[0]["attrs"]["src"].split(",", 1)[1])
+    assert data == (root / "explanation" / "adversarial_models.png").read_bytes()
+    assert data == tiny_png((90, 200, 30))
+    # without the numbers of a scatter (e.g. an older explain), its PNG is shown
+    del result["permutation"]
+    write_explanation(root, result)
+    figs = [
+        el for el in parse(render_report(root)).find("img") if el["attrs"].get("class") == "plot"
+    ]
+    assert [f["attrs"]["alt"] for f in figs] == ["permutation.png", "adversarial_models.png"]
 
 
 def test_explanation_scatter_svg(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ viewer works from a ``file://`` page with no network. It reads the JSON the repo
   whose rows can be clicked -- the chosen row's weights over the columns are drawn under
   it; ``image``: the picture on a canvas with the chosen row's attention grid over it) and
   the extra views (``words``, ``hierarchy``, ``coattention``, ``heads``);
-* a read-out of the exact weight of the token, cell or image cell under the pointer or
-  last clicked.
+* a read-out of the weight (4 significant digits) of the token, cell or image cell under
+  the pointer or last clicked.
 
 Without JavaScript the section keeps a short note and the static heatmaps stay. The state
 is mirrored in ``data-*`` attributes of ``#attention-viewer`` (``data-mechanism``, ``data-seed``,
@@ -49,6 +49,7 @@ VIEWER_CSS = """
 .viewer-panel { flex: 1 1 420px; min-width: 0; border: 1px solid var(--rule); padding: 8px 10px; }
 .viewer-panel h4 { margin: 0 0 4px; font-size: 13px; }
 .viewer-panel .meta { font-size: 12px; color: var(--muted); margin-bottom: 6px; }
+.viewer-panel small.vuniform { font-size: 11px; color: var(--muted); margin-left: 4px; }
 .viewer-panel .vtok { padding: 2px 3px; margin: 0 1px; border-radius: 2px; cursor: pointer;
   display: inline-block; line-height: 1.6; }
 .viewer-panel .vtok.picked { outline: 2px solid @VIEWER@; }
@@ -78,7 +79,43 @@ VIEWER_CSS = """
 """.replace("@VIEWER@", _hex(VIEWER_RGB))
 
 
-VIEWER_JS = r"""
+#: The viewer's number helpers, without the DOM (so that they can be tested on their own):
+#: ``attnlabWeights.fmt(v)`` writes a weight with 4 significant digits (the float32 weights
+#: would otherwise print with 17), ``scale(values)`` is what shading divides by (the largest
+#: weight, or 1 when every weight is equal: a uniform row -- the ``uniform`` and ``mean``
+#: baselines -- is shaded by its weights 1/n instead of all in full colour) and
+#: ``uniform(values)`` says whether a row is uniform.
+WEIGHTS_JS = r"""
+var attnlabWeights = (function () {
+  "use strict";
+  function num(v) { return (typeof v === "number" && isFinite(v)) ? v : NaN; }
+  function fmt(v) { v = num(v); return isNaN(v) ? "n/a" : v.toPrecision(4); }
+  function uniform(values) {
+    var first = NaN, n = 0;
+    for (var i = 0; i < values.length; i++) {
+      var v = num(values[i]);
+      if (isNaN(v)) { continue; }
+      if (n === 0) { first = v; } else if (Math.abs(v - first) > 1e-6 * Math.abs(first)) {
+        return false;
+      }
+      n++;
+    }
+    return n > 1 && first > 0;
+  }
+  function scale(values) {
+    if (uniform(values)) { return 1; }
+    var top = 0;
+    for (var i = 0; i < values.length; i++) {
+      var v = num(values[i]);
+      if (!isNaN(v) && v > top) { top = v; }
+    }
+    return top > 0 ? top : 1;
+  }
+  return { num: num, fmt: fmt, uniform: uniform, scale: scale };
+})();
+"""
+
+_VIEWER_MAIN_JS = r"""
 (function () {
   "use strict";
 
@@ -89,20 +126,14 @@ VIEWER_JS = r"""
     return node;
   }
 
-  function num(v) { return (typeof v === "number" && isFinite(v)) ? v : NaN; }
+  var num = attnlabWeights.num;
 
-  function fmt(v) { v = num(v); return isNaN(v) ? "n/a" : v.toFixed(4); }
+  var fmt = attnlabWeights.fmt;
 
+  // the full value, only for the data-weight attributes (not shown)
   function exact(v) { v = num(v); return isNaN(v) ? "n/a" : String(v); }
 
-  function maxOf(values) {
-    var top = 0;
-    for (var i = 0; i < values.length; i++) {
-      var v = num(values[i]);
-      if (!isNaN(v) && v > top) { top = v; }
-    }
-    return top > 0 ? top : 1;
-  }
+  var maxOf = attnlabWeights.scale;
 
   function Viewer(root, data) {
     this.root = root;
@@ -220,7 +251,7 @@ VIEWER_JS = r"""
   };
 
   Viewer.prototype.tell = function (what, weight) {
-    this.show(what + ": " + exact(weight) + " (" + fmt(weight) + ")");
+    this.show(what + ": " + fmt(weight));
   };
 
   // The example of mechanism ``mi`` that matches the main one (same seed, same title, or
@@ -332,6 +363,9 @@ VIEWER_JS = r"""
       p.appendChild(span);
       p.appendChild(document.createTextNode(" "));
     });
+    if (attnlabWeights.uniform(weights)) {
+      p.appendChild(make("small", "vuniform", "uniform: every weight " + fmt(weights[0])));
+    }
     return p;
   };
 
@@ -356,8 +390,7 @@ VIEWER_JS = r"""
   Viewer.prototype.drawMatrix = function (body, example) {
     var self = this;
     var weights = example.weights;
-    var scale = 0;
-    weights.forEach(function (r) { scale = Math.max(scale, maxOf(r)); });
+    var scale = maxOf([].concat.apply([], weights));
     var row = Math.min(this.state.row, weights.length - 1);
     var table = make("table", "vmatrix");
     var head = make("tr");
@@ -654,3 +687,5 @@ VIEWER_JS = r"""
   });
 })();
 """
+#: The viewer: the number helpers, then the viewer itself (which uses them).
+VIEWER_JS = WEIGHTS_JS + _VIEWER_MAIN_JS

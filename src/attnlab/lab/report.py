@@ -15,7 +15,8 @@ Besides the static heatmaps, the page embeds every example of every run as JSON 
 interactive viewer (:mod:`attnlab.lab._viewer_assets`; no library, works from ``file://``),
 draws the views that an example's ``extra`` asks for (hierarchy, co-attention, heads, a
 second token sequence: :func:`extra_views`), and shows the results of ``attnlab explain``
-(``RUN_DIR/explanation/explanation.json`` and its PNG plots, inlined).
+(``RUN_DIR/explanation/explanation.json`` as tables and SVG scatters, and its PNG plots
+that the SVGs do not repeat, inlined).
 
 The page is a list of :class:`Section` objects. :data:`SECTIONS` holds the default ones
 (header, ablation table, failed runs, learning curves, attention examples, the viewer,
@@ -108,6 +109,8 @@ class ReportData:
     kind: str  # "run" or "ablation"
     ablation: dict[str, Any]
     runs: list[RunRecord]
+    #: run directories that could not be read: (run id, why), one line each
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def done(self) -> list[RunRecord]:
@@ -197,19 +200,34 @@ def _read_json(path: Path, default: Any) -> Any:
         raise ReportError(f"cannot read {path}: {err}") from err
 
 
+def _read_typed(path: Path, default: Any, kind: type) -> Any:
+    """:func:`_read_json` of a file that must hold a JSON object (``kind=dict``) or array
+    (``kind=list``); anything else raises :class:`ReportError` naming the file."""
+    value = _read_json(path, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "an array"
+        raise ReportError(
+            f"{path} holds a JSON {type(value).__name__}, not {expected} (a damaged file?)"
+        )
+    return value
+
+
 def _read_run_dir(run_dir: Path, run_id: str | None = None) -> RunRecord:
-    run = _read_json(run_dir / "run.json", {})
-    if not isinstance(run, dict):
-        raise ReportError(f"{run_dir / 'run.json'} is not a JSON object")
+    """One run directory; :class:`ReportError` (one line, naming the file) when one of its
+    JSON files is unreadable or of the wrong type."""
+    run = _read_typed(run_dir / "run.json", {}, dict)
     label = run.get("label")
     if label is None:
         label = _spec_label(run.get("attention") or {})
-    metrics = _read_json(run_dir / "metrics.json", {})
+    metrics = _read_typed(run_dir / "metrics.json", {}, dict)
     status = str(run.get("status") or ("done" if metrics else "unknown"))
     error = run.get("error")
     if status == "done" and not (metrics.get("test") or metrics.get("dev")):
         status, error = "failed", error or "metrics.json is missing or empty"
-    examples = _read_json(run_dir / "examples.json", [])
+    examples = _read_typed(run_dir / "examples.json", [], list)
+    history = _read_typed(run_dir / "history.json", [], list)
     return RunRecord(
         run_id=run_id or run_dir.name,
         label=str(label),
@@ -217,11 +235,37 @@ def _read_run_dir(run_dir: Path, run_id: str | None = None) -> RunRecord:
         status=status,
         run_dir=run_dir,
         run=run,
-        metrics=metrics if isinstance(metrics, dict) else {},
-        history=[h for h in _read_json(run_dir / "history.json", []) if isinstance(h, dict)],
-        cost=_read_json(run_dir / "cost.json", {}) or {},
+        metrics=metrics,
+        history=[h for h in history if isinstance(h, dict)],
+        cost=_read_typed(run_dir / "cost.json", {}, dict),
         examples=[e for e in examples if isinstance(e, dict)],
         error=None if error is None else str(error),
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _store_record(run_id: str, row: Mapping[str, Any]) -> RunRecord:
+    """A run known only from its row in ``results.sqlite``."""
+    status = str(row.get("status") or "unknown")
+    metrics = {}
+    if status == "done":
+        metrics = {
+            "dev": _loads(row.get("dev_json")) or {},
+            "test": _loads(row.get("test_json")) or {},
+        }
+    cost = _loads(row.get("cost_json"))
+    return RunRecord(
+        run_id=run_id,
+        label=str(row.get("label") or _spec_label(_loads(row.get("attention_json")))),
+        seed=row.get("seed"),
+        status=status,
+        metrics=metrics,
+        cost=cost if isinstance(cost, dict) else {},
+        error=None if row.get("error") is None else str(row["error"]),
     )
 
 
@@ -243,13 +287,19 @@ def _read_store(path: Path) -> dict[str, dict[str, Any]]:
     return {str(row["run_id"]): dict(row) for row in rows}
 
 
-def load_report_data(path: str | Path) -> ReportData:
+def load_report_data(
+    path: str | Path, *, on_warning: Callable[[str], None] | None = None
+) -> ReportData:
     """Read a run directory (has ``run.json``) or an ablation directory (has
     ``ablation.json`` and/or ``runs/``).
 
     In an ablation directory the status of every run comes from ``results.sqlite`` when the
     file is there (a run the store lists without a directory is shown as failed or
     unfinished); without the store, every ``runs/*/run.json`` counts with its own status.
+    A run directory of an ablation whose files cannot be read (invalid JSON, a
+    ``metrics.json`` that is not an object, ...) is skipped: its row in the store is used
+    when there is one, it is listed with the failed runs, and ``on_warning`` gets one line
+    saying so. An unreadable file of a single run directory raises :class:`ReportError`.
     """
     root = Path(path)
     if not root.exists():
@@ -281,11 +331,20 @@ def load_report_data(path: str | Path) -> ReportData:
         if runs_dir.is_dir()
         else []
     )  # hidden folders are the trainer's unfinished work
+    unreadable: list[tuple[str, str]] = []
     for run_dir in run_dirs:
         if not (run_dir / "run.json").is_file() and run_dir.name not in store:
             continue
-        record = _read_run_dir(run_dir)
         row = store.get(run_dir.name)
+        try:
+            record = _read_run_dir(run_dir)
+        except (ValueError, OSError) as err:  # ReportError, JSON, encoding, a trainer's own
+            why = _one_line(err)
+            unreadable.append((run_dir.name, why))
+            if on_warning is not None:
+                use = "its row in results.sqlite is used" if row else "it is left out"
+                on_warning(f"cannot read the run directory {run_dir}: {why}; {use}")
+            continue  # a store row is read below like any run without a directory
         if row is not None:
             record.status = str(row.get("status") or record.status)
             if record.status == "done" and not record.metrics:
@@ -305,27 +364,15 @@ def load_report_data(path: str | Path) -> ReportData:
         records.append(record)
         seen.add(run_dir.name)
     for run_id, row in store.items():
-        if run_id in seen:
-            continue
-        status = str(row.get("status") or "unknown")
-        metrics = {}
-        if status == "done":
-            metrics = {
-                "dev": _loads(row.get("dev_json")) or {},
-                "test": _loads(row.get("test_json")) or {},
-            }
-        records.append(
-            RunRecord(
-                run_id=run_id,
-                label=str(row.get("label") or _spec_label(_loads(row.get("attention_json")))),
-                seed=row.get("seed"),
-                status=status,
-                metrics=metrics,
-                cost=_loads(row.get("cost_json")) or {},
-                error=None if row.get("error") is None else str(row["error"]),
-            )
-        )
-    return ReportData(root=root, kind="ablation", ablation=ablation or {}, runs=records)
+        if run_id not in seen:
+            records.append(_store_record(run_id, row))
+    return ReportData(
+        root=root,
+        kind="ablation",
+        ablation=ablation if isinstance(ablation, dict) else {},
+        runs=records,
+        unreadable=unreadable,
+    )
 
 
 def _loads(text: Any) -> Any:
@@ -586,10 +633,30 @@ def png_data_uri(pixels: Sequence[Sequence[Sequence[float]]]) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(pixels)).decode("ascii")
 
 
+def _is_uniform(row: Iterable[Any]) -> bool:
+    """Whether every finite weight of ``row`` (at least two, positive) is the same: the
+    attention of the ``uniform`` and ``mean`` baselines."""
+    vals = _finite(row)
+    return len(vals) > 1 and vals[0] > 0 and all(abs(v - vals[0]) <= 1e-6 * vals[0] for v in vals)
+
+
 def _row_scale(row: Sequence[float]) -> float:
+    """What the shading of ``row`` divides by: its largest weight, so that the largest is
+    drawn in full colour -- except for a uniform row, whose weights (1/n) are drawn as they
+    are (else every token of a uniform row would be in full colour)."""
+    if _is_uniform(row):
+        return 1.0
     vals = _finite(row)
     top = max(vals) if vals else 0.0
     return top if top > 0 else 1.0
+
+
+def _uniform_note(row: Sequence[Any]) -> str:
+    """A muted note for a uniform row (else ``""``)."""
+    if not _is_uniform(row):
+        return ""
+    w = _finite(row)[0]
+    return f'<span class="muted small uniform"> uniform: every weight {w:.4g}</span>'
 
 
 def _cell_style(t: float) -> str:
@@ -629,7 +696,7 @@ def render_tokens(example: Mapping[str, Any]) -> str:
             if len(weights) > 1 or label not in ("", "attention")
             else ""
         )
-        out.append(f'<p class="tokens">{head}{" ".join(spans)}</p>')
+        out.append(f'<p class="tokens">{head}{" ".join(spans)}{_uniform_note(row)}</p>')
     return "".join(out)
 
 
@@ -639,7 +706,8 @@ def render_matrix(example: Mapping[str, Any]) -> str:
     rows = list(example.get("rows") or [])
     cols = list(example.get("cols") or [])
     weights = example.get("weights") or []
-    scale = max([_row_scale(r) for r in weights] or [1.0])
+    every = [w for r in weights for w in r]
+    scale = _row_scale(every)
     head = "".join(f'<th class="col" scope="col">{esc(c)}</th>' for c in cols)
     body = []
     for i, row in enumerate(weights):
@@ -654,9 +722,10 @@ def render_matrix(example: Mapping[str, Any]) -> str:
             )
         label = rows[i] if i < len(rows) else ""
         body.append(f'<tr><th class="row" scope="row">{esc(label)}</th>{"".join(cells)}</tr>')
+    note = f"<div>{_uniform_note(every)}</div>" if _is_uniform(every) else ""
     return (
         f'<table class="heat"><thead><tr><th></th>{head}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table>"
+        f"<tbody>{''.join(body)}</tbody></table>{note}"
     )
 
 
@@ -1096,11 +1165,11 @@ def _section_header(ctx: ReportContext) -> str:
     ab = data.ablation
     first = data.runs[0].run if data.runs else {}
     items: list[tuple[str, str]] = [("task", esc(data.task or "unknown"))]
-    data_source = first.get("data") or _task_data_source(data.task)
-    if data_source:
-        items.append(("data", esc(data_source)))
-    items.append(("source", f"<code>{esc(data.root)}</code> ({esc(data.kind)})"))
     options = ab.get("task_options") or first.get("task_options") or {}
+    data_used = _data_used(first, options, data.task)
+    if data_used:
+        items.append(("data", data_used))
+    items.append(("source", f"<code>{esc(data.root)}</code> ({esc(data.kind)})"))
     if options:
         opts = ", ".join(
             f"<code>{esc(k)}={esc(json.dumps(v) if not isinstance(v, str) else v)}</code>"
@@ -1144,8 +1213,32 @@ def _section_header(ctx: ReportContext) -> str:
     if devices:
         items.append(("device", esc(", ".join(sorted(devices)))))
     n_done, n_other = len(data.done), len(data.not_done)
-    items.append(("runs", f"{n_done} done" + (f", {n_other} not done" if n_other else "")))
+    runs_text = f"{n_done} done" + (f", {n_other} not done" if n_other else "")
+    if data.unreadable:
+        runs_text += f", {len(data.unreadable)} with unreadable files"
+    items.append(("runs", runs_text))
     return '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+#: Task options that choose the data (``data=sst``, ``corpus=bible``, ``problem=hull``, ...),
+#: in the order the report names them.
+DATA_OPTIONS = ("data", "dataset", "corpus", "problem", "source", "target", "tables", "path")
+
+
+def _data_used(run: Mapping[str, Any], options: Mapping[str, Any], task: str | None) -> str:
+    """The data row: what ``run.json`` says (``data``), else the task options that choose
+    the data (the data this run used, not every source the task can read), else the
+    task's one-line ``data_source``."""
+    if run.get("data"):
+        return esc(run["data"])
+    chosen = [
+        f"<code>{esc(k)}={esc(options[k])}</code>"
+        for k in DATA_OPTIONS
+        if isinstance(options.get(k), (str, int, float)) and options.get(k) != ""
+    ]
+    if chosen:
+        return ", ".join(chosen)
+    return esc(_task_data_source(task))
 
 
 def _task_data_source(task: str | None) -> str:
@@ -1234,8 +1327,13 @@ def _section_analysis(ctx: ReportContext) -> str:
     if metric is None:
         return '<p class="muted">no finished runs with test metrics.</p>'
     analysis = paired_analysis(data, metric)
-    if not analysis:
-        return '<p class="muted">no mechanism shares seeds with another.</p>'
+    if not any(analysis.values()):
+        if data.kind == "run":
+            return ""  # one run: nothing to pair it with
+        return (
+            '<p class="muted">No paired tests: they need at least two mechanisms with '
+            "finished runs on the same seeds.</p>"
+        )
     parts = []
     for ref, rows in analysis.items():
         if not rows:
@@ -1323,9 +1421,15 @@ def _section_examples(ctx: ReportContext) -> str:
     legend = (
         '<p class="muted">Attention on test examples (the first seed of each mechanism). '
         'Shading: 0 <span class="scale"></span> the largest weight of the row (of the map, '
-        "for matrices); hover for the value.</p>"
+        "for matrices); a uniform row (the mean and uniform baselines: every weight 1/n) is "
+        "shaded by its weights themselves; hover for the value.</p>"
     )
     return legend + "".join(parts)
+
+
+#: CPU peak-memory means below this (MB) are shown as "< 0.1 †": the run fit in memory its
+#: process already held (see :func:`_section_cost`).
+PEAK_MEMORY_FLOOR_MB = 0.1
 
 
 def _section_cost(ctx: ReportContext) -> str:
@@ -1340,40 +1444,67 @@ def _section_cost(ctx: ReportContext) -> str:
     ]
     head = '<th class="label">mechanism</th>' + "".join(f"<th>{esc(t)}</th>" for _, t, _ in fields)
     body = []
+    below = False
     for label in data.labels:
         runs = data.runs_of(label)
         cells = [f'<td class="label"><code>{esc(label)}</code></td>']
         for key, _, digits in fields:
             mean, _, _ = mean_std(r.cost.get(key) for r in runs)
+            title = ""
             if mean is None:
                 text = "n/a"
+            elif key == "peak_memory_mb" and mean < PEAK_MEMORY_FLOOR_MB:
+                if any(str(r.run.get("device") or "cpu").startswith("cuda") for r in runs):
+                    text = f"{mean:.2g}"  # CUDA's own count of the run's tensors
+                else:
+                    text, below = f"< {PEAK_MEMORY_FLOOR_MB:g} †", True
             elif digits == 0:
                 text = f"{round(mean):,}"
             else:
                 text = f"{mean:.{digits}f}"
+            if key == "peak_memory_mb" and mean is not None:
+                each = ", ".join(_fmt_num(v) for v in _finite(r.cost.get(key) for r in runs))
+                title = f' title="per seed: {esc(each)}"'
             value = "" if mean is None else f"{mean:.17g}"
-            cells.append(f'<td data-key="{key}" data-value="{value}">{esc(text)}</td>')
+            cells.append(f'<td data-key="{key}" data-value="{value}"{title}>{esc(text)}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
+    dagger = (
+        f" † Below {PEAK_MEMORY_FLOOR_MB:g} MB: the runs needed no memory beyond what their "
+        "process already held -- an earlier run in the same process (an ablation with "
+        "--jobs 1, a worker of --jobs N, the demo) had freed it. It does not mean the "
+        "mechanism needs none."
+        if below
+        else ""
+    )
     return (
         f'<table class="data sortable" id="cost-table"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table>"
         '<p class="muted">Means over the finished seeds; n/a where the run did not measure it. '
         "Peak memory as the trainer measured it (on CUDA the peak allocated memory; on the CPU "
-        "the largest increase of the resident memory over its value after the data is loaded, sampled every 10 ms).</p>"
+        "the largest increase of the resident memory over its value after the data is "
+        "loaded, sampled every 10 ms: memory the process newly needed, so runs that share a "
+        "process are not comparable -- the first includes one-time costs, later ones reuse "
+        f"freed memory; hover a cell for the value of each seed).{esc(dagger)}</p>"
     )
 
 
 def _section_failed(ctx: ReportContext) -> str:
     runs = ctx.data.not_done
-    if not runs:
+    if not runs and not ctx.data.unreadable:
         return ""
     rows = []
-    for r in runs:
-        error = r.error or ""
+    entries = [(r.label, r.seed, r.status, r.run_id, r.error or "") for r in runs]
+    known = {r.run_id: r for r in ctx.data.runs}
+    for run_id, why in ctx.data.unreadable:  # its files are damaged; the store may know it
+        r = known.get(run_id)
+        note = f"{why} (the report uses its row in results.sqlite)" if r is not None else why
+        label, seed = (r.label, r.seed) if r is not None else ("?", None)
+        entries.append((label, seed, "unreadable", run_id, note))
+    for label, seed, status, run_id, error in entries:
         rows.append(
-            f'<tr class="failed"><td class="label"><code>{esc(r.label)}</code></td>'
-            f"<td>{esc(r.seed if r.seed is not None else '')}</td>"
-            f'<td class="label">{esc(r.status)}</td><td class="label mono">{esc(r.run_id)}</td>'
+            f'<tr class="failed"><td class="label"><code>{esc(label)}</code></td>'
+            f"<td>{esc(seed if seed is not None else '')}</td>"
+            f'<td class="label">{esc(status)}</td><td class="label mono">{esc(run_id)}</td>'
             f'<td class="label"><pre>{esc(error)}</pre></td></tr>'
         )
     return (
@@ -1593,9 +1724,17 @@ def read_explanation(run: RunRecord) -> dict[str, Any] | None:
     return result if isinstance(result, dict) else None
 
 
-def _explanation_plots(run: RunRecord, result: Mapping[str, Any]) -> list[tuple[str, str]]:
+#: The PNG plots of ``attnlab explain`` that the report draws itself as SVG (from the same
+#: numbers), by the result key they come from: the PNG is left out when the SVG is drawn.
+SVG_DRAWN_PLOTS = {"permutation": "permutation.png", "adversarial": "adversarial.png"}
+
+
+def _explanation_plots(
+    run: RunRecord, result: Mapping[str, Any], skip: Iterable[str] = ()
+) -> list[tuple[str, str]]:
     """(name, data URI) of the PNG plots next to explanation.json: those the JSON lists, else
-    every ``*.png`` of the folder (sorted). Only plain file names inside the folder."""
+    every ``*.png`` of the folder (sorted), without the names in ``skip``. Only plain file
+    names inside the folder."""
     folder = run.run_dir / "explanation" if run.run_dir is not None else None
     if folder is None:
         return []
@@ -1603,9 +1742,12 @@ def _explanation_plots(run: RunRecord, result: Mapping[str, Any]) -> list[tuple[
     if not isinstance(names, list):
         names = sorted(p.name for p in folder.glob("*.png"))
     out = []
+    skipped = set(skip)
     for name in names:
         name = str(name)
         if "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".png"):
+            continue
+        if name in skipped:
             continue
         path = folder / name
         if not path.is_file():
@@ -1619,7 +1761,7 @@ def _explanation_plots(run: RunRecord, result: Mapping[str, Any]) -> list[tuple[
 
 def render_explanation(run: RunRecord, result: Mapping[str, Any], index: int) -> str:
     """One run's explanation results (``attnlab explain``) as tables, SVG scatters and the
-    PNG plots."""
+    PNG plots that no SVG shows already (:data:`SVG_DRAWN_PLOTS`)."""
     p = f"explain-{index}"
     parts = [
         f'<div class="explanation" data-run="{esc(run.run_id)}">',
@@ -1690,7 +1832,9 @@ def render_explanation(run: RunRecord, result: Mapping[str, Any], index: int) ->
                 )
             )
     charts = []
+    drawn = []  # the result keys drawn as SVG scatters
     if isinstance(perm, Mapping):
+        drawn.append("permutation")
         charts.append(
             scatter_svg(
                 perm.get("max_weight") or [],
@@ -1701,6 +1845,7 @@ def render_explanation(run: RunRecord, result: Mapping[str, Any], index: int) ->
             )
         )
     if isinstance(adv, Mapping):
+        drawn.append("adversarial")
         charts.append(
             scatter_svg(
                 adv.get("max_weight") or [],
@@ -1794,7 +1939,7 @@ def render_explanation(run: RunRecord, result: Mapping[str, Any], index: int) ->
                     y_label="output TVD",
                 )
             )
-    plots = _explanation_plots(run, result)
+    plots = _explanation_plots(run, result, skip=[SVG_DRAWN_PLOTS[k] for k in drawn])
     if plots:
         parts.append('<div class="plots">')
         for name, uri in plots:
@@ -1882,9 +2027,10 @@ def render_report(
     title: str | None = None,
     max_examples: int = 4,
     sections: Sequence[Section] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> str:
     """The report of a run or ablation directory as one HTML string (see :func:`write_report`)."""
-    data = load_report_data(path)
+    data = load_report_data(path, on_warning=on_warning)
     if title is None:
         what = "run" if data.kind == "run" else "ablation"
         title = f"attnlab {what} report: {data.task or Path(path).name}"
@@ -1930,6 +2076,7 @@ def write_report(
     title: str | None = None,
     max_examples: int = 4,
     sections: Sequence[Section] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the HTML report of a run directory or an ablation directory.
 
@@ -1940,15 +2087,20 @@ def write_report(
         title: the page title (default ``"attnlab ablation report: <task>"``).
         max_examples: attention examples drawn per mechanism (from its first seed).
         sections: the sections to render (default :data:`SECTIONS`).
+        on_warning: called with one line for every run directory of an ablation that is
+            skipped because its files cannot be read (the page lists them too).
 
     Returns:
         The path of the written file.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ReportError: ``path`` is neither kind of directory, or a file in it is not JSON.
+        ReportError: ``path`` is neither kind of directory, or a file of a single run
+            directory, ``ablation.json`` or ``results.sqlite`` cannot be read.
     """
-    text = render_report(path, title=title, max_examples=max_examples, sections=sections)
+    text = render_report(
+        path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
+    )
     target = Path(out) if out is not None else Path(path) / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
@@ -1975,9 +2127,18 @@ def write_report(
 )
 def report_command(directory: Path, out: Path | None, title: str | None, max_examples: int) -> None:
     """Write a self-contained HTML report of a run or ablation directory DIR (the ablation
-    table, learning curves, attention heatmaps on test examples, cost) and print its path."""
+    table, learning curves, attention heatmaps on test examples, cost) and print its path.
+
+    A run of an ablation whose files cannot be read is skipped with a warning on stderr.
+    """
+
+    def warn(message: str) -> None:
+        click.echo(f"warning: {message}", err=True)
+
     try:
-        target = write_report(directory, out, title=title, max_examples=max_examples)
+        target = write_report(
+            directory, out, title=title, max_examples=max_examples, on_warning=warn
+        )
     except (FileNotFoundError, ReportError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(str(target))

@@ -1,0 +1,267 @@
+"""What the report says to someone reading it for the first time: the data a run used,
+peak memory below what the CPU measurement can see, no empty paired-tests section, the
+uniform baselines' heatmaps, the viewer's numbers, and damaged run directories.
+
+Synthetic directories from ``report_fixtures`` (the documented layout); the HTML is read
+back with the stdlib parser of ``report_fixtures``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from report_fixtures import (
+    matrix_example,
+    parse,
+    run_id,
+    table_rows,
+    write_ablation_dir,
+    write_run_dir,
+)
+
+from attnlab.lab import _viewer_assets as viewer_assets
+from attnlab.lab.report import (
+    PEAK_MEMORY_FLOOR_MB,
+    ReportError,
+    heat_colour,
+    render_report,
+    report_command,
+)
+
+ADD = {"score": "additive", "align": "soft"}
+DOT = {"score": "dot", "align": "soft"}
+UNIFORM = {"name": "uniform"}
+
+
+def _meta(text: str) -> dict[str, str]:
+    """The overview's ``<dt>``/``<dd>`` pairs as {term: text}."""
+    doc = parse(text)
+    terms = [el["text"] for el in doc.find("dt")]
+    values = [el["text"] for el in doc.find("dd")]
+    return dict(zip(terms, values, strict=True))
+
+
+def _cost(**values) -> dict:
+    return {"parameters": 10, "train_seconds": 1.0, "seconds_per_epoch": 1.0,
+            "eval_ms_per_example": 0.1, **values}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- data row
+
+
+def test_data_row_names_the_data_the_run_used(tmp_path: Path) -> None:
+    options = {"epochs": 1, "data": "sst", "path": "/data/sst.csv", "encoder": "cnn"}
+    root = write_run_dir(tmp_path / "run", attention=ADD, task="sentiment", task_options=options)
+    data = _meta(render_report(root))["data"]
+    assert data == "data=sst, path=/data/sst.csv"
+    assert "VADER" not in data and "Rotten" not in data  # not every source the task can read
+
+
+def test_data_row_of_a_task_without_a_data_option_is_its_source(tmp_path: Path) -> None:
+    import toy_task  # registers "toy" (tests/lab is on the path)
+
+    root = write_run_dir(tmp_path / "run", attention=ADD, task="toy")
+    assert _meta(render_report(root))["data"] == toy_task.ToyTask.data_source
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_peak_memory_below_the_floor_is_not_shown_as_zero(tmp_path: Path) -> None:
+    runs = [
+        {"attention": ADD, "seed": 0, "cost": _cost(peak_memory_mb=175.8671875)},
+        {"attention": ADD, "seed": 1, "cost": _cost(peak_memory_mb=12.5)},
+        # later runs of one process reuse what the earlier ones freed
+        {"attention": DOT, "seed": 0, "cost": _cost(peak_memory_mb=0.0546875)},
+        {"attention": DOT, "seed": 1, "cost": _cost(peak_memory_mb=0.00390625)},
+    ]
+    text = render_report(write_ablation_dir(tmp_path / "abl", runs))
+    rows = table_rows(parse(text), "cost-table")
+
+    def peak(label: str) -> dict:
+        (cell,) = [
+            c for c in rows_by_label(rows)[label] if c["attrs"]["data-key"] == "peak_memory_mb"
+        ]
+        return cell
+
+    assert peak("align=soft,score=additive")["text"] == "94.2"
+    small = peak("align=soft,score=dot")
+    assert small["text"] == f"< {PEAK_MEMORY_FLOOR_MB:g} †"
+    assert float(small["attrs"]["data-value"]) == pytest.approx((0.0546875 + 0.00390625) / 2)
+    assert small["attrs"]["title"] == "per seed: 0.0547, 0.0039"
+    assert "† Below 0.1 MB: the runs needed no memory beyond what their process" in text
+
+
+def rows_by_label(rows: dict) -> dict[str, list[dict]]:
+    """The cost table has no data-label: key its rows by the first cell's text."""
+    return {cells[0]["text"]: cells[1:] for cells in rows.values()}
+
+
+def test_peak_memory_on_cuda_is_its_own_count(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD, cost=_cost(peak_memory_mb=0.0625))
+    info = json.loads((root / "run.json").read_text())
+    info["device"] = "cuda:0"
+    (root / "run.json").write_text(json.dumps(info))
+    text = render_report(root)
+    (cells,) = rows_by_label(table_rows(parse(text), "cost-table")).values()
+    (cell,) = [c for c in cells if c["attrs"]["data-key"] == "peak_memory_mb"]
+    assert cell["text"] == "0.062"
+    assert "† Below" not in text
+
+
+# ----------------------------------------------------------------------------- paired tests
+
+
+def test_a_single_run_has_no_paired_tests_section(tmp_path: Path) -> None:
+    text = render_report(write_run_dir(tmp_path / "run", attention=ADD))
+    assert '<section id="analysis">' not in text
+    assert 'href="#analysis"' not in text
+
+
+def test_an_ablation_without_pairs_says_why(tmp_path: Path) -> None:
+    runs = [{"attention": ADD, "seed": s, "test": {"accuracy": 0.5 + s / 10}} for s in (0, 1)]
+    text = render_report(write_ablation_dir(tmp_path / "abl", runs))
+    section = re.search(r'<section id="analysis">(.*?)</section>', text, re.S)
+    assert section is not None
+    assert "No paired tests: they need at least two mechanisms" in section.group(1)
+    assert "<table" not in section.group(1)
+
+
+# ----------------------------------------------------------------------------- heatmaps
+
+
+def _tokens(weights: list[float], title: str = "test #0") -> dict:
+    return {"title": title, "rows": ["attention"], "cols": [f"w{i}" for i in range(len(weights))],
+            "weights": [weights], "kind": "tokens"}  # fmt: skip
+
+
+def _token_colours(text: str) -> list[str]:
+    section = re.search(r'<section id="attention">(.*?)</section>', text, re.S).group(1)
+    return re.findall(r'class="tok" style="background:(rgb\([^)]*\))', section)
+
+
+def test_uniform_weights_are_not_drawn_in_full_colour(tmp_path: Path) -> None:
+    quarter = [0.25, 0.25, 0.25, 0.25]
+    root = write_run_dir(tmp_path / "run", attention=UNIFORM, examples=[_tokens(quarter)])
+    text = render_report(root)
+    expected = "rgb({},{},{})".format(*heat_colour(0.25))
+    assert _token_colours(text) == [expected] * 4
+    assert "uniform: every weight 0.25" in text
+    # a row that is not uniform still has its largest weight in full colour
+    root = write_run_dir(tmp_path / "run2", attention=ADD, examples=[_tokens([0.1, 0.2, 0.7])])
+    colours = _token_colours(render_report(root))
+    assert colours[2] == "rgb({},{},{})".format(*heat_colour(1.0))
+    assert colours[0] == "rgb({},{},{})".format(*heat_colour(0.1 / 0.7))
+
+
+def test_uniform_matrix_is_shaded_by_its_weights(tmp_path: Path) -> None:
+    example = matrix_example()
+    example["weights"] = [[1 / 3] * 3, [1 / 3] * 3]
+    text = render_report(write_run_dir(tmp_path / "run", attention=UNIFORM, examples=[example]))
+    cells = re.findall(r'class="cell" style="background:(rgb\([^)]*\))', text)
+    assert cells == ["rgb({},{},{})".format(*heat_colour(1 / 3))] * 6
+    assert "uniform: every weight 0.3333" in text
+
+
+# ----------------------------------------------------------------------------- viewer numbers
+
+NODE = shutil.which("node")
+
+
+def _node(expression: str) -> object:
+    script = viewer_assets.WEIGHTS_JS + f"\nconsole.log(JSON.stringify({expression}));\n"
+    proc = subprocess.run(
+        [NODE, "-e", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node.js to run the viewer's number helpers")
+def test_viewer_writes_weights_with_four_significant_digits() -> None:
+    got = _node(
+        "[0.10000000149011612, 0.123456789, 1234.5678, 1e-7, NaN, 'x'].map(attnlabWeights.fmt)"
+    )
+    assert got == ["0.1000", "0.1235", "1235", "1.000e-7", "n/a", "n/a"]
+
+
+@pytest.mark.skipif(NODE is None, reason="no node.js to run the viewer's number helpers")
+def test_viewer_shades_a_uniform_row_by_its_weights() -> None:
+    got = _node(
+        "[attnlabWeights.scale([0.25, 0.25, 0.25, 0.25]), attnlabWeights.scale([0.1, 0.5]),"
+        " attnlabWeights.uniform([0.25, 0.25]), attnlabWeights.uniform([0.2]),"
+        " attnlabWeights.uniform([0.1, 0.5]), attnlabWeights.scale([0, 0])]"
+    )
+    assert got == [1, 0.5, True, False, False, 1]
+
+
+def test_viewer_readout_uses_the_rounded_weight() -> None:
+    # the read-out shows fmt(weight), not the float's 17 digits (exact() is only for the
+    # data-weight attributes)
+    tell = re.search(r"Viewer\.prototype\.tell = function[^}]*}", viewer_assets.VIEWER_JS)
+    assert tell is not None
+    assert "fmt(weight)" in tell.group(0) and "exact(" not in tell.group(0)
+
+
+# ----------------------------------------------------------------------------- damaged runs
+
+
+def _ablation_with_damage(tmp_path: Path, *, sqlite: bool = True) -> Path:
+    runs = [
+        {"attention": ADD, "seed": 0, "test": {"accuracy": 0.6}},
+        {"attention": ADD, "seed": 1, "test": {"accuracy": 0.8}},
+        {"attention": DOT, "seed": 0, "test": {"accuracy": 0.5}},
+    ]
+    root = write_ablation_dir(tmp_path / "abl", runs, sqlite=sqlite)
+    (root / "runs" / run_id(ADD, 1) / "metrics.json").write_text("[1, 2]")  # not an object
+    (root / "runs" / run_id(DOT, 0) / "run.json").write_text('{"task": "toy",')  # cut short
+    return root
+
+
+def test_report_skips_unreadable_runs_with_one_warning_each(tmp_path: Path) -> None:
+    root = _ablation_with_damage(tmp_path)
+    result = CliRunner().invoke(report_command, [str(root)])
+    assert result.exit_code == 0, result.output
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == 2, result.stderr
+    assert all(w.startswith("warning: cannot read the run directory ") for w in warnings)
+    assert any("metrics.json holds a JSON list, not an object" in w for w in warnings)
+    assert any("run.json" in w for w in warnings)
+    assert all("results.sqlite is used" in w for w in warnings)
+    text = (root / "report.html").read_text()
+    # the store has both runs: their numbers still count (additive: 0.6 and 0.8)
+    doc = parse(text)
+    cells = table_rows(doc, "ablation-table")["align=soft,score=additive"]
+    (acc,) = [c for c in cells if c["attrs"].get("data-metric") == "accuracy"]
+    assert float(acc["attrs"]["data-value"]) == pytest.approx(0.7)
+    failed = table_rows(doc, "failed-table")
+    statuses = sorted(cells[2]["text"] for cells in failed.values())
+    assert statuses == ["unreadable", "unreadable"]
+
+
+def test_unreadable_runs_without_a_store_are_left_out(tmp_path: Path) -> None:
+    root = _ablation_with_damage(tmp_path, sqlite=False)
+    warnings: list[str] = []
+    text = render_report(root, on_warning=warnings.append)
+    assert len(warnings) == 2 and all(w.endswith("it is left out") for w in warnings)
+    cells = table_rows(parse(text), "ablation-table")["align=soft,score=additive"]
+    (acc,) = [c for c in cells if c["attrs"].get("data-metric") == "accuracy"]
+    assert float(acc["attrs"]["data-value"]) == pytest.approx(0.6)
+    assert "2 with unreadable files" in _meta(text)["runs"]
+
+
+def test_a_damaged_single_run_is_one_line_error(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    (root / "metrics.json").write_text('["not", "an", "object"]')
+    with pytest.raises(ReportError, match=r"metrics\.json holds a JSON list"):
+        render_report(root)
+    result = CliRunner().invoke(report_command, [str(root)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {root / 'metrics.json'} holds a JSON list, not an object (a damaged file?)"
+    ]
