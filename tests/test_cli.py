@@ -324,6 +324,147 @@ def test_train_bad_input_exits_2_with_a_message(tmp_path, extra, text):
     assert not any(p.name.endswith("seed0") for p in tmp_path.iterdir())
 
 
+def _one_line_error(result) -> str:
+    """The stderr of a refused command: exactly one line ``error: ...``, no traceback."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+# what a user may mistype: (argv, a piece of the message). The first ones are caught from
+# the spec and the options alone; the last three only by building the task model, which
+# the trainer does before it writes anything.
+BAD_TRAIN_INPUT = [
+    (["--attention", "score=foo,align=soft"], "unknown score 'foo'"),
+    (["--attention", "score=dot;align=soft"], "(score=dot,align=soft)"),
+    (["--attention", "foo=bar"], "unknown key(s) foo"),
+    (["--attention", "score=dot,d_w=8"], "score 'dot' takes no options"),
+    (["--attention", "align=nope"], "unknown align 'nope'"),
+    (["-o", "lr=abc"], "option lr must be a number"),
+    (["-o", "epochs=2.5"], "option epochs must be an integer"),
+    (["-o", "epochs=3;lr=0.1"], "-o epochs=3 -o lr=0.1"),
+    (["-o", "freeze=1"], "no option(s) freeze"),
+    (["-o", "encoder=nope"], "encoder must be one of"),
+    (["--attention", "score=dot,dim=multi"], "needs a vector score"),
+    (["--attention", "score=additive,d_w=abc"], "d_w must be a positive int"),
+]
+
+
+@pytest.mark.parametrize(("extra", "text"), BAD_TRAIN_INPUT)
+def test_train_typo_is_one_line_exit_2_and_writes_nothing(tmp_path, extra, text):
+    out = tmp_path / "out"
+    result = run(*_toy_argv(out, *extra))
+    assert text in _one_line_error(result)
+    assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        (["--attention", "score=foo,align=soft"], "unknown score 'foo'"),
+        (["--attention", "score=dot;align=soft"], "(score=dot,align=soft)"),
+        (["--attention", "foo=bar"], "unknown key(s) foo"),
+        (["-o", "lr=abc"], "option lr must be a number"),
+    ],
+)
+def test_train_sentiment_spec_errors_come_before_its_data(tmp_path, extra, text):
+    # the sentiment data is an optional package: the typo is reported whether it is there
+    # or not, because the spec and options are checked before the data is loaded
+    out = tmp_path / "out"
+    argv = ["train", "sentiment", "--no-progress", "--out", str(out), *extra]
+    assert text in _one_line_error(run(*argv))
+    assert not out.exists()
+
+
+def test_train_help_lists_presets_syntax_and_the_way_to_the_options():
+    result = run("train", "--help")
+    assert result.exit_code == 0
+    out = result.stdout
+    for entry in registry.entries("task"):
+        line = next((x for x in out.splitlines() if x.split()[:1] == [entry.name]), None)
+        assert line is not None, f"task {entry.name} is not listed"
+        first_preset = next(iter(entry.cls.presets), None)
+        if first_preset is not None:
+            assert first_preset in line
+    assert "tanh (default)" in out  # sentiment's default attention is its tanh preset
+    assert "--list-options" in out
+    assert "-a score=additive,align=sparsemax" in out  # ',' inside one spec
+    assert "-o epochs=3 -o encoder=cnn" in out  # one option per -o
+
+
+def test_train_list_options_prints_the_defaults_and_trains_nothing(tmp_path):
+    from tests.lab.toy_task import ToyTask
+
+    result = run(*_toy_argv(tmp_path / "out", "--list-options"))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for key, value in ToyTask.defaults.items():
+        shown = "none" if value is None else str(value)
+        assert any(x.split() == [key, shown] for x in lines), (key, shown)
+    assert any(x.split() == ["dot", "score=scaled-dot,align=soft"] for x in lines)
+    assert any(x.split() == ["uniform", "baseline"] for x in lines)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_list_options_of_an_unknown_task_exits_2():
+    assert "unknown task 'nope'" in _one_line_error(run("train", "nope", "--list-options"))
+
+
+# ----------------------------------------------------------------------------- ablate
+
+
+def _ablate_argv(out, *extra):
+    return ["ablate", "toy", "--plugin", TOY, "--out", str(out), "--no-report", *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        (["-a", "tanh", "-a", "score=foo,align=soft"], "unknown score 'foo'"),
+        (["-a", "tanh", "-a", "score=dot;align=soft"], "(score=dot,align=soft)"),
+        (["-g", "score=dot,foo;align=soft"], "unknown score 'foo'"),
+        (["-a", "tanh", "-a", "foo=bar"], "unknown key(s) foo"),
+        (["-a", "tanh", "-o", "lr=abc"], "option lr must be a number"),
+        (["-a", "tanh", "-o", "epochs=3,lr=0.1"], "-o epochs=3 -o lr=0.1"),
+        (["-a", "tanh", "--device", "cuda:99"], "cuda:99"),
+    ],
+)
+def test_ablate_checks_every_spec_and_option_before_the_first_run(tmp_path, extra, text):
+    out = tmp_path / "out"
+    result = run(*_ablate_argv(out, "--seeds", "0", *extra))
+    assert text in _one_line_error(result)
+    assert not out.exists()
+
+
+def test_ablate_epochs_batch_size_and_lr_shortcuts(tmp_path):
+    out = tmp_path / "out"
+    argv = _ablate_argv(out, "-a", "tanh", "--no-baselines", "--seeds", "0", "-o", "epochs=3")
+    result = run(*argv, "--epochs", "1", "--batch-size", "16", "--lr", "0.05")
+    assert result.exit_code == 0, result.output
+    options = json.loads((out / "ablation.json").read_text())["task_options"]
+    assert (options["epochs"], options["batch_size"], options["lr"]) == (1, 16, 0.05)
+
+
+def test_ablate_help_shows_the_grid_syntax_and_the_presets():
+    result = run("ablate", "--help")
+    assert result.exit_code == 0
+    out = result.stdout
+    assert '-g "score=additive,dot;align=soft,sparsemax"' in out
+    assert "';' separates the axes" in out
+    assert "--epochs" in out and "--list-options" in out
+    assert "tanh (default)" in out
+
+
+def test_ablate_list_options(tmp_path):
+    result = run(*_ablate_argv(tmp_path / "out", "--list-options"))
+    assert result.exit_code == 0, result.output
+    assert any(x.split() == ["n_train", "240"] for x in result.stdout.splitlines())
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_unknown_task_and_plugin(tmp_path):
     result = run("train", "nope", "--out", str(tmp_path))
     assert result.exit_code == 2

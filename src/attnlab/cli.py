@@ -22,11 +22,12 @@ import json
 import math
 import sys
 import textwrap
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
 
-__all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "main"]
+__all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main"]
 
 KIND_TITLES = {
     "score": "Score functions (survey 3.2.1)",
@@ -131,6 +132,63 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def _write_rows(formatter: click.HelpFormatter, rows: Sequence[tuple[str, str]]) -> None:
+    """Two columns, as ``formatter.write_dl`` but never breaking a name at its hyphen
+    (``luong-concat``, ``capsule-attention`` stay whole)."""
+    indent = " " * formatter.current_indent
+    first = min(max(len(a) for a, _ in rows), 30)
+    width = max(formatter.width - formatter.current_indent - first - 2, 20)
+    for name, text in rows:
+        lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+        if len(name) > first:
+            formatter.write(f"{indent}{name}\n")
+        else:
+            formatter.write(f"{indent}{name.ljust(first)}  {lines.pop(0)}\n")
+        for line in lines:
+            formatter.write(f"{indent}{' ' * (first + 2)}{line}\n")
+
+
+class TaskHelpCommand(click.Command):
+    """A command on a TASK (``train``, ``ablate``) whose ``--help`` ends with how lists are
+    typed (``syntax``: ``(example, meaning)`` rows) and every registered task with its
+    attention presets and baselines, read from the registry only when the help is shown."""
+
+    def __init__(self, *args: Any, syntax: Sequence[tuple[str, str]] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.syntax = list(syntax)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from attnlab import registry
+        from attnlab.lab.config import task_presets
+
+        if self.syntax:
+            with formatter.section("Typing specs and options"):
+                _write_rows(formatter, self.syntax)
+        rows = [(e.name, task_presets(e.cls)) for e in registry.entries("task")]
+        if rows:
+            with formatter.section("Tasks: their attention presets (the default marked)"):
+                _write_rows(formatter, rows)
+            formatter.write_paragraph()
+            formatter.write_text(
+                "A task's options and their defaults, and what each preset is: "
+                f"attnlab {self.name} TASK --list-options. Tasks of a plugin: add --plugin "
+                "MODULE. Sources of the tasks: attnlab list --kind task."
+            )
+        super().format_epilog(ctx, formatter)
+
+
+#: How ``--attention`` and ``-o`` are typed (the ``train`` and ``ablate`` help).
+SPEC_SYNTAX = (
+    (
+        "-a score=additive,align=sparsemax",
+        "one attention spec: key=value pairs joined by ','",
+    ),
+    ("-a tanh,d_w=32", "a preset, refined by key=value pairs"),
+    ("-o epochs=3 -o encoder=cnn", "one task option per -o; repeat -o for several"),
+    ("-o channels=[8;16]", "a list value: items joined by ';' in brackets"),
+)
+
+
 @click.group(name="attnlab", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Attention mechanisms of the survey literature, and a lab to compare them."""
@@ -229,6 +287,21 @@ def path_command(
 # ----------------------------------------------------------------------------- train
 
 
+def describe_task_of(name: str) -> str:
+    """:func:`attnlab.lab.config.describe_task` of the registered task ``name`` (raises
+    :class:`~attnlab._checks.ConfigError` naming the registered tasks when it is unknown)."""
+    from attnlab import registry
+    from attnlab._checks import ConfigError
+    from attnlab.lab.config import describe_task
+
+    try:
+        cls = registry.get("task", name).cls
+    except KeyError:
+        known = ", ".join(registry.names("task")) or "none"
+        raise ConfigError(f"unknown task {name!r}; registered tasks: {known}") from None
+    return describe_task(cls)
+
+
 def _import_plugins(plugins: tuple[str, ...]) -> None:
     """Import each plugin module (a dotted name, or a .py file); the current directory is
     searched too, as ``python -m`` would."""
@@ -267,21 +340,28 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-@main.command("train")
+@main.command("train", cls=TaskHelpCommand, syntax=SPEC_SYNTAX)
 @click.argument("task")
 @click.option(
     "--attention",
     "-a",
     metavar="SPEC",
-    help="attention spec: a preset (tanh), a baseline (mean, uniform), "
-    "score=...,align=...,dim=... or a .yaml/.toml/.json file",
+    help="the attention: a preset (tanh), a baseline (mean, uniform), key=value pairs "
+    "joined by ',' (score=additive,align=sparsemax) or a .yaml/.toml/.json file",
 )
 @click.option("--seed", "seeds", type=int, multiple=True, help="a seed (repeat for several)")
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--batch-size", type=int, help="mini-batch size")
 @click.option("--lr", type=float, help="learning rate (Adam)")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
-@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE", help="task option")
+@click.option(
+    "-o",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a task option; repeat -o for several (the options: --list-options)",
+)
 @click.option(
     "--config",
     "config_file",
@@ -298,6 +378,11 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     metavar="MODULE",
     help="import a module that registers extra tasks (a dotted name or a .py file)",
 )
+@click.option(
+    "--list-options",
+    is_flag=True,
+    help="print TASK's options with their defaults, its presets and metrics, and exit",
+)
 def train_command(
     task: str,
     attention: str | None,
@@ -312,22 +397,33 @@ def train_command(
     threads: int | None,
     no_progress: bool,
     plugins: tuple[str, ...],
+    list_options: bool,
 ) -> None:
     """Train TASK once per seed and print the test metrics.
 
     Each run is written to OUT/<attention>--seed<N> (see docs/lab/train.md). Options are
-    taken from --config, then -o, then --epochs / --batch-size / --lr.
+    taken from --config, then -o, then --epochs / --batch-size / --lr. The spec and the
+    options are checked before any data is loaded or anything is written.
     """
     from pathlib import Path
 
     from attnlab._checks import ConfigError
     from attnlab.data._common import MissingDataError
-    from attnlab.lab.config import load_config_file, parse_attention, parse_options
+    from attnlab.lab.config import (
+        check_attention,
+        check_option_values,
+        load_config_file,
+        parse_attention,
+        parse_options,
+    )
     from attnlab.lab.task import spec_slug
-    from attnlab.lab.training import resolve_task, train_run
+    from attnlab.lab.training import resolve_device, resolve_task, train_run
 
     _import_plugins(plugins)
     try:
+        if list_options:
+            click.echo(describe_task_of(task))
+            return
         config = load_config_file(config_file) if config_file else {}
         spec = config.get("attention", {})
         if attention is not None:
@@ -339,10 +435,13 @@ def train_command(
                 opts[name] = value
         run_seeds = list(seeds) or list(config.get("seeds", [0]))
         the_task = resolve_task(task, opts)
-        the_task.resolve_attention(spec)  # check the spec before any training
+        check_option_values(the_task, opts)
+        check_attention(the_task, spec)  # before any data is loaded
+        resolve_device(device)
     except ConfigError as error:
         _fail(str(error))
     base = Path(out) if out else Path("runs") / the_task.name
+    base_is_new = not base.exists()
     results = []
     for seed in run_seeds:
         run_dir = base / f"{spec_slug(spec)}--seed{seed}"
@@ -356,7 +455,9 @@ def train_command(
                 progress=not no_progress,
                 num_threads=threads,
             )
-        except ConfigError as error:
+        except ConfigError as error:  # the task model rejects the spec or an option
+            if base_is_new and base.is_dir() and not any(base.iterdir()):
+                base.rmdir()  # leave nothing behind
             _fail(str(error))
         except MissingDataError as error:
             _fail(str(error), code=1)

@@ -33,7 +33,14 @@ from typing import Any
 import click
 
 from attnlab._checks import ConfigError
-from attnlab.lab.config import coerce_value, parse_attention, parse_options
+from attnlab.cli import TaskHelpCommand, describe_task_of
+from attnlab.lab.config import (
+    check_attention,
+    check_option_values,
+    coerce_value,
+    parse_attention,
+    parse_options,
+)
 from attnlab.lab.executors import (
     EXECUTORS,
     RunJob,
@@ -681,7 +688,30 @@ def write_report_for(out_dir: Path) -> Path | None:
     return Path(write_report(out_dir))
 
 
-@click.command("ablate")
+def _command_options(items: Sequence[str], **shortcuts: Any) -> dict[str, Any]:
+    """The task options of ``-o`` items, with the ``--epochs`` / ``--batch-size`` /
+    ``--lr`` shortcuts (those given) over them."""
+    options = parse_options(items)
+    options.update({k: v for k, v in shortcuts.items() if v is not None})
+    return options
+
+
+#: How ``-a``, ``-g`` and ``-o`` are typed (the end of ``attnlab ablate --help``).
+ABLATE_SYNTAX = (
+    (
+        "-a tanh -a score=dot,align=soft",
+        "one spec per -a (its key=value pairs joined by ','); repeat -a for several",
+    ),
+    (
+        '-g "score=additive,dot;align=soft,sparsemax"',
+        "a grid: ';' separates the axes, ',' the values of an axis (here 2 x 2 = 4 specs)",
+    ),
+    ('-g "tanh,dot,multi"', "an axis without key= lists preset names"),
+    ("-o epochs=3 -o encoder=cnn", "one task option per -o; repeat -o for several"),
+)
+
+
+@click.command("ablate", cls=TaskHelpCommand, syntax=ABLATE_SYNTAX)
 @click.argument("task")
 @click.option(
     "--attention",
@@ -707,8 +737,12 @@ def write_report_for(out_dir: Path) -> Path | None:
     "option",
     multiple=True,
     metavar="KEY=VALUE",
-    help="A task option (e.g. -o epochs=3 -o max_train=2000); repeat for several.",
+    help="A task option (e.g. -o epochs=3 -o max_train=2000); repeat for several "
+    "(the options: --list-options).",
 )
+@click.option("--epochs", type=click.IntRange(min=1), help="Training epochs (over -o epochs=).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Mini-batch size (over -o).")
+@click.option("--lr", type=float, help="Learning rate, Adam (over -o lr=).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -744,6 +778,11 @@ def write_report_for(out_dir: Path) -> Path | None:
     show_default=True,
     help="Write the HTML report of the ablation afterwards.",
 )
+@click.option(
+    "--list-options",
+    is_flag=True,
+    help="Print TASK's options with their defaults, its presets and metrics, and exit.",
+)
 def ablate_command(
     task: str,
     attention: tuple[str, ...],
@@ -751,6 +790,9 @@ def ablate_command(
     seeds: str | None,
     num_seeds: int | None,
     option: tuple[str, ...],
+    epochs: int | None,
+    batch_size: int | None,
+    lr: float | None,
     out: str | None,
     executor: str,
     jobs: int,
@@ -759,28 +801,41 @@ def ablate_command(
     plugins: tuple[str, ...],
     baselines: bool,
     report: bool,
+    list_options: bool,
 ) -> None:
     """Run an ablation: every attention spec x every seed on TASK.
 
     Each finished run is recorded at once in OUT/results.sqlite; running the same command
     again resumes (runs already done are skipped, failed ones retried). Prints mean ± sample
-    std of the test metrics per mechanism.
+    std of the test metrics per mechanism. Every spec and option is checked before the
+    first run starts.
     """
     try:
         import_plugins(plugins, (os.getcwd(),))
     except ImportError as err:
         raise click.BadParameter(str(err), param_hint="--plugin") from err
     try:
+        if list_options:
+            click.echo(describe_task_of(task))
+            return
         specs = _collect_specs(attention, grid, baselines)
         seed_list = parse_seeds(seeds, num_seeds)
         if address and executor != "ray":
             raise ConfigError("--address needs --executor ray")
+        options = _command_options(option, epochs=epochs, batch_size=batch_size, lr=lr)
+        task_obj = _resolve_task(task, options)
+        check_option_values(task_obj, options)
+        for spec in specs:  # before the first run: a typo in the last spec fails now
+            check_attention(task_obj, spec)
+        from attnlab.lab.training import resolve_device
+
+        resolve_device(device)
         result = run_ablation(
             task,
             specs,
             seed_list,
             out_dir=out,
-            options=parse_options(option),
+            options=options,
             executor=executor,
             jobs=jobs,
             address=address,

@@ -14,28 +14,45 @@
 
 Values typed as text are coerced by :func:`coerce_value`: integers, floats, ``true`` /
 ``false``, ``none`` / ``null``, lists written ``[1;3;5]`` (the form
-:func:`attnlab.lab.task.spec_label` writes), else the text itself. Every problem raises
+:func:`attnlab.lab.task.spec_label` writes), else the text itself; :func:`format_value`
+writes a value back in that form. Every problem raises
 :class:`~attnlab._checks.ConfigError` naming the piece that is wrong.
+
+Before a run is started (and before any data is loaded), :func:`check_attention` and
+:func:`check_option_values` check what was typed against the task: preset, score,
+alignment and dimensionality names, the keys of a spec, the types of option values and
+the separators (``,`` inside a spec, one ``-o`` per option). :func:`describe_task` and
+:func:`task_presets` write the help that ``attnlab train`` / ``ablate`` show.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnlab._checks import ConfigError
+
+if TYPE_CHECKING:
+    from attnlab.lab.task import Task
 
 __all__ = [
     "CONFIG_KEYS",
     "ConfigError",
+    "check_attention",
+    "check_option_values",
     "coerce_value",
+    "describe_task",
+    "format_value",
     "load_config_file",
     "parse_attention",
     "parse_options",
     "read_structured_file",
+    "task_presets",
 ]
 
 #: The top-level keys a run configuration file may hold.
@@ -64,6 +81,22 @@ def coerce_value(text: str) -> Any:
     except ValueError:
         return value
     return number if low not in ("nan", "inf", "-inf", "+inf", "infinity") else value
+
+
+def format_value(value: Any) -> str:
+    """A value as it is typed after ``-o key=`` (the inverse of :func:`coerce_value`):
+    ``None`` -> ``none``, ``True`` -> ``true``, ``[1, 3]`` -> ``[1;3]``.
+
+    >>> format_value(None), format_value(False), format_value([1, 3]), format_value(1e-3)
+    ('none', 'false', '[1;3]', '0.001')
+    """
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ";".join(format_value(v) for v in value) + "]"
+    return str(value)
 
 
 def _is_file_spec(text: str) -> bool:
@@ -242,3 +275,242 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             )
         out["seeds"] = list(seeds)
     return out
+
+
+# ----------------------------------------------------------------------------- checks
+#
+# What can be checked against a task before its data is loaded: the preset and the names
+# of the score, alignment and dimensionality, the keys of a spec (for tasks whose model
+# passes the spec to attnlab's generic attention modules), the types of option values and
+# the separators. What only the task model can tell (e.g. a combination that its model
+# rejects) is checked when the trainer builds the model, still before a run directory is
+# written (attnlab.lab.training.train_run).
+
+_NAME_KINDS = (("score", "score"), ("align", "alignment"), ("dim", "dimensionality"))
+# "key=" after a ',' or ';' inside a value: two pieces typed where one was expected
+_JOINED = re.compile(r"[,;]\s*[A-Za-z_][A-Za-z0-9_.-]*\s*=")
+
+
+def _params(cls: Any) -> set[str]:
+    """The named parameters of a class's ``__init__`` (not ``self`` or ``**kwargs``)."""
+    return {
+        name
+        for name, p in inspect.signature(cls).parameters.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+
+
+@functools.cache
+def _generic_keys() -> frozenset[str]:
+    """The spec keys that attnlab's generic attention builders read besides the options of
+    the score and alignment: the arguments of ``Attention``, ``LearnedQuerySelfAttention``
+    and ``HierarchicalAttention``, and ``uniform``."""
+    from attnlab.feature.multilevel import HierarchicalAttention
+    from attnlab.general.attention import Attention
+    from attnlab.query.self_attention import LearnedQuerySelfAttention
+
+    keys = {"uniform"}
+    for cls in (Attention, LearnedQuerySelfAttention, HierarchicalAttention):
+        keys |= _params(cls)
+    return frozenset(keys)
+
+
+def _kind_params(kind: str, name: Any = None) -> set[str]:
+    """The parameters of the registered ``kind`` called ``name`` (of every one of that kind
+    when ``name`` is not a registered name)."""
+    from attnlab import registry
+
+    if isinstance(name, str):
+        try:
+            return _params(registry.get(kind, name).cls)
+        except KeyError:
+            pass
+    return set().union(*(_params(e.cls) for e in registry.entries(kind)))
+
+
+def _uses_generic_keys(task: Task) -> bool:
+    """Whether every key of the task's default attention and presets is one that attnlab's
+    generic attention modules read: then its model takes any spec of that form, and a key
+    outside it is a typo (tasks with their own keys -- ``hops``, ``style``, ``meta``,
+    ``co_attention``, ... -- are left to their model)."""
+    allowed = _generic_keys() | _kind_params("score") | _kind_params("align") | {"dim"}
+    specs = [task.default_attention, *task.presets.values()]
+    return all(k in allowed for spec in specs for k in spec if k != "name")
+
+
+def _spec_text(spec: Mapping[str, Any]) -> str:
+    """A spec as typed (``name`` first, then ``key=value`` in the given order)."""
+    parts = [str(spec["name"])] if spec.get("name") is not None else []
+    parts += [f"{k}={format_value(v)}" for k, v in spec.items() if k != "name"]
+    return ",".join(parts) or "default"
+
+
+def _check_joined(key: str, value: Any, *, option: bool) -> None:
+    if not isinstance(value, str):
+        return
+    if option and _JOINED.search(value):
+        first = re.split(r"[,;]", value, maxsplit=1)[0]
+        rest = re.split(r"[,;]", value, maxsplit=1)[1].strip()
+        raise ConfigError(
+            f"option {key!r} has the value {value!r}: give one option per -o, repeated "
+            f"(-o {key}={first} -o {rest})"
+        )
+    if not option and ";" in value:
+        fixed = value.replace(";", ",")
+        raise ConfigError(
+            f"{key!r} has the value {value!r}: separate the key=value pairs of one spec "
+            f"with ',' ({key}={fixed}); ';' separates the axes of ablate --grid"
+        )
+
+
+def check_attention(task: Task, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Check an attention spec against ``task`` without its data; return the resolved spec
+    (:meth:`~attnlab.lab.task.Task.resolve_attention`).
+
+    Raises :class:`ConfigError` (one line, naming the spec and the task) for an unknown
+    preset, a ``score`` / ``align`` / ``dim`` that is not registered (nor used by one of the
+    task's presets), a value holding ``;`` (a typo for ``,``), and -- for tasks whose
+    presets use only the keys of attnlab's generic attention modules -- a key that neither
+    those modules nor the chosen score and alignment take.
+    """
+    from attnlab import registry
+
+    given = dict(spec or {})
+    try:
+        resolved = task.resolve_attention(given)
+    except ConfigError as error:
+        raise ConfigError(str(error)) from None
+    name = resolved.get("name")
+    body = {k: v for k, v in resolved.items() if k != "name"}
+    if name == "uniform":
+        body = {**task.default_attention, **body}
+    elif name is not None:  # mean, max, ...: the model checks what it takes
+        return resolved
+    where = f"attention {_spec_text(given)!r} of task {task.name!r}"
+    try:
+        for key, value in body.items():
+            _check_joined(key, value, option=False)
+        used = [task.default_attention, *task.presets.values()]
+        for key, kind in _NAME_KINDS:
+            if key not in body:
+                continue
+            value = body[key]
+            if not isinstance(value, str):
+                raise ConfigError(f"{key} must be a registered {kind} name, got {value!r}")
+            known = {s.get(key) for s in used} | set(task.presets)
+            if value in known:
+                continue
+            try:
+                registry.get(key, value)
+            except KeyError as error:
+                message = str(error).strip("'\"")
+                raise ConfigError(f"{message} (attnlab list --kind {key})") from None
+        if _uses_generic_keys(task):
+            score_takes = _kind_params("score", body.get("score"))
+            align_takes = _kind_params("align", body.get("align"))
+            allowed = _generic_keys() | score_takes | align_takes | {"dim"}
+            unknown = [k for k in body if k not in allowed]
+            if unknown:
+                model_given = {"d_q", "d_k", "out_dim"}
+                what = [
+                    f"{key} {body[key]!r} takes "
+                    + (", ".join(sorted(takes - model_given)) or "no options")
+                    for key, takes in (("score", score_takes), ("align", align_takes))
+                    if isinstance(body.get(key), str)
+                ]
+                raise ConfigError(
+                    f"unknown key(s) {', '.join(unknown)}; "
+                    + (
+                        "; ".join(what)
+                        or "a spec takes score, align, dim and the options of its score and alignment"
+                    )
+                    + " (attnlab list --kind score / --kind align)"
+                )
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    return resolved
+
+
+def _all_defaults(task: Task | type[Task]) -> dict[str, Any]:
+    from attnlab.lab.task import Task
+
+    cls = task if isinstance(task, type) else type(task)
+    return {**Task._TRAINING_DEFAULTS, **getattr(cls, "defaults", {})}
+
+
+def check_option_values(task: Task | type[Task], options: Mapping[str, Any]) -> None:
+    """Check the values of task options against the types of their defaults: an option
+    whose default is an integer takes an integer, a float default a number, a boolean
+    default ``true`` / ``false``; ``none`` is left to the task, and so are options whose
+    default is text, a list or None. A text value holding ``,key=`` or ``;key=`` (two
+    options typed in one ``-o``) is an error too. Unknown option names are the task's to
+    report (:class:`~attnlab.lab.task.Task` lists the known ones)."""
+    defaults = _all_defaults(task)
+    for key, value in options.items():
+        _check_joined(key, value, option=True)
+        if key not in defaults or value is None or defaults[key] is None:
+            continue
+        default = defaults[key]
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            kind = "an integer"
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            kind = "a number"
+        else:
+            continue
+        if not ok:
+            raise ConfigError(
+                f"option {key} must be {kind} (its default is {format_value(default)}), "
+                f"got {format_value(value)!r}"
+            )
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def task_presets(task: type[Task]) -> str:
+    """One line on a task's attentions: its presets (the default marked) and baselines,
+    e.g. ``tanh (default), dot, sparsemax; baselines mean, uniform``."""
+    names = []
+    for name, spec in task.presets.items():
+        default = dict(spec) == dict(task.default_attention)
+        names.append(f"{name} (default)" if default else name)
+    line = ", ".join(names) or "no presets"
+    if task.default_attention and not any("(default)" in n for n in names):
+        line += f"; default {_spec_text(task.default_attention)}"
+    return f"{line}; baselines {', '.join(task.baselines)}"
+
+
+def describe_task(task: type[Task]) -> str:
+    """What ``--list-options`` prints: the task's source, data, metrics, attention presets
+    (with their specs) and baselines, and every option with its default."""
+    defaults = _all_defaults(task)
+    name = getattr(task, "registry_name", "") or task.__name__
+    lines = [f"task {name}"]
+    from attnlab import registry
+
+    try:
+        entry = registry.get("task", name)
+        lines.append(f"  source:  {entry.source}")
+    except KeyError:
+        pass
+    if getattr(task, "data_source", ""):
+        lines.append(f"  data:    {task.data_source}")
+    metrics = list(task.metrics)
+    lines.append(
+        f"  metrics: {metrics[0]} (picks the best epoch; option select_metric)"
+        + "".join(f", {m}" for m in metrics[1:])
+    )
+    lines += ["", "attention (--attention NAME, or NAME,key=value to refine a preset):"]
+    rows = [("(default)", _spec_text(task.default_attention))]
+    rows += [(n, _spec_text(s)) for n, s in task.presets.items()]
+    rows += [(b, "baseline") for b in task.baselines]
+    width = max(len(r[0]) for r in rows)
+    lines += [f"  {n.ljust(width)}  {text}" for n, text in rows]
+    lines += ["", "options (-o KEY=VALUE, repeat -o for several; the default after the name):"]
+    width = max(len(k) for k in defaults)
+    lines += [f"  {k.ljust(width)}  {format_value(v)}" for k, v in defaults.items()]
+    return "\n".join(lines)

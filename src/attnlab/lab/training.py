@@ -74,6 +74,11 @@ RUN_FILES = (
 )
 
 
+class ModelBuildError(ConfigError):
+    """The task model rejects the attention spec or an option (raised by
+    :func:`train_run` before anything is written)."""
+
+
 @dataclass
 class RunResult:
     """What :func:`train_run` returns.
@@ -395,6 +400,9 @@ def train_run(
     try:
         metrics, history, cost = _train(the_task, spec, seed, dev, work, progress)
     except BaseException as error:
+        if isinstance(error, ModelBuildError):  # what the user typed: nothing is written
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         run_info["finished"] = _now()
         run_info["error"] = f"{type(error).__name__}: {error}"
         try:
@@ -424,7 +432,17 @@ def _train(
 
     data = task.load_data()
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
-    model = task.build_model(data, spec).to(device)
+    try:
+        model = task.build_model(data, spec)
+    except (ConfigError, ValueError, TypeError, KeyError) as error:
+        if sampler is not None:
+            sampler.stop()
+        text = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise ModelBuildError(
+            f"task {task.name!r} cannot build its model with attention {spec_label(spec)!r} "
+            f"and its options: {text}"
+        ) from error
+    model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.Adam(
