@@ -276,10 +276,18 @@ def test_local_p_learns_to_put_its_window_on_the_target_position():
     (logits = 20 * context), the scores are frozen at 0 (uniform inside the window), so the
     only thing that learns is local-p's position predictor p = S sigmoid(w_p^T tanh(W_p q)),
     through the Gaussian factor.
+    Optimisation, coarse to fine: the Gaussian factor only carries a gradient from inside
+    the window, so with D = 2 (sigma = 1) from the start the predictor, whose initial
+    centres sit near the middle for every t, is only pulled where the window already
+    overlaps the target; in about one seed in eight it then learns a reversed or collapsed
+    map and saturates the sigmoid at the edges, where the gradient vanishes (mean |p - t|
+    8-21). So the same predictor first trains with a wide window (D = 16, which reaches
+    every target from the middle) and then with D = 2 (seeds 0-159 all pass: mean |p - t|
+    at most 0.31, accuracy at least 0.84).
     Mechanism (local-p, D = 2): mean |p - t| < 1 and accuracy > 75% on fresh sequences.
     Baselines (chance 12.5%): local-m with its window fixed at position 0, and uniform
     attention over all 32 positions, both below 30%."""
-    seed, steps, batch = 0, 600, 128
+    seed, steps, batch = 0, 300, 128
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     train_seqs, test_seqs = token_sequences(4096, gen), token_sequences(2000, gen)
@@ -289,20 +297,29 @@ def test_local_p_learns_to_put_its_window_on_the_target_position():
         attn.score.W.weight.requires_grad_(False)
         return attn
 
-    attn = frozen_zero_score(
-        attnlab.Attention(score="general", align="local-p", d_q=2, d_k=N_TOK, D=WINDOW_D, d_p=16)
-    )
-    opt = torch.optim.Adam([p for p in attn.parameters() if p.requires_grad], lr=2e-2)
-    for _ in range(steps):
-        i = torch.randint(0, len(train_seqs), (batch,), generator=gen)
-        t = torch.randint(0, N_POS, (batch,), generator=gen)
-        seqs = train_seqs[i]
-        out = attn(position_query(t), F.one_hot(seqs, N_TOK).float())
-        assert out.path == "local-window"
-        loss = F.cross_entropy(20.0 * out.context[:, 0], seqs[torch.arange(batch), t])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    def local_p(D: int) -> attnlab.Attention:
+        return frozen_zero_score(
+            attnlab.Attention(score="general", align="local-p", d_q=2, d_k=N_TOK, D=D, d_p=16)
+        )
+
+    def train(attn: attnlab.Attention) -> None:
+        opt = torch.optim.Adam([p for p in attn.parameters() if p.requires_grad], lr=2e-2)
+        for _ in range(steps):
+            i = torch.randint(0, len(train_seqs), (batch,), generator=gen)
+            t = torch.randint(0, N_POS, (batch,), generator=gen)
+            seqs = train_seqs[i]
+            out = attn(position_query(t), F.one_hot(seqs, N_TOK).float())
+            assert out.path == "local-window"
+            loss = F.cross_entropy(20.0 * out.context[:, 0], seqs[torch.arange(batch), t])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    wide = local_p(N_POS // 2)
+    train(wide)
+    attn = local_p(WINDOW_D)
+    attn.align.load_state_dict(wide.align.state_dict())  # the same predictor W_p, w_p
+    train(attn)
 
     n = len(test_seqs)
     t = torch.randint(0, N_POS, (n,), generator=gen)
