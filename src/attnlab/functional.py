@@ -27,6 +27,7 @@ from attnlab.general.alignment import (
 from attnlab.general.dimensionality import combine_multi, combine_single, multi_dimensional_attend
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.scoring import (
     COSINE_EPS,
     SCORE_FUNCTIONS,
@@ -117,6 +118,9 @@ def attend(
 
     Dot-product scores (dot, scaled-dot, general, biased-general, cosine) run on PyTorch's
     fused ``scaled_dot_product_attention``; the additive score on the chunked kernel.
+    Keys and values that no query may attend, and query rows that may attend nothing,
+    never matter, whatever they hold (they are cleared with ``torch.where`` first). Half
+    precision inputs: the scores and the softmax are computed in float32.
     Returns an :class:`AttentionOutput` (``context`` ``[B, n_q, d_v]`` or ``[B, d_v]``).
     """
     name = get("score", score).name
@@ -135,6 +139,8 @@ def attend(
     check_same(k, "k", v=v)
     n_k = k.shape[1]
     mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
+    # padding never matters, whatever it holds: cleared before any product touches it
+    q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
     if name in ("dot", "scaled-dot", "cosine", "general", "biased-general") and n_k > 0:
         assert q3 is not None
         q2, k2, scale = _dot_form(name, q3, k, score_params)
@@ -145,7 +151,8 @@ def attend(
             e = queryless_score(k, **score_params)
         else:
             e = SCORE_FUNCTIONS[name](q3, k, **score_params)
-        weights = masked_softmax(e, mask3)
+        # the scores are float32 for half inputs; the weighted sum runs in the values' dtype
+        weights = masked_softmax(e, mask3).to(v.dtype)
         context = combine_single(weights, v)
         path = "lean-additive" if name == "additive" else "explicit"
     if single:

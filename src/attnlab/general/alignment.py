@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_tensor, softmax_dtype
+from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.masks import fill_value
 from attnlab.registry import Configurable, register
@@ -619,7 +620,10 @@ class ReinforcedAlign(Alignment):
     ``sum_l log P(z_l)`` over the allowed keys, for :func:`reinforce_loss`;
     ``extras["selection"]`` (``[B, n_k]`` bool), ``extras["keep_prob"]`` and
     ``extras["selection_ratio"]`` (for a sparsity penalty) are exposed. A query whose
-    selected set is empty gets zero weights.
+    selected set is empty gets zero weights. A padded key (no query may attend it) is
+    never selected and left out of ``kbar`` and ``log_prob``; NaN or inf there is ignored.
+    Half-precision keys: the policy and the softmax run in float32 (``keep_prob`` and
+    ``log_prob`` are float32).
     Parameters: ``W`` ``[d_h, 3 d_k]``, ``w`` ``[d_h]``. Cost O(B n_k d_k d_h + B n_q n_k).
     """
 
@@ -662,10 +666,21 @@ class ReinforcedAlign(Alignment):
             if m3 is None
             else torch.broadcast_to(m3, (batch, n_q, n_k)).any(1)
         )
-        w = key_ok.to(keys.dtype)[..., None]
-        kbar = (keys * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)
-        feats = torch.cat([keys, kbar.expand_as(keys), keys * kbar], -1)
-        logits = self.policy(feats).squeeze(-1)
+        # a padded key may hold anything: its NaN / inf entries are cleared (where, not a
+        # product: 0 * NaN = NaN) before the policy sees it, and it is left out of the mean
+        # the policy runs in float32 for half-precision keys (k_l * kbar of large keys
+        # overflows float16), with its parameters cast, so that gradients still reach them
+        work = softmax_dtype(keys.dtype)
+        keys_w = clear_nonfinite_rows(keys, key_ok).to(work)
+        ok = key_ok[..., None]
+        kbar = torch.where(ok, keys_w, keys_w.new_zeros(())).sum(1, keepdim=True)
+        kbar = kbar / ok.sum(1, keepdim=True).clamp(min=1).to(work)
+        feats = torch.cat([keys_w, kbar.expand_as(keys_w), keys_w * kbar], -1)
+        if work == keys.dtype:
+            logits = self.policy(feats).squeeze(-1)
+        else:
+            params = {n: p.to(work) for n, p in self.policy.named_parameters()}
+            logits = torch.func.functional_call(self.policy, params, (feats,)).squeeze(-1)
         keep_prob = torch.sigmoid(logits)
         if self.training or self.eval_mode == "sample":
             selection = torch.bernoulli(keep_prob.detach()).bool()
@@ -673,7 +688,7 @@ class ReinforcedAlign(Alignment):
             selection = keep_prob.detach() > 0.5
         selection = selection & key_ok
         logp = torch.where(selection, F.logsigmoid(logits), F.logsigmoid(-logits))
-        log_prob = (logp * key_ok).sum(-1)
+        log_prob = torch.where(key_ok, logp, logp.new_zeros(())).sum(-1)
         allowed = selection[:, None, :] if m3 is None else m3 & selection[:, None, :]
         a = masked_softmax(e3, allowed)
         if e.dim() == 2:

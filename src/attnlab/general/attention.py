@@ -41,6 +41,7 @@ from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.output import AttentionOutput
@@ -55,16 +56,24 @@ def _params(cls: type) -> set[str]:
     return {p for p in inspect.signature(cls).parameters if p != "self"}
 
 
-def _nan_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor | None]:
-    """Rows of ``e`` (along ``dim``) holding a NaN score at an allowed key, and ``e`` with
-    its NaNs replaced by 0 so that every alignment can run on it (``None``: no NaN).
-    The alignment's result for those rows is then overwritten with NaN (see the class
-    docstring, "NaN inputs")."""
-    if not bool(torch.isnan(e.detach().sum())):  # cheap screen: one NaN makes the sum NaN
+def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor | None]:
+    """Rows of ``e`` (along ``dim``) whose allowed scores have no finite maximum -- a NaN
+    or ``+inf`` score at an allowed key, or only ``-inf`` ones -- and ``e`` with those rows
+    set to 0 so that every alignment can run on it (``None``: no such row). The
+    alignment's result for those rows is then overwritten with NaN (see the class
+    docstring, "NaN inputs"). A ``-inf`` score in a row with a finite maximum stays: it
+    gets weight 0."""
+    if bool(torch.isfinite(e.detach().sum())):  # cheap screen: NaN or inf make it non-finite
         return e, None
-    nan = torch.isnan(e)
-    bad = (nan if mask is None else nan & mask).any(dim, keepdim=True)
-    return e.masked_fill(nan, 0.0), bad
+    x = e.detach()
+    if mask is not None:
+        x = x.masked_fill(~mask, float("-inf"))
+    bad = ~torch.isfinite(x.amax(dim, keepdim=True))  # amax propagates NaN
+    if mask is not None:
+        bad = bad & mask.any(dim, keepdim=True)  # a fully masked row is not bad: zeros
+    if not bool(bad.any()):
+        return e, None
+    return e.masked_fill(bad, 0.0), bad
 
 
 def _nan_or_none(centers: Tensor) -> Tensor | None:
@@ -128,19 +137,25 @@ class Attention(Configurable):
     * **Empty key set** (``n_k = 0``): a zero context ``[B, n_q, d_v']``, weights of shape
       ``[B, n_q, 0]``, zero ``log_prob`` for stochastic alignments; ``backward()`` works
       (the gradients are zero). The path is ``"explicit"``.
+    * **Padding never matters**: a key (and its value) that no query of ``b`` may attend
+      and a query row that may attend nothing are cleared with ``torch.where`` before
+      anything is computed from them, on every path. Whatever they hold -- NaN and inf
+      included -- the outputs and the gradients are those of zeros there.
     * **NaN inputs** are not an error and are not hidden. A NaN in the query ``q[b, i]``
       makes the weights and context of query row ``(b, i)`` NaN; a NaN in the features
       ``k[b, l]`` of an allowed key makes NaN every query row of batch element ``b`` that
       may attend to ``l`` (for local attention: whose window holds ``l``); a NaN in
-      ``v[b, l]`` makes NaN the context features of ``b`` that sum over key ``l``. This
-      holds for every alignment (hard and reinforced attention return NaN weights for such
-      rows instead of a choice) and other batch elements are never affected. Padding
-      (masked-out) positions must hold finite numbers: the fused SDPA kernel may let a NaN
-      there through.
+      ``v[b, l]`` of a key that some query of ``b`` may attend makes NaN the context
+      features of ``b`` that sum over key ``l``. More generally, a row whose allowed
+      scores have no finite maximum (a NaN or ``+inf`` score, or only ``-inf`` ones) gets
+      NaN weights and context, and a ``-inf`` score gets weight 0. This holds for every
+      alignment (hard and reinforced attention return NaN weights for such rows instead
+      of a choice) and other batch elements are never affected.
     * **Half precision**: convert the module with ``.to(torch.bfloat16)`` (or
-      ``torch.float16``) and pass inputs of that dtype; softmaxes and the lean kernels
-      compute in float32 and cast back, so results stay within the dtype's rounding of the
-      float32 result. The SDPA path runs PyTorch's kernel in that dtype.
+      ``torch.float16``) and pass inputs of that dtype. The projections run in that dtype;
+      the scores, the alignment and the lean kernels compute in float32 (so ``|q^T k|``
+      beyond float16's 65504 does not overflow) and the weights are cast back before the
+      weighted sum. The SDPA path runs PyTorch's kernel, which accumulates in float32.
 
     Example::
 
@@ -387,11 +402,14 @@ class Attention(Configurable):
         if k is None:
             raise ValueError("k (the features / keys) is required")
         q3, single, v = self._check_inputs(q, k, v)
+        B, n_k = k.shape[:2]
+        n_q = q3.shape[1] if q3 is not None else 1
+        mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
+        # padding never matters: cleared before the projections (whose weight gradients
+        # would otherwise multiply a zero by it)
+        q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
-        B, n_k = keys.shape[:2]
-        n_q = q3.shape[1] if q3 is not None else 1
-        mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=keys.device, single_query=single)
         path, _ = self.explain(need_weights, n_k)
         p = self.dropout if self.training else 0.0
         log_prob = None
@@ -403,10 +421,11 @@ class Attention(Configurable):
             context, weights = sdpa_attend(q2, k2, values, scale, mask3, p, need_weights)
         elif path == "lean-multi":
             assert q3 is not None and isinstance(self.score, AdditiveScore)
-            q1, k2 = self.score.lean_parts(q3, keys)
+            q1, k2 = self.score.lean_parts(q3, keys)  # float32 for half inputs
+            W_d, b_d = self.score.work_params()
             context = multi_dim_attend_lean(
-                q1, k2, self.score.w, self.score.b_d, values, mask3, self.score.act
-            )
+                q1, k2, W_d, b_d, values.to(q1.dtype), mask3, self.score.act
+            ).to(values.dtype)
             weights = None
         elif path == "local-window":
             assert q3 is not None
@@ -417,7 +436,7 @@ class Attention(Configurable):
             if isinstance(self.score, AdditiveScore) and not self.score.vector:
                 # project every key once (W2 k), not once per window slot
                 q_in, k_in = self.score.lean_parts(q3, keys)
-                w, act = self.score.w, self.score.act
+                (w, _), act = self.score.work_params(), self.score.act
                 score_fn = lambda qq, kk: additive_score_lean(qq, kk, w, act)  # noqa: E731
             context, weights, _ = local_window_attend(
                 score_fn,
@@ -444,28 +463,36 @@ class Attention(Configurable):
             if n_k == 0:
                 # nothing to attend to: zero weights [B, n_q, 0(, d_v)] and a zero context,
                 # still connected to the inputs so that backward() works
-                weights = e * 0
+                weights = (e * 0).to(values.dtype)
                 combine = combine_multi if self.multi else combine_single
                 context = combine(weights, values)
                 if self.align.stochastic:
                     lp_shape = (B,) if isinstance(self.align, ReinforcedAlign) else (B, n_q)
-                    log_prob = e.new_zeros(lp_shape)
+                    log_prob = values.new_zeros(lp_shape)
             elif self.multi:
                 m4 = mask3.unsqueeze(-1) if mask3 is not None else None
-                e, bad = _nan_rows(e, m4, dim=2)
+                e, bad = _bad_rows(e, m4, dim=2)
                 a = self.align.normalize(e, m4, dim=2)
-                weights = a = _fill_nan(a, bad)
+                # the scores and the alignment are in float32 for half inputs; the weighted
+                # sum runs in the values' dtype
+                weights = a = _fill_nan(a, bad).to(values.dtype)
                 context = combine_multi(F.dropout(a, p, True) if p > 0 else a, values)
             else:
                 # local alignments mask everything outside the window, NaN included
-                e, bad = (e, None) if self.align.local else _nan_rows(e, mask3, dim=-1)
+                e, bad = (e, None) if self.align.local else _bad_rows(e, mask3, dim=-1)
                 # the alignment sees finite keys (reinforced attention samples from them);
-                # the rows with a NaN score are set to NaN below
-                keys_a = keys if bad is None else torch.nan_to_num(keys, nan=0.0)
+                # the rows without a finite score maximum are set to NaN below
+                keys_a = keys if bad is None else torch.nan_to_num(keys, 0.0, 0.0, 0.0)
                 aligned: Aligned = self.align(e, mask3, query=q3, keys=keys_a, positions=positions)
-                weights = a = _fill_nan(aligned.weights, bad)
+                # the scores and the alignment are in float32 for half inputs; the weighted
+                # sum (and what is returned) is in the values' dtype
+                weights = a = _fill_nan(aligned.weights, bad).to(values.dtype)
                 log_prob = aligned.log_prob
                 extras.update(aligned.extras)
+                if log_prob is not None:
+                    log_prob = log_prob.to(values.dtype)
+                if isinstance(extras.get("probs"), Tensor):
+                    extras["probs"] = extras["probs"].to(values.dtype)
                 if bad is not None:
                     if log_prob is not None and log_prob.shape == bad.shape[:-1]:
                         log_prob = _fill_nan(log_prob, bad.squeeze(-1))

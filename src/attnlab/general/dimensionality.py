@@ -11,6 +11,7 @@ from torch import Tensor
 
 from attnlab._checks import check_same, check_tensor
 from attnlab.general.alignment import masked_softmax
+from attnlab.general.padding import attended_keys, zero_rows
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
@@ -69,7 +70,8 @@ def multi_dimensional_attend(
     Returns an :class:`AttentionOutput` with ``context`` ``[B, n_q, d_v]`` and ``weights``
     ``[B, n_q, n_k, d_v]``: ``a[b, i, :, f] = softmax over allowed keys of scores[b, i, :, f]``
     and ``context[b, i, f] = sum_l a[b, i, l, f] v[b, l, f]``. Rows with no allowed key give
-    zeros. Memory O(B n_q n_k d_v); :func:`attnlab.general.fused.multi_dim_attend_lean`
+    zeros; values that no query may attend never matter, whatever they hold. Memory
+    O(B n_q n_k d_v); :func:`attnlab.general.fused.multi_dim_attend_lean`
     computes the context of DiSAN's additive vector score without that tensor.
     """
     check_tensor(scores, "scores")
@@ -81,6 +83,9 @@ def multi_dimensional_attend(
     # the mask must broadcast to [B, n_q, n_k] *without* enlarging it
     m3 = normalize_mask(mask, B, n_q, n_k, device=scores.device, name="mask")
     m4 = m3.unsqueeze(-1) if m3 is not None else None
+    if m3 is not None:
+        # a value no query may attend never matters (where, not 0 * v: 0 * NaN = NaN)
+        v = zero_rows(v, attended_keys(m3))
     weights = masked_softmax(scores, m4, dim=2)
     return AttentionOutput(combine_multi(weights, v), weights, path="explicit")
 

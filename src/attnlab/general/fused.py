@@ -79,6 +79,7 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx
 
 from attnlab.general.activations import activation_name, get_activation
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.masks import normalize_mask
 
 __all__ = [
@@ -893,7 +894,8 @@ def multi_dim_attend_lean(
         v: ``[B, n_k, d_v]`` values.
         mask: bool, ``True`` = may attend, broadcastable to ``[B, n_q, n_k]`` (see
             :mod:`attnlab.masks`), or ``None``. A query row with no allowed key gets a zero
-            context and zero gradients, never NaN.
+            context and zero gradients, never NaN. Keys and values that no query may
+            attend, and query rows with no allowed key, never matter, whatever they hold.
         act: activation name or callable, as in :func:`additive_score_lean`.
         chunk_elems: about how many elements one tile's ``[B_tile, rows, n_k, d_w]`` (and
             ``[..., d_v]``) intermediate may hold; default :data:`DEFAULT_CHUNK_ELEMS`.
@@ -925,5 +927,9 @@ def multi_dim_attend_lean(
     if v.dim() != 3 or tuple(v.shape) != (B, n_k, d_v):
         raise _shape_error("v", v, "[B, n_k, d_v]", [B, n_k, d_v])
     mask = normalize_mask(mask, B, n_q, n_k, device=q1.device, name="mask")
+    # padded keys / values and fully masked query rows may hold anything (NaN, inf): the
+    # kernel multiplies zero weights by the values, so clear them first
+    q1c, k2, v = clear_attention_inputs(q1, k2, v, mask)
+    assert q1c is not None
     spec = _resolve_act(act)
-    return _MultiDimFn.apply(q1, k2, W_d, b_d, v, mask, spec, _check_chunk(chunk_elems))
+    return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, _check_chunk(chunk_elems))

@@ -22,9 +22,11 @@ __all__ = ["local_window_attend"]
 
 
 def _gather_rows(x: Tensor, idx: Tensor) -> Tensor:
-    """``x`` ``[B, n, d]``, ``idx`` ``[B, n_q, W]`` -> ``[B, n_q, W, d]``."""
+    """``x`` ``[B, n, d]``, ``idx`` ``[B, n_q, W]`` -> ``[B, n_q, W, d]``; index ``n``
+    reads a row of zeros (appended here)."""
     B, n_q, W = idx.shape
-    flat = idx.reshape(B, n_q * W, 1).expand(-1, -1, x.shape[-1])
+    x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], 1)
+    flat = idx.reshape(B, n_q * W, 1).expand(x.shape[0], -1, x.shape[-1])
     return x.gather(1, flat).reshape(B, n_q, W, x.shape[-1])
 
 
@@ -56,7 +58,10 @@ def local_window_attend(
     Returns ``(context [B, n_q, d_v], dense weights or None, window weights [B, n_q, W])``.
     The weights equal :func:`attnlab.general.alignment.local_align` on the full scores.
     An empty window (no existing, allowed key within ``D`` of the centre) and an empty
-    key set give zero weights and a zero context. Half-precision inputs: the window, the
+    key set give zero weights and a zero context. A window slot that is out of range, out
+    of the window or masked for that query reads a row of zeros, not the key, and the
+    query of an empty window is set to zero before it is scored: what masked positions
+    hold (NaN, inf) never reaches the context or the gradients. Half-precision inputs: the window, the
     softmax and the Gaussian are computed in float32. ``D`` must be an int >= 1 and
     ``center`` ``[B, n_q]``, else ``ValueError``.
     """
@@ -85,8 +90,12 @@ def local_window_attend(
     if mask is not None:
         full = torch.broadcast_to(mask, (B, n_q, n_k))
         valid = valid & full.gather(2, safe)
-    k_win = _gather_rows(k, safe)
-    v_win = _gather_rows(v, safe)
+    # invalid slots read an appended zero row (where, not a zero weight times the key:
+    # 0 * NaN = NaN), and a query with an empty window is cleared the same way
+    slot = torch.where(valid, safe, n_k)
+    k_win = _gather_rows(k, slot)
+    v_win = _gather_rows(v, slot)
+    q = torch.where(valid.any(-1, keepdim=True), q, q.new_zeros(()))
     e = score(q.reshape(B * n_q, 1, q.shape[-1]), k_win.reshape(B * n_q, W, k.shape[-1]))
     e = e.reshape(B, n_q, W)
     a = masked_softmax(e.to(work), valid)

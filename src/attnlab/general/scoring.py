@@ -27,6 +27,14 @@ also tell the general attention module how they can be computed fast:
 | activated-general | ``act(k_l^T W q + b)`` | Ma et al. 2017 |
 | cosine | ``q^T k_l / (|q| |k_l|)`` | Graves et al. 2014 |
 | queryless | ``w^T act(W k_l + b)`` | Lin et al. 2017; Yang et al. 2016 |
+
+**Half precision.** Given ``float16`` / ``bfloat16`` inputs (and parameters), a score
+function computes in float32 -- its inputs and parameters are cast, so gradients still
+reach them -- and returns the scores in **float32**, the dtype the alignments compute in.
+A float16 dot product of inputs of magnitude 150 in 4 dimensions already exceeds float16's
+largest number (65504), and ``W1 q + W2 k`` of large inputs cancels digits that bfloat16
+does not have; in float32 neither happens. ``dot_form`` returns its transformed query in
+the input dtype, for PyTorch's fused kernel (which accumulates in float32).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from attnlab._checks import (
     check_param,
     check_same,
     check_tensor,
+    softmax_dtype,
 )
 from attnlab.general.activations import Activation, get_activation
 from attnlab.registry import Configurable, register
@@ -84,6 +93,21 @@ def _finish(e: Tensor, single: bool) -> Tensor:
     return e.squeeze(1) if single else e
 
 
+def _work(x: Tensor) -> Tensor:
+    """``x`` in the dtype scores are computed in: float32 for half precision, else its own."""
+    return x.to(softmax_dtype(x.dtype))
+
+
+def _pairwise(q: Tensor, k: Tensor) -> Tensor:
+    """``q @ k^T`` in the scores' dtype (no float16 overflow)."""
+    return _work(q) @ _work(k).transpose(-1, -2)
+
+
+def _linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+    """``W x + b`` in the scores' dtype (parameters cast; gradients still reach them)."""
+    return F.linear(_work(x), _work(W), None if b is None else _work(b))
+
+
 def _require_same_dim(q: Tensor, k: Tensor, what: str) -> None:
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
@@ -100,7 +124,7 @@ def dot_score(q: Tensor, k: Tensor) -> Tensor:
     Cost: O(B n_q n_k d)."""
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "dot_score")
-    return _finish(q3 @ k.transpose(-1, -2), single)
+    return _finish(_pairwise(q3, k), single)
 
 
 def scaled_dot_score(q: Tensor, k: Tensor) -> Tensor:
@@ -108,7 +132,7 @@ def scaled_dot_score(q: Tensor, k: Tensor) -> Tensor:
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "scaled_dot_score")
     scale = 1.0 / math.sqrt(k.shape[-1]) if k.shape[-1] else 1.0
-    return _finish((q3 * scale) @ k.transpose(-1, -2), single)
+    return _finish(_pairwise(q3, k) * scale, single)
 
 
 def general_score(q: Tensor, k: Tensor, W: Tensor) -> Tensor:
@@ -118,7 +142,7 @@ def general_score(q: Tensor, k: Tensor, W: Tensor) -> Tensor:
     q3, single = _prepare(q, k)
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
     check_same(q3, "q", W=W)
-    return _finish((q3 @ W.transpose(0, 1)) @ k.transpose(-1, -2), single)
+    return _finish(_pairwise(_linear(q3, W), k), single)
 
 
 def biased_general_score(q: Tensor, k: Tensor, W: Tensor, b: Tensor) -> Tensor:
@@ -128,7 +152,7 @@ def biased_general_score(q: Tensor, k: Tensor, W: Tensor, b: Tensor) -> Tensor:
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
     check_param(b, "b", (k.shape[-1],), "[d_k]")
     check_same(q3, "q", W=W, b=b)
-    return _finish(F.linear(q3, W, b) @ k.transpose(-1, -2), single)
+    return _finish(_pairwise(_linear(q3, W, b), k), single)
 
 
 def activated_general_score(
@@ -146,7 +170,8 @@ def activated_general_score(
     elif isinstance(b, bool) or not isinstance(b, int | float):
         raise TypeError(f"b must be a float or a one-element tensor, got {type(b).__name__}")
     check_same(q3, "q", W=W, b=b if isinstance(b, Tensor) else None)
-    e = (q3 @ W.transpose(0, 1)) @ k.transpose(-1, -2) + b
+    e = _pairwise(_linear(q3, W), k)
+    e = e + (_work(b) if isinstance(b, Tensor) else b)
     return _finish(get_activation(act)(e), single)
 
 
@@ -155,8 +180,8 @@ def cosine_score(q: Tensor, k: Tensor) -> Tensor:
     2014, content addressing of the Neural Turing Machine). Zero vectors score 0."""
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "cosine_score")
-    qn = F.normalize(q3, dim=-1, eps=COSINE_EPS)
-    kn = F.normalize(k, dim=-1, eps=COSINE_EPS)
+    qn = F.normalize(_work(q3), dim=-1, eps=COSINE_EPS)
+    kn = F.normalize(_work(k), dim=-1, eps=COSINE_EPS)
     return _finish(qn @ kn.transpose(-1, -2), single)
 
 
@@ -192,14 +217,14 @@ def additive_score(
     _additive_checks(q3, k, W1, W2, b)
     check_param(w, "w", (W1.shape[0],), "[d_w]")
     check_same(q3, "q", w=w)
-    q1 = F.linear(q3, W1, b)
-    k2 = F.linear(k, W2)
+    q1 = _linear(q3, W1, b)
+    k2 = _linear(k, W2)
     if lean:
         from attnlab.general.fused import additive_score_lean
 
-        e = additive_score_lean(q1, k2, w, act)
+        e = additive_score_lean(q1, k2, _work(w), act)
     else:
-        e = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ w
+        e = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ _work(w)
     return _finish(e, single)
 
 
@@ -226,10 +251,11 @@ def multi_dimensional_additive_score(
     if b_d is not None:
         check_param(b_d, "b_d", (W_d.shape[1],), "[d_v]")
     check_same(q3, "q", W_d=W_d, b_d=b_d)
-    h = get_activation(act)(F.linear(q3, W1, b)[:, :, None, :] + F.linear(k, W2)[:, None, :, :])
-    e = h @ W_d
+    q1, k2 = _linear(q3, W1, b), _linear(k, W2)
+    h = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :])
+    e = h @ _work(W_d)
     if b_d is not None:
-        e = e + b_d
+        e = e + _work(b_d)
     return e.squeeze(1) if single else e
 
 
@@ -256,7 +282,7 @@ def queryless_score(
     else:
         check_param(w, "w", (W.shape[0],), "[d_w] (or [d_w, d_v] for a vector score)")
     check_same(k, "k", W=W, w=w, b=b)
-    e = get_activation(act)(F.linear(k, W, b)) @ w
+    e = get_activation(act)(_linear(k, W, b)) @ _work(w)
     return e.unsqueeze(1)
 
 
@@ -291,7 +317,7 @@ class _DotFamily(Score):
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         q3, single = _prepare(q, k)
         q2, k2, scale = self.dot_form(q3, k)  # type: ignore[misc]
-        e = q2 @ k2.transpose(-1, -2)
+        e = _pairwise(q2, k2)
         return _finish(e * scale if scale != 1.0 else e, single)
 
 
@@ -372,8 +398,10 @@ class CosineScore(_DotFamily):
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         _require_same_dim(q, k, "CosineScore")
-        qn = F.normalize(q, dim=-1, eps=COSINE_EPS)
-        kn = F.normalize(k, dim=-1, eps=COSINE_EPS)
+        # normalised in float32 (|q|^2 of a float16 vector can overflow), returned in the
+        # input dtype for the fused kernel
+        qn = F.normalize(_work(q), dim=-1, eps=COSINE_EPS).to(q.dtype)
+        kn = F.normalize(_work(k), dim=-1, eps=COSINE_EPS).to(k.dtype)
         return qn, kn, 1.0 / self.temperature
 
 
@@ -419,7 +447,8 @@ class GeneralScore(Score):
         return general_score(q, k, self.W.weight)
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        return self.W(q), k, 1.0
+        # W q in float32, rounded once to the input dtype for the fused kernel
+        return _linear(q, self.W.weight, self.W.bias).to(q.dtype), k, 1.0
 
 
 @register(
@@ -445,7 +474,8 @@ class BiasedGeneralScore(Score):
         return biased_general_score(q, k, self.W.weight, self.W.bias)
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        return self.W(q), k, 1.0
+        # W q in float32, rounded once to the input dtype for the fused kernel
+        return _linear(q, self.W.weight, self.W.bias).to(q.dtype), k, 1.0
 
 
 @register(
@@ -536,8 +566,14 @@ class AdditiveScore(_AdditiveBase):
         self._init_vector(d_w, out_dim)
 
     def lean_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """``(W1 q + b, W2 k)``, the inputs of the chunked kernels."""
-        return F.linear(q, self.W1.weight, self.b), self.W2(k)
+        """``(W1 q + b, W2 k)``, the inputs of the chunked kernels (float32 for
+        half-precision inputs, like the scores)."""
+        return _linear(q, self.W1.weight, self.b), _linear(k, self.W2.weight)
+
+    def work_params(self) -> tuple[Tensor, Tensor | None]:
+        """``(w, b_d)`` in the dtype :meth:`lean_parts` returns (float32 for half)."""
+        b_d = None if self.b_d is None else _work(self.b_d)
+        return _work(self.w), b_d
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         if self.vector:
@@ -593,7 +629,7 @@ class QuerylessScore(_AdditiveBase):
 
     def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
         e = queryless_score(k, self.W.weight, self.w, self.W.bias, self.act)
-        return e + self.b_d if self.vector else e
+        return e + _work(self.b_d) if self.vector else e
 
 
 SCORE_FUNCTIONS: dict[str, Callable[..., Tensor]] = {

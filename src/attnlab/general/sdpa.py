@@ -13,7 +13,13 @@ Two differences from calling SDPA yourself are handled here:
   gradients are zero as well;
 * ``need_weights=True`` also returns the weights, computed with the same scores by an
   explicit masked softmax (the context still comes from SDPA, so asking for the weights
-  does not change the numbers).
+  does not change the numbers). Those scores are computed in float32 for half-precision
+  inputs, as the kernel does internally: ``|q^T k|`` beyond float16's 65504 does not
+  overflow;
+* padding cannot leak: a key that no query may attend and a query row that may attend
+  nothing are set to zero with ``torch.where`` before the kernel runs (the kernel
+  multiplies the zero weight of a masked key by its value, and ``0 * NaN = NaN``), so a
+  NaN or inf stored there reaches neither the context nor the gradients.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab._checks import softmax_dtype
 from attnlab.general.alignment import masked_softmax
 
 __all__ = ["sdpa_attend"]
@@ -45,7 +52,8 @@ def sdpa_attend(
         dropout_p: dropout on the weights (pass 0 in evaluation).
         need_weights: also return the weights ``[..., n_q, n_k]`` (before dropout).
 
-    Returns ``(context [..., n_q, d_v], weights or None)``.
+    Returns ``(context [..., n_q, d_v], weights or None)``. Masked-out keys and values
+    (no query attends them) and fully masked query rows never matter, whatever they hold.
     Cost: O(n_q n_k d) time; memory O(n_q d) on the flash / memory-efficient kernels.
     """
     row_ok = None
@@ -54,6 +62,7 @@ def sdpa_attend(
     attn_mask = mask
     if mask is not None:
         row_ok = mask.any(-1, keepdim=True)
+        q, k, v = _clear_padding(q, k, v, mask, row_ok)
         if not bool(row_ok.all()):
             attn_mask = mask | ~row_ok
         else:
@@ -67,5 +76,19 @@ def sdpa_attend(
         context = torch.where(row_ok, context, context.new_zeros(()))
     weights = None
     if need_weights:
-        weights = masked_softmax((q @ k.transpose(-1, -2)) * scale, mask)
+        work = softmax_dtype(q.dtype)
+        e = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
+        weights = masked_softmax(e, mask).to(v.dtype)
     return context, weights
+
+
+def _clear_padding(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, row_ok: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Zero the keys and values no query attends and the query rows that attend nothing
+    (``where``, not a product). ``q`` ``[..., n_q, d]``, ``k``/``v`` ``[..., n_k, d]``;
+    ``mask`` ``[..., n_q, n_k]``; ``row_ok`` ``mask.any(-1, keepdim=True)``."""
+    key_ok = mask.any(-2).unsqueeze(-1)  # [..., n_k, 1]
+    k2 = torch.where(key_ok, k, k.new_zeros(()))
+    v = k2 if v is k else torch.where(key_ok, v, v.new_zeros(()))
+    return torch.where(row_ok, q, q.new_zeros(())), k2, v

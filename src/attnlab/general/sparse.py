@@ -8,8 +8,10 @@ Both map scores to a probability vector that can hold exact zeros.
   ``tau`` chosen so the weights sum to 1.
 
 Both thresholds are found exactly by sorting (O(n log n) per row); the backward passes
-are the closed forms of the two papers. Masked positions get weight 0; a row with no
-allowed position gets all-zero weights.
+are the closed forms of the two papers. Masked positions get weight 0 whatever their
+score; a row with no allowed position gets all-zero weights. A score of ``-inf`` gets weight
+0; a row whose allowed scores have no finite maximum (a NaN or ``+inf`` among them, or only
+``-inf``) gets NaN weights, as the softmax gives, and zero gradients -- never an error.
 """
 
 from __future__ import annotations
@@ -120,13 +122,24 @@ def _masked(fn: type[torch.autograd.Function], e: Tensor, mask: Tensor | None, d
         row_max = work.amax(-1, keepdim=True)
     else:
         row_max = work.masked_fill(~m, float("-inf")).amax(-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    work = work - row_max.detach()
-    if m is None:
-        return fn.apply(work).movedim(-1, dim).to(e.dtype)
-    # masked positions sit far below the allowed maximum (now 0): outside the support
-    filled = torch.where(m, work, torch.full_like(work, -_OUTSIDE))
-    p = fn.apply(filled) * m
+    # A row without a finite maximum among its allowed scores (a NaN or +inf score, or
+    # only -inf ones) has no defined weights: it becomes NaN, as the softmax makes it. A
+    # row without any allowed key has a -inf maximum too; it gets zero weights below.
+    bad = ~torch.isfinite(row_max)
+    if m is not None:
+        bad = bad & m.any(-1, keepdim=True)
+    finite_max = torch.isfinite(row_max)
+    shifted = work - torch.where(finite_max, row_max, 0.0).detach()
+    # Scores more than _OUTSIDE below the maximum (-inf included) lie outside the support
+    # and get weight 0 whatever their value: clamping them is exact and keeps -inf out of
+    # the sort and the cumulative sums. Masked positions go there too; bad rows are
+    # replaced by zeros (finite) and overwritten with NaN at the end.
+    ok = ~bad if m is None else m & ~bad
+    filled = torch.where(ok, shifted.clamp(min=-_OUTSIDE), -_OUTSIDE)
+    p = fn.apply(filled)
+    if m is not None:
+        p = torch.where(m, p, 0.0)
+    p = p.masked_fill(bad, float("nan"))
     return p.movedim(-1, dim).to(e.dtype)
 
 
