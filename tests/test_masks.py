@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attnlab
 from attnlab import masks
+from attnlab.masks import AmbiguousMaskWarning
+from attnlab.query.multi_head import MultiHeadAttention
 
 # ----------------------------------------------------------------------------- from_lengths
 
@@ -279,6 +283,83 @@ def test_normalize_mask_property_broadcasts_like_torch(B, n_q, n_k, keep, rank, 
     shape = tuple(s if k else 1 for s, k in zip(full, keep, strict=True))[3 - rank :]
     g = torch.Generator().manual_seed(seed)
     m = torch.rand(shape, generator=g) > 0.5
-    got = masks.normalize_mask(m, B, n_q, n_k)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = masks.normalize_mask(m, B, n_q, n_k)
     assert got.dim() == 3
     assert torch.equal(got.expand(full), m.expand(full))
+    ambiguous = m.dim() == 2 and B == n_q == m.shape[0] > 1 and not (m == m[:1]).all()
+    assert [w.category for w in caught] == ([AmbiguousMaskWarning] if ambiguous else [])
+
+
+# ------------------------------------------------------------------ ambiguous 2-D masks
+
+# rows differ: as [n_q, n_k] query 0 sees key 0, query 1 keys 0-1; as a key padding mask
+# [B, n_k] example 0 would see key 0 and example 1 keys 0-1
+AMBIGUOUS = torch.tensor([[True, False, False], [True, True, False]])
+
+
+def test_ambiguous_mask_warning_is_a_user_warning_exported_from_masks():
+    assert issubclass(AmbiguousMaskWarning, UserWarning)
+    assert "AmbiguousMaskWarning" in masks.__all__
+
+
+def test_2d_mask_with_batch_equal_to_queries_warns_and_is_read_as_queries_by_keys():
+    with pytest.warns(AmbiguousMaskWarning) as caught:
+        got = masks.normalize_mask(AMBIGUOUS, 2, 2, 3, name="attn_mask")
+    assert len(caught) == 1
+    msg = str(caught[0].message)
+    assert "attn_mask of shape (2, 3)" in msg
+    assert "[n_q, n_k]" in msg and "[B, n_k]" in msg
+    assert "attn_mask[None]" in msg and "attn_mask[:, None, :]" in msg
+    assert "from_lengths" in msg and "from_key_padding_mask" in msg
+    assert got.shape == (1, 2, 3)
+    assert torch.equal(got[0], AMBIGUOUS)  # still PyTorch's reading: [n_q, n_k]
+
+
+def test_2d_mask_of_one_key_column_with_batch_equal_to_queries_warns():
+    with pytest.warns(AmbiguousMaskWarning):
+        masks.normalize_mask(torch.tensor([[True], [False]]), 2, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("mask", "B", "n_q", "single_query"),
+    [
+        (AMBIGUOUS[None], 2, 2, False),  # [1, n_q, n_k]: shared by the batch
+        (AMBIGUOUS[:, None, :], 2, 2, False),  # [B, 1, n_k]: a key mask
+        (AMBIGUOUS, 3, 2, False),  # B != n_q: only [n_q, n_k] fits
+        (AMBIGUOUS[:1], 2, 2, False),  # [1, n_k]: both readings agree
+        (torch.ones(2, 3, dtype=torch.bool), 2, 2, False),  # equal rows: both readings agree
+        (masks.causal(1, 3), 1, 1, False),  # B = n_q = 1
+        (AMBIGUOUS, 2, 1, True),  # a single query reads [B, n_k] as a key mask
+    ],
+)
+def test_unambiguous_masks_do_not_warn(mask, B, n_q, single_query):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        masks.normalize_mask(mask, B, n_q, 3, single_query=single_query)
+        masks.normalize_head_mask(mask if not single_query else None, B, 2, n_q, 3)
+
+
+def test_ambiguous_mask_warning_points_at_the_callers_line():
+    attn = attnlab.Attention(score="dot", d_q=4, d_k=4)
+    q, k = torch.randn(2, 2, 4), torch.randn(2, 3, 4)
+    with pytest.warns(AmbiguousMaskWarning) as caught:
+        attn(q, k, mask=AMBIGUOUS)
+    assert caught[0].filename == __file__
+    with pytest.warns(AmbiguousMaskWarning) as caught:
+        MultiHeadAttention(4, 2)(q, k, mask=AMBIGUOUS)
+    assert caught[0].filename == __file__
+
+
+def test_the_fixes_named_by_the_warning_mean_what_they_say():
+    attn = attnlab.Attention(score="dot", d_q=4, d_k=4)
+    q, k = torch.randn(2, 2, 4), torch.randn(2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shared = attn(q, k, mask=AMBIGUOUS[None], need_weights=True).weights
+        keys = attn(q, k, mask=AMBIGUOUS[:, None, :], need_weights=True).weights
+    # [1, n_q, n_k]: query i of every example sees the keys of row i
+    assert torch.equal(shared > 0, AMBIGUOUS[None].expand(2, 2, 3))
+    # [B, 1, n_k]: every query of example b sees the keys of row b
+    assert torch.equal(keys > 0, AMBIGUOUS[:, None, :].expand(2, 2, 3))

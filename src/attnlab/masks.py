@@ -8,6 +8,11 @@ padding mask must be given as ``[B, 1, n_k]``; :func:`from_lengths` and
 :func:`from_key_padding_mask` produce that shape. (When the query is a single vector
 ``[B, d_q]`` the attention functions also accept a ``[B, n_k]`` key mask.)
 
+A 2-D mask ``[n, n_k]`` with ``n == B == n_q > 1`` whose rows differ could be a key
+padding mask ``[B, n_k]`` that was meant per example; it is read as ``[n_q, n_k]`` and
+:class:`AmbiguousMaskWarning` is emitted. Write ``mask[None]`` (``[1, n_q, n_k]``) for a
+mask shared by the batch, ``mask[:, None, :]`` for a key mask, and the warning goes away.
+
 A query row in which no key is allowed gets all-zero weights and a zero context, never
 NaN, in the forward and in the backward pass.
 
@@ -23,10 +28,15 @@ Converters:
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
 __all__ = [
+    "AmbiguousMaskWarning",
     "causal",
     "combine",
     "fill_value",
@@ -36,6 +46,28 @@ __all__ = [
     "normalize_head_mask",
     "normalize_mask",
 ]
+
+
+class AmbiguousMaskWarning(UserWarning):
+    """A 2-D mask ``[n, n_k]`` given where ``n`` is both the batch size and the number of
+    queries, so it could be a per-query mask ``[n_q, n_k]`` (how it is read, by PyTorch's
+    broadcasting) or a key padding mask ``[B, n_k]``. Silence it by passing a 3-D mask:
+    ``mask[None]`` for ``[n_q, n_k]``, ``mask[:, None, :]`` for ``[B, n_k]``."""
+
+
+# warnings point at the first frame outside attnlab and torch (the user's call)
+_INTERNAL_DIRS = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the caller of this function that points
+    at the first frame outside attnlab and torch."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
@@ -156,7 +188,9 @@ def normalize_mask(
     Raises ``TypeError`` for a non-bool mask and ``ValueError`` for a shape that does not
     broadcast or a mask on another device; the messages name the argument and both shapes.
     With ``single_query=True`` (the query was given as ``[B, d_q]``) a ``[B, n_k]`` mask is
-    read as a key mask ``[B, 1, n_k]``.
+    read as a key mask ``[B, 1, n_k]``. Otherwise a 2-D mask is ``[n_q, n_k]``; when
+    ``batch == n_q > 1`` and its rows differ it could also be a key mask ``[B, n_k]``, and
+    :class:`AmbiguousMaskWarning` says how to write either one unambiguously.
     """
     if mask is None:
         return None
@@ -176,6 +210,10 @@ def normalize_mask(
     given = tuple(mask.shape)
     if single_query and mask.dim() == 2 and mask.shape[0] in (1, batch):
         mask = mask[:, None, :]
+    elif (
+        mask.dim() == 2 and batch == n_q > 1 and mask.shape[0] == n_q and mask.shape[1] in (1, n_k)
+    ):
+        _warn_if_ambiguous(mask, name)
     if mask.dim() > 3:
         raise ValueError(
             f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
@@ -191,6 +229,22 @@ def normalize_mask(
                 "attnlab.masks.from_lengths)"
             )
     return mask
+
+
+def _warn_if_ambiguous(mask: Tensor, name: str) -> None:
+    """Warn about a 2-D mask ``[n, n_k]`` with ``n == B == n_q``, unless its rows are all
+    equal (then both readings give the same mask)."""
+    if bool((mask == mask[:1]).all()):
+        return
+    warnings.warn(
+        f"{name} of shape {tuple(mask.shape)} is 2-D and the batch size equals the number "
+        f"of queries ({mask.shape[0]}), so it is read as [n_q, n_k] (shared by the batch), not as a key "
+        f"padding mask [B, n_k]; pass {name}[None] ([1, n_q, n_k]) for the first, "
+        f"{name}[:, None, :] ([B, 1, n_k], or attnlab.masks.from_lengths / "
+        "from_key_padding_mask) for the second",
+        AmbiguousMaskWarning,
+        stacklevel=_caller_stacklevel(),
+    )
 
 
 def normalize_head_mask(
