@@ -1,0 +1,702 @@
+"""FlashAttention-style Triton kernels for additive and multi-dimensional soft attention.
+
+:func:`flash_additive_attention` computes the whole soft attention of the additive
+(Bahdanau) score,
+
+    s[b, i, j] = w . act(q1[b, i] + k2[b, j])      a = softmax_j(s)      c = a @ v,
+
+and :func:`flash_multi_dim_attention` the multi-dimensional (DiSAN) one, with one score and
+one softmax per feature ``f``,
+
+    e[b, i, j, f] = act(q1[b, i] + k2[b, j]) @ W_d[:, f] (+ b_d[f])
+    c[b, i, f]   = sum_j softmax_j(e[b, i, :, f])[j] v[b, j, f],
+
+where ``q1 = W1 q + b`` and ``k2 = W2 k`` come from two matrix products outside the kernel
+(autograd differentiates them). Nothing of size ``n_q x n_k`` is written to memory: a
+program owns a tile of query rows, walks over the tiles of keys with an online softmax
+(running maximum and normaliser), and keeps only the context and the log-sum-exp of each
+row (of each (row, feature) in the multi-dimensional case) for the backward pass. The
+backward pass recomputes the score tiles: one kernel over query tiles reduces ``dq1``, one
+over key tiles reduces ``dk2``, ``dv`` and a per-program share of ``dw`` (``dW_d``) that
+is summed afterwards -- no atomics, deterministic results. See ``docs/kernels.md`` for the
+design and the cost model.
+
+Requirements: ``pip install 'attnlab[triton]'``. The kernels run on CUDA tensors, or on CPU
+tensors under Triton's interpreter (``TRITON_INTERPRET=1``, which Triton reads when the
+kernels are first built: set it before the first call; the tests do). ``import attnlab``
+never imports Triton; this module imports it on the first kernel call.
+
+Inputs may be float32, bfloat16 or float16; scores, softmax and all reductions are float32.
+Activations: ``tanh``, ``sigmoid``, ``relu``, ``identity``. Masks: bool, ``True`` = may
+attend, broadcastable to ``[B, n_q, n_k]`` (key padding ``[B, 1, n_k]``, causal, ...), and
+``causal=True`` additionally skips the key tiles above the diagonal. A query row without
+any allowed key gets zero weights, a zero context and zero (finite) gradients; keys and
+values that no query may attend, and rows that may attend nothing, never matter, whatever
+they hold.
+
+First-order gradients only: double backward raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx
+
+from attnlab import masks as _masks
+from attnlab.general.fused import (
+    _check_qk,
+    _check_tensor,
+    _once_differentiable,
+    _resolve_act,
+    _shape_error,
+)
+from attnlab.general.padding import clear_attention_inputs
+
+__all__ = [
+    "TRITON_ACTIVATIONS",
+    "TRITON_INSTALL",
+    "flash_additive_attention",
+    "flash_multi_dim_attention",
+    "triton_act_name",
+    "triton_available",
+    "triton_interpreting",
+    "triton_unavailable_reason",
+]
+
+#: How to install the optional dependency.
+TRITON_INSTALL = "pip install 'attnlab[triton]'"
+#: The activations the kernels implement.
+TRITON_ACTIVATIONS: frozenset[str] = frozenset({"tanh", "sigmoid", "relu", "identity"})
+#: The input dtypes the kernels take (all of them compute in float32).
+TRITON_DTYPES: frozenset[torch.dtype] = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+_LOG2E = 1.0 / math.log(2.0)
+
+
+# ------------------------------------------------------------------ availability
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (checked without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreting() -> bool:
+    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_unavailable_reason(device: torch.device | str | None) -> str | None:
+    """``None`` when the kernels can run on tensors on ``device``, else why not (one
+    sentence, with the fix)."""
+    if not triton_available():
+        return f"the Triton kernels need the triton package ({TRITON_INSTALL})"
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        return None
+    if dev.type == "cpu":
+        if triton_interpreting():
+            return None
+        return (
+            "the Triton kernels run on CUDA tensors, or on CPU tensors only under Triton's "
+            "interpreter (set TRITON_INTERPRET=1 before the first kernel call)"
+        )
+    return f"the Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), not on {dev.type}"
+
+
+def triton_act_name(act: str | Callable[[Tensor], Tensor]) -> str | None:
+    """The kernel activation ``act`` stands for (``tanh``, ``sigmoid``, ``relu``,
+    ``identity``; also given as ``torch.tanh``, ``nn.Tanh()``, ...), or ``None`` when the
+    kernels do not implement it."""
+    name = _resolve_act(act).name
+    return name if name in TRITON_ACTIVATIONS else None
+
+
+_KERNELS: ModuleType | None = None
+
+
+def _kernels(device: torch.device) -> ModuleType:
+    """The kernel module (imported on first use), after checking that it can run on
+    ``device``; every failure is one line naming the fix."""
+    global _KERNELS
+    reason = triton_unavailable_reason(device)
+    if reason is not None:
+        raise RuntimeError(reason)
+    if _KERNELS is None:
+        from attnlab.general import _flash_kernels
+
+        _KERNELS = _flash_kernels
+    if device.type == "cpu" and not _KERNELS.INTERPRETED:
+        raise RuntimeError(
+            "the Triton kernels were built for the GPU (TRITON_INTERPRET was unset when they "
+            "were first used), so they cannot take CPU tensors; set TRITON_INTERPRET=1 "
+            "before the first kernel call in the process"
+        )
+    return _KERNELS
+
+
+# ------------------------------------------------------------------ launch plan
+
+
+def _pow2(n: int, least: int) -> int:
+    return max(least, 1 << max(0, n - 1).bit_length())
+
+
+def _check_block(value: int | None, name: str, least: int) -> int | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < least
+        or value & (value - 1)
+    ):
+        raise ValueError(f"{name} must be a power of two >= {least} or None, got {value!r}")
+    return value
+
+
+@dataclass
+class _Plan:
+    """Everything a launch needs besides the tensors (shared by forward, backward and the
+    weights pass)."""
+
+    act: int
+    fast: bool
+    mask: Tensor  # uint8 view, [B, n_q, n_k] strides (0 where broadcast); dummy if none
+    mask_strides: tuple[int, int, int]
+    has_mask: bool
+    causal: bool
+    causal_offset: int
+    dot_v: int  # DOT mode of the products with v / dO
+    dot_w: int  # DOT mode of the multi-dimensional products with W_d
+    block_m: int
+    block_n: int
+    block_d: int
+    block_dv: int
+    num_warps: int
+
+    def mask_args(self) -> tuple[Any, ...]:
+        return self.mask_strides
+
+    def flags(self) -> dict[str, Any]:
+        return {
+            "ACT": self.act,
+            "FAST": self.fast,
+            "HAS_MASK": self.has_mask,
+            "CAUSAL": self.causal,
+        }
+
+
+def _plan(
+    K: ModuleType,
+    kind: str,
+    q1: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    act: str,
+    d_w: int,
+    d_v: int,
+    n_k: int,
+    causal: bool,
+    fast_tanh: bool | None,
+    allow_tf32: bool,
+    block_m: int | None,
+    block_n: int | None,
+) -> _Plan:
+    B, n_q = q1.shape[0], q1.shape[1]
+    on_gpu = q1.device.type == "cuda" and not K.INTERPRETED
+    half = q1.dtype in (torch.bfloat16, torch.float16)
+    if fast_tanh is None:
+        fast = on_gpu and half and act in ("tanh", "sigmoid")
+    else:
+        if not isinstance(fast_tanh, bool):
+            raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
+        if fast_tanh and not on_gpu:
+            raise ValueError(
+                "fast_tanh=True uses the PTX instruction tanh.approx.f32, which needs a CUDA "
+                "GPU (not Triton's interpreter); pass fast_tanh=None or False"
+            )
+        fast = fast_tanh
+    if not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
+    if half:
+        dot_v = 2 if on_gpu else 3
+        dot_w = 1 if on_gpu else 0
+    else:
+        dot_v = dot_w = 1 if allow_tf32 and on_gpu else 0
+    bd, bdv = _pow2(d_w, 16), _pow2(d_v, 16)
+    if kind == "additive":
+        bm = block_m or (16 if not on_gpu else (64 if bd <= 128 else 32))
+        bn = block_n or (16 if not on_gpu else 64)
+        warps = 4
+    else:
+        widest = max(bd, bdv)
+        bm = block_m or 16
+        bn = block_n or (16 if not on_gpu else max(1, min(16, 1024 // widest)))
+        warps = 8 if on_gpu else 4
+    if mask is None:
+        m8 = torch.zeros(1, dtype=torch.uint8, device=q1.device)
+        strides: tuple[int, int, int] = (0, 0, 0)
+    else:
+        m8 = mask.expand(B, n_q, n_k).view(torch.uint8)
+        strides = (m8.stride(0), m8.stride(1), m8.stride(2))
+    return _Plan(
+        act=K.ACT_CODES[act],
+        fast=fast,
+        mask=m8,
+        mask_strides=strides,
+        has_mask=mask is not None,
+        causal=causal,
+        causal_offset=n_k - n_q,
+        dot_v=dot_v,
+        dot_w=dot_w,
+        block_m=bm,
+        block_n=bn,
+        block_d=bd,
+        block_dv=bdv,
+        num_warps=warps,
+    )
+
+
+def _columns(x: Tensor) -> Tensor:
+    """``x [B, n, d]`` as float32 with each column (hidden unit) contiguous: the additive
+    kernels load one column of ``q1`` and one of ``k2`` per hidden unit."""
+    return x.to(torch.float32).transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _rows(x: Tensor) -> Tensor:
+    return x.to(torch.float32).contiguous()
+
+
+def _s(x: Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_common(
+    q1: object, k2: object, v: object, mask: Tensor | None, causal: bool, act: object
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, str]:
+    q1, k2 = _check_qk(q1, k2)
+    if q1.dtype not in TRITON_DTYPES:
+        raise TypeError(
+            f"q1 has dtype {q1.dtype}; the Triton kernels take float32, bfloat16 or float16 "
+            "(use attnlab.general.fused for float64)"
+        )
+    v = _check_tensor(v, "v", q1)
+    B, n_q, _ = q1.shape
+    n_k = k2.shape[1]
+    if v.dim() != 3 or v.shape[0] != B or v.shape[1] != n_k:
+        raise _shape_error("v", v, "[B, n_k, d_v]", [B, n_k, None])
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    name = triton_act_name(act)  # type: ignore[arg-type]
+    if name is None:
+        raise ValueError(
+            f"act {act!r} is not implemented by the Triton kernels (they take "
+            f"{sorted(TRITON_ACTIVATIONS)}); use attnlab.general.fused for other activations"
+        )
+    mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=q1.device, name="mask")
+    # padding never matters: keys and values no query may attend, and rows that may
+    # attend nothing, are cleared (a zero weight times NaN would still be NaN)
+    q1c, k2, v = clear_attention_inputs(q1, k2, v, mask3)
+    assert q1c is not None
+    if causal and n_k < n_q:  # the first n_q - n_k rows may attend nothing
+        rows = torch.arange(n_q, device=q1.device) >= n_q - n_k
+        q1c = torch.where(rows[None, :, None], q1c, q1c.new_zeros(()))
+    return q1c, k2, v, mask3, name
+
+
+# ------------------------------------------------------------------ additive attention
+
+
+def _additive_forward(
+    K: ModuleType, q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, p: _Plan
+) -> tuple[Tensor, Tensor]:
+    B, n_q, d_w = q1.shape
+    n_k, d_v = v.shape[1], v.shape[2]
+    out = torch.empty(B, n_q, d_v, dtype=v.dtype, device=v.device)
+    lse = torch.empty(B, n_q, dtype=torch.float32, device=v.device)
+    if B * n_q == 0:
+        return out, lse
+    qc, kc, wf = _columns(q1), _columns(k2), w.to(torch.float32).contiguous()
+    K.additive_fwd[(_cdiv(n_q, p.block_m), B)](
+        qc, kc, wf, v, p.mask, out, lse,
+        *_s(qc), *_s(kc), *_s(v), *p.mask_args(), *_s(out),
+        n_q, n_k, d_w, d_v, p.causal_offset,
+        **p.flags(), DOT=p.dot_v,
+        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_DV=p.block_dv,
+        num_warps=p.num_warps,
+    )  # fmt: skip
+    return out, lse
+
+
+def _additive_backward(
+    K: ModuleType,
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    p: _Plan,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    B, n_q, d_w = q1.shape
+    n_k, d_v = v.shape[1], v.shape[2]
+    f32 = torch.float32
+    dq = torch.zeros(B, n_q, d_w, dtype=f32, device=v.device)
+    dk = torch.zeros(B, n_k, d_w, dtype=f32, device=v.device)
+    dv = torch.zeros(B, n_k, d_v, dtype=f32, device=v.device)
+    dw = torch.zeros(d_w, dtype=f32, device=v.device)
+    if B * n_q * n_k == 0:
+        return dq, dk, dw, dv
+    qc, kc, wf = _columns(q1), _columns(k2), w.to(f32).contiguous()
+    g = grad.to(v.dtype).contiguous()
+    delta = (g.to(f32) * out.to(f32)).sum(-1).contiguous()  # sum_j p_ij dp_ij
+    common = (*_s(qc), *_s(kc), *_s(v), *p.mask_args(), *_s(g))
+    tail = (n_q, n_k, d_w, d_v, p.causal_offset)
+    consts = {
+        **p.flags(),
+        "DOT": p.dot_v,
+        "BLOCK_M": p.block_m,
+        "BLOCK_N": p.block_n,
+        "BLOCK_D": p.block_d,
+        "BLOCK_DV": p.block_dv,
+        "num_warps": p.num_warps,
+    }
+    K.additive_bwd_q[(_cdiv(n_q, p.block_m), B)](
+        qc, kc, wf, v, p.mask, lse, g, delta, dq, *common, *_s(dq), *tail, **consts
+    )
+    tiles = _cdiv(n_k, p.block_n)
+    dw_parts = torch.empty(B * tiles, p.block_d, dtype=f32, device=v.device)
+    K.additive_bwd_kv[(tiles, B)](
+        qc, kc, wf, v, p.mask, lse, g, delta, dk, dv, dw_parts,
+        *common, *_s(dk), *_s(dv), *tail, **consts,
+    )  # fmt: skip
+    dw = dw_parts.sum(0)[:d_w]
+    return dq, dk, dw, dv
+
+
+def _additive_weights(
+    K: ModuleType, q1: Tensor, k2: Tensor, w: Tensor, lse: Tensor, dtype: torch.dtype, p: _Plan
+) -> Tensor:
+    B, n_q, d_w = q1.shape
+    n_k = k2.shape[1]
+    a = torch.zeros(B, n_q, n_k, dtype=dtype, device=q1.device)
+    if a.numel() == 0:
+        return a
+    qc, kc, wf = _columns(q1), _columns(k2), w.to(torch.float32).contiguous()
+    grid = (_cdiv(n_q, p.block_m), B, _cdiv(n_k, p.block_n))
+    K.additive_weights[grid](
+        qc, kc, wf, p.mask, lse, a,
+        *_s(qc), *_s(kc), *p.mask_args(), *_s(a),
+        n_q, n_k, d_w, p.causal_offset,
+        **p.flags(), BLOCK_M=p.block_m, BLOCK_N=p.block_n, num_warps=p.num_warps,
+    )  # fmt: skip
+    return a
+
+
+class _FlashAdditiveFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, K: ModuleType, p: _Plan
+    ) -> tuple[Tensor, Tensor]:
+        out, lse = _additive_forward(K, q1, k2, w, v, p)
+        ctx.save_for_backward(q1, k2, w, v, out, lse)
+        ctx.kernels, ctx.plan = K, p  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
+        q1, k2, w, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        K, p = ctx.kernels, ctx.plan  # type: ignore[attr-defined]
+        dq, dk, dw, dv = _additive_backward(K, q1, k2, w, v, out, lse, grad, p)
+        n = ctx.needs_input_grad  # type: ignore[attr-defined]
+        return (
+            dq.to(q1.dtype) if n[0] else None,
+            dk.to(k2.dtype) if n[1] else None,
+            dw.to(w.dtype) if n[2] else None,
+            dv.to(v.dtype) if n[3] else None,
+            None,
+            None,
+        )
+
+
+def flash_additive_attention(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    act: str | Callable[[Tensor], Tensor] = "tanh",
+    *,
+    causal: bool = False,
+    need_weights: bool = False,
+    fast_tanh: bool | None = None,
+    allow_tf32: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Additive (Bahdanau) soft attention in one fused Triton kernel.
+
+    ``c[b, i] = sum_j softmax_j(w . act(q1[b, i] + k2[b, j]))[j] v[b, j]`` over the keys
+    allowed by ``mask`` (and by ``causal``), without ever holding the ``[B, n_q, n_k]``
+    scores or the ``[B, n_q, n_k, d_w]`` hidden activations.
+
+    Args:
+        q1: ``[B, n_q, d_w]`` projected queries ``W1 q + b``.
+        k2: ``[B, n_k, d_w]`` projected keys ``W2 k``.
+        w: ``[d_w]`` the score vector.
+        v: ``[B, n_k, d_v]`` values.
+        mask: bool, ``True`` = may attend, broadcastable to ``[B, n_q, n_k]``, or ``None``.
+        act: ``tanh``, ``sigmoid``, ``relu`` or ``identity`` (or ``torch.tanh``,
+            ``nn.Tanh()``, ...).
+        causal: also mask key ``j > i + (n_k - n_q)`` (as :func:`attnlab.masks.causal`);
+            the kernels skip the key tiles above the diagonal.
+        need_weights: also return the weights ``[B, n_q, n_k]``, from a second pass. They
+            carry no gradient (use the explicit path to differentiate through weights).
+        fast_tanh: evaluate tanh (and sigmoid) with the ``tanh.approx.f32`` instruction
+            (CUDA only; relative error about ``2^-11``). Default: on for bfloat16/float16
+            inputs on a GPU, off otherwise.
+        allow_tf32: let the float32 products with ``v`` use TF32 tensor cores (CUDA).
+        block_m, block_n: tile sizes (powers of two >= 16); default by device.
+
+    Returns:
+        ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``;
+        ``weights`` ``[B, n_q, n_k]`` or ``None``.
+
+    Gradients flow to ``q1``, ``k2``, ``w`` and ``v`` (first order only).
+    """
+    q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
+    w = _check_tensor(w, "w", q1c)
+    d_w = q1c.shape[2]
+    if w.dim() != 1 or w.shape[0] != d_w:
+        raise _shape_error("w", w, "[d_w]", [d_w])
+    bm = _check_block(block_m, "block_m", 16)
+    bn = _check_block(block_n, "block_n", 16)
+    K = _kernels(q1c.device)
+    p = _plan(
+        K, "additive", q1c, vc, mask3, name, d_w, vc.shape[2], k2c.shape[1], causal,
+        fast_tanh, allow_tf32, bm, bn,
+    )  # fmt: skip
+    out, lse = _FlashAdditiveFn.apply(q1c, k2c, w, vc, K, p)
+    weights = None
+    if need_weights:
+        with torch.no_grad():
+            weights = _additive_weights(K, q1c, k2c, w, lse, vc.dtype, p)
+    return out, weights
+
+
+# ------------------------------------------------------- multi-dimensional attention
+
+
+def _multi_forward(
+    K: ModuleType, q1: Tensor, k2: Tensor, W_d: Tensor, v: Tensor, p: _Plan
+) -> tuple[Tensor, Tensor]:
+    B, n_q, d_w = q1.shape
+    n_k, d_v = v.shape[1], v.shape[2]
+    out = torch.empty(B, n_q, d_v, dtype=v.dtype, device=v.device)
+    lse = torch.empty(B, n_q, d_v, dtype=torch.float32, device=v.device)
+    if B * n_q == 0:
+        return out, lse
+    qr, kr = _rows(q1), _rows(k2)
+    wd2 = (W_d.to(torch.float32) * _LOG2E).contiguous()
+    K.multi_fwd[(_cdiv(n_q, p.block_m), B)](
+        qr, kr, wd2, v, p.mask, out, lse,
+        *_s(qr), *_s(kr), *_s(v), *p.mask_args(), *_s(out),
+        n_q, n_k, d_w, d_v, p.causal_offset,
+        **p.flags(), DOT=p.dot_w,
+        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
+        num_warps=p.num_warps,
+    )  # fmt: skip
+    return out, lse
+
+
+def _multi_backward(
+    K: ModuleType,
+    q1: Tensor,
+    k2: Tensor,
+    W_d: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    p: _Plan,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    B, n_q, d_w = q1.shape
+    n_k, d_v = v.shape[1], v.shape[2]
+    f32 = torch.float32
+    dq = torch.zeros(B, n_q, d_w, dtype=f32, device=v.device)
+    dk = torch.zeros(B, n_k, d_w, dtype=f32, device=v.device)
+    dv = torch.zeros(B, n_k, d_v, dtype=f32, device=v.device)
+    dW = torch.zeros(d_w, d_v, dtype=f32, device=v.device)
+    if B * n_q * n_k == 0:
+        return dq, dk, dW, dv
+    qr, kr = _rows(q1), _rows(k2)
+    wf = W_d.to(f32)
+    wd2, wdt = (wf * _LOG2E).contiguous(), wf.t().contiguous()
+    g = grad.contiguous()
+    c = out.contiguous()
+    common = (*_s(qr), *_s(kr), *_s(v), *p.mask_args(), *_s(g), *_s(c))
+    tail = (n_q, n_k, d_w, d_v, p.causal_offset)
+    consts = {
+        **p.flags(),
+        "DOT": p.dot_w,
+        "BLOCK_M": p.block_m,
+        "BLOCK_N": p.block_n,
+        "BLOCK_D": p.block_d,
+        "BLOCK_DV": p.block_dv,
+        "num_warps": p.num_warps,
+    }
+    K.multi_bwd_q[(_cdiv(n_q, p.block_m), B)](
+        qr, kr, wd2, wdt, v, p.mask, lse, g, c, dq, *common, *_s(dq), *tail, **consts
+    )
+    tiles = _cdiv(n_k, p.block_n)
+    dW_parts = torch.empty(B * tiles, p.block_d, p.block_dv, dtype=f32, device=v.device)
+    K.multi_bwd_kv[(tiles, B)](
+        qr, kr, wd2, wdt, v, p.mask, lse, g, c, dk, dv, dW_parts,
+        *common, *_s(dk), *_s(dv), *tail, **consts,
+    )  # fmt: skip
+    dW = dW_parts.sum(0)[:d_w, :d_v]
+    return dq, dk, dW, dv
+
+
+def _multi_weights(
+    K: ModuleType, q1: Tensor, k2: Tensor, W_d: Tensor, lse: Tensor, dtype: torch.dtype, p: _Plan
+) -> Tensor:
+    B, n_q, d_w = q1.shape
+    n_k, d_v = k2.shape[1], W_d.shape[1]
+    a = torch.zeros(B, n_q, n_k, d_v, dtype=dtype, device=q1.device)
+    if a.numel() == 0:
+        return a
+    qr, kr = _rows(q1), _rows(k2)
+    wd2 = (W_d.to(torch.float32) * _LOG2E).contiguous()
+    grid = (_cdiv(n_q, p.block_m), B, _cdiv(n_k, p.block_n))
+    K.multi_weights[grid](
+        qr, kr, wd2, p.mask, lse, a,
+        *_s(qr), *_s(kr), *p.mask_args(), *a.stride(),
+        n_q, n_k, d_w, d_v, p.causal_offset,
+        **p.flags(), DOT=p.dot_w,
+        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
+        num_warps=p.num_warps,
+    )  # fmt: skip
+    return a
+
+
+class _FlashMultiFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        q1: Tensor,
+        k2: Tensor,
+        W_d: Tensor,
+        b_d: Tensor | None,
+        v: Tensor,
+        K: ModuleType,
+        p: _Plan,
+    ) -> tuple[Tensor, Tensor]:
+        out, lse = _multi_forward(K, q1, k2, W_d, v, p)
+        ctx.save_for_backward(q1, k2, W_d, v, out, lse)
+        ctx.kernels, ctx.plan = K, p  # type: ignore[attr-defined]
+        ctx.b_d = None if b_d is None else (b_d.shape, b_d.dtype, b_d.device)  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
+        q1, k2, W_d, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        K, p = ctx.kernels, ctx.plan  # type: ignore[attr-defined]
+        dq, dk, dW, dv = _multi_backward(K, q1, k2, W_d, v, out, lse, grad, p)
+        n = ctx.needs_input_grad  # type: ignore[attr-defined]
+        gb = None
+        if n[3]:  # b_d is constant across keys and cancels in the softmax: zero gradient
+            shape, dtype, device = ctx.b_d  # type: ignore[attr-defined]
+            gb = torch.zeros(shape, dtype=dtype, device=device)
+        return (
+            dq.to(q1.dtype) if n[0] else None,
+            dk.to(k2.dtype) if n[1] else None,
+            dW.to(W_d.dtype) if n[2] else None,
+            gb,
+            dv.to(v.dtype) if n[4] else None,
+            None,
+            None,
+        )
+
+
+def flash_multi_dim_attention(
+    q1: Tensor,
+    k2: Tensor,
+    W_d: Tensor,
+    b_d: Tensor | None,
+    v: Tensor,
+    mask: Tensor | None = None,
+    act: str | Callable[[Tensor], Tensor] = "tanh",
+    *,
+    causal: bool = False,
+    need_weights: bool = False,
+    fast_tanh: bool | None = None,
+    allow_tf32: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Multi-dimensional (DiSAN) soft attention in one fused Triton kernel.
+
+    ``e[b, i, j, :] = act(q1[b, i] + k2[b, j]) @ W_d + b_d``; one softmax over the allowed
+    keys per (row, feature); ``c[b, i, f] = sum_j a[b, i, j, f] v[b, j, f]`` -- the same
+    function as :func:`attnlab.general.fused.multi_dim_attend_lean`, without the
+    ``[B, n_q, n_k, d_v]`` scores or weights. Per tile, the score is one tensor-core
+    product ``act(q1_i + k2_j) @ W_d``.
+
+    Args:
+        q1: ``[B, n_q, d_w]``. k2: ``[B, n_k, d_w]``. W_d: ``[d_w, d_v]``.
+        b_d: ``[d_v]`` or ``None``; it cancels in the softmax over keys (zero gradient).
+        v: ``[B, n_k, d_v]``.
+        mask, act, causal, fast_tanh, allow_tf32, block_m, block_n: as in
+            :func:`flash_additive_attention` (``allow_tf32`` here covers the products with
+            ``W_d``; ``block_n`` may be any power of two).
+        need_weights: also return the weights ``[B, n_q, n_k, d_v]`` (second pass, no
+            gradient).
+
+    Returns:
+        ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``.
+    """
+    q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
+    d_w = q1c.shape[2]
+    W_d = _check_tensor(W_d, "W_d", q1c)
+    if W_d.dim() != 2 or W_d.shape[0] != d_w:
+        raise _shape_error("W_d", W_d, "[d_w, d_v]", [d_w, None])
+    d_v = W_d.shape[1]
+    if vc.shape[2] != d_v:
+        raise _shape_error("v", v, "[B, n_k, d_v]", [vc.shape[0], vc.shape[1], d_v])
+    if b_d is not None:
+        b_d = _check_tensor(b_d, "b_d", q1c)
+        if b_d.dim() != 1 or b_d.shape[0] != d_v:
+            raise _shape_error("b_d", b_d, "[d_v]", [d_v])
+    bm = _check_block(block_m, "block_m", 16)
+    bn = _check_block(block_n, "block_n", 1)
+    K = _kernels(q1c.device)
+    p = _plan(
+        K, "multi", q1c, vc, mask3, name, d_w, d_v, k2c.shape[1], causal,
+        fast_tanh, allow_tf32, bm, bn,
+    )  # fmt: skip
+    out, lse = _FlashMultiFn.apply(q1c, k2c, W_d, b_d, vc, K, p)
+    weights = None
+    if need_weights:
+        with torch.no_grad():
+            weights = _multi_weights(K, q1c, k2c, W_d, lse, vc.dtype, p)
+    return out, weights

@@ -1,0 +1,355 @@
+"""Tests of the Triton kernels for additive and multi-dimensional attention
+(attnlab.general.flash_additive).
+
+They run on the CPU under Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when the
+kernels are first built, so it is set here, at collection time, before anything can build
+them (``setdefault``: running ``TRITON_INTERPRET=0 pytest tests/general/test_flash_additive.py``
+on a machine with a CUDA GPU runs the same tests on the GPU instead). The interpreter is
+slow, so the sizes are tiny -- but never multiples of the 16-wide tiles, and always more
+than one tile of queries and of keys, so that tile boundaries, the online softmax across
+key tiles and the reductions across tiles are all exercised.
+
+Every kernel is compared with the textbook broadcast formula written out below (in
+float64, from the same input values), forward and every gradient. Tolerances: float32
+``2e-5`` of the reference's scale; float16 ``5e-3``; bfloat16 ``3e-2`` (its 8-bit
+significand: the weights are rounded to bfloat16 before the product with the values, as
+on the explicit path).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first built
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab import masks
+from attnlab.general.flash_additive import (
+    TRITON_INSTALL,
+    flash_additive_attention,
+    flash_multi_dim_attention,
+    triton_interpreting,
+)
+
+pytest.importorskip("triton", reason=f"the Triton kernels need triton: {TRITON_INSTALL}")
+
+if triton_interpreting():
+    DEVICE = "cpu"
+elif torch.cuda.is_available():
+    DEVICE = "cuda"
+else:
+    pytest.skip(
+        "TRITON_INTERPRET is off and there is no CUDA GPU to run the kernels on",
+        allow_module_level=True,
+    )
+
+ACTS = {
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "relu": torch.relu,
+    "identity": lambda x: x,
+}
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+B, NQ, NK, DW, DV = 2, 19, 23, 5, 7  # 2 query tiles and 2 key tiles of 16
+
+
+# ------------------------------------------------------------------- references
+
+
+def ref_additive(q1, k2, w, v, mask, fn):
+    s = fn(q1[:, :, None, :] + k2[:, None, :, :]) @ w  # [B, n_q, n_k]
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    a = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows without any key: zero weights
+    return a @ v, a
+
+
+def ref_multi(q1, k2, W_d, b_d, v, mask, fn):
+    e = fn(q1[:, :, None, :] + k2[:, None, :, :]) @ W_d  # [B, n_q, n_k, d_v]
+    if b_d is not None:
+        e = e + b_d
+    if mask is not None:
+        e = e.masked_fill(~mask[..., None], float("-inf"))
+    a = torch.softmax(e, dim=2).nan_to_num(0.0)
+    return (a * v[:, None, :, :]).sum(2), a
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _leaves(dtype=torch.float32, seed=0, b=B, nq=NQ, nk=NK, dw=DW, dv=DV):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        x = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+        return x.to(dtype).to(DEVICE).requires_grad_()
+
+    return {
+        "q1": r(b, nq, dw),
+        "k2": r(b, nk, dw),
+        "w": r(dw, scale=0.7),
+        "W_d": r(dw, dv, scale=0.7),
+        "b_d": r(dv),
+        "v": r(b, nk, dv),
+    }
+
+
+def _mask(kind, b=B, nq=NQ, nk=NK, seed=1):
+    """``(mask argument, causal flag, the full bool mask for the reference)``."""
+    if kind == "none":
+        return None, False, None
+    if kind == "key-padding":  # the second batch element has 3 keys
+        m = masks.from_lengths(torch.tensor([nk] + [3] * (b - 1)), nk)
+    elif kind == "causal":
+        m = masks.causal(nq, nk)
+    elif kind == "causal-flag":
+        return None, True, masks.causal(nq, nk).to(DEVICE).expand(b, nq, nk)
+    else:  # arbitrary, with a fully masked query row and a key no query may attend
+        g = torch.Generator().manual_seed(seed)
+        m = torch.rand(b, nq, nk, generator=g) > 0.4
+        m[0, 2] = False
+        m[:, :, 4] = False
+    m = m.to(DEVICE)
+    return m, False, m.expand(b, nq, nk)
+
+
+def _close(got, want, dtype, name):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert got.shape == want.shape, name
+    assert torch.isfinite(got).all(), f"{name} is not finite"
+    scale = max(1.0, float(want.abs().max()) if want.numel() else 0.0)
+    err = float((got - want).abs().max()) if want.numel() else 0.0
+    assert err <= TOL[dtype] * scale, f"{name}: max |diff| {err:.2e} > {TOL[dtype]} * {scale:.2f}"
+
+
+def _upcast(t):
+    return {k: x.detach().double().cpu().requires_grad_() for k, x in t.items()}
+
+
+def _check(kernel_out, ref_out, kernel_ins, ref_ins, names, dtype, seed=7):
+    _close(kernel_out, ref_out, dtype, "context")
+    g = torch.Generator().manual_seed(seed)
+    go = torch.randn(ref_out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(kernel_out, kernel_ins, go.to(kernel_out.dtype).to(DEVICE))
+    want = torch.autograd.grad(ref_out, ref_ins, go.to(ref_out.device))
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a.dtype == dtype, name
+        _close(a, b, dtype, f"grad {name}")
+
+
+def _run_additive(act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
+    shape = {k: kw.pop(k) for k in ("b", "nq", "nk", "dw", "dv") if k in kw}
+    t = _leaves(dtype, **shape)
+    mask, causal, full = _mask(kind, *(t["q1"].shape[:2]), t["k2"].shape[1])
+    ins = [t["q1"], t["k2"], t["w"], t["v"]]
+    out, _ = flash_additive_attention(*ins, mask, act=act, causal=causal, **kw)
+    assert out.dtype == dtype and out.device.type == DEVICE
+    r = _upcast(t)
+    ref_ins = [r["q1"], r["k2"], r["w"], r["v"]]
+    ref, _ = ref_additive(*ref_ins, None if full is None else full.cpu(), ACTS[act])
+    _check(out, ref, ins, ref_ins, ["q1", "k2", "w", "v"], dtype)
+
+
+def _run_multi(act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
+    shape = {k: kw.pop(k) for k in ("b", "nq", "nk", "dw", "dv") if k in kw}
+    t = _leaves(dtype, **shape)
+    mask, causal, full = _mask(kind, *(t["q1"].shape[:2]), t["k2"].shape[1])
+    ins = [t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"]]
+    out, _ = flash_multi_dim_attention(*ins, mask, act=act, causal=causal, **kw)
+    assert out.dtype == dtype and out.device.type == DEVICE
+    r = _upcast(t)
+    ref_ins = [r["q1"], r["k2"], r["W_d"], r["b_d"], r["v"]]
+    ref, _ = ref_multi(*ref_ins, None if full is None else full.cpu(), ACTS[act])
+    _check(out, ref, ins, ref_ins, ["q1", "k2", "W_d", "b_d", "v"], dtype)
+
+
+MASK_KINDS = ["none", "key-padding", "causal", "causal-flag", "arbitrary"]
+
+
+# ----------------------------------------------------------------- additive
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+def test_additive_each_activation(act):
+    _run_additive(act=act)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_additive_each_mask(kind):
+    _run_additive(kind=kind)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_additive_half_precision(dtype):
+    _run_additive(dtype=dtype)
+
+
+def test_additive_odd_shapes_and_tiles():
+    # one query tile and three key tiles (the last one 8 wide); d_w and d_v of 1
+    _run_additive(b=1, nq=5, nk=40, dw=1, dv=1)
+    # rectangular tiles: 32 queries by 16 keys
+    _run_additive(nq=37, nk=21, block_m=32, block_n=16)
+
+
+def test_additive_causal_with_more_queries_than_keys():
+    # the first n_q - n_k rows may attend nothing: zero context, zero gradients
+    _run_additive(kind="causal-flag", nq=20, nk=9)
+    _run_additive(kind="causal", nq=20, nk=9)
+
+
+def test_additive_need_weights():
+    t = _leaves()
+    mask, _, full = _mask("arbitrary")
+    out, a = flash_additive_attention(t["q1"], t["k2"], t["w"], t["v"], mask, need_weights=True)
+    r = _upcast(t)
+    _, ref_a = ref_additive(r["q1"], r["k2"], r["w"], r["v"], full.cpu(), torch.tanh)
+    _close(a, ref_a, torch.float32, "weights")
+    assert not a.requires_grad
+    assert float(a[0, 2].abs().sum()) == 0.0  # the fully masked row
+    _close(a @ t["v"], out, torch.float32, "weights @ v vs context")
+
+
+# ------------------------------------------------------- multi-dimensional
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+def test_multi_each_activation(act):
+    _run_multi(act=act)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_multi_each_mask(kind):
+    _run_multi(kind=kind)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_multi_half_precision(dtype):
+    _run_multi(dtype=dtype)
+
+
+def test_multi_odd_shapes_and_tiles():
+    _run_multi(b=1, nq=5, nk=40, dw=1, dv=1)
+    _run_multi(nq=37, nk=21, dw=17, dv=3, block_m=32, block_n=8)
+
+
+def test_multi_causal_with_more_queries_than_keys():
+    _run_multi(kind="causal-flag", nq=20, nk=9)
+
+
+def test_multi_need_weights_and_b_d():
+    t = _leaves()
+    mask, _, full = _mask("arbitrary")
+    ins = [t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"]]
+    out, a = flash_multi_dim_attention(*ins, mask, need_weights=True)
+    r = _upcast(t)
+    _, ref_a = ref_multi(r["q1"], r["k2"], r["W_d"], r["b_d"], r["v"], full.cpu(), torch.tanh)
+    _close(a, ref_a, torch.float32, "weights")
+    assert a.shape == (B, NQ, NK, DV) and not a.requires_grad
+    _close((a * t["v"][:, None]).sum(2), out, torch.float32, "weights * v vs context")
+    # b_d is constant across keys: no effect on the output, and a zero gradient
+    out2, _ = flash_multi_dim_attention(t["q1"], t["k2"], t["W_d"], None, t["v"], mask)
+    _close(out2, out, torch.float32, "context without b_d")
+    (gb,) = torch.autograd.grad(out.sum(), [t["b_d"]])
+    assert float(gb.abs().max()) == 0.0
+
+
+# ------------------------------------------------------ padding and masked rows
+
+
+@pytest.mark.parametrize("kernel", ["additive", "multi"])
+def test_padding_never_matters(kernel):
+    """NaN in padded keys / values and in fully masked query rows changes nothing: the
+    outputs and gradients equal those of clean inputs, fully masked rows are zero."""
+    t = _leaves()
+    mask, _, _ = _mask("arbitrary")
+    clean = {k: x.detach().clone().requires_grad_() for k, x in t.items()}
+    dirty = {k: x.detach().clone() for k, x in t.items()}
+    dirty["k2"][:, 4] = float("nan")  # key 4: no query may attend it
+    dirty["v"][:, 4] = float("inf")
+    dirty["q1"][0, 2] = float("nan")  # row (0, 2) may attend nothing
+    dirty = {k: x.requires_grad_() for k, x in dirty.items()}
+    names = ["q1", "k2", "w", "v"] if kernel == "additive" else ["q1", "k2", "W_d", "b_d", "v"]
+    fn = flash_additive_attention if kernel == "additive" else flash_multi_dim_attention
+    outs, grads = [], []
+    for leaves in (clean, dirty):
+        out, _ = fn(*[leaves[n] for n in names], mask)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.sum(), [leaves[n] for n in names]))
+    assert float(outs[1][0, 2].detach().abs().max()) == 0.0
+    _close(outs[1], outs[0], torch.float32, "context")
+    for name, g_dirty, g_clean in zip(names, grads[1], grads[0], strict=True):
+        _close(g_dirty, g_clean, torch.float32, f"grad {name}")
+    assert float(grads[1][0][0, 2].abs().max()) == 0.0  # dq1 of the masked row
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered")  # the interpreter's max
+def test_nan_in_an_attending_query_stays_in_its_row():
+    t = _leaves()
+    q1 = t["q1"].detach().clone()
+    q1[1, 3] = float("nan")
+    out, _ = flash_additive_attention(q1, t["k2"], t["w"], t["v"])
+    out = out.detach()
+    assert torch.isnan(out[1, 3]).all()
+    rest = torch.ones(B, NQ, dtype=torch.bool)
+    rest[1, 3] = False
+    assert torch.isfinite(out[rest]).all()
+
+
+# --------------------------------------------------------------------- errors
+
+
+def test_errors_are_one_line_and_name_the_fix():
+    t = _leaves()
+    q1, k2, w, v = t["q1"], t["k2"], t["w"], t["v"]
+    with pytest.raises(ValueError, match="act 'gelu' is not implemented"):
+        flash_additive_attention(q1, k2, w, v, act="gelu")
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        d = {k: x.detach().double() for k, x in t.items()}
+        flash_additive_attention(d["q1"], d["k2"], d["w"], d["v"])
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        flash_additive_attention(q1, k2, w, v, block_m=24)
+    with pytest.raises(ValueError, match="w has shape"):
+        flash_additive_attention(q1, k2, w[:-1], v)
+    with pytest.raises(ValueError, match="mask has shape"):
+        flash_additive_attention(q1, k2, w, v, torch.ones(3, NQ, NK, dtype=torch.bool))
+    with pytest.raises(ValueError, match="v has shape"):
+        flash_multi_dim_attention(q1, k2, t["W_d"], None, v[..., :-1])
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match=r"fast_tanh=True .* needs a CUDA GPU"):
+            flash_additive_attention(q1, k2, w, v, fast_tanh=True)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    t = _leaves()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
+        flash_additive_attention(*(t[n].detach().cpu() for n in ("q1", "k2", "w", "v")))
+
+
+def test_missing_triton_names_the_install_command(monkeypatch):
+    from attnlab.general import flash_additive as fa
+
+    monkeypatch.setattr(fa, "triton_available", lambda: False)
+    t = _leaves()
+    with pytest.raises(RuntimeError, match=r"pip install 'attnlab\[triton\]'"):
+        flash_additive_attention(t["q1"], t["k2"], t["w"], t["v"])
+
+
+def test_double_backward_is_refused():
+    t = _leaves(b=1, nq=5, nk=6)
+    out, _ = flash_additive_attention(t["q1"], t["k2"], t["w"], t["v"])
+    (g,) = torch.autograd.grad(out.sum(), [t["q1"]], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+def test_activation_modules_and_functions_are_accepted():
+    t = _leaves(b=1, nq=5, nk=6)
+    ins = [t["q1"], t["k2"], t["w"], t["v"]]
+    by_name, _ = flash_additive_attention(*ins, act="sigmoid")
+    by_module, _ = flash_additive_attention(*ins, act=nn.Sigmoid())
+    by_function, _ = flash_additive_attention(*ins, act=torch.sigmoid)
+    assert torch.equal(by_name, by_module) and torch.equal(by_name, by_function)
