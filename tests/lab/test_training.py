@@ -34,6 +34,7 @@ RUN_KEYS = {
     "finished",
     "versions",
     "error",
+    "checkpoint_sha256",
 }
 
 

@@ -343,8 +343,10 @@ def _explain_command():
             r = explain_run(
                 run_dir, compare=compare, epsilon=epsilon, progress=not no_progress, **kw
             )
-        except ValueError as err:
-            raise click.ClickException(str(err)) from None
+        except ValueError as err:  # also a missing or damaged file of the run (RunFileError)
+            from attnlab.cli import _fail
+
+            _fail(str(err))
         click.echo(format_summary(r))
         click.echo(f"written: {Path(run_dir) / 'explanation' / 'explanation.json'}")
 

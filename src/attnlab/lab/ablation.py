@@ -14,7 +14,13 @@ The ablation directory (default ``ablations/<task>``) holds::
 Running the same command again resumes: the run ids already ``"done"`` in the store are
 skipped; failed and missing runs are run. A grid or seed list that is a superset of the
 recorded one extends the study; anything else (another task, other options, a grid that
-drops specs) is refused with what differs.
+drops specs) is refused with what differs. Resuming also removes the work folders of runs
+that a killed process left behind (:func:`attnlab.lab.training.remove_stale_work_dirs`).
+
+Several processes may run the same ablation on one directory at once (say, on several
+machines' worth of terminals): each run is claimed in the store right before it starts
+(:meth:`attnlab.lab.store.ResultsStore.claim`), so every run is trained once; a process
+skips the runs another live process holds, and takes over those whose process died.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from attnlab._checks import ConfigError
 from attnlab.cli import TaskHelpCommand, describe_task_of
+from attnlab.lab._process import Owner
 from attnlab.lab.config import (
     check_attention,
     check_option_values,
@@ -50,6 +57,7 @@ from attnlab.lab.executors import (
 )
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
+from attnlab.lab.training import remove_stale_work_dirs
 
 __all__ = [
     "BASELINES",
@@ -266,7 +274,9 @@ class AblationResult:
             metric (:class:`~attnlab.lab.store.MechanismSummary`).
         ran: run ids trained by this call; ``skipped``: run ids already done;
         recovered: run ids whose finished run directory was found but not in the store;
-        failed: run id -> error (first line) of the runs that failed in this call.
+        failed: run id -> error (first line) of the runs that failed in this call;
+        others: run id -> what another process does with it (a run that process trains
+            now, or ran and failed, during this call; the store has its result).
     """
 
     out_dir: Path
@@ -281,6 +291,7 @@ class AblationResult:
     skipped: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    others: dict[str, str] = field(default_factory=dict)
 
     @property
     def primary(self) -> str:
@@ -308,6 +319,7 @@ class AblationResult:
             "skipped": self.skipped,
             "recovered": self.recovered,
             "failed": self.failed,
+            "others": self.others,
         }
 
 
@@ -419,8 +431,21 @@ def _check_existing(
     :class:`AblationMismatchError` naming what differs."""
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise AblationMismatchError(f"{path} is not readable JSON ({err})") from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AblationMismatchError(
+            f"{path} is not readable JSON ({err}); restore it or choose another --out"
+        ) from None
+    if (
+        not isinstance(old, dict)
+        or not all(isinstance(old.get(k, []), list) for k in ("grid", "seeds"))
+        or not isinstance(old.get("task_options", {}), dict)
+    ):
+        raise AblationMismatchError(
+            f"{path} is not an ablation record (an object with task, task_options, grid "
+            "and seeds); restore it or choose another --out"
+        )
+    if not all(isinstance(s, dict) for s in old.get("grid", [])):
+        raise AblationMismatchError(f"{path}: the recorded grid holds a non-object spec")
     where = path.parent
     problems = []
     if old.get("task") != task:
@@ -554,7 +579,10 @@ def run_ablation(
         },
     )
 
+    remove_stale_work_dirs(out / "runs")  # what killed runs left behind
     store = ResultsStore(out / ResultsStore.FILENAME)
+    owner = Owner.this_process()
+    attempts = store.attempts()  # before done_ids: a run claimed after it is seen as such
     done = store.done_ids()
     result = AblationResult(
         out_dir=out,
@@ -615,6 +643,32 @@ def run_ablation(
                 f"runs already done, {len(todo)} to run"
             )
 
+    def tick() -> None:
+        if bar is not None:
+            bar.update(1)
+
+    def should_run(job: RunJob) -> bool:
+        """Claim the run right before it starts; skip it when another process has it."""
+        claim = store.claim(job.run_id, owner, attempts.get(job.run_id, 0))
+        if claim.status == "done":
+            result.skipped.append(job.run_id)
+        elif claim.status == "busy":
+            result.others[job.run_id] = f"trained by {claim.owner}"
+        elif claim.status == "ran":
+            result.others[job.run_id] = f"ran by {claim.owner} meanwhile (not done)"
+        else:
+            spec, seed = specs_by_id[job.run_id]
+            found = _finished_dir(Path(job.run_dir), name, spec, seed)
+            if found is None:
+                return True
+            # published by a process that died before recording it
+            store.record(
+                job.run_id, name, spec, seed, "done", found["metrics"], found["cost"], job.run_dir
+            )
+            result.recovered.append(job.run_id)
+        tick()
+        return False
+
     def on_done(outcome: RunOutcome) -> None:
         spec, seed = specs_by_id[outcome.run_id]
         store.record(
@@ -638,8 +692,9 @@ def run_ablation(
             bar.update(1)
 
     try:
-        make_executor(executor, jobs=jobs, address=address).run(todo, on_done)
+        make_executor(executor, jobs=jobs, address=address).run(todo, on_done, should_run)
     finally:
+        store.release(owner=owner)  # Ctrl-C or an error: hand the runs still held back
         if bar is not None:
             bar.close()
     result.summary = store.summary(
@@ -656,6 +711,13 @@ def run_ablation(
             )
             for rid, err in result.failed.items():
                 click.echo(f"  {rid}: {err}")
+        if result.others:
+            click.echo(
+                f"\n{len(result.others)} run(s) belong to other processes working on {out} "
+                "(rerun when they are finished for the full table):"
+            )
+            for rid, what in result.others.items():
+                click.echo(f"  {rid}: {what}")
     return result
 
 
@@ -694,6 +756,13 @@ def _command_options(items: Sequence[str], **shortcuts: Any) -> dict[str, Any]:
     options = parse_options(items)
     options.update({k: v for k, v in shortcuts.items() if v is not None})
     return options
+
+
+def _fail(message: str) -> NoReturn:
+    """Print ``error: message`` and exit 2, as the ``attnlab`` command line does."""
+    from attnlab.cli import _fail as fail
+
+    fail(message)
 
 
 #: How ``-a``, ``-g`` and ``-o`` are typed (the end of ``attnlab ablate --help``).
@@ -843,8 +912,8 @@ def ablate_command(
             device=device,
             plugins=plugins,
         )
-    except (ConfigError, ImportError) as err:
-        raise click.ClickException(str(err)) from err
+    except (ConfigError, ImportError) as err:  # also a damaged results store or run file
+        _fail(str(err))
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:

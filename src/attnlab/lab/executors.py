@@ -4,11 +4,17 @@ a Ray cluster.
 An executor takes :class:`RunJob` objects (plain, picklable descriptions of one run) and
 calls ``on_done(outcome)`` in the calling process the moment each run finishes, so that the
 ablation records it in its results store at once. A run that raises is reported as a
-``"failed"`` :class:`RunOutcome` (with the traceback); the other runs go on.
+``"failed"`` :class:`RunOutcome` (with the traceback); the other runs go on. The optional
+``should_run(job)`` is called in the calling process right before a job is started (the
+ablation claims the run there); a job it refuses is skipped.
 
 * :class:`LocalExecutor` -- ``jobs=1``: one run after the other in this process;
   ``jobs>1``: a pool of ``jobs`` spawned processes, each with
-  ``torch.set_num_threads(max(1, cpus // jobs))``.
+  ``torch.set_num_threads(max(1, cpus // jobs))``, fed one job per free worker. A worker
+  never outlives the process that started it: on Linux the kernel kills it when that
+  process dies (``PR_SET_PDEATHSIG``, checked against a death during the worker's start-up),
+  and before it publishes a run directory a worker checks that its parent still lives
+  (else it exits without writing).
 * :class:`RayExecutor` -- every run is a Ray task (``num_cpus=1``, and ``num_gpus=1`` for a
   ``cuda`` device): ``ray.init(address=...)``
   joins an existing cluster, otherwise a local Ray instance with ``jobs`` (default: all)
@@ -96,11 +102,29 @@ def import_plugins(modules: Iterable[str], paths: Iterable[str] = ()) -> None:
         importlib.import_module(module)
 
 
+#: The process that started this pool worker (None outside a worker of LocalExecutor).
+_PARENT_PID: int | None = None
+#: The exit status of a worker whose parent died.
+ORPHAN_EXIT = 75
+
+
+class _OrphanedError(Exception):
+    """The ablation process that started this worker is gone."""
+
+
+def _check_parent() -> None:
+    """Raise :class:`_OrphanedError` when this worker's parent is no longer its parent."""
+    if _PARENT_PID is not None and os.getppid() != _PARENT_PID:
+        raise _OrphanedError(f"the parent process {_PARENT_PID} is gone")
+
+
 def execute_job(job: RunJob) -> RunOutcome:
     """Run one job with :func:`attnlab.lab.training.train_run` and report its outcome;
-    never raises for a failing run (the traceback goes into ``error``)."""
+    never raises for a failing run (the traceback goes into ``error``). In a pool worker
+    whose parent died, the run directory is not written and the worker exits."""
     start = time.perf_counter()
     try:
+        _check_parent()
         import_plugins(job.plugins, job.sys_path)
         from attnlab.lab.training import train_run
 
@@ -113,7 +137,10 @@ def execute_job(job: RunJob) -> RunOutcome:
             out_dir=job.run_dir,
             progress=False,
             num_threads=job.num_threads,
+            before_publish=_check_parent if _PARENT_PID is not None else None,
         )
+    except _OrphanedError:  # nobody would record the run: write nothing, go away
+        os._exit(ORPHAN_EXIT)
     except Exception as err:  # a failing run must not stop the others
         text = "".join(traceback.format_exception(err)).strip()
         return RunOutcome(
@@ -133,24 +160,31 @@ def execute_job(job: RunJob) -> RunOutcome:
     )
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel end this worker when the ablation process dies (killed), so
-    that no orphaned worker goes on training (and writing) after its parent."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel end this worker when the ablation process ``parent_pid`` dies
+    (Linux), so that no orphaned worker goes on training (and writing) after its parent;
+    exit at once when the parent already died while this worker was starting (the kernel
+    only signals deaths after the request)."""
+    global _PARENT_PID
+    _PARENT_PID = parent_pid
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - no prctl here
-        pass
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl here
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(ORPHAN_EXIT)
 
 
-def _init_worker(threads: int, plugins: tuple[str, ...], paths: tuple[str, ...]) -> None:
-    _die_with_parent()
+def _init_worker(
+    threads: int, plugins: tuple[str, ...], paths: tuple[str, ...], parent_pid: int
+) -> None:
+    _die_with_parent(parent_pid)
     import torch
 
     torch.set_num_threads(threads)
@@ -167,28 +201,45 @@ class LocalExecutor:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
         self.jobs = int(jobs)
 
-    def run(self, jobs: Sequence[RunJob], on_done: Callable[[RunOutcome], None]) -> None:
+    def run(
+        self,
+        jobs: Sequence[RunJob],
+        on_done: Callable[[RunOutcome], None],
+        should_run: Callable[[RunJob], bool] | None = None,
+    ) -> None:
+        """Run ``jobs``; ``on_done(outcome)`` as each finishes; ``should_run(job)`` right
+        before each starts (False: skip it)."""
         if not jobs:
             return
+        allowed = should_run or (lambda job: True)
         if self.jobs == 1:
             for job in jobs:
-                on_done(execute_job(job))
+                if allowed(job):
+                    on_done(execute_job(job))
             return
         threads = max(1, cpu_count() // self.jobs)
         plugins = tuple(dict.fromkeys(p for j in jobs for p in j.plugins))
         paths = tuple(dict.fromkeys(p for j in jobs for p in j.sys_path))
         context = multiprocessing.get_context("spawn")
+        workers = min(self.jobs, len(jobs))
         pool = ProcessPoolExecutor(
-            max_workers=min(self.jobs, len(jobs)),
+            max_workers=workers,
             mp_context=context,
             initializer=_init_worker,
-            initargs=(threads, plugins, paths),
+            initargs=(threads, plugins, paths, os.getpid()),
         )
+        queue = iter(jobs)
         try:
-            pending: set[Future] = {
-                pool.submit(execute_job, _with_threads(job, threads)) for job in jobs
-            }
-            while pending:
+            pending: set[Future] = set()
+            while True:
+                # one job per free worker, started only now (so should_run claims it now)
+                while len(pending) < workers:
+                    job = next((j for j in queue if allowed(j)), None)
+                    if job is None:
+                        break
+                    pending.add(pool.submit(execute_job, _with_threads(job, threads)))
+                if not pending:
+                    break
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     on_done(future.result())
@@ -236,7 +287,14 @@ class RayExecutor:
         self.address = address
         self.jobs = jobs
 
-    def run(self, jobs: Sequence[RunJob], on_done: Callable[[RunOutcome], None]) -> None:
+    def run(
+        self,
+        jobs: Sequence[RunJob],
+        on_done: Callable[[RunOutcome], None],
+        should_run: Callable[[RunJob], bool] | None = None,
+    ) -> None:
+        """Submit every job (``should_run(job)`` first: False skips it); ``on_done`` as
+        each finishes."""
         if not jobs:
             return
         ray = self.ray
@@ -255,6 +313,8 @@ class RayExecutor:
         try:
             remote = ray.remote(num_cpus=1, max_retries=0)(execute_job)
             for job in jobs:
+                if should_run is not None and not should_run(job):
+                    continue
                 # a CUDA run asks Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES for it)
                 gpus = 1 if job.device.startswith("cuda") else 0
                 ref = remote.options(num_gpus=gpus).remote(_with_threads(job, 1))

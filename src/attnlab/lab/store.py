@@ -21,7 +21,19 @@ Schema (table ``runs``)::
     error           TEXT               the error of a failed run (else NULL)
 
 Recording a run id again replaces its row (a failed run retried and done), so a run id
-appears at most once.
+appears at most once; a ``"failed"`` record never replaces a ``"done"`` row (a done run
+stays done).
+
+Claims (table ``claims``) let several ablation processes share one directory without
+training a run twice: a process claims a run (:meth:`ResultsStore.claim`, one transaction)
+right before it starts it, and recording the run releases the claim. A claim names its
+owner (process id, host, process start time); the claim of an owner that died on this host
+is stale and taken over, one held on another host is respected. Each claim counts an
+``attempt``, so a process that saw a failed run when it started does not retry it again
+after another process already did.
+
+A damaged database file or row raises :class:`StoreError` (a
+:class:`~attnlab.lab.checkpoint.RunFileError`): one line naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -31,15 +43,26 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from attnlab.lab._process import Owner
+from attnlab.lab.checkpoint import RunFileError
 from attnlab.lab.task import spec_label
 
-__all__ = ["SCHEMA", "MechanismSummary", "ResultsStore", "RunRecord", "mean_std"]
+__all__ = [
+    "SCHEMA",
+    "Claim",
+    "MechanismSummary",
+    "ResultsStore",
+    "RunRecord",
+    "StoreError",
+    "mean_std",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -57,9 +80,39 @@ CREATE TABLE IF NOT EXISTS runs (
     error          TEXT
 )
 """
+CLAIMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS claims (
+    run_id   TEXT PRIMARY KEY,
+    pid      INTEGER NOT NULL,
+    host     TEXT NOT NULL,
+    start    TEXT NOT NULL,
+    claimed  TEXT NOT NULL,
+    active   INTEGER NOT NULL,
+    attempt  INTEGER NOT NULL
+)
+"""
 STATUSES = ("done", "failed")
 #: How long a writer waits for another one's lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 60_000
+
+
+class StoreError(RunFileError):
+    """The results store is not a readable SQLite database of the expected layout, or one
+    of its rows is damaged."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`ResultsStore.claim` found.
+
+    ``status``: ``"claimed"`` (the caller owns the run now and should train it),
+    ``"done"`` (already done), ``"busy"`` (``owner``, a live process or one on another
+    host, trains it) or ``"ran"`` (another process, ``owner``, ran it since the caller's
+    ``attempt`` snapshot: its row is failed, or it is being retried).
+    """
+
+    status: str
+    owner: Owner | None = None
 
 
 @dataclass
@@ -137,6 +190,10 @@ def _loads(text: str | None, default: Any) -> Any:
     return default if text is None else json.loads(text)
 
 
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
 class ResultsStore:
     """The SQLite results store of one ablation directory (``results.sqlite``).
 
@@ -158,8 +215,11 @@ class ResultsStore:
         self.path = path
         self._local = threading.local()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._conn()
-        conn.execute(SCHEMA)
+        with self._errors():
+            conn = self._conn()
+            conn.execute(SCHEMA)
+            conn.execute(CLAIMS_SCHEMA)
+            conn.execute("SELECT run_id, status, test_json FROM runs LIMIT 1").fetchall()
 
     # ------------------------------------------------------------------ connections
 
@@ -175,6 +235,38 @@ class ResultsStore:
         self._local.conn = conn
         self._local.pid = os.getpid()
         return conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite's errors as one-line :class:`StoreError` naming the file."""
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            reason = " ".join(str(err).split()) or type(err).__name__
+            if isinstance(err, sqlite3.OperationalError) and "locked" in reason:
+                raise StoreError(
+                    f"{self.path}: {reason} (another process held it for "
+                    f"{BUSY_TIMEOUT_MS // 1000} s); try again"
+                ) from None
+            raise StoreError(
+                f"{self.path} is not a readable results store ({reason}); move it away to "
+                "start afresh (finished run directories are recorded again) or restore it"
+            ) from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``: taken before reading, so a
+        read-then-write is atomic among processes)."""
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     def close(self) -> None:
         """Close this thread's connection (a later call opens a new one)."""
@@ -213,10 +305,12 @@ class ResultsStore:
         run_dir: str | os.PathLike[str] | None = None,
         error: str | None = None,
     ) -> None:
-        """Insert or replace the row of ``run_id`` and commit it at once.
+        """Insert or replace the row of ``run_id`` and commit it at once; release the
+        run's claim in the same transaction.
 
         ``metrics`` is the run's ``metrics.json`` (``{"dev": {...}, "test": {...}, ...}``);
-        a flat ``{metric: value}`` dict is taken as the test metrics.
+        a flat ``{metric: value}`` dict is taken as the test metrics. A ``"failed"``
+        record leaves a ``"done"`` row as it is.
         """
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
@@ -239,28 +333,132 @@ class ResultsStore:
             _now(),
             error,
         )
-        self._conn().execute(
-            "INSERT OR REPLACE INTO runs (run_id, task, label, attention_json, seed, status, "
-            "dev_json, test_json, cost_json, run_dir, finished, error) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            row,
-        )
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, task, label, attention_json, seed, status, "
+                "dev_json, test_json, cost_json, run_dir, finished, error) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET task = excluded.task, "
+                "label = excluded.label, attention_json = excluded.attention_json, "
+                "seed = excluded.seed, status = excluded.status, dev_json = excluded.dev_json, "
+                "test_json = excluded.test_json, cost_json = excluded.cost_json, "
+                "run_dir = excluded.run_dir, finished = excluded.finished, "
+                "error = excluded.error "
+                "WHERE runs.status != 'done' OR excluded.status = 'done'",
+                row,
+            )
+            conn.execute("UPDATE claims SET active = 0 WHERE run_id = ?", (str(run_id),))
+
+    # ------------------------------------------------------------------ claims
+
+    def attempts(self) -> dict[str, int]:
+        """How many times each run id was claimed so far (a snapshot for :meth:`claim`)."""
+        with self._errors():
+            rows = self._conn().execute("SELECT run_id, attempt FROM claims").fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def claim(self, run_id: str, owner: Owner | None = None, attempt: int | None = None) -> Claim:
+        """Claim ``run_id`` for ``owner`` (default: this process), atomically.
+
+        The claim is refused when the run is done, when a live process (or one on another
+        host) holds it, or, given ``attempt`` (the run's count in an :meth:`attempts`
+        snapshot), when another process claimed it since that snapshot and is finished with
+        it. A claim whose owner died on this host is taken over. See :class:`Claim`.
+        """
+        owner = owner or Owner.this_process()
+        with self._transaction() as conn:
+            row = conn.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is not None and row[0] == "done":
+                return Claim("done")
+            held = conn.execute(
+                "SELECT pid, host, start, active, attempt FROM claims WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            count = 0
+            if held is not None:
+                pid, host, start, active, count = held
+                holder = Owner(int(pid), str(host), str(start))
+                if active and holder == owner:
+                    return Claim("claimed", owner)
+                stale = bool(active) and holder.alive() is False
+                if active and not stale:
+                    return Claim("busy", holder)
+                if not stale and attempt is not None and int(count) != int(attempt):
+                    return Claim("ran", holder)
+            conn.execute(
+                "INSERT OR REPLACE INTO claims (run_id, pid, host, start, claimed, active, "
+                "attempt) VALUES (?, ?, ?, ?, ?, 1, ?)",
+                (run_id, owner.pid, owner.host, owner.start, _now(), int(count) + 1),
+            )
+        return Claim("claimed", owner)
+
+    def release(self, run_id: str | None = None, owner: Owner | None = None) -> None:
+        """Release the claims of ``owner`` (default: this process): of ``run_id``, or all
+        of them when None."""
+        owner = owner or Owner.this_process()
+        sql = "UPDATE claims SET active = 0 WHERE pid = ? AND host = ? AND start = ?"
+        args: tuple = (owner.pid, owner.host, owner.start)
+        if run_id is not None:
+            sql += " AND run_id = ?"
+            args += (run_id,)
+        with self._transaction() as conn:
+            conn.execute(sql, args)
+
+    def claims(self) -> dict[str, Owner]:
+        """The run ids claimed now, with their owners (live or not)."""
+        with self._errors():
+            rows = (
+                self._conn()
+                .execute("SELECT run_id, pid, host, start FROM claims WHERE active = 1")
+                .fetchall()
+            )
+        return {r[0]: Owner(int(r[1]), str(r[2]), str(r[3])) for r in rows}
 
     # ------------------------------------------------------------------ reading
 
-    @staticmethod
-    def _decode(row: tuple) -> RunRecord:
+    def _decode(self, row: tuple) -> RunRecord:
         (run_id, task, label, attention, seed, status, dev, test, cost, run_dir, fin, err) = row
+        values: dict[str, Any] = {}
+        for column, text in (
+            ("attention_json", attention),
+            ("dev_json", dev),
+            ("test_json", test),
+            ("cost_json", cost),
+        ):
+            try:
+                value = _loads(text, {})
+            except (TypeError, ValueError) as error:
+                problem = f"invalid JSON in {column} ({' '.join(str(error).split())})"
+            else:
+                numbers = column in ("dev_json", "test_json")
+                if not isinstance(value, dict):
+                    problem = f"{column} holds {type(value).__name__}, not an object"
+                elif numbers and not all(_is_number(v) for v in value.values()):
+                    problem = f"{column} holds a metric that is not a number"
+                else:
+                    values[column] = value
+                    continue
+            raise StoreError(
+                f"{self.path}: the row of run {run_id!r} is damaged: {problem}; delete it "
+                f'to run that run again (sqlite3 {self.path} "DELETE FROM runs WHERE '
+                f"run_id = '{run_id}'\")"
+            )
+        try:
+            seed = int(seed)
+        except (TypeError, ValueError):
+            raise StoreError(
+                f"{self.path}: the row of run {run_id!r} is damaged: seed {seed!r} is not an int"
+            ) from None
         return RunRecord(
             run_id=run_id,
             task=task,
             label=label,
-            spec=json.loads(attention),
-            seed=int(seed),
+            spec=values["attention_json"],
+            seed=seed,
             status=status,
-            dev=_loads(dev, {}),
-            test=_loads(test, {}),
-            cost=_loads(cost, {}),
+            dev=values["dev_json"],
+            test=values["test_json"],
+            cost=values["cost_json"],
             run_dir=run_dir,
             finished=fin,
             error=err,
@@ -273,11 +471,12 @@ class ResultsStore:
 
     def get(self, run_id: str) -> RunRecord | None:
         """The row of ``run_id`` (None when it was never recorded)."""
-        row = (
-            self._conn()
-            .execute(f"SELECT {self._COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
-            .fetchone()
-        )
+        with self._errors():
+            row = (
+                self._conn()
+                .execute(f"SELECT {self._COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+                .fetchone()
+            )
         return None if row is None else self._decode(row)
 
     def runs(self, status: str | None = None) -> list[RunRecord]:
@@ -289,15 +488,19 @@ class ResultsStore:
         if status is not None:
             sql += " WHERE status = ?"
             args = (status,)
-        return [self._decode(r) for r in self._conn().execute(sql + " ORDER BY rowid", args)]
+        with self._errors():
+            rows = self._conn().execute(sql + " ORDER BY rowid", args).fetchall()
+        return [self._decode(r) for r in rows]
 
     def done_ids(self) -> set[str]:
         """The run ids whose status is ``"done"`` (an ablation skips them when resuming)."""
-        rows = self._conn().execute("SELECT run_id FROM runs WHERE status = 'done'")
-        return {r[0] for r in rows}
+        with self._errors():
+            rows = self._conn().execute("SELECT run_id FROM runs WHERE status = 'done'")
+            return {r[0] for r in rows}
 
     def __len__(self) -> int:
-        return self._conn().execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        with self._errors():
+            return self._conn().execute("SELECT COUNT(*) FROM runs").fetchone()[0]
 
     def summary(
         self,

@@ -8,7 +8,7 @@ split, and writes the run directory::
 
     <run_dir>/run.json          task, task_options, attention (as given), label, seed,
                                 device, status ("done" | "failed"), started, finished,
-                                versions, error
+                                versions, error, checkpoint_sha256 (of model.safetensors)
     <run_dir>/metrics.json      primary, higher_is_better, best_epoch, dev, test
     <run_dir>/history.json      [{epoch, train_loss, dev, seconds}, ...]
     <run_dir>/cost.json         parameters, train_seconds, seconds_per_epoch,
@@ -18,25 +18,34 @@ split, and writes the run directory::
 
 The directory is built in a hidden sibling folder and moved into place with ``os.replace``
 at the end, so a run killed midway never leaves a directory whose ``run.json`` says
-``"done"`` (only the hidden ``.<name>.tmp-*`` folder, without a run.json). When training
-raises, ``run.json`` with ``"status": "failed"`` and the error is moved into place instead,
-and the exception propagates. An existing directory at ``run_dir`` is replaced.
+``"done"`` (only the hidden ``.<name>.tmp-<pid>.<host>.*`` work folder, without a
+run.json). When training raises, ``run.json`` with ``"status": "failed"`` and the error is
+moved into place instead, and the exception propagates. An existing directory at
+``run_dir`` is replaced. The work folder's name holds its owner's process id and host, so
+:func:`remove_stale_work_dirs` (called by every run, and by an ablation when it resumes)
+removes the folders that a killed process left behind, and never one a live process owns.
 
-:func:`load_run` rebuilds ``(task, data, model)`` from a finished run directory.
+:func:`load_run` rebuilds ``(task, data, model)`` from a finished run directory, checking
+the checkpoint against the sha256 recorded in ``run.json`` (runs written before the
+checksum existed load unchecked). :func:`read_run_file` reads one JSON file of a run
+directory and checks its type and fields; a missing, unreadable or malformed file raises
+:class:`~attnlab.lab.checkpoint.RunFileError` with one line naming the file.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,7 +56,15 @@ import torch
 from torch import nn
 
 from attnlab._checks import ConfigError
-from attnlab.lab.checkpoint import load_state, save_state
+from attnlab.lab._process import Owner, host_tag
+from attnlab.lab.checkpoint import (
+    MissingRunFileError,
+    RunFileError,
+    check_checkpoint,
+    file_sha256,
+    load_state,
+    save_state,
+)
 from attnlab.lab.config import parse_attention
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
@@ -57,6 +74,10 @@ __all__ = [
     "default_run_dir",
     "load_run",
     "move_batch",
+    "read_metrics",
+    "read_run",
+    "read_run_file",
+    "remove_stale_work_dirs",
     "resolve_device",
     "resolve_task",
     "seed_everything",
@@ -284,15 +305,58 @@ def _is_better(value: float, best: float | None, higher: bool) -> bool:
     return value > best if higher else value < best
 
 
+def _owned_name(name: str, kind: str) -> str:
+    """``.<name>.<kind>-<pid>.<host>.``: the prefix of a hidden folder owned by this process
+    (see :func:`remove_stale_work_dirs`)."""
+    return f".{name}.{kind}-{os.getpid()}.{host_tag()}."
+
+
+_OWNED = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)\.(?P<host>[A-Za-z0-9_-]+)\.[^.]*$")
+
+
+def remove_stale_work_dirs(folder: str | Path, name: str | None = None) -> list[Path]:
+    """Remove the hidden work folders (``.<run>.tmp-<pid>.<host>.*``) and replaced run
+    directories (``.<run>.old-<pid>.<host>.*``) in ``folder`` whose owner process is dead;
+    only those of run ``name`` when given. Folders of a live process, of another host or
+    without an owner in their name are kept. Returns the removed paths."""
+    removed: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    here = host_tag()
+    for path in entries:
+        match = _OWNED.match(path.name)
+        if match is None or (name is not None and match["name"] != name):
+            continue
+        if match["host"] != here or Owner(int(match["pid"]), here).alive() is not False:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder ``src`` to ``dst``, replacing what is there."""
-    if dst.exists() or dst.is_symlink():
-        trash = dst.with_name(f".{dst.name}.old-{os.getpid()}-{time.time_ns()}")
-        os.replace(dst, trash)
-        os.replace(src, dst)
+    """Move the finished folder ``src`` to ``dst``, replacing what is there.
+
+    Safe against another process replacing ``dst`` at the same time: a rename onto a
+    non-empty directory fails (it never merges), so what is there is moved aside and the
+    rename retried."""
+    for _ in range(20):
+        try:
+            os.replace(src, dst)  # atomic; replaces a file, a link or an empty directory
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+        trash = dst.with_name(_owned_name(dst.name, "old") + str(time.time_ns()))
+        try:
+            os.replace(dst, trash)
+        except FileNotFoundError:  # another process moved it away first: retry
+            continue
         shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(src, dst)
+    raise OSError(f"cannot move {src} to {dst}: it is replaced again and again meanwhile")
 
 
 class _Bar:
@@ -329,6 +393,7 @@ def train_run(
     out_dir: str | Path | None = None,
     progress: bool = True,
     num_threads: int | None = None,
+    before_publish: Callable[[], None] | None = None,
 ) -> RunResult:
     """Train one run and write its run directory (see the module docstring).
 
@@ -345,6 +410,10 @@ def train_run(
         out_dir: the run directory (default ``runs/<task>/<spec slug>--seed<seed>``).
         progress: show tqdm progress bars for epochs and batches on stderr.
         num_threads: ``torch.set_num_threads`` for the run (restored afterwards).
+        before_publish: called right before the run directory (done or failed) is moved
+            into place; when it raises, the work folder is removed, nothing is published
+            and its exception propagates (an ablation worker checks there that its parent
+            still lives).
 
     Returns:
         :class:`RunResult`. Raises what the task raises (e.g.
@@ -379,7 +448,8 @@ def train_run(
     )
     run_dir = run_dir.absolute()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.tmp-", dir=run_dir.parent))
+    remove_stale_work_dirs(run_dir.parent, run_dir.name)
+    work = Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
 
     run_info: dict[str, Any] = {
         "task": the_task.name,
@@ -393,6 +463,7 @@ def train_run(
         "finished": None,
         "versions": _versions(),
         "error": None,
+        "checkpoint_sha256": None,
     }
     old_threads = torch.get_num_threads()
     if num_threads is not None:
@@ -407,18 +478,35 @@ def train_run(
         run_info["error"] = f"{type(error).__name__}: {error}"
         try:
             _write_json(work / "run.json", run_info)
-            _replace_dir(work, run_dir)
+            _publish(work, run_dir, before_publish)
         except OSError:
             shutil.rmtree(work, ignore_errors=True)
         raise
     finally:
         if num_threads is not None:
             torch.set_num_threads(old_threads)
-    run_info["status"] = "done"
-    run_info["finished"] = _now()
-    _write_json(work / "run.json", run_info)
-    _replace_dir(work, run_dir)
+    try:
+        run_info["status"] = "done"
+        run_info["finished"] = _now()
+        run_info["checkpoint_sha256"] = file_sha256(work / "model.safetensors")
+        _write_json(work / "run.json", run_info)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _publish(work, run_dir, before_publish)
     return RunResult(run_dir, label, metrics, history, cost)
+
+
+def _publish(work: Path, run_dir: Path, before: Callable[[], None] | None) -> None:
+    """``before()``, then move ``work`` into place; when ``before`` raises, ``work`` is
+    removed and nothing is published."""
+    if before is not None:
+        try:
+            before()
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    _replace_dir(work, run_dir)
 
 
 def _train(
@@ -583,12 +671,101 @@ def _evaluate(task: Task, model: nn.Module, data: Any, split: str) -> dict[str, 
 # ----------------------------------------------------------------------------- loading
 
 
-def read_run(run_dir: str | Path) -> dict[str, Any]:
-    """The ``run.json`` of a run directory."""
-    path = Path(run_dir) / "run.json"
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _check_run_json(info: dict[str, Any]) -> str | None:
+    for key, types in (
+        ("task", (str,)),
+        ("status", (str,)),
+        ("seed", (int,)),
+        ("attention", (dict, type(None))),
+        ("task_options", (dict, type(None))),
+        ("label", (str, type(None))),
+        ("error", (str, type(None))),
+        ("checkpoint_sha256", (str, type(None))),
+    ):
+        if key in ("task", "status") and key not in info:
+            return f"has no {key!r}"
+        if key in info and (not isinstance(info[key], types) or isinstance(info[key], bool)):
+            return f"{key!r} is {type(info[key]).__name__}, not {types[0].__name__}"
+    return None
+
+
+def _check_metrics_json(metrics: dict[str, Any]) -> str | None:
+    for split in ("dev", "test"):
+        values = metrics.get(split, {})
+        if not isinstance(values, dict):
+            return f"{split!r} is {type(values).__name__}, not an object of metric values"
+        bad = [k for k, v in values.items() if not _is_number(v)]
+        if bad:
+            return f"{split} metric {bad[0]!r} is {values[bad[0]]!r}, not a number"
+    if "primary" in metrics and not isinstance(metrics["primary"], str):
+        return f"'primary' is {type(metrics['primary']).__name__}, not str"
+    if "best_epoch" in metrics and not (
+        isinstance(metrics["best_epoch"], int) and not isinstance(metrics["best_epoch"], bool)
+    ):
+        return f"'best_epoch' is {metrics['best_epoch']!r}, not an int"
+    return None
+
+
+#: The JSON files of a run directory: the type of their top-level value and a field check.
+_RUN_JSON: dict[str, tuple[type, Callable[[Any], str | None] | None]] = {
+    "run.json": (dict, _check_run_json),
+    "metrics.json": (dict, _check_metrics_json),
+    "cost.json": (dict, None),
+    "history.json": (
+        list,
+        lambda items: next(
+            (f"entry {i} is not an object" for i, h in enumerate(items) if not isinstance(h, dict)),
+            None,
+        ),
+    ),
+    "examples.json": (list, None),
+}
+
+
+def read_run_file(run_dir: str | Path, name: str) -> Any:
+    """One JSON file of a run directory (``run.json``, ``metrics.json``, ``cost.json``,
+    ``history.json`` or ``examples.json``), checked: the top-level type (an object, or a
+    list for ``history.json`` and ``examples.json``) and, for ``run.json`` and
+    ``metrics.json``, the types of the fields the lab reads.
+
+    Raises :class:`~attnlab.lab.checkpoint.MissingRunFileError` when the file is missing
+    and :class:`~attnlab.lab.checkpoint.RunFileError` (one line naming the file) when it
+    is unreadable, not JSON or malformed.
+    """
+    if name not in _RUN_JSON:
+        raise ValueError(f"name must be one of {', '.join(_RUN_JSON)}, got {name!r}")
+    path = Path(run_dir) / name
     if not path.is_file():
-        raise FileNotFoundError(f"{str(run_dir)!r} is not a run directory (no run.json)")
-    return json.loads(path.read_text(encoding="utf-8"))
+        if name == "run.json":
+            raise MissingRunFileError(f"{str(run_dir)!r} is not a run directory (no run.json)")
+        raise MissingRunFileError(f"{str(path)!r} is missing")
+    expected, check = _RUN_JSON[name]
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        reason = " ".join(str(err).split())
+        raise RunFileError(f"{str(path)!r} is not readable JSON ({reason})") from None
+    if not isinstance(value, expected):
+        what = "an object" if expected is dict else "a list"
+        raise RunFileError(f"{str(path)!r} holds {type(value).__name__}, not {what}")
+    problem = check(value) if check is not None else None
+    if problem:
+        raise RunFileError(f"{str(path)!r} is malformed: {problem}")
+    return value
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """The ``run.json`` of a run directory, checked (:func:`read_run_file`)."""
+    return read_run_file(run_dir, "run.json")
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, Any]:
+    """The ``metrics.json`` of a run directory, checked (:func:`read_run_file`)."""
+    return read_run_file(run_dir, "metrics.json")
 
 
 def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn.Module]:
@@ -596,21 +773,35 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn
     (loaded again) and the model rebuilt from ``run.json`` with the best epoch's weights
     from ``model.safetensors`` (no pickle is read), in eval mode on ``device``.
 
-    A task registered by a plugin must be imported (registered) before.
+    A task registered by a plugin must be imported (registered) before. A missing,
+    damaged or changed checkpoint (its sha256 differs from ``run.json``'s
+    ``checkpoint_sha256``), or a malformed ``run.json``, raises
+    :class:`~attnlab.lab.checkpoint.RunFileError` naming the file.
     """
     info = read_run(run_dir)
     if info.get("status") != "done":
-        raise ValueError(
+        raise RunFileError(
             f"run {str(run_dir)!r} has status {info.get('status')!r}, not 'done'"
-            + (f" (error: {info['error']})" if info.get("error") else "")
+            + (f" (error: {' '.join(str(info['error']).split())})" if info.get("error") else "")
         )
+    # the checkpoint first: a damaged one fails before the (maybe slow) data is loaded
+    checkpoint = check_checkpoint(
+        Path(run_dir) / "model.safetensors", info.get("checkpoint_sha256")
+    )
     task = resolve_task(info["task"], info.get("task_options") or {})
     dev = resolve_device(device)
     seed_everything(int(info.get("seed", 0)))
     data = task.load_data()
     spec = task.resolve_attention(info.get("attention") or {})
     model = task.build_model(data, spec)
-    load_state(model, Path(run_dir) / "model.safetensors", strict=True, device="cpu")
+    try:
+        load_state(model, checkpoint, strict=True, device="cpu")
+    except RuntimeError as err:  # another layout than run.json's model
+        reason = " ".join(str(err).split())[:300]
+        raise RunFileError(
+            f"checkpoint {str(checkpoint)!r} does not fit the model that run.json describes "
+            f"({reason})"
+        ) from None
     model.to(dev).eval()
     return task, data, model
 

@@ -1,0 +1,64 @@
+"""The toy task registered again as ``"toy-counted"``, which appends one line per training
+(``<pid> <spec label> <seed>``) to the file named by its option ``count_file``, so that a
+test can count how often each run of an ablation was trained, across processes.
+
+Import it only in subprocesses (``--plugin tests.lab.counting_task``): the registry that
+tests/test_docs.py parametrizes over must hold attnlab's own tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from attnlab.lab.task import TaskData, register_task, spec_label
+from tests.lab.toy_task import ToyTask
+
+__all__ = ["CountedToyTask", "read_counts"]
+
+
+class CountedToyTask(ToyTask):
+    defaults: ClassVar[dict[str, Any]] = {**ToyTask.defaults, "count_file": ""}
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        path = self.options["count_file"]
+        if path:  # torch.initial_seed() is the run's seed (train_run seeds torch first)
+            line = f"{os.getpid()} {spec_label(attention)} {torch.initial_seed()}\n"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())  # one small O_APPEND write: never interleaved
+            finally:
+                os.close(fd)
+        return super().build_model(data, attention)
+
+
+def read_counts(path: str | os.PathLike[str]) -> dict[tuple[str, int], int]:
+    """How many times each ``(spec label, seed)`` was trained, from a ``count_file``."""
+    counts: dict[tuple[str, int], int] = {}
+    if not os.path.exists(path):
+        return counts
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            _pid, label, seed = line.split()
+            counts[(label, int(seed))] = counts.get((label, int(seed)), 0) + 1
+    return counts
+
+
+def _register() -> type[CountedToyTask]:
+    from attnlab import registry
+
+    existing = registry._REGISTRY.get("task", {}).get("toy-counted")
+    if existing is not None and existing.cls.__qualname__ == "CountedToyTask":
+        return existing.cls
+    return register_task(
+        "toy-counted",
+        formula="the toy task, counting its trainings",
+        source="generated test task of attnlab (tests/lab/counting_task.py), 2024",
+    )(CountedToyTask)
+
+
+CountedToyTask = _register()  # type: ignore[misc]  # noqa: F811 -- the registered class

@@ -1,0 +1,210 @@
+"""The files of a run directory under damage: checked JSON files, the checkpoint's sha256,
+one-line errors naming the file, work folders of killed runs, and publishing a run
+directory while another process does the same."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnlab.lab.training as training
+from attnlab.lab._process import host_tag
+from attnlab.lab.checkpoint import MissingRunFileError, RunFileError, file_sha256
+from attnlab.lab.training import load_run, read_metrics, read_run, read_run_file, train_run
+
+pytestmark = pytest.mark.usefixtures("toy_task_module")  # registers "toy"
+
+
+@pytest.fixture
+def run(tmp_path, toy_run_dir):
+    """A private copy of a finished toy run."""
+    return shutil.copytree(toy_run_dir, tmp_path / "run")
+
+
+def _one_line_naming(err: BaseException, path) -> None:
+    assert str(path) in str(err) and "\n" not in str(err)
+
+
+# ----------------------------------------------------------------------------- JSON files
+
+
+def test_a_finished_run_reads_back(run):
+    assert read_run(run)["status"] == "done"
+    assert set(read_metrics(run)) >= {"dev", "test", "primary"}
+    assert isinstance(read_run_file(run, "history.json"), list)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("metrics.json", "[1, 2]", "holds list, not an object"),
+        ("metrics.json", '{"test": [0.5]}', "'test' is list"),
+        ("metrics.json", '{"test": {"accuracy": "high"}}', "not a number"),
+        ("metrics.json", "{", "not readable JSON"),
+        ("metrics.json", "", "not readable JSON"),
+        ("run.json", '"done"', "holds str"),
+        ("run.json", '{"task": "toy", "status": "done", "seed": "zero"}', "'seed' is str"),
+        ("run.json", '{"status": "done"}', "has no 'task'"),
+        ("history.json", '{"epoch": 1}', "holds dict, not a list"),
+        ("history.json", "[1]", "entry 0 is not an object"),
+    ],
+)
+def test_a_malformed_file_is_one_line_naming_it(run, name, text, problem):
+    (run / name).write_text(text)
+    with pytest.raises(RunFileError, match=problem) as info:
+        read_run_file(run, name)
+    _one_line_naming(info.value, run / name)
+
+
+def test_a_missing_file(run):
+    (run / "metrics.json").unlink()
+    with pytest.raises(MissingRunFileError, match="missing") as info:
+        read_metrics(run)
+    assert isinstance(info.value, FileNotFoundError)
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        read_run(run / "nowhere")
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def test_run_json_records_the_checkpoint_sha256(run):
+    assert read_run(run)["checkpoint_sha256"] == file_sha256(run / "model.safetensors")
+
+
+def test_a_flipped_byte_in_the_tensor_data_is_refused(run):
+    path = run / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # inside the last tensor: safetensors alone would load it silently
+    path.write_bytes(bytes(data))
+    with pytest.raises(RunFileError, match="sha256") as info:
+        load_run(run)
+    _one_line_naming(info.value, path)
+
+
+def test_a_run_written_before_checksums_still_loads(run, toy_run_dir):
+    info = json.loads((run / "run.json").read_text())
+    del info["checkpoint_sha256"]
+    (run / "run.json").write_text(json.dumps(info))
+    model = load_run(run)[2]
+    _, _, reference = load_run(toy_run_dir)
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), reference.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero-length", "random", "missing"])
+def test_a_damaged_checkpoint_is_one_line_naming_it(run, damage):
+    path = run / "model.safetensors"
+    info = json.loads((run / "run.json").read_text())
+    del info["checkpoint_sha256"]  # the file itself must be judged, not only its checksum
+    (run / "run.json").write_text(json.dumps(info))
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "zero-length":
+        path.write_bytes(b"")
+    elif damage == "random":
+        path.write_bytes(os.urandom(512))
+    else:
+        path.unlink()
+    expected = MissingRunFileError if damage == "missing" else RunFileError
+    with pytest.raises(expected) as info:
+        load_run(run)
+    _one_line_naming(info.value, path)
+
+
+# ----------------------------------------------------------------------------- work folders
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_work_folders_are_removed_and_live_ones_kept(tmp_path):
+    host, dead, me = host_tag(), _dead_pid(), os.getpid()
+    names = {
+        f".r.tmp-{dead}.{host}.abc123": False,  # a killed run's work folder
+        f".r.old-{dead}.{host}.17": False,  # a killed replacement's old directory
+        f".r.tmp-{me}.{host}.def456": True,  # a live process's
+        f".r.tmp-{dead}.{host}-elsewhere.x": True,  # another host's: cannot tell
+        ".r.tmp-legacy1": True,  # no owner in the name
+        f".s.tmp-{dead}.{host}.abc": True,  # another run (with name="r")
+    }
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"x")
+    removed = training.remove_stale_work_dirs(tmp_path, "r")
+    assert sorted(p.name for p in removed) == sorted(n for n, keep in names.items() if not keep)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, k in names.items() if k)
+    training.remove_stale_work_dirs(tmp_path)
+    assert not (tmp_path / f".s.tmp-{dead}.{host}.abc").exists()
+
+
+def test_a_run_removes_the_work_folders_its_killed_predecessors_left(tmp_path):
+    stale = tmp_path / f".r.tmp-{_dead_pid()}.{host_tag()}.abc123"
+    stale.mkdir()
+    train_run("toy", options={"epochs": 1}, out_dir=tmp_path / "r", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+# ----------------------------------------------------------------------------- publishing
+
+
+def test_publishing_while_another_process_publishes_the_same_run(tmp_path, monkeypatch):
+    """Another process moves its directory into place between our check and our rename:
+    the rename onto a non-empty directory fails (ENOTEMPTY); ours must still end up there,
+    not turn a finished run into a failure."""
+    out = tmp_path / "r"
+    real = os.replace
+    raced = []
+
+    def racing_replace(src, dst):
+        if str(dst) == str(out) and not raced:
+            raced.append(True)
+            out.mkdir()
+            (out / "run.json").write_text('{"from": "the other process"}')
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    train_run("toy", options={"epochs": 1}, out_dir=out, progress=False)
+    assert raced and read_run(out)["status"] == "done"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_other_rename_errors_still_raise(tmp_path, monkeypatch):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.mkdir()
+
+    def denied(a, b):
+        raise OSError(errno.EACCES, "denied")
+
+    monkeypatch.setattr(os, "replace", denied)
+    with pytest.raises(OSError, match="denied"):
+        training._replace_dir(src, dst)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_before_publish_can_stop_a_run_from_being_written(tmp_path, fails):
+    def refuse():
+        raise Stop
+
+    options = {"epochs": 1, "fail_after_steps": 1 if fails else None}
+    with pytest.raises(Stop):
+        train_run(
+            "toy", options=options, out_dir=tmp_path / "r", progress=False, before_publish=refuse
+        )
+    assert list(tmp_path.iterdir()) == []  # neither the run nor its work folder
