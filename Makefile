@@ -52,7 +52,7 @@ $(DATA_STAMP): $(STAMP)
 system:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends chromium fonts-dejavu-core sword-text-kjv sword-text-sparv >/dev/null; \
+			--no-install-recommends chromium fonts-dejavu-core sword-text-kjv sword-text-sparv wordnet-base espeak-ng >/dev/null; \
 	else \
 		echo "make system: not root or no apt-get; install chromium, sword-text-kjv and sword-text-sparv yourself"; \
 	fi
