@@ -353,3 +353,127 @@ def test_activation_modules_and_functions_are_accepted():
     by_module, _ = flash_additive_attention(*ins, act=nn.Sigmoid())
     by_function, _ = flash_additive_attention(*ins, act=torch.sigmoid)
     assert torch.equal(by_name, by_module) and torch.equal(by_name, by_function)
+
+
+# -------------------------------------------------------- dispatch (Attention)
+
+
+def _pair(dim="single", dtype=torch.float32, **options):
+    from attnlab import Attention
+
+    torch.manual_seed(0)
+    kw = {"d_q": 3, "d_k": 4, "d_w": 5, **options}
+    fast = Attention("additive", "soft", dim, path="triton", **kw).to(DEVICE, dtype)
+    ref = Attention("additive", "soft", dim, path="explicit", **kw).to(DEVICE, dtype)
+    ref.load_state_dict(fast.state_dict())
+    return fast, ref
+
+
+@pytest.mark.parametrize("dim", ["single", "multi"])
+def test_attention_path_triton_matches_explicit(dim):
+    """Forward, input gradients and every parameter gradient (W1, W2, b, w / W_d, b_d)."""
+    fast, ref = _pair(dim, act="tanh")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, NQ, 3, generator=g).to(DEVICE)
+    k = torch.randn(B, NK, 4, generator=g).to(DEVICE)
+    mask, _, _ = _mask("arbitrary")
+    outs = []
+    for attn in (fast, ref):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = attn(qq, kk, mask=mask)
+        go = torch.randn(out.context.shape, generator=torch.Generator().manual_seed(4))
+        params = [p for _, p in sorted(attn.named_parameters())]
+        grads = torch.autograd.grad(out.context, [qq, kk, *params], go.to(DEVICE))
+        outs.append((out, grads))
+    (o_fast, g_fast), (o_ref, g_ref) = outs
+    assert o_fast.path == "triton" and o_ref.path == "explicit"
+    _close(o_fast.context, o_ref.context, torch.float32, "context")
+    names = ["q", "k", *(n for n, _ in sorted(fast.named_parameters()))]
+    assert {"score.W1.weight", "score.W2.weight", "score.b", "score.w"} <= set(names)
+    for name, a, b in zip(names, g_fast, g_ref, strict=True):
+        _close(a, b, torch.float32, f"grad {name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_path_triton_half_precision(dtype):
+    fast, ref = _pair("single", dtype)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, NQ, 3, generator=g).to(DEVICE, dtype)
+    k = torch.randn(B, NK, 4, generator=g).to(DEVICE, dtype)
+    a, b = fast(q, k).context, ref(q, k).context
+    assert a.dtype == dtype
+    _close(a, b, dtype, "context")
+
+
+def test_attention_path_triton_need_weights():
+    fast, ref = _pair("single")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 6, 3, generator=g).to(DEVICE)
+    k = torch.randn(1, 9, 4, generator=g).to(DEVICE)
+    a = fast(q, k, need_weights=True)
+    r = ref(q, k, need_weights=True)
+    _close(a.weights, r.weights, torch.float32, "weights")
+    assert not a.weights.requires_grad
+    assert "second pass and carry no gradient" in fast.explain(need_weights=True)[1]
+    # a single query [B, d_q] gives [B, d_v] and [B, n_k]
+    single = fast(q[:, 0], k, need_weights=True)
+    assert single.context.shape == (1, 4) and single.weights.shape == (1, 9)
+    _close(single.context, r.context[:, 0], torch.float32, "single-query context")
+
+
+def test_explain_auto_takes_triton_on_cuda_only():
+    from attnlab import Attention
+
+    single = Attention("additive", d_q=3, d_k=4)
+    multi = Attention("additive", dim="multi", d_q=3, d_k=4)
+    # the CPU default stays the threaded CPU kernels, even under the interpreter
+    assert single.explain()[0] == "lean-additive"
+    assert multi.explain()[0] == "lean-multi"
+    path, reason = single.explain(device="cuda")
+    assert path == "triton" and "Triton kernels" in reason
+    assert multi.explain(device="cuda")[0] == "triton"
+    # what the kernels do not cover keeps the chunked kernels
+    assert single.explain(need_weights=True, device="cuda")[0] == "lean-additive"
+    assert multi.explain(need_weights=True, device="cuda")[0] == "explicit"
+    assert Attention("additive", "sparsemax", d_q=3, d_k=4).explain(device="cuda")[0] == (
+        "lean-additive"
+    )
+    gelu = Attention("additive", d_q=3, d_k=4, act="gelu")
+    assert gelu.explain(device="cuda")[0] == "lean-additive"
+    dropout = Attention("additive", d_q=3, d_k=4, dropout=0.1)
+    assert dropout.train().explain(device="cuda")[0] == "lean-additive"
+    assert dropout.eval().explain(device="cuda")[0] == "triton"
+    assert single.double().explain(device="cuda")[0] == "lean-additive"  # float64
+
+
+def test_explain_auto_without_triton_installed(monkeypatch):
+    from attnlab import Attention
+    from attnlab.general import attention
+
+    monkeypatch.setattr(attention, "triton_available", lambda: False)
+    assert Attention("additive", d_q=3, d_k=4).explain(device="cuda")[0] == "lean-additive"
+
+
+def test_path_triton_is_refused_where_the_kernels_do_not_apply():
+    from attnlab import Attention
+    from attnlab._checks import ConfigError
+
+    with pytest.raises(ConfigError, match="additive score with soft alignment only"):
+        Attention("scaled-dot", path="triton")
+    with pytest.raises(ConfigError, match="additive score with soft alignment only"):
+        Attention("additive", "sparsemax", d_q=3, d_k=4, path="triton")
+    with pytest.raises(ConfigError, match="not 'gelu'"):
+        Attention("additive", d_q=3, d_k=4, act="gelu", path="triton")
+    with pytest.raises(ConfigError, match="no attention dropout"):
+        Attention("additive", d_q=3, d_k=4, dropout=0.1, path="triton")
+    with pytest.raises(ConfigError, match="'triton' for the Triton kernels"):
+        Attention("additive", d_q=3, d_k=4, path="flash")
+
+
+def test_path_triton_on_cpu_without_the_interpreter_is_one_line(monkeypatch):
+    fast, _ = _pair("single")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k = torch.randn(1, 2, 3), torch.randn(1, 3, 4)
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1") as err:
+        fast.cpu()(q, k)
+    assert "\n" not in str(err.value)

@@ -47,7 +47,7 @@ TWO_LOG2E = 2.8853900817779268
 def _tanh(x, FAST: tl.constexpr):
     if FAST:
         y = tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            "tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
         )
     else:
         # tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2 |x|) in (0, 1]: never overflows
@@ -118,7 +118,9 @@ def _allowed(
     """``[BLOCK_M, BLOCK_N]`` bool: the pairs that exist and may attend."""
     ok = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
     if HAS_MASK:
-        m = tl.load(M + b * smb + offs_m[:, None] * smi + offs_n[None, :] * smj, mask=ok, other=0)
+        # 64-bit offsets: a materialised [B, n_q, n_k] mask may pass 2^31 bytes
+        rows = b.to(tl.int64) * smb + offs_m.to(tl.int64)[:, None] * smi
+        m = tl.load(M + rows + offs_n[None, :] * smj, mask=ok, other=0)
         ok = ok & (m != 0)
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
@@ -588,7 +590,7 @@ def additive_weights(
     lse = tl.load(L + b * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
     p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
     tl.store(
-        A + b * sab + offs_m[:, None] * sam + offs_n[None, :] * san,
+        A + b.to(tl.int64) * sab + offs_m.to(tl.int64)[:, None] * sam + offs_n[None, :] * san,
         p.to(A.dtype.element_ty),
         mask=(offs_m[:, None] < n_q) & (offs_n[None, :] < n_k),
     )
@@ -1025,8 +1027,8 @@ def multi_weights(
     a = tl.where(ok[:, :, None], tl.exp2(e - lse[:, None, :]), 0.0)
     ptr = (
         A
-        + b * sab
-        + offs_m[:, None, None] * sam
+        + b.to(tl.int64) * sab
+        + offs_m.to(tl.int64)[:, None, None] * sam
         + offs_n[None, :, None] * san
         + offs_dv[None, None, :] * saf
     )

@@ -14,6 +14,7 @@ and runs each combination on the fastest correct implementation:
 | ``sdpa`` | the score reduces to a scaled dot product (dot, scaled-dot, general, biased-general, cosine), soft alignment, single-dimensional | PyTorch's fused kernel |
 | ``lean-additive`` | additive score, soft alignment, single-dimensional | scores from a chunked kernel: memory O(B n_q n_k), never ``[B, n_q, n_k, d_w]`` |
 | ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
+| ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
 | ``local-window`` | local-m / local-p | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
 | ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
 
@@ -39,6 +40,13 @@ from attnlab._checks import (
 )
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
+from attnlab.general.flash_additive import (
+    TRITON_DTYPES,
+    flash_additive_attention,
+    flash_multi_dim_attention,
+    triton_act_name,
+    triton_available,
+)
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
 from attnlab.general.padding import clear_attention_inputs
@@ -110,8 +118,11 @@ class Attention(Configurable):
             otherwise keys are the features themselves.
         value_dim: likewise for the values (``W_V`` ``[value_dim, d_v]``).
         dropout: dropout on the attention weights during training.
-        path: ``"auto"`` (fastest correct path) or ``"explicit"`` (the textbook
-            computation, for reference and debugging).
+        path: ``"auto"`` (fastest correct path), ``"explicit"`` (the textbook
+            computation, for reference and debugging) or ``"triton"`` (the Triton kernels
+            of the additive score with soft alignment, also on CPU tensors under
+            ``TRITON_INTERPRET=1``; with ``need_weights=True`` the weights come from a
+            second pass and carry no gradient).
         **options: passed to the score and alignment constructors by name, e.g.
             ``d_w``, ``act``, ``bias`` (additive), ``D`` (local window), ``estimator``,
             ``eval_mode``, ``tau`` (hard). An option neither takes is an error.
@@ -182,8 +193,11 @@ class Attention(Configurable):
         super().__init__()
         if dim not in _DIMS:
             raise ConfigError(f"dim must be 'single' or 'multi', got {dim!r}")
-        if path not in ("auto", "explicit"):
-            raise ConfigError(f"path must be 'auto' or 'explicit', got {path!r}")
+        if path not in ("auto", "explicit", "triton"):
+            raise ConfigError(
+                f"path must be 'auto' or 'explicit' (or 'triton' for the Triton kernels), "
+                f"got {path!r}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
         self.multi = _DIMS[dim]
@@ -272,15 +286,71 @@ class Attention(Configurable):
                 "is query-less (one constant query); use a score that takes the query"
             )
         self._score_name, self._align_name = name_s, name_a
+        if path == "triton":
+            self._check_triton_config()
+
+    def _check_triton_config(self) -> None:
+        """``path="triton"``: refuse, at construction, what the kernels cannot compute."""
+        what = f"score {self._score_name!r} with alignment {self._align_name!r}"
+        if not isinstance(self.score, AdditiveScore) or self._align_name != "soft":
+            raise ConfigError(
+                f"path='triton' runs the additive score with soft alignment only, not {what}; "
+                "use path='auto'"
+            )
+        if triton_act_name(self.score.act) is None:
+            raise ConfigError(
+                f"path='triton' implements act tanh, sigmoid, relu or identity, not "
+                f"{self.score.act!r}; use path='auto'"
+            )
+        if self.dropout > 0:
+            raise ConfigError(
+                "path='triton' never materialises the weights, so it has no attention "
+                f"dropout (dropout={self.dropout}); use dropout=0 or path='auto'"
+            )
+
+    def _triton_fits(self, device: torch.device | None) -> bool:
+        """Whether ``path="auto"`` takes the Triton kernels: CUDA parameters (or
+        ``device``), triton installed, a dtype and an activation the kernels implement."""
+        param = next(self.parameters(), None)
+        if device is None:
+            device = param.device if param is not None else torch.device("cpu")
+        return (
+            device.type == "cuda"
+            and (param is None or param.dtype in TRITON_DTYPES)
+            and triton_act_name(self.score.act) is not None  # type: ignore[arg-type]
+            and triton_available()
+        )
 
     # ------------------------------------------------------------------ planning
 
-    def explain(self, need_weights: bool = False, n_k: int | None = None) -> tuple[str, str]:
-        """``(path, reason)``: the implementation a call with these settings takes."""
+    def explain(
+        self,
+        need_weights: bool = False,
+        n_k: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> tuple[str, str]:
+        """``(path, reason)``: the implementation a call with these settings takes (on
+        ``device``; default: that of the parameters)."""
         if self.path_mode == "explicit":
             return "explicit", "path='explicit' was requested"
         if n_k == 0:
             return "explicit", "the key set is empty: the context is zero"
+        if self.path_mode == "triton":
+            extra = (
+                "; the weights come from a second pass and carry no gradient"
+                if need_weights
+                else ""
+            )
+            return "triton", (
+                "path='triton' was requested: FlashAttention-style Triton kernels (online "
+                f"softmax over key tiles, nothing n_q x n_k in memory){extra}"
+            )
+        dev = torch.device(device) if device is not None else None
+        triton_reason = (
+            "on CUDA with triton installed: FlashAttention-style Triton kernels (online "
+            "softmax over key tiles; nothing n_q x n_k, [B, n_q, n_k, d_w] or "
+            "[B, n_q, n_k, d_v] in memory)"
+        )
         a, s = self._align_name, self._score_name
         if self.align.local:
             return (
@@ -301,6 +371,8 @@ class Attention(Configurable):
                         "explicit",
                         "dropout on multi-dimensional weights needs them materialised",
                     )
+                if self._triton_fits(dev):
+                    return "triton", f"multi-dimensional additive attention {triton_reason}"
                 return "lean-multi", (
                     "multi-dimensional additive attention runs in a fused chunked kernel that "
                     "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]"
@@ -317,6 +389,13 @@ class Attention(Configurable):
                 "alignment is soft: PyTorch's fused scaled_dot_product_attention"
             )
         if isinstance(self.score, AdditiveScore) and not self.score.vector:
+            if (
+                is_soft
+                and not need_weights
+                and not (self.dropout > 0 and self.training)
+                and self._triton_fits(dev)
+            ):
+                return "triton", f"additive attention with soft alignment {triton_reason}"
             return "lean-additive", (
                 "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
                 f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow"
@@ -410,7 +489,7 @@ class Attention(Configurable):
         q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
-        path, _ = self.explain(need_weights, n_k)
+        path, _ = self.explain(need_weights, n_k, device=k.device)
         p = self.dropout if self.training else 0.0
         log_prob = None
         extras: dict[str, Any] = {}
@@ -427,6 +506,21 @@ class Attention(Configurable):
                 q1, k2, W_d, b_d, values.to(q1.dtype), mask3, self.score.act
             ).to(values.dtype)
             weights = None
+        elif path == "triton":
+            assert q3 is not None and isinstance(self.score, AdditiveScore)
+            q1, k2 = self.score.lean_parts(q3, keys)  # float32 for half inputs
+            w, b_d = self.score.work_params()
+            vals = values.to(q1.dtype)
+            if self.multi:
+                context, weights = flash_multi_dim_attention(
+                    q1, k2, w, b_d, vals, mask3, self.score.act, need_weights=need_weights
+                )
+            else:
+                context, weights = flash_additive_attention(
+                    q1, k2, w, vals, mask3, self.score.act, need_weights=need_weights
+                )
+            context = context.to(values.dtype)
+            weights = None if weights is None else weights.to(values.dtype)
         elif path == "local-window":
             assert q3 is not None
             centers = self.align.centers(

@@ -241,7 +241,7 @@ def _plan(
     else:
         widest = max(bd, bdv)
         bm = block_m or 16
-        bn = block_n or (16 if not on_gpu else max(1, min(16, 1024 // widest)))
+        bn = block_n or (16 if not on_gpu else max(1, min(16, 512 // widest)))
         warps = 8 if on_gpu else 4
     if mask is None:
         m8 = torch.zeros(1, dtype=torch.uint8, device=q1.device)
