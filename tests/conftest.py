@@ -28,3 +28,48 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def assert_padding_invariant(module, call, inputs, padding, values=(float("nan"), float("inf"))):
+    """Padding never matters: with ``values`` (NaN, inf) written into the padded entries
+    of ``inputs`` instead of zeros, ``call(module, **inputs)`` (a tensor: the outputs at
+    the positions that are not padding) and the gradients of every floating input and
+    parameter are exactly those with zeros there, and finite.
+
+    ``padding`` maps an input's name to a bool tensor that broadcasts to it, True at the
+    padded entries. The loss is a fixed random projection of the outputs."""
+
+    def run(fill: float):
+        args = {}
+        for name, x in inputs.items():
+            if name in padding:
+                x = x.masked_fill(padding[name], fill)
+            if x.dtype.is_floating_point:
+                x = x.detach().clone().requires_grad_()
+            args[name] = x
+        module.zero_grad(set_to_none=True)
+        out = call(module, **args)
+        r = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=out.dtype)
+        (out * r).sum().backward()
+        grads = {n: a.grad for n, a in args.items() if a.dtype.is_floating_point}
+        grads.update({f"param {n}": p.grad for n, p in module.named_parameters()})
+        return out.detach(), grads
+
+    want, want_grads = run(0.0)
+    for value in values:
+        got, got_grads = run(value)
+        assert torch.isfinite(got).all(), f"non-finite outputs with {value} in the padding"
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for name, g in want_grads.items():
+            h = got_grads[name]
+            if g is None:
+                assert h is None or not h.any(), name
+                continue
+            assert h is not None and torch.isfinite(h).all(), f"{name}: non-finite gradient"
+            torch.testing.assert_close(h, g, rtol=0, atol=0, msg=f"{name} ({value} in padding)")
+
+
+@pytest.fixture
+def padding_invariant():
+    """:func:`assert_padding_invariant`, for the test modules of any folder."""
+    return assert_padding_invariant

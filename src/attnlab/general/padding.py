@@ -20,6 +20,7 @@ __all__ = [
     "attended_keys",
     "attending_rows",
     "clear_attention_inputs",
+    "clear_heads",
     "clear_nonfinite_rows",
     "zero_rows",
 ]
@@ -98,3 +99,19 @@ def clear_attention_inputs(
         if self_attention:
             q = clear_nonfinite_rows(q, keys)
     return q, k2, v2
+
+
+def clear_heads(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Like :func:`clear_attention_inputs` for tensors of any rank (per head, say):
+    ``q`` ``[..., n_q, d]``, ``k`` / ``v`` ``[..., n_k, d]`` (``v`` may be ``k``), ``mask``
+    bool broadcastable to ``[..., n_q, n_k]``; a key no query of its slice may attend and
+    a query row that may attend nothing are set to zero."""
+    if mask is None:
+        return q, k, v
+    key_ok = mask.any(-2).unsqueeze(-1)  # [..., n_k, 1]
+    row_ok = mask.any(-1, keepdim=True)  # [..., n_q, 1]
+    k2 = torch.where(key_ok, k, k.new_zeros(()))
+    v2 = k2 if v is k else torch.where(key_ok, v, v.new_zeros(()))
+    return torch.where(row_ok, q, q.new_zeros(())), k2, v2

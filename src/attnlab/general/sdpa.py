@@ -30,6 +30,7 @@ from torch import Tensor
 
 from attnlab._checks import softmax_dtype
 from attnlab.general.alignment import masked_softmax
+from attnlab.general.padding import clear_heads
 
 __all__ = ["sdpa_attend"]
 
@@ -62,7 +63,7 @@ def sdpa_attend(
     attn_mask = mask
     if mask is not None:
         row_ok = mask.any(-1, keepdim=True)
-        q, k, v = _clear_padding(q, k, v, mask, row_ok)
+        q, k, v = clear_heads(q, k, v, mask)
         if not bool(row_ok.all()):
             attn_mask = mask | ~row_ok
         else:
@@ -80,15 +81,3 @@ def sdpa_attend(
         e = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
         weights = masked_softmax(e, mask).to(v.dtype)
     return context, weights
-
-
-def _clear_padding(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, row_ok: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Zero the keys and values no query attends and the query rows that attend nothing
-    (``where``, not a product). ``q`` ``[..., n_q, d]``, ``k``/``v`` ``[..., n_k, d]``;
-    ``mask`` ``[..., n_q, n_k]``; ``row_ok`` ``mask.any(-1, keepdim=True)``."""
-    key_ok = mask.any(-2).unsqueeze(-1)  # [..., n_k, 1]
-    k2 = torch.where(key_ok, k, k.new_zeros(()))
-    v = k2 if v is k else torch.where(key_ok, v, v.new_zeros(()))
-    return torch.where(row_ok, q, q.new_zeros(())), k2, v

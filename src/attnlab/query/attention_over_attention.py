@@ -33,6 +33,7 @@ from torch import Tensor
 
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.alignment import Alignment, masked_softmax
+from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.scoring import Score, dot_score
 from attnlab.registry import Configurable, get, register
 
@@ -108,6 +109,15 @@ def _check_inputs(
             raise ValueError(f"{name} is on {m.device} but document is on {document.device}")
 
 
+def _clear_padding(
+    document: Tensor, query: Tensor, document_mask: Tensor | None, query_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The NaN / inf entries of padded document and query words set to zero with
+    ``where`` (not a product: 0 * NaN = NaN), so that padding never matters, in the
+    outputs or the gradients; finite padding is kept (``matching`` still shows it)."""
+    return clear_nonfinite_rows(document, document_mask), clear_nonfinite_rows(query, query_mask)
+
+
 def _aoa(
     matching: Tensor,
     document: Tensor,
@@ -167,6 +177,7 @@ def attention_over_attention(
             f"the dot matching M = D Q^T needs the same size: document has shape "
             f"{tuple(document.shape)}, query has shape {tuple(query.shape)}"
         )
+    document, query = _clear_padding(document, query, document_mask, query_mask)
     matching = dot_score(query, document).transpose(1, 2)  # [B, n_d, n_q]
     return _aoa(matching, document, document_mask, query_mask, masked_softmax)
 
@@ -297,5 +308,6 @@ class AttentionOverAttention(Configurable):
     ) -> AoAOutput:
         _check_inputs(document, query, document_mask, query_mask, self.d_k, self.d_q)
         check_module_dtype(self, document, "document")
+        document, query = _clear_padding(document, query, document_mask, query_mask)
         matching = self.matching(document, query)
         return _aoa(matching, document, document_mask, query_mask, self.align.normalize)

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.attention import Attention
+from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.registry import Configurable, register
 
@@ -89,6 +90,7 @@ def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
         w = x.new_ones(x.shape[:2])
     else:
         w = mask.to(x.dtype)
+        x = zero_rows(x, mask)  # where, not 0 * x: a padded row may hold NaN
     w = w / w.sum(1, keepdim=True).clamp(min=1)
     return (w.unsqueeze(-1) * x).sum(1)
 
@@ -263,6 +265,8 @@ class CapsuleAttention(Configurable):
         C = self.num_classes
         pm = _position_mask(mask, B, n, features.device)
         m = pm[:, None, :] if pm is not None else None
+        # padding never matters: cleared (where) before the projections and the means
+        features = zero_rows(features, pm)
         if self._batched:
             q = self.queries.unsqueeze(0).expand(B, C, self.d_q)
             out = self.capsules[0](q, features, mask=m, need_weights=need_weights)
@@ -467,13 +471,15 @@ class CapsuleRouting(Configurable):
         check_module_dtype(self, features, "features")
         B, n = features.shape[:2]
         pm = _position_mask(mask, B, n, features.device)
+        # padding never matters: cleared (where) before the predictions u = W f
+        features = zero_rows(features, pm)
         u = self.predictions(features)  # [B, n, C, d]
-        keep = pm.unsqueeze(-1).to(u.dtype) if pm is not None else None
+        keep = pm.unsqueeze(-1) if pm is not None else None
         b = u.new_zeros(B, n, self.num_classes)
         for t in range(self.iterations):
             c = masked_softmax(b, None, dim=-1)
             if keep is not None:
-                c = c * keep
+                c = torch.where(keep, c, c.new_zeros(()))
             s = (c.unsqueeze(-1) * u).sum(1)  # [B, C, d]
             v = squash(s)
             if t < self.iterations - 1:

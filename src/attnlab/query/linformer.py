@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
@@ -177,13 +178,21 @@ class LinformerAttention(Configurable):
             )
         key_ok = self._key_mask(mask, B, n_q, n_k, query.device)
         H = self.num_heads
+        if key_ok is not None:
+            # padding never matters, whatever it holds: the padded keys / values (and, in
+            # self-attention, the non-finite entries of the padded query rows) are cleared
+            # with where before the projections (0 * NaN = NaN)
+            query, key, value = clear_attention_inputs(
+                query, key, value, key_ok[:, None, :], self_attention=key is query
+            )  # type: ignore[assignment]
         q = split_heads(self.q_proj(query), H)  # [B, h, n_q, d]
         k = split_heads(self.k_proj(key), H)  # [B, h, n_k, d]
         v = split_heads(self.v_proj(value), H)
         row_ok = None
         if key_ok is not None:
-            keep = key_ok[:, None, :, None].to(k.dtype)  # masked keys -> 0 BEFORE projecting
-            k, v = k * keep, v * keep
+            keep = key_ok[:, None, :, None]  # masked keys -> 0 BEFORE projecting along n_k
+            k = torch.where(keep, k, k.new_zeros(()))
+            v = torch.where(keep, v, v.new_zeros(()))
             row_ok = key_ok.any(-1)  # [B or 1]
         if n_k == 0:
             row_ok = torch.zeros(1, dtype=torch.bool, device=query.device)

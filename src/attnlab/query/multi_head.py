@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import check_call
@@ -201,6 +202,11 @@ class MultiHeadAttention(Configurable):
         hmask = _masks.normalize_head_mask(
             mask, B, self.num_heads, n_q, n_k, device=query.device, causal=causal
         )
+        # padding never matters: padded keys / values and query rows that attend nothing
+        # are cleared before the projections (whose weight gradients would multiply them)
+        query, key, value = clear_attention_inputs(
+            query, key, value, hmask, self_attention=key is query
+        )  # type: ignore[assignment]
 
         q = self._split(self.q_proj(query), self.num_heads)  # [B, h, n_q, hd]
         k = self._split(self.k_proj(key), self.num_kv_heads)

@@ -41,6 +41,13 @@ from torch import Tensor, nn
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
+from attnlab.general.padding import (
+    attended_keys,
+    attending_rows,
+    clear_attention_inputs,
+    clear_nonfinite_rows,
+    zero_rows,
+)
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
 
@@ -112,12 +119,14 @@ def masked_mean_values(values: Tensor, mask: Tensor | None, n_q: int) -> Tensor:
 
     ``values`` ``[B, n_k, d_v]``; ``mask`` bool broadcastable to ``[B, n_q, n_k]`` (or
     ``None``). Returns ``[B, n_q, d_v]``; a row with no allowed value (or ``n_k = 0``) gets
-    zeros."""
+    zeros. Values that no query may attend never matter, whatever they hold."""
     B, n_k = values.shape[:2]
     if mask is None:
         allowed = values.new_ones(B, n_q, n_k)
     else:
         allowed = mask.expand(B, n_q, n_k).to(values.dtype)
+        # a value no query may attend never matters (where, not 0 * v: 0 * NaN = NaN)
+        values = zero_rows(values, attended_keys(mask))
     return (allowed / allowed.sum(-1, keepdim=True).clamp(min=1)) @ values
 
 
@@ -260,6 +269,12 @@ class MultiHopAttention(Configurable):
         B, n_q = q.shape[:2]
         n_k = keys.shape[1]
         m = _masks.normalize_mask(mask, B, n_q, n_k, device=keys.device, single_query=single)
+        if m is not None:
+            # padding never matters: padded keys / values are zeroed (where, not a
+            # product), and a query row that may attend nothing -- still transformed hop by
+            # hop, its states reported in extras -- loses its NaN / inf entries
+            _, keys, values = clear_attention_inputs(None, keys, values, m)
+            q = clear_nonfinite_rows(q, attending_rows(m))
         c = masked_mean_values(values, m, n_q)
         queries: list[Tensor] = []
         contexts: list[Tensor] = [c]

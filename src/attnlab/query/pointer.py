@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value
 from attnlab.registry import Configurable, build, get, register
@@ -346,7 +347,9 @@ class PointerNetwork(Configurable):
         lengths, allowed = self._check_input(x, lengths, mask)
         B, n, _ = x.shape
         L, h = self.num_layers, self.d_hidden
-        emb = self.embed(x)
+        # padding never matters: cleared (where) before the embedding, whose weight
+        # gradient would multiply it even though the packed encoder never reads it
+        emb = self.embed(zero_rows(x, allowed))
         if n == 0 or B == 0:
             enc = emb.new_zeros(B, n, h)
             state = (emb.new_zeros(L, B, h), emb.new_zeros(L, B, h))

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import check_call
 from attnlab.registry import Configurable, get, register
@@ -402,7 +403,9 @@ def relative_position_attention(
         q: ``[..., n_q, d]``; k: ``[..., n_k, d]``; v: ``[..., n_k, d_v]``.
         rel_k: ``[2K + 1, d]`` or ``None`` (no relative term in the scores).
         rel_v: ``[2K + 1, d_v]`` or ``None`` (no relative term in the values).
-        mask: bool broadcastable to ``[..., n_q, n_k]``, True = may attend.
+        mask: bool broadcastable to ``[..., n_q, n_k]``, True = may attend. Keys and values
+            that no query may attend, and query rows that may attend nothing, never
+            matter, whatever they hold (they are cleared with ``torch.where``).
         scale: default ``1 / sqrt(d)``.
         normalize: ``f(e, mask, dim) -> weights`` (default the masked softmax); any
             deterministic alignment's ``normalize``.
@@ -445,6 +448,8 @@ def relative_position_attention(
             f"rel_v has shape {tuple(rel_v.shape)}, expected [2K + 1, d_v] with d_v = {v.shape[-1]}"
         )
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    # keys / values no query may attend and rows that attend nothing never matter
+    q, k, v = clear_heads(q, k, v, mask)
     e = q @ k.transpose(-1, -2)
     index = None
     if K is not None:
@@ -609,6 +614,10 @@ class RelativePositionAttention(Configurable):
         hmask = _masks.normalize_head_mask(
             mask, B, self.num_heads, n_q, n_k, device=query.device, causal=causal
         )
+        # padding never matters: cleared (where) before the projections
+        query, key, value = clear_attention_inputs(
+            query, key, value, hmask, self_attention=key is query
+        )  # type: ignore[assignment]
 
         q = self._split(self.q_proj(query))  # [B, h, n_q, d]
         k = self._split(self.k_proj(key))

@@ -28,7 +28,10 @@ Randomness: the rotations are drawn at every call from ``generator=`` (a forward
 else from a generator seeded with ``seed`` (a constructor option: the same rotations at
 every call), else from PyTorch's global RNG -- so ``torch.manual_seed`` makes a run
 deterministic. ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
-``[h, d_head, n_hashes, n_buckets / 2]`` record what was used.
+``[h, d_head, n_hashes, n_buckets / 2]`` record what was used. NaN and inf in padded
+positions (no query may attend them under ``mask``) are set to zero first; finite padding
+is hashed and sorted like any position (so it can share a chunk with real ones, but it is
+never attended).
 
 Shapes: ``query`` ``[B, n, d_model]`` (``key``/``value`` must be ``None`` or the query:
 shared-QK attention is self-attention); ``mask`` bool broadcastable to ``[B, n, n]``, True
@@ -54,6 +57,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.general.alignment import masked_softmax
+from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import (
@@ -204,8 +208,11 @@ class LSHAttention(Configurable):
         m3 = normalize_mask(mask, B, n, n, device=query.device)
         H, R, c, dh = self.num_heads, self.n_hashes, self.bucket_size, self.head_dim
         nb = self.buckets_for(n)
-        q = split_heads(self.q_proj(query), H)  # [B, h, n, d]
-        v = split_heads(self.v_proj(query), H)
+        # NaN / inf in the padded positions (no query may attend them) are cleared (where)
+        # before the projections: they can reach neither the outputs nor the gradients
+        x = query if m3 is None else clear_nonfinite_rows(query, attended_keys(m3))
+        q = split_heads(self.q_proj(x), H)  # [B, h, n, d]
+        v = split_heads(self.v_proj(x), H)
         rotations = self.draw_rotations(nb, query, generator)
         if nb > 1:
             buckets = lsh_buckets(q.detach(), rotations)  # [B, h, R, n]

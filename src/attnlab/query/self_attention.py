@@ -33,6 +33,7 @@ from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.general.activations import get_activation
 from attnlab.general.attention import Attention
+from attnlab.general.padding import attended_keys, clear_nonfinite_rows, zero_rows
 from attnlab.general.scoring import Score
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
@@ -308,6 +309,10 @@ class LearnedQuerySelfAttention(Configurable):
         B, n = features.shape[:2]
         r = self.num_queries
         m = _key_mask(mask, B, r, n, features.device)
+        if m is not None:
+            # padding never matters: cleared (where) before the key projection, whose
+            # weight gradient would multiply it
+            features = zero_rows(features, attended_keys(m))
         if r == 1:
             q = self.queries.expand(B, self.d_q)
             if m is not None:
@@ -442,6 +447,11 @@ class RelationalSelfAttention(Configurable):
         m = _masks.normalize_mask(mask, B, n, n, device=features.device)
         if causal:
             m = _masks.combine(m, _masks.causal(n, n, device=features.device)[None])
+        if m is not None:
+            # padding never matters, whatever it holds: the padded positions (no query may
+            # attend them) lose their NaN / inf entries before the projections, so that
+            # their own (meaningless) outputs stay finite and cannot poison the gradients
+            features = clear_nonfinite_rows(features, attended_keys(m))
         q = self.query_proj(features)
         out = self.attention(q, features, features, mask=m, need_weights=need_weights)
         c = out.context

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.general.alignment import masked_softmax
+from attnlab.general.padding import clear_attention_inputs
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import (
     check_dropout,
@@ -233,6 +234,11 @@ class SynthesizerAttention(Configurable):
                 f"{self.max_len} (the {self.mode} synthesizer has one row per query position)"
             )
         hmask = head_mask(mask, B, n_q, n_k, query.device, causal=causal)
+        # padding never matters: padded keys / values and query rows that attend nothing
+        # are cleared (where) before anything is computed from them
+        query, key, value = clear_attention_inputs(
+            query, key, value, hmask, self_attention=key is query
+        )  # type: ignore[assignment]
         H = self.num_heads
         logits = self.synthetic_logits(query, n_k)
         if self.mix_dot:

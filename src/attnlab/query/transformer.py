@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import check_dropout, check_positive_int
 from attnlab.query.multi_head import MultiHeadAttention
@@ -167,6 +168,18 @@ class _Layer(Configurable):
             )
         check_module_dtype(self, x, name)
 
+    @staticmethod
+    def _clear(x: Tensor, mask: object) -> Tensor:
+        """``x`` with the NaN / inf entries of its padded positions (no query may attend
+        them) set to zero (``where``): their outputs stay those of finite padding, and a
+        non-finite one cannot reach the gradients through the residuals and the
+        feed-forward block. A mask the attention will reject is left to it."""
+        if isinstance(mask, Tensor) and mask.dtype == torch.bool and 2 <= mask.dim() <= 4:
+            keep = attended_keys(mask)
+            if keep.shape[-1] == x.shape[1] and keep.shape[0] in (1, x.shape[0]):
+                return clear_nonfinite_rows(x, keep)
+        return x
+
     def _block(
         self,
         x: Tensor,
@@ -265,6 +278,7 @@ class TransformerEncoderLayer(_Layer):
         **attention_kwargs: Any,
     ) -> AttentionOutput:
         self._check(src, "src")
+        src = self._clear(src, mask)
         found: dict[str, AttentionOutput] = {}
 
         def sa(x: Tensor) -> Tensor:
@@ -395,6 +409,7 @@ class TransformerDecoderLayer(_Layer):
                 f"memory has shape {tuple(memory.shape)}, expected [B, m, d_model] = "
                 f"[{tgt.shape[0]}, m, {self.d_model}]"
             )
+        tgt = self._clear(tgt, tgt_mask)
         found: dict[str, AttentionOutput] = {}
 
         def sa(x: Tensor) -> Tensor:

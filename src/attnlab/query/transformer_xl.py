@@ -58,6 +58,12 @@ from torch import Tensor, nn
 
 from attnlab._checks import check_same, check_tensor
 from attnlab.general.alignment import masked_softmax
+from attnlab.general.padding import (
+    attended_keys,
+    attending_rows,
+    clear_nonfinite_rows,
+    zero_rows,
+)
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import (
     check_dropout,
@@ -229,6 +235,14 @@ class TransformerXLAttention(Configurable):
             w = reduce_weights(w, average_weights)
             return AttentionOutput(out, w, path="relative", extras={"memory": new_memory})
 
+        if hmask is not None:
+            # padding never matters, whatever it holds: padded keys (memory included) are
+            # zeroed, a query row that attends nothing too, and the segment's padded query
+            # rows lose their NaN / inf entries -- with where, before the projections
+            keys_ok = attended_keys(hmask)
+            h = zero_rows(h, keys_ok)
+            query = zero_rows(query, attending_rows(hmask))
+            query = clear_nonfinite_rows(query, keys_ok[:, M:])
         q = split_heads(self.q_proj(query), self.num_heads)  # [B, h, n, d]
         k = split_heads(self.k_proj(h), self.num_heads)  # [B, h, K, d]
         v = split_heads(self.v_proj(h), self.num_heads)
