@@ -43,6 +43,7 @@ from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
+from attnlab.general.padding import clear_nonfinite_rows, zero_rows
 from attnlab.masks import fill_value
 from attnlab.registry import Configurable, get, register
 
@@ -105,7 +106,8 @@ def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
             return x.new_zeros(x.shape[0], x.shape[2])
         return x.mean(1)
     w = mask.to(x.dtype).unsqueeze(-1)
-    return (x * w).sum(1) / w.sum(1).clamp(min=1)
+    # where, not x * w: a padded row may hold NaN (0 * NaN = NaN)
+    return zero_rows(x, mask).sum(1) / w.sum(1).clamp(min=1)
 
 
 def _check_input(x: object, name: str, batch: int | None, d: int) -> Tensor:
@@ -148,6 +150,15 @@ def _check_pair(
     check_same(x1, "f1", f2=x2)
     check_module_dtype(module, x1, "f1")
     return x1, x2, _check_mask(mask1, "mask1", x1), _check_mask(mask2, "mask2", x2)
+
+
+def _clear_padding(
+    f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Padding never matters: the NaN / inf entries of padded positions are set to zero
+    with ``where`` before anything is computed from them (their finite values are kept, so
+    the per-position extras such as the scores of padded positions are unchanged)."""
+    return clear_nonfinite_rows(f1, mask1), clear_nonfinite_rows(f2, mask2)
 
 
 def _positive_int(value: object, name: str, owner: str) -> int:
@@ -428,6 +439,7 @@ class AlternatingCoAttention(Configurable):
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
         f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         out0 = self.attend0(None, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(out0.context, f2, mask=mask2, need_weights=True)
         out1 = self.attend1(out2.context, f1, mask=mask1, need_weights=True)
@@ -511,6 +523,7 @@ class InteractiveCoAttention(Configurable):
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
         f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         kbar1, kbar2 = masked_mean(f1, mask1), masked_mean(f2, mask2)
         out1 = self.attend1(kbar2, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(kbar1, f2, mask=mask2, need_weights=True)
@@ -642,6 +655,7 @@ class ParallelCoAttention(Configurable):
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
         f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         A = _masked_affinity(self.affinity(f1, f2), mask1, mask2)
         e1, e2, ok1, ok2 = self.scores_from_affinity(A, f1, f2, mask1, mask2)
         a1, al1 = _align_vector(self.align1, e1, ok1, f1)
@@ -658,9 +672,9 @@ def _masked_affinity(A: Tensor, mask1: Tensor | None, mask2: Tensor | None) -> T
     """Zero the affinity of every pair with a padded side (so padded positions never
     contribute to an affinity sum)."""
     if mask1 is not None:
-        A = A * mask1.unsqueeze(2).to(A.dtype)
+        A = torch.where(mask1.unsqueeze(2), A, A.new_zeros(()))
     if mask2 is not None:
-        A = A * mask2.unsqueeze(1).to(A.dtype)
+        A = torch.where(mask2.unsqueeze(1), A, A.new_zeros(()))
     return A
 
 
@@ -763,6 +777,7 @@ class MultiGrainedCoAttention(Configurable):
         mask2: Tensor | None = None,
     ) -> CoAttentionOutput:
         f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         coarse = self.coarse(f1, f2, mask1, mask2)
         extras: dict[str, Any] = {
             "coarse_" + k: v for k, v in coarse.extras.items() if k.startswith("query")
@@ -780,7 +795,7 @@ class MultiGrainedCoAttention(Configurable):
             )
             P = rows.weights  # [B, n1, n2]
             if mask1 is not None:
-                P = P * mask1.unsqueeze(2).to(P.dtype)
+                P = torch.where(mask1.unsqueeze(2), P, P.new_zeros(()))
             n_real = (
                 P.new_full((P.shape[0], 1), float(P.shape[1]))
                 if mask1 is None

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general.attention import Attention
+from attnlab.general.padding import zero_rows
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
 
@@ -216,9 +217,17 @@ class MetaEmbedding(Configurable):
 
     def project(self, vectors: Sequence[Tensor], available: Tensor) -> Tensor:
         """``x_ti = W_i x_i + b_i`` for every embedding, ``[B, n, E, d_proj]``; zero where
-        embedding ``i`` is unavailable for the token."""
-        xt = torch.stack([p(v) for p, v in zip(self.proj, vectors, strict=True)], dim=2)
-        return xt * available[..., None].to(xt.dtype)
+        embedding ``i`` is unavailable for the token. An unavailable vector never matters,
+        whatever it holds: it is cleared with ``where`` before the projection (whose weight
+        gradient would multiply it) and after it (``0 * NaN = NaN``)."""
+        xt = torch.stack(
+            [
+                p(zero_rows(v, available[..., i]))
+                for i, (p, v) in enumerate(zip(self.proj, vectors, strict=True))
+            ],
+            dim=2,
+        )
+        return torch.where(available[..., None], xt, xt.new_zeros(()))
 
     def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
         """The vectors the weights are scored from, ``[B, n, E, gate_dim]``."""

@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
+from attnlab.general.padding import zero_rows
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, get, register
 
@@ -261,7 +262,7 @@ class MaskedRNN(nn.Module):
             o, _ = pad_packed_sequence(o, batch_first=True, total_length=n)
             out = out.index_copy(0, rows, o.to(out.dtype))
         back = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
-        return back * mask[..., None].to(back.dtype)
+        return torch.where(mask[..., None], back, back.new_zeros(()))
 
 
 def _takes_mask(module: nn.Module) -> bool:
@@ -451,7 +452,9 @@ class HierarchicalAttention(Configurable):
     ) -> AttentionOutput:
         """Attend up the hierarchy. See the class docstring for shapes."""
         m = self._check(x, mask)
-        h = x
+        # padding never matters: padded tokens are zeroed (where, not a product) before any
+        # encoder sees them
+        h = x if mask is None else torch.where(m[..., None], x, x.new_zeros(()))
         weights: list[Tensor] = []
         masks: list[Tensor] = []
         units: list[Tensor] = []
@@ -791,6 +794,11 @@ class AttentionViaAttention(Configurable):
     ) -> AttentionOutput:
         """Word attention, then character attention via it. See the class docstring."""
         B, n_c, n_w = self._check(q, chars, words, char_mask, word_mask)
+        # padding never matters: padded characters / words are zeroed (where, not a
+        # product) before the projections, the word means and the weighted sums
+        chars = zero_rows(chars, char_mask)
+        if words is not None:
+            words = zero_rows(words, word_mask)
         have_map = word_offsets is not None or char_to_word is not None
         M = None
         if have_map:

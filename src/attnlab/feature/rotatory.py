@@ -31,21 +31,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
 from attnlab.general.attention import Attention
 from attnlab.registry import Configurable, register
 
 __all__ = ["LCRRotHop", "RotatoryAttention", "RotatoryOutput", "masked_mean"]
-
-
-def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean over axis 1 of ``x`` ``[B, n, d]`` restricted to ``mask`` ``[B, n]`` (True =
-    real); a row with no real position gives a zero vector."""
-    if mask is None:
-        if x.shape[1] == 0:
-            return x.new_zeros(x.shape[0], x.shape[2])
-        return x.mean(1)
-    w = mask.to(x.dtype).unsqueeze(-1)
-    return (x * w).sum(1) / w.sum(1).clamp(min=1)
 
 
 @dataclass
