@@ -319,6 +319,7 @@ COMPONENTS = [
     ("score", "cosine", {"temperature": 0.5}),
     ("score", "additive", {"d_q": 4, "d_k": 4, "d_w": 3, "bias": False}),
     ("score", "queryless", {"d_k": 4, "d_w": 3}),
+    ("score", "location-aware", {"d_q": 4, "d_k": 4, "n_filters": 2, "kernel_size": 3}),
     ("align", "soft", {}),
     ("align", "sparsemax", {}),
     ("align", "entmax15", {}),

@@ -49,6 +49,7 @@ from attnlab.general.flash_additive import (
 )
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
+from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
 from attnlab.general.sdpa import sdpa_attend
@@ -335,6 +336,8 @@ class Attention(Configurable):
             return "explicit", "path='explicit' was requested"
         if n_k == 0:
             return "explicit", "the key set is empty: the context is zero"
+        if getattr(self.score, "uses_prev_weights", False):
+            return "explicit", "the location-aware score convolves the previous weights"
         if self.path_mode == "triton":
             extra = (
                 "; the weights come from a second pass and carry no gradient"
@@ -474,16 +477,20 @@ class Attention(Configurable):
         mask: Tensor | None = None,
         need_weights: bool = False,
         positions: Tensor | None = None,
+        prev_weights: Tensor | None = None,
     ) -> AttentionOutput:
         """Attend from the queries ``q`` over the features ``k`` (values ``v``, default
         ``k``). ``positions`` (``[B, n_q]`` or ``[n_q]``) overrides local-m's window
-        centres. See the class docstring for shapes."""
+        centres; ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single query)
+        are the previous step's weights for a location-aware score. See the class
+        docstring for shapes."""
         if k is None:
             raise ValueError("k (the features / keys) is required")
         q3, single, v = self._check_inputs(q, k, v)
         B, n_k = k.shape[:2]
         n_q = q3.shape[1] if q3 is not None else 1
         mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
+        score_kw = location_inputs(self.score, prev_weights, B, n_q, n_k, mask3, single)
         # padding never matters: cleared before the projections (whose weight gradients
         # would otherwise multiply a zero by it)
         q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
@@ -553,7 +560,7 @@ class Attention(Configurable):
             if path == "lean-additive":
                 e = self.score(q3, keys)
             else:
-                e = self.score.explicit(q3, keys)
+                e = self.score.explicit(q3, keys, **score_kw)
             if n_k == 0:
                 # nothing to attend to: zero weights [B, n_q, 0(, d_v)] and a zero context,
                 # still connected to the inputs so that backward() works
