@@ -157,3 +157,30 @@ def test_unknown_benchmark_name_is_rejected():
     with pytest.raises(SystemExit, match="unknown benchmark"):
         R.selected(["nope"])
     assert R.selected(["local-p,multi-dim", "sdpa"]) == ["local", "multidim", "sdpa"]
+
+
+# ------------------------------------------------- the GPU kernels' benchmark script
+
+import gpu_kernels as G  # noqa: E402
+
+
+def test_gpu_kernel_benchmark_exits_cleanly_without_cuda(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert G.main([]) == 0
+    assert "nothing measured" in capsys.readouterr().out
+
+
+def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
+    # the whole script (agreement check, timing, table) at toy sizes on Triton's CPU
+    # interpreter; main returns 1 if an agreement check fails
+    from attnlab.general.flash_additive import triton_unavailable_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it when first imported
+    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
+    reason = triton_unavailable_reason("cpu")  # e.g. triton was imported without it
+    if reason is not None:
+        pytest.skip(reason)
+    argv = ["--tiny", "--device", "cpu", "--sides", "triton,broadcast"]
+    assert G.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| additive-1024 | triton |" in out and "| multidim-512 | triton |" in out

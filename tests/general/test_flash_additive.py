@@ -1,10 +1,12 @@
 """Tests of the Triton kernels for additive and multi-dimensional attention
 (attnlab.general.flash_additive).
 
-They run on the CPU under Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when the
-kernels are first built, so it is set here, at collection time, before anything can build
-them (``setdefault``: running ``TRITON_INTERPRET=0 pytest tests/general/test_flash_additive.py``
-on a machine with a CUDA GPU runs the same tests on the GPU instead). The interpreter is
+They run on the CPU under Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when it
+is first imported (and when the kernels are built), so it is set here, at collection time,
+before anything imports triton. It is a ``setdefault``: on a machine with a CUDA GPU,
+``TRITON_INTERPRET=0 pytest tests/general/test_flash_additive.py`` runs the same tests on
+the GPU. If triton was imported earlier in the process without the variable, the module
+skips with that reason instead of failing inside the interpreter. The interpreter is
 slow, so the sizes are tiny -- but never multiples of the 16-wide tiles, and always more
 than one tile of queries and of keys, so that tile boundaries, the online softmax across
 key tiles and the reductions across tiles are all exercised.
@@ -32,6 +34,7 @@ from attnlab.general.flash_additive import (
     flash_additive_attention,
     flash_multi_dim_attention,
     triton_interpreting,
+    triton_unavailable_reason,
 )
 
 pytest.importorskip("triton", reason=f"the Triton kernels need triton: {TRITON_INSTALL}")
@@ -45,6 +48,9 @@ else:
         "TRITON_INTERPRET is off and there is no CUDA GPU to run the kernels on",
         allow_module_level=True,
     )
+_REASON = triton_unavailable_reason(DEVICE)  # e.g. triton imported before the variable
+if _REASON is not None:
+    pytest.skip(_REASON, allow_module_level=True)
 
 ACTS = {
     "tanh": torch.tanh,
@@ -477,3 +483,31 @@ def test_path_triton_on_cpu_without_the_interpreter_is_one_line(monkeypatch):
     with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1") as err:
         fast.cpu()(q, k)
     assert "\n" not in str(err.value)
+
+
+def test_triton_imported_before_the_interpreter_switch_is_one_clear_line():
+    """Triton builds its own library for the GPU when imported without TRITON_INTERPRET;
+    its interpreter then fails deep inside with "Cannot call @triton.jit'd outside of the
+    scope of a kernel". The kernels say what to do instead."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os
+        os.environ.pop("TRITON_INTERPRET", None)
+        import triton  # too early
+        os.environ["TRITON_INTERPRET"] = "1"
+        import torch
+        from attnlab.general.flash_additive import flash_additive_attention
+        x = torch.randn(1, 3, 2)
+        try:
+            flash_additive_attention(x, x, torch.randn(2), x)
+        except RuntimeError as err:
+            print("ERROR:", err)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "ERROR: triton was imported before TRITON_INTERPRET=1 was set" in run.stdout

@@ -26,13 +26,21 @@ Conventions shared by every kernel:
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
-from triton import knobs
+
+try:  # Triton >= 3.4 reads its settings through triton.knobs
+    from triton import knobs
+
+    _interpret = bool(knobs.runtime.interpret)
+except ImportError:  # pragma: no cover - older Triton reads the variable directly
+    _interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 #: True when the kernels below were built for Triton's CPU interpreter (``TRITON_INTERPRET=1``
 #: at import time).
-INTERPRETED: bool = bool(knobs.runtime.interpret)
+INTERPRETED: bool = _interpret
 
 ACT_CODES = {"identity": 0, "tanh": 1, "sigmoid": 2, "relu": 3}
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -101,16 +102,42 @@ def triton_unavailable_reason(device: torch.device | str | None) -> str | None:
     if not triton_available():
         return f"the Triton kernels need the triton package ({TRITON_INSTALL})"
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda":
-        return None
-    if dev.type == "cpu":
-        if triton_interpreting():
-            return None
+    if dev.type not in ("cuda", "cpu"):
+        return (
+            f"the Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), not on {dev.type}"
+        )
+    if dev.type == "cpu" and not triton_interpreting():
         return (
             "the Triton kernels run on CUDA tensors, or on CPU tensors only under Triton's "
-            "interpreter (set TRITON_INTERPRET=1 before the first kernel call)"
+            "interpreter (set TRITON_INTERPRET=1 before triton is first imported)"
         )
-    return f"the Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), not on {dev.type}"
+    return _interpreter_mismatch()
+
+
+def _interpreter_mismatch() -> str | None:
+    """Triton decides between compiling and interpreting when each ``@triton.jit``
+    function is defined -- its own standard library at ``import triton`` -- so
+    ``TRITON_INTERPRET`` must already hold its final value when triton is first imported."""
+    if "triton" not in sys.modules:
+        return None
+    try:
+        import triton.language.standard as std
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover - another Triton layout: trust the variable
+        return None
+    stdlib = isinstance(getattr(std, "zeros", None), InterpretedFunction)
+    wanted = _KERNELS.INTERPRETED if _KERNELS is not None else triton_interpreting()
+    if stdlib == wanted:
+        return None
+    if wanted:
+        return (
+            "triton was imported before TRITON_INTERPRET=1 was set, so its interpreter "
+            "cannot run; set TRITON_INTERPRET=1 before anything imports triton"
+        )
+    return (
+        "triton was imported with TRITON_INTERPRET=1, so it can only interpret; unset it "
+        "before triton is first imported to compile for the GPU"
+    )
 
 
 def triton_act_name(act: str | Callable[[Tensor], Tensor]) -> str | None:

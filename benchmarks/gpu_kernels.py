@@ -1,0 +1,393 @@
+"""GPU benchmarks of the Triton kernels of additive and multi-dimensional attention
+(``attnlab.general.flash_additive``), standalone.
+
+    python benchmarks/gpu_kernels.py                  # every case, on the CUDA device
+    python benchmarks/gpu_kernels.py --only additive-1024 --no-compile
+    python benchmarks/gpu_kernels.py --json out.json  # also save the raw figures
+    TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --tiny --device cpu
+                                                      # toy sizes on the interpreter:
+                                                      # checks the code, measures nothing
+
+Without a CUDA device (or without triton) it prints why and exits 0.
+
+Cases (forward + backward, float32, tanh, self-attention shapes ``n_q = n_k = n``,
+``d = d_w = d_v = 64``):
+
+* ``additive-1024``, ``additive-4096``, ``additive-32768``: additive attention, B=8;
+* ``multidim-512``: multi-dimensional (DiSAN) attention, B=8.
+
+Sides: ``triton`` (``attnlab.Attention``, which takes the ``triton`` path on CUDA),
+``chunked`` (the chunked ``attnlab.general.fused`` kernels that were the CUDA path
+before), ``broadcast`` (the textbook formula in eager PyTorch) and ``compiled``
+(``torch.compile`` of the same formula). A side whose estimated memory exceeds the free
+device memory is skipped with the estimate (the broadcast form holds several
+``[B, n, n, d_w]`` tensors: 34 GB each at n=4096). Before timing, every side that runs is
+checked against ``broadcast`` on a small version of the case (B=2, n<=256).
+
+Columns: the median time of a forward + backward step and of a forward step, the peak
+CUDA memory of a step above the inputs (``torch.cuda.max_memory_allocated``), and the
+fraction of the **tanh limit**: an H100 SXM evaluates about ``TANH_PER_S = 4e12`` tanh per
+second (132 SMs x 16 special-function operations per clock x ~1.9 GHz, one
+``tanh.approx.f32`` each), and the score needs ``B n_q n_k d_w`` of them per forward pass;
+a training step is counted as forward + one recompute in the backward pass,
+``2 B n_q n_k d_w``. The figure says how close a side gets to that bound (the kernels
+evaluate tanh 5 times per training step for additive attention -- see docs/kernels.md --
+and the default accurate float32 tanh costs about two special-function operations, so
+the kernels themselves cannot reach 1.0 in float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+TANH_PER_S = 4.0e12
+F32 = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str  # "additive" or "multi"
+    B: int
+    n: int
+    d: int = 64  # input size = d_w = d_v
+
+
+CASES = {
+    "additive-1024": Case("additive-1024", "additive", 8, 1024),
+    "additive-4096": Case("additive-4096", "additive", 8, 4096),
+    "additive-32768": Case("additive-32768", "additive", 8, 32768),
+    "multidim-512": Case("multidim-512", "multi", 8, 512),
+}
+TINY = {
+    "additive-1024": Case("additive-1024", "additive", 2, 20, 8),
+    "multidim-512": Case("multidim-512", "multi", 2, 18, 8),
+}
+SIDES = ("triton", "chunked", "broadcast", "compiled")
+
+
+@dataclass
+class Result:
+    case: str
+    side: str
+    config: str
+    step_ms: float | None = None
+    fwd_ms: float | None = None
+    peak_mib: float | None = None
+    tanh_fraction: float | None = None
+    max_rel_diff: float | None = None
+    note: str = ""
+    details: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------- the sides
+
+
+def _inputs(case: Case, device: str, B: int | None = None, n: int | None = None):
+    import attnlab
+
+    B = case.B if B is None else B
+    n = case.n if n is None else n
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, case.d, generator=g).to(device) for _ in range(3))
+    torch.manual_seed(0)
+    dim = "multi" if case.kind == "multi" else "single"
+    attn = attnlab.Attention("additive", "soft", dim, d_q=case.d, d_k=case.d, d_w=case.d)
+    with torch.no_grad():  # non-zero biases, so that every term is exercised
+        attn.score.b.normal_(0.0, 0.1)
+        if attn.score.b_d is not None:
+            attn.score.b_d.normal_(0.0, 0.1)
+    attn = attn.to(device)
+    return q, k, v, attn
+
+
+def _broadcast(kind: str) -> Callable[..., Tensor]:
+    """The textbook formula: ``[B, n, n, d_w]`` hidden activations."""
+
+    def additive(q, k, v, W1, W2, b, w, b_d):
+        e = torch.tanh(F.linear(q, W1, b)[:, :, None] + F.linear(k, W2)[:, None]) @ w
+        return torch.softmax(e, dim=-1) @ v
+
+    def multi(q, k, v, W1, W2, b, W_d, b_d):
+        e = torch.tanh(F.linear(q, W1, b)[:, :, None] + F.linear(k, W2)[:, None]) @ W_d + b_d
+        return (torch.softmax(e, dim=2) * v[:, None]).sum(2)
+
+    return additive if kind == "additive" else multi
+
+
+def _chunked(kind: str) -> Callable[..., Tensor]:
+    """The chunked kernels of ``attnlab.general.fused`` (the CUDA path before the Triton
+    kernels): additive scores ``[B, n, n]`` in memory, multi-dimensional fused."""
+    from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
+
+    def additive(q, k, v, W1, W2, b, w, b_d):
+        e = additive_score_lean(F.linear(q, W1, b), F.linear(k, W2), w, "tanh")
+        return torch.softmax(e, dim=-1) @ v
+
+    def multi(q, k, v, W1, W2, b, W_d, b_d):
+        return multi_dim_attend_lean(F.linear(q, W1, b), F.linear(k, W2), W_d, b_d, v)
+
+    return additive if kind == "additive" else multi
+
+
+def _side_fn(side: str, case: Case, q, k, v, attn) -> Callable[[], Tensor]:
+    s = attn.score
+    params = (s.W1.weight, s.W2.weight, s.b, s.w, s.b_d)
+    if side == "triton":
+        if q.device.type == "cuda":  # the automatic choice on CUDA
+            want = attn.explain(device=q.device)[0]
+            if want != "triton":
+                raise RuntimeError(f"attnlab.Attention takes path {want!r} here, not 'triton'")
+            return lambda: attn(q, k, v).context
+        # the CPU (interpreter) only runs the kernels when asked: same score module
+        import attnlab
+
+        forced = attnlab.Attention(attn.score, "soft", attn_dim(attn), path="triton")
+        return lambda: forced(q, k, v).context
+    if side == "chunked":
+        fn = _chunked(case.kind)
+    elif side == "broadcast":
+        fn = _broadcast(case.kind)
+    else:
+        fn = torch.compile(_broadcast(case.kind), dynamic=False)
+    return lambda: fn(q, k, v, *params)
+
+
+def attn_dim(attn) -> str:
+    return "multi" if attn.multi else "single"
+
+
+def _estimate_bytes(side: str, case: Case, B: int, n: int) -> int:
+    """A rough lower bound of a side's peak memory (what autograd keeps)."""
+    pairs = B * n * n
+    if side == "triton":
+        return 0
+    if side == "chunked":
+        return 3 * pairs * F32 if case.kind == "additive" else 0
+    hidden = pairs * case.d * F32  # one [B, n, n, d_w] (or [B, n, n, d_v]) tensor
+    return (4 if side == "broadcast" else 1) * hidden
+
+
+# ------------------------------------------------------------------- measurement
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(f: Callable[[], object], device: str, repeats: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        f()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            f()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            f()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _step_fn(fn: Callable[[], Tensor], leaves: list[Tensor], grad: Tensor) -> Callable[[], None]:
+    def step() -> None:
+        for x in leaves:
+            x.grad = None
+        fn().backward(grad)
+
+    return step
+
+
+def _peak_mib(step: Callable[[], None], device: str) -> float | None:
+    if device != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    _sync(device)
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _leaves(q, k, v, attn) -> list[Tensor]:
+    return [q, k, v, *attn.parameters()]
+
+
+def _agreement(side: str, case: Case, device: str, small_n: int) -> float:
+    """Max |side - broadcast| / max |broadcast| over the output and every gradient, on a
+    small version of the case. ``b_d``'s gradient is zero in exact arithmetic (it cancels
+    in the softmax): the kernels return exactly 0, the broadcast form rounding noise, so it
+    is left out."""
+    q, k, v, attn = _inputs(case, device, B=2, n=small_n)
+    names = ["q", "k", "v", *(n for n, _ in attn.named_parameters())]
+    leaves = _leaves(q, k, v, attn)
+    for x in leaves:
+        x.requires_grad_(True)
+    grad = torch.randn(2, small_n, case.d, generator=torch.Generator().manual_seed(1)).to(device)
+    results = []
+    for name in (side, "broadcast"):
+        out = _side_fn(name, case, q, k, v, attn)()
+        results.append([out, *torch.autograd.grad(out, leaves, grad)])
+    worst = 0.0
+    for name, a, b in zip(["out", *names], *results, strict=True):
+        if name.endswith("b_d"):
+            continue
+        scale = float(b.detach().abs().max()) or 1.0
+        worst = max(worst, float((a - b).detach().abs().max()) / scale)
+    return worst
+
+
+def run_case(case: Case, side: str, device: str, repeats: int, warmup: int, small_n: int) -> Result:
+    config = f"B={case.B} n={case.n} d=d_w=d_v={case.d}"
+    r = Result(case.name, side, config)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        need = _estimate_bytes(side, case, case.B, case.n)
+        if need > 0.9 * free:
+            r.note = f"skipped: needs >= {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
+            return r
+    try:
+        if side == "broadcast":
+            r.note = "the reference of the agreement checks"
+        else:
+            r.max_rel_diff = _agreement(side, case, device, small_n)
+        q, k, v, attn = _inputs(case, device)
+        leaves = _leaves(q, k, v, attn)
+        for x in leaves:
+            x.requires_grad_(True)
+        fn = _side_fn(side, case, q, k, v, attn)
+        grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        step = _step_fn(fn, leaves, grad)
+        step_times = _timed(step, device, repeats, warmup)
+        with torch.no_grad():
+            fwd_times = _timed(fn, device, repeats, warmup)
+        r.peak_mib = _peak_mib(step, device)
+    except torch.cuda.OutOfMemoryError as err:
+        torch.cuda.empty_cache()
+        r.note = f"out of memory: {str(err).splitlines()[0][:80]}"
+        return r
+    r.step_ms = statistics.median(step_times)
+    r.fwd_ms = statistics.median(fwd_times)
+    tanh = case.B * case.n * case.n * case.d
+    r.tanh_fraction = 2 * tanh / (r.step_ms * 1e-3) / TANH_PER_S
+    r.details = {
+        "step_ms": step_times,
+        "fwd_ms": fwd_times,
+        "fwd_tanh_fraction": tanh / (r.fwd_ms * 1e-3) / TANH_PER_S,
+    }
+    return r
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def format_table(results: list[Result]) -> str:
+    head = (
+        "| case | side | config | fwd+bwd ms | fwd ms | peak MiB | tanh limit (fwd+bwd) "
+        "| fwd tanh limit | max rel diff | note |"
+    )
+    lines = [head, "|" + " --- |" * 10]
+    for r in results:
+        fwd_frac = r.details.get("fwd_tanh_fraction")
+        lines.append(
+            f"| {r.case} | {r.side} | {r.config} | {_f(r.step_ms, '.2f')} | "
+            f"{_f(r.fwd_ms, '.2f')} | {_f(r.peak_mib, '.1f')} | {_f(r.tanh_fraction, '.3f')} | "
+            f"{_f(fwd_frac, '.3f')} | {_f(r.max_rel_diff, '.1e')} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def _device_line(device: str) -> str:
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}"
+    return f"CPU (Triton interpreter), torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", default=[], help=f"cases: {sorted(CASES)}")
+    ap.add_argument("--sides", default=",".join(SIDES), help="comma-separated sides")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile side")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes: checks the code only")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--json", default=None, help="also write the raw figures here")
+    args = ap.parse_args(argv)
+
+    from attnlab.general.flash_additive import TRITON_INSTALL, triton_available
+
+    if not triton_available():
+        print(f"triton is not installed ({TRITON_INSTALL}): nothing measured")
+        return 0
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: the GPU kernel benchmarks need one (nothing measured)")
+        return 0
+    if device == "cpu":
+        if not args.tiny:
+            ap.error("--device cpu runs Triton's interpreter: only with --tiny")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    table = TINY if args.tiny else CASES
+    names = [n for spec in args.only for n in spec.split(",")] or list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        ap.error(f"unknown case {unknown}; choose from {sorted(table)}")
+    sides = [s for s in args.sides.split(",") if s]
+    if args.no_compile or (args.tiny and device == "cpu"):  # inductor's CPU build is slow
+        sides = [s for s in sides if s != "compiled"]
+    bad = [s for s in sides if s not in SIDES]
+    if bad:
+        ap.error(f"unknown side {bad}; choose from {list(SIDES)}")
+    repeats = args.repeats or (1 if args.tiny else 10)
+    warmup = 0 if args.tiny else 2
+    small_n = 17 if args.tiny else 256
+
+    results = []
+    for name in names:
+        for side in sides:
+            print(f"[{name}] {side} ...", file=sys.stderr, flush=True)
+            results.append(run_case(table[name], side, device, repeats, warmup, small_n))
+    print(f"device: {_device_line(device)}; tanh limit {TANH_PER_S:.0e}/s")
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(
+                {"device": _device_line(device), "results": [asdict(r) for r in results]},
+                fh,
+                indent=1,
+            )
+    worst = max((r.max_rel_diff or 0.0) for r in results)
+    if worst > 1e-3:
+        print(f"agreement check failed: max rel diff {worst:.1e} > 1e-3", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
