@@ -41,7 +41,7 @@ from attnlab.general.scoring import (
     queryless_score,
     scaled_dot_score,
 )
-from attnlab.general.sdpa import sdpa_attend
+from attnlab.general.sdpa import _sdpa_attend, sdpa_attend
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.output import AttentionOutput
 from attnlab.registry import get
@@ -144,7 +144,7 @@ def attend(
     if name in ("dot", "scaled-dot", "cosine", "general", "biased-general") and n_k > 0:
         assert q3 is not None
         q2, k2, scale = _dot_form(name, q3, k, score_params)
-        context, weights = sdpa_attend(q2, k2, v, scale, mask3, 0.0, need_weights)
+        context, weights = _sdpa_attend(q2, k2, v, scale, mask3, 0.0, need_weights, clear=False)
         path = "sdpa"
     else:
         if name == "queryless":

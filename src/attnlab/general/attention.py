@@ -52,7 +52,7 @@ from attnlab.general.local import local_window_attend
 from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
-from attnlab.general.sdpa import sdpa_attend
+from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, get, register
 
@@ -504,7 +504,9 @@ class Attention(Configurable):
         if path == "sdpa":
             assert q3 is not None
             q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
-            context, weights = sdpa_attend(q2, k2, values, scale, mask3, p, need_weights)
+            context, weights = _sdpa_attend(  # inputs cleared above
+                q2, k2, values, scale, mask3, p, need_weights, clear=False
+            )
         elif path == "lean-multi":
             assert q3 is not None and isinstance(self.score, AdditiveScore)
             q1, k2 = self.score.lean_parts(q3, keys)  # float32 for half inputs

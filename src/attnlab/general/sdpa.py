@@ -57,13 +57,30 @@ def sdpa_attend(
     (no query attends them) and fully masked query rows never matter, whatever they hold.
     Cost: O(n_q n_k d) time; memory O(n_q d) on the flash / memory-efficient kernels.
     """
+    return _sdpa_attend(q, k, v, scale, mask, dropout_p, need_weights, clear=True)
+
+
+def _sdpa_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    mask: Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
+    *,
+    clear: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`sdpa_attend`; ``clear=False`` skips clearing the padding, for callers that
+    cleared their raw inputs already (before projections, whose gradients need it)."""
     row_ok = None
     if mask is not None and mask.dim() < 2:  # SDPA wants at least [n_q, n_k]
         mask = mask.reshape(1, -1)
     attn_mask = mask
     if mask is not None:
         row_ok = mask.any(-1, keepdim=True)
-        q, k, v = clear_heads(q, k, v, mask)
+        if clear:
+            q, k, v = clear_heads(q, k, v, mask)
         if not bool(row_ok.all()):
             attn_mask = mask | ~row_ok
         else:

@@ -24,7 +24,7 @@ from attnlab import masks as _masks
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.padding import clear_attention_inputs
-from attnlab.general.sdpa import sdpa_attend
+from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import check_call
 from attnlab.registry import Configurable, register
@@ -227,7 +227,8 @@ class MultiHeadAttention(Configurable):
                 q2 = torch.stack([f[0] for f in forms], 1)
                 k2 = torch.stack([f[1] for f in forms], 1)
                 scale = forms[0][2]
-            context, weights = sdpa_attend(q2, k2, v, scale, hmask, p, need_weights)
+            # the raw inputs were cleared above: no second pass over the padding
+            context, weights = _sdpa_attend(q2, k2, v, scale, hmask, p, need_weights, clear=False)
             path = "sdpa"
         else:
             outs = []
