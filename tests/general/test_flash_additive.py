@@ -511,3 +511,20 @@ def test_triton_imported_before_the_interpreter_switch_is_one_clear_line():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "ERROR: triton was imported before TRITON_INTERPRET=1 was set" in run.stdout
+
+
+def test_attnlab_and_its_registry_do_not_import_triton():
+    """Importing triton fixes its interpreter switch for the process (and takes a while):
+    only the first kernel call may do it -- not ``import attnlab``, not the registry, which
+    imports every module of attnlab.general."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnlab; from attnlab import registry; registry.entries(); "
+        "attnlab.Attention('additive', d_q=2, d_k=2).explain(device='cuda'); "
+        "print('triton' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

@@ -159,7 +159,7 @@ def _kernels(device: torch.device) -> ModuleType:
     if reason is not None:
         raise RuntimeError(reason)
     if _KERNELS is None:
-        from attnlab.general import _flash_kernels
+        from attnlab import _flash_kernels
 
         _KERNELS = _flash_kernels
     if device.type == "cpu" and not _KERNELS.INTERPRETED:

@@ -1,5 +1,10 @@
 """Triton kernels behind :mod:`attnlab.general.flash_additive` (import that module instead).
 
+This module lives outside ``attnlab.general`` on purpose: the registry imports every
+module of that package to find the mechanisms, and this one imports triton (slow, and it
+fixes Triton's interpreter switch for the whole process), which should happen on the first
+kernel call only.
+
 This module imports :mod:`triton` at import time and decorates its kernels then, so
 Triton's interpreter switch ``TRITON_INTERPRET=1`` must be set before it is first imported
 (:mod:`attnlab.general.flash_additive` imports it lazily, on the first kernel call, and
