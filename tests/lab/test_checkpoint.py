@@ -116,15 +116,146 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     save_state(_model(0), target)
     before = target.read_bytes()
 
-    def broken(model, filename, metadata=None):
+    def broken(tensors, filename, metadata=None):
         with open(filename, "wb") as f:
             f.write(b"half a file")
         raise OSError("disk full")
 
     import safetensors.torch
 
-    monkeypatch.setattr(safetensors.torch, "save_model", broken)
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save_state(_model(1), target)
     assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+# ------------------------------------------------------------------ storage layouts
+
+
+def flatten_like_cudnn(rnn: nn.RNNBase) -> torch.Tensor:
+    """Make every weight of ``rnn`` a view of one flat buffer, as cuDNN's
+    ``flatten_parameters`` does on CUDA (no view covers the whole buffer); returns it."""
+    names = list(rnn._flat_weights_names)
+    weights = [getattr(rnn, n) for n in names]
+    flat = torch.cat([w.detach().reshape(-1) for w in weights])
+    offset = 0
+    for name, w in zip(names, weights, strict=True):
+        setattr(rnn, name, nn.Parameter(flat[offset : offset + w.numel()].view_as(w)))
+        offset += w.numel()
+    return flat
+
+
+def _bilstm(seed: int) -> SentenceClassifier:
+    torch.manual_seed(seed)
+    return SentenceClassifier(20, 3, embed_dim=6, hidden_size=5, encoder="bilstm").eval()
+
+
+def _lstm_of(model: nn.Module) -> nn.RNNBase:
+    return next(m for m in model.modules() if isinstance(m, nn.RNNBase))
+
+
+def test_the_flattened_layout_is_what_save_model_refuses(tmp_path):
+    """The case of the CUDA crash (issue 14), reproduced on the CPU: safetensors'
+    save_model finds no name covering the shared buffer."""
+    from safetensors.torch import save_model
+
+    model = _bilstm(0)
+    flat = flatten_like_cudnn(_lstm_of(model))
+    ptrs = {p.untyped_storage().data_ptr() for p in _lstm_of(model).parameters()}
+    assert ptrs == {flat.untyped_storage().data_ptr()}
+    with pytest.raises(RuntimeError, match="None is covering the entire storage"):
+        save_model(model, str(tmp_path / "m.safetensors"))
+
+
+def test_flattened_rnn_weights_save_and_load(tmp_path):
+    a, b = _bilstm(0), _bilstm(1)
+    flatten_like_cudnn(_lstm_of(a))
+    tokens, lengths = _batch()
+    expected = a(tokens, lengths).logits
+    save_state(a, tmp_path / "m.safetensors")
+    assert load_state(b, tmp_path / "m.safetensors") == ([], [])
+    assert torch.equal(b(tokens, lengths).logits, expected)
+    # into a model whose own weights are flattened: they stay views of its one buffer
+    c = _bilstm(2)
+    flat = flatten_like_cudnn(_lstm_of(c))
+    load_state(c, tmp_path / "m.safetensors")
+    assert torch.equal(c(tokens, lengths).logits, expected)
+    assert {p.untyped_storage().data_ptr() for p in _lstm_of(c).parameters()} == {
+        flat.untyped_storage().data_ptr()
+    }
+    assert torch.equal(
+        flat[: _lstm_of(a).weight_ih_l0.numel()],
+        a.state_dict()[next(k for k in a.state_dict() if k.endswith("weight_ih_l0"))].reshape(-1),
+    )
+
+
+def test_views_of_one_buffer_and_tied_weights_together(tmp_path):
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            flat = torch.randn(4 * 7 + 7 + 3)
+            self.embed = nn.Embedding(7, 4)
+            self.embed.weight = nn.Parameter(flat[:28].view(7, 4))
+            self.out = nn.Linear(4, 7)
+            self.out.weight = self.embed.weight  # tied, and a view of the buffer
+            self.out.bias = nn.Parameter(flat[28:35])
+            self.gate = nn.Parameter(flat[35:].view(3, 1).t())  # offset, transposed
+
+    torch.manual_seed(0)
+    a = Mixed()
+    torch.manual_seed(1)
+    b = Mixed()
+    path = save_state(a, tmp_path / "m.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        stored = set(f.keys())
+        meta = f.metadata()
+    assert stored == {"embed.weight", "out.bias", "gate"}  # the tied name stored once
+    assert meta["out.weight"] == "embed.weight"
+    load_state(b, path)
+    assert b.out.weight is b.embed.weight
+    for name, value in a.state_dict().items():
+        assert torch.equal(b.state_dict()[name], value), name
+
+
+def test_files_written_by_save_model_still_load(tmp_path):
+    """Runs written before this change (safetensors' save_model, tied names dropped)."""
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    a = Tied()
+    save_model(a, str(tmp_path / "old.safetensors"))
+    torch.manual_seed(1)
+    b = Tied()
+    assert load_state(b, tmp_path / "old.safetensors") == ([], [])
+    x = torch.tensor([[1, 2, 6]])
+    assert torch.equal(a(x), b(x))
+
+
+def test_load_onto_an_explicit_device_keeps_the_model_where_it_is(tmp_path):
+    a, b = _model(0), _model(1)
+    save_state(a, tmp_path / "m.safetensors")
+    load_state(b, tmp_path / "m.safetensors", device="cpu")
+    assert all(p.device.type == "cpu" for p in b.parameters())
+    tokens, lengths = _batch()
+    assert torch.equal(a(tokens, lengths).logits, b(tokens, lengths).logits)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_flattened_lstm_round_trip_and_map_location(tmp_path):
+    a = _bilstm(0).cuda()
+    _lstm_of(a).flatten_parameters()  # cuDNN's own flat buffer
+    tokens, lengths = _batch()
+    expected = a(tokens.cuda(), lengths.cuda()).logits.cpu()
+    save_state(a, tmp_path / "m.safetensors")
+    cpu_model = _bilstm(1)
+    load_state(cpu_model, tmp_path / "m.safetensors")  # saved on CUDA, loaded on the CPU
+    assert torch.allclose(cpu_model(tokens, lengths).logits, expected, atol=1e-5)
+    gpu_model = _bilstm(2).cuda()
+    load_state(gpu_model, tmp_path / "m.safetensors", device="cpu")  # read on CPU, copied
+    assert all(p.device.type == "cuda" for p in gpu_model.parameters())
+    got = gpu_model(tokens.cuda(), lengths.cuda()).logits.cpu()
+    assert torch.allclose(got, expected, atol=1e-5)

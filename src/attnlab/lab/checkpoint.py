@@ -1,14 +1,26 @@
-"""Model checkpoints in the safetensors format, written atomically.
+"""Model checkpoints in the safetensors format, written atomically, whatever the layout of
+the model's tensors.
 
 safetensors files hold only tensors (no pickled code), so loading one never runs code from
-the file. :func:`save_state` writes ``model.state_dict()`` with
-``safetensors.torch.save_model`` (which stores a tensor shared by several names once and
-copies non-contiguous ones), first to a temporary file in the same folder, then moves it
-into place with ``os.replace``: a crash mid-write never leaves a truncated checkpoint.
-:func:`load_state` loads it back into a model of the same layout; given the sha256 that
+the file. :func:`save_state` writes ``model.state_dict()`` with ``safetensors.torch.save_file``,
+first to a temporary file in the same folder, then moves it into place with ``os.replace``:
+a crash mid-write never leaves a truncated checkpoint.
+
+The layout of the tensors does not matter (:func:`portable_state`): names that are the
+same tensor (tied weights, e.g. an embedding shared with the output layer) are stored
+once, and the file's metadata maps each dropped name to the one kept; every other tensor
+is stored as its own contiguous CPU copy. That covers what ``safetensors.torch.save_model``
+refuses: parameters that are views of one shared buffer without any of them covering it
+(cuDNN's ``flatten_parameters`` packs an LSTM's or GRU's weights into one buffer on CUDA,
+so every recurrent model trained on a GPU has them), and transposed or offset views.
+
+:func:`load_state` loads a file back into a model of the same layout on any device (its
+``device`` argument, like ``torch.load``'s ``map_location``), filling tied names from the
+name stored (by the metadata, or because the model ties them). Given the sha256 that
 :func:`file_sha256` computed when the run was written (``run.json``'s
 ``checkpoint_sha256``), it refuses a file whose bytes changed since (a flipped byte in the
-tensor data would otherwise load silently).
+tensor data would otherwise load silently). Files written by ``save_model`` (older runs)
+load the same way.
 
 A missing, damaged or tampered file of a run raises :class:`RunFileError` (a
 :class:`~attnlab._checks.ConfigError`, so the command line prints it as one ``error:``
@@ -23,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnlab._checks import ConfigError
@@ -33,6 +46,7 @@ __all__ = [
     "check_checkpoint",
     "file_sha256",
     "load_state",
+    "portable_state",
     "save_state",
 ]
 
@@ -73,21 +87,88 @@ def check_checkpoint(path: str | Path, sha256: str | None = None) -> Path:
     return file
 
 
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor: the same storage, offset, shape and strides
+    (tied weights), as opposed to two views of one buffer (cuDNN's flattened weights)."""
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
+def _alias_groups(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """``{name: kept name}`` for every name of ``state`` that is the same tensor as an
+    earlier one (:func:`_same_tensor`); the first name of each group is kept."""
+    aliases: dict[str, str] = {}
+    kept: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            continue
+        key = (str(tensor.device), tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+        for other in kept.get(key, ()):
+            if _same_tensor(state[other], tensor):
+                aliases[name] = other
+                break
+        else:
+            kept.setdefault(key, []).append(name)
+    return aliases
+
+
+def portable_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(tensors, aliases)``: the state dict of ``model`` as safetensors can store it --
+    every tensor a contiguous CPU copy that owns its storage, names that are the same
+    tensor (tied weights) stored once -- and ``{dropped name: kept name}``."""
+    state = model.state_dict()
+    aliases = _alias_groups(state)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name in aliases:
+            continue
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")  # a new storage per tensor (views of one CUDA buffer included)
+        else:
+            t = t.clone(memory_format=torch.contiguous_format)  # owns its storage
+        tensors[name] = t.contiguous()
+    return tensors, aliases
+
+
 def save_state(model: nn.Module, path: str | Path, *, metadata: dict[str, str] | None = None):
-    """Write ``model``'s state dict to ``path`` (safetensors), atomically. Returns the path."""
-    from safetensors.torch import save_model
+    """Write ``model``'s state dict to ``path`` (safetensors), atomically, whatever its
+    storage layout (:func:`portable_state`); the metadata holds ``metadata`` and, for each
+    tied name stored once, ``{dropped name: kept name}``. Returns the path."""
+    from safetensors.torch import save_file
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    tensors, aliases = portable_state(model)
+    meta = dict(aliases)
+    meta.update(metadata or {})  # the caller's own entries win, as with save_model
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        save_model(model, tmp, metadata=metadata)
+        save_file(tensors, tmp, metadata=meta or None)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _read_file(file: Path, device: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a safetensors file on ``device`` and its metadata."""
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(file), framework="pt", device=str(device)) as f:
+        meta = dict(f.metadata() or {})
+        for name in f.keys():
+            tensors[name] = f.get_tensor(name)
+    return tensors, meta
 
 
 def load_state(
@@ -101,16 +182,16 @@ def load_state(
     """Load the safetensors checkpoint ``path`` into ``model`` in place.
 
     ``strict=True`` raises ``RuntimeError`` naming missing and unexpected keys; with
-    ``strict=False`` they are returned as ``(missing, unexpected)``. Tensors are placed on
-    ``device`` (default: the device of the model's first parameter or buffer, else CPU).
+    ``strict=False`` they are returned as ``(missing, unexpected)``. Tensors are read onto
+    ``device`` (default: the device of the model's first parameter or buffer, else CPU) and
+    copied into the model's own tensors, so the model keeps its device and layout (tied
+    weights stay tied, cuDNN's flattened buffer stays one buffer).
 
     ``sha256``: the checksum recorded when the file was written; a file whose bytes differ
     raises :class:`RunFileError` before anything is loaded (None: not checked). A missing
     file raises :class:`MissingRunFileError`; a file that is not a safetensors checkpoint
     (truncated, empty, random bytes) raises :class:`RunFileError`.
     """
-    from safetensors.torch import load_model
-
     file = check_checkpoint(path, sha256)
     if device is None:
         first = next(iter(model.parameters()), None)
@@ -118,13 +199,40 @@ def load_state(
             first = next(iter(model.buffers()), None)
         device = first.device if first is not None else "cpu"
     try:
-        missing, unexpected = load_model(model, str(file), strict=strict, device=str(device))
-    except RuntimeError:  # a checkpoint of another layout (strict key check): as documented
-        raise
+        tensors, meta = _read_file(file, device)
     except Exception as err:  # safetensors' own error: not a (complete) safetensors file
         reason = " ".join(str(err).split()) or type(err).__name__
         raise RunFileError(
             f"checkpoint {str(file)!r} is damaged or not a safetensors file ({reason}); "
             "train the run again"
         ) from None
-    return list(missing), list(unexpected)
+    own = model.state_dict()
+    model_aliases = _alias_groups(own)
+    for name in own:
+        if name in tensors:
+            continue
+        # a tied name stored once: the file's metadata (save_model and save_state write
+        # {dropped: kept}) or the model's own tying says which stored name holds it
+        for source in (meta.get(name), model_aliases.get(name)):
+            if isinstance(source, str) and source in tensors:
+                tensors[name] = tensors[source]
+                break
+        else:  # the model ties name to later names: one of them may be the stored one
+            for other, kept in model_aliases.items():
+                if kept == name and other in tensors:
+                    tensors[name] = tensors[other]
+                    break
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing, unexpected = list(missing), list(unexpected)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {type(model).__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(
+                f'"{k}"' for k in sorted(missing)
+            )
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+                f'"{k}"' for k in sorted(unexpected)
+            )
+        raise RuntimeError(error)
+    return missing, unexpected
