@@ -12,6 +12,7 @@ _TASK_MODULES = (
     "pointer",
     "multilabel",
     "meta_embedding",
+    "captioning",
 )
 
 for _name in _TASK_MODULES:

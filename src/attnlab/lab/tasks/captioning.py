@@ -1,0 +1,405 @@
+"""Task ``captioning``: image captioning with soft and hard visual attention ("Show, Attend
+and Tell", Xu et al. 2015) on generated scenes with known object masks.
+
+Data (:mod:`attnlab.data.scenes`, generated from ``data_seed``; nothing to install):
+scenes of 2 (or ``min_objects..max_objects``) coloured shapes, captioned left to right,
+``"red circle and blue square"``. Every colour and shape word describes one object whose
+pixel mask is known, so besides the caption metrics the task measures where the attention
+of each object word falls.
+
+Model: :class:`attnlab.models.captioner.ShowAttendTell` (a CNN's ``g x g`` grid of
+annotation vectors with position embeddings, an LSTM decoder attending over them at every
+word). Loss: cross-entropy of the caption (teacher forcing) plus, for hard attention
+trained with REINFORCE, ``reinforce_weight`` times the score-function term with reward
+``-`` (the caption's cross-entropy) and the batch mean as baseline.
+
+Attention presets: ``soft`` (default; additive score, soft alignment: Xu et al.'s
+deterministic soft attention), ``hard`` (additive score, one cell sampled per word,
+REINFORCE: their stochastic hard attention), ``hard-gumbel`` (the same, straight-through
+Gumbel-softmax), ``dot`` (scaled dot product), ``location`` (location-aware score,
+Chorowski et al. 2015), and the baselines ``mean`` (the mean of the annotation vectors at
+every word: no attention) and ``uniform``.
+
+Metrics: ``bleu`` (selection; corpus BLEU-4 of the greedy captions, sacrebleu),
+``meteor`` (NLTK, WordNet synonyms when ``wordnet-base`` is installed, else the exact and
+stem stages; NaN without NLTK), ``caption_accuracy`` (captions generated exactly), ``iou``
+(the mean over the test words that name an object of the IoU between the attention that
+produced the word -- gold prefix, teacher forcing -- thresholded at half its maximum, and
+the object's mask; :mod:`attnlab.evaluation.iou`); ``iou_uniform`` is the same for uniform
+attention (the object's area fraction): the floor.
+
+Scales (option ``scale``): ``small`` (default; 32x32 images, 4x4 grid, 2 objects of 4
+colours, 4,000 training scenes: minutes on a CPU) and ``paper`` (64x64 images, an 8x8 grid
+of 64 annotation vectors, 2-4 objects of 6 colours, 50,000 training scenes, a 256-unit
+LSTM); options given explicitly override the scale's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.data.scenes import COLORS, JOIN, SHAPES, make_scenes
+from attnlab.data.vocab import Vocab
+from attnlab.evaluation.iou import attention_iou
+from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.models.captioner import ShowAttendTell
+
+__all__ = ["SCALES", "CaptionData", "CaptioningTask", "caption_meteor"]
+
+IGNORE = -1
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+
+#: option values of the two scales; options given explicitly override them
+SCALES: dict[str, dict[str, Any]] = {
+    "small": {
+        "epochs": 8,
+        "image_size": 32,
+        "grid": 4,
+        "min_objects": 2,
+        "max_objects": 2,
+        "object_size": 8,
+        "colors": 4,
+        "shapes": 3,
+        "train_size": 4000,
+        "dev_size": 500,
+        "test_size": 500,
+        "embed_dim": 32,
+        "hidden_size": 64,
+        "channels": [16],
+    },
+    "paper": {
+        "epochs": 20,
+        "image_size": 64,
+        "grid": 8,
+        "min_objects": 2,
+        "max_objects": 4,
+        "object_size": 10,
+        "colors": 6,
+        "shapes": 3,
+        "train_size": 50000,
+        "dev_size": 2000,
+        "test_size": 2000,
+        "embed_dim": 128,
+        "hidden_size": 256,
+        "channels": [32, 64],
+    },
+}
+
+
+@dataclass(frozen=True)
+class CaptionData:
+    """One split: ``images`` ``[N, S, S, 3]`` uint8, ``tokens_in`` ``[N, T]`` (BOS + the
+    caption, 0-padded), ``targets`` ``[N, T]`` (the caption + EOS, ``-1``-padded),
+    ``masks`` ``[N, K, S, S]`` bool object masks, ``word_objects`` ``[N, T]`` (the object
+    each target word names, ``-1`` otherwise), ``captions`` the caption words."""
+
+    images: Tensor
+    tokens_in: Tensor
+    targets: Tensor
+    masks: Tensor
+    word_objects: Tensor
+    captions: tuple[tuple[str, ...], ...]
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+
+def caption_meteor(hypotheses: list[list[str]], references: list[list[str]]) -> float:
+    """Mean METEOR of the captions (one reference each): with WordNet synonyms when
+    ``wordnet-base`` is installed, else the exact and stem stages; NaN (with a warning)
+    without NLTK."""
+    from attnlab.data._common import MissingDataError
+    from attnlab.evaluation._optional import MissingDependencyError
+    from attnlab.evaluation.meteor import corpus_meteor, wordnet_dir
+
+    try:
+        try:
+            wordnet_dir()
+            synonyms = True
+        except MissingDataError:
+            synonyms = False
+        return corpus_meteor([[r] for r in references], hypotheses, synonyms=synonyms)
+    except MissingDependencyError as err:
+        warnings.warn(f"METEOR is NaN: {err}", RuntimeWarning, stacklevel=2)
+        return float("nan")
+
+
+def _int_option(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"option {name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+@register_task(
+    "captioning",
+    formula="a = CNN(image) [g x g cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; "
+    "h_t = LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))",
+    source="Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual "
+    "Attention (ICML), on generated scenes of coloured shapes (attnlab.data.scenes)",
+    cost="CNN once per image + per word LSTM O(d (d_e + d)) + attention O(R d d_w)",
+)
+class CaptioningTask(Task):
+    """Captioning generated scenes with :class:`~attnlab.models.captioner.ShowAttendTell`.
+
+    Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
+        scale: ``"small"`` or ``"paper"`` (sets the options below that are not given).
+        image_size, grid, min_objects, max_objects, object_size, colors, shapes: the scenes
+            and the attention grid (see :func:`attnlab.data.scenes.make_scenes`).
+        train_size, dev_size, test_size: generated scenes per split.
+        data_seed: train, dev and test use ``data_seed``, ``+ 1``, ``+ 2``.
+        embed_dim, hidden_size, channels, dropout: the model.
+        reinforce_weight: weight of the REINFORCE term of hard attention.
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("bleu", "meteor", "caption_accuracy", "iou")
+    higher_is_better: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, Any]] = {
+        **SCALES["small"],
+        "batch_size": 32,
+        "lr": 2e-3,
+        "weight_decay": 0.0,
+        "grad_clip": 5.0,
+        "scale": "small",
+        "data_seed": 0,
+        "dropout": 0.0,
+        "reinforce_weight": 1.0,
+    }
+    default_attention: ClassVar[dict[str, Any]] = {"score": "additive"}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "soft": {"score": "additive"},
+        "hard": {"score": "additive", "align": "hard"},
+        "hard-gumbel": {"score": "additive", "align": "hard", "estimator": "gumbel"},
+        "dot": {"score": "scaled-dot"},
+        "location": {"score": "location-aware"},
+    }
+    data_source: ClassVar[str] = "generated scenes of coloured shapes with masks (no package)"
+
+    def __init__(self, **options: Any) -> None:
+        scale = options.get("scale", "small")
+        if scale not in SCALES:
+            raise ConfigError(f"option scale must be one of {sorted(SCALES)}, got {scale!r}")
+        given = dict(options)
+        super().__init__(**{**SCALES[scale], **given})
+        o = self.options
+        for name in (
+            "image_size",
+            "grid",
+            "object_size",
+            "colors",
+            "shapes",
+            "embed_dim",
+            "hidden_size",
+        ):
+            _int_option(name, o[name], 1)
+        for name in ("train_size", "dev_size", "test_size"):
+            _int_option(name, o[name], 1)
+        lo = _int_option("min_objects", o["min_objects"], 1)
+        hi = _int_option("max_objects", o["max_objects"], 1)
+        if hi < lo:
+            raise ConfigError(f"option max_objects={hi} must be >= min_objects={lo}")
+        if not 2 <= o["colors"] <= len(COLORS):
+            raise ConfigError(f"option colors must be in [2, {len(COLORS)}], got {o['colors']}")
+
+    # ------------------------------------------------------------------ data
+
+    def load_data(self) -> TaskData:
+        o = self.options
+        vocab = Vocab([*COLORS, *SHAPES, JOIN], specials=SPECIALS, unk=None, pad="<pad>")
+        seed = int(o["data_seed"])
+
+        def make(count: int, offset: int) -> CaptionData:
+            try:
+                scenes = make_scenes(
+                    count,
+                    seed + offset,
+                    size=int(o["image_size"]),
+                    min_objects=int(o["min_objects"]),
+                    max_objects=int(o["max_objects"]),
+                    object_size=int(o["object_size"]),
+                    colors=int(o["colors"]),
+                    shapes=int(o["shapes"]),
+                )
+            except ValueError as err:
+                raise ConfigError(f"the scene options do not work together: {err}") from None
+            T = 3 * int(o["max_objects"])  # k colour-shape pairs, k - 1 "and", EOS
+            tokens_in = torch.zeros(count, T, dtype=torch.long)
+            targets = torch.full((count, T), IGNORE, dtype=torch.long)
+            objects = torch.full((count, T), IGNORE, dtype=torch.long)
+            bos, eos = vocab.index("<bos>"), vocab.index("<eos>")
+            for i, (words, objs) in enumerate(
+                zip(scenes.captions, scenes.word_objects, strict=True)
+            ):
+                ids = vocab.encode(words)
+                n = len(ids)
+                tokens_in[i, : n + 1] = torch.tensor([bos, *ids])
+                targets[i, : n + 1] = torch.tensor([*ids, eos])
+                objects[i, :n] = torch.tensor(objs)
+            return CaptionData(
+                images=torch.from_numpy(scenes.images),
+                tokens_in=tokens_in,
+                targets=targets,
+                masks=torch.from_numpy(scenes.masks),
+                word_objects=objects,
+                captions=scenes.captions,
+            )
+
+        info = {"vocab": vocab, "max_len": 3 * int(o["max_objects"]) - 1}
+        return TaskData(
+            make(int(o["train_size"]), 0),
+            make(int(o["dev_size"]), 1),
+            make(int(o["test_size"]), 2),
+            info,
+        )
+
+    def batches(
+        self,
+        data: TaskData,
+        split: str,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[dict[str, Tensor]]:
+        part: CaptionData = data.split(split)
+        N = len(part)
+        order = torch.randperm(N, generator=generator) if shuffle else torch.arange(N)
+        for start in range(0, N, batch_size):
+            idx = order[start : start + batch_size]
+            width = int((part.targets[idx] != IGNORE).sum(1).max())
+            yield {
+                "images": part.images[idx],
+                "tokens_in": part.tokens_in[idx, :width],
+                "targets": part.targets[idx, :width],
+                "index": idx,
+            }
+
+    # ------------------------------------------------------------------ model
+
+    def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        o = self.options
+        vocab: Vocab = data.info["vocab"]
+        return ShowAttendTell(
+            len(vocab),
+            image_size=int(o["image_size"]),
+            grid=int(o["grid"]),
+            channels=tuple(int(c) for c in o["channels"]),
+            embed_dim=int(o["embed_dim"]),
+            hidden_size=int(o["hidden_size"]),
+            attention=self.model_attention(attention),
+            dropout=float(o["dropout"]),
+            pad_idx=vocab.index("<pad>"),
+            bos_idx=vocab.index("<bos>"),
+            eos_idx=vocab.index("<eos>"),
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        out = model(batch["images"], batch["tokens_in"])
+        targets = batch["targets"]
+        valid = targets != IGNORE
+        ce = F.cross_entropy(
+            out.logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none"
+        )
+        per_caption = (ce * valid).sum(1)
+        loss = per_caption.sum() / valid.sum().clamp(min=1)
+        if out.log_prob is not None:
+            reward = -per_caption.detach()
+            log_prob = (out.log_prob * valid).sum(1)
+            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
+                log_prob, reward, reward.mean()
+            )
+        return loss
+
+    def captions(self, model: nn.Module, data: TaskData, split: str) -> list[list[str]]:
+        """The greedy captions of one split, as words."""
+        part: CaptionData = data.split(split)
+        vocab: Vocab = data.info["vocab"]
+        device = next(model.parameters()).device
+        out: list[list[str]] = []
+        for start in range(0, len(part), 256):
+            images = part.images[start : start + 256].to(device)
+            dec = model.greedy(images, max_len=data.info["max_len"] + 1)
+            out += [vocab.decode(t) for t in dec.tokens]
+        return out
+
+    def word_ious(self, model: nn.Module, data: TaskData, split: str) -> tuple[float, float]:
+        """Mean IoU of the object words' attention (teacher forcing on the gold captions)
+        and of uniform attention (see the module docstring)."""
+        part: CaptionData = data.split(split)
+        device = next(model.parameters()).device
+        g = int(self.options["grid"])
+        model_iou, floor = [], []
+        uniform = np.full(g * g, 1.0 / (g * g))
+        for batch in self.batches(data, split, 256):
+            out = model(batch["images"].to(device), batch["tokens_in"].to(device))
+            weights = out.weights.float().cpu().numpy()
+            for row, i in enumerate(batch["index"].tolist()):
+                for t, obj in enumerate(part.word_objects[i].tolist()):
+                    if obj < 0:
+                        continue
+                    mask = part.masks[i, obj].numpy()
+                    model_iou.append(attention_iou(weights[row, t], mask, (g, g)))
+                    floor.append(attention_iou(uniform, mask, (g, g)))
+        if not model_iou:
+            return float("nan"), float("nan")
+        return float(np.nanmean(model_iou)), float(np.nanmean(floor))
+
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        from attnlab.lab.tasks.translation import corpus_bleu
+
+        part: CaptionData = data.split(split)
+        hyps = self.captions(model, data, split)
+        refs = [list(c) for c in part.captions]
+        iou, iou_uniform = self.word_ious(model, data, split)
+        exact = [h == r for h, r in zip(hyps, refs, strict=True)]
+        return {
+            "bleu": corpus_bleu(hyps, refs),
+            "meteor": caption_meteor(hyps, refs),
+            "caption_accuracy": float(np.mean(exact)) if exact else float("nan"),
+            "iou": iou,
+            "iou_uniform": iou_uniform,
+        }
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        """The greedy captions of the first ``n`` test scenes: one overlay per colour or
+        shape word (the attention that produced it) on the image."""
+        part: CaptionData = data.test
+        k = min(n, len(part))
+        if k <= 0:
+            return []
+        vocab: Vocab = data.info["vocab"]
+        device = next(model.parameters()).device
+        g = int(self.options["grid"])
+        dec = model.greedy(part.images[:k].to(device), max_len=data.info["max_len"] + 1)
+        examples = []
+        for b in range(k):
+            words = vocab.decode(dec.tokens[b])
+            keep = [t for t, w in enumerate(words) if w != JOIN]
+            att = dec.attention[b].float().cpu()
+            examples.append(
+                AttentionExample(
+                    title=f"test #{b}",
+                    rows=[words[t] for t in keep],
+                    cols=[f"({r},{c})" for r in range(g) for c in range(g)],
+                    weights=[att[t].tolist() for t in keep],
+                    label=" ".join(part.captions[b]),
+                    prediction=" ".join(words),
+                    kind="image",
+                    grid=(g, g),
+                    image=(part.images[b].float() / 255.0).numpy().round(4).tolist(),
+                )
+            )
+        return examples

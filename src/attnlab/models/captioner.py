@@ -1,0 +1,316 @@
+"""Image captioning with visual attention: "Show, Attend and Tell" (Xu et al. 2015), with
+the attention swappable.
+
+A small CNN turns the image into a ``g x g`` grid of annotation vectors ``a_1..a_R``
+(``R = g^2``, row-major cells, each ``d`` features, plus a learned embedding of the cell's
+position); an LSTM decoder generates the caption one word at a time::
+
+    h_0 = tanh(W_h mean_l a_l),  c_0 = tanh(W_c mean_l a_l)
+    e_{t,l} = score(h_{t-1}, a_l);  alpha_t = align(e_t);  z_t = sum_l alpha_{t,l} a_l
+    h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t-1}, c_{t-1}))
+    p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))
+
+Soft attention is ``align="soft"``; Xu et al.'s hard attention is ``align="hard"`` (one
+cell sampled from ``softmax(e_t)``, trained with REINFORCE -- the ``log_prob`` of the
+samples is returned for the task's loss -- or the straight-through Gumbel-softmax,
+``estimator="gumbel"``). Any registered score works (Xu et al. use the additive one);
+with ``score="location-aware"`` the previous step's weights are passed along. Baselines:
+``"mean"`` (``z_t`` = the mean of the annotation vectors, no attention parameters) and
+``"uniform"`` (the attention module kept, its weights replaced by ``1/R``).
+
+Source: K. Xu, J. Ba, R. Kiros, K. Cho, A. Courville, R. Salakhutdinov, R. Zemel and Y.
+Bengio, "Show, Attend and Tell: Neural Image Caption Generation with Visual Attention",
+ICML 2015.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab._checks import ConfigError
+from attnlab.general.attention import Attention
+from attnlab.general.dimensionality import combine_single
+from attnlab.registry import Configurable, register
+
+__all__ = ["Caption", "CaptionerOutput", "ShowAttendTell", "grid_cnn", "image_tensor"]
+
+
+@dataclass
+class CaptionerOutput:
+    """Teacher-forced result: ``logits`` ``[B, T, V]``, attention ``weights`` ``[B, T, R]``
+    (one row per generated word: the attention that produced it), and for stochastic
+    alignments the ``log_prob`` ``[B, T]`` of each step's sampled cell (else None)."""
+
+    logits: Tensor
+    weights: Tensor
+    log_prob: Tensor | None = None
+
+
+@dataclass
+class Caption:
+    """Greedy captions: ``tokens`` per image (ids, without BOS/EOS) and ``attention`` per
+    image (``[len(tokens), R]``, the weights that produced each word)."""
+
+    tokens: list[list[int]]
+    attention: list[Tensor]
+
+
+def grid_cnn(image_size: int, grid: int, channels: Sequence[int], out_dim: int) -> nn.Sequential:
+    """A CNN from ``[B, 3, S, S]`` images to ``[B, out_dim, g, g]`` feature maps: one 3x3
+    conv + ReLU + 2x2 max-pool block per halving of ``S / g`` (a power of 2); the blocks
+    have the widths ``channels`` (the last entry repeated) and the last one ``out_dim``."""
+    ratio = image_size // grid if grid > 0 else 0
+    if grid < 1 or image_size % grid or ratio < 2 or ratio & (ratio - 1):
+        raise ConfigError(
+            f"image_size / grid must be a power of 2 >= 2, got image_size={image_size}, grid={grid}"
+        )
+    widths = [int(c) for c in channels]
+    if not widths or min(widths) < 1:
+        raise ConfigError(f"channels must hold positive widths, got {list(channels)}")
+    stages = int(math.log2(ratio))
+    sizes = [3] + [widths[min(i, len(widths) - 1)] for i in range(stages - 1)] + [out_dim]
+    blocks: list[nn.Module] = []
+    for c_in, c_out in itertools.pairwise(sizes):
+        blocks += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+    return nn.Sequential(*blocks)
+
+
+def image_tensor(images: Tensor, size: int, dtype: torch.dtype) -> Tensor:
+    """``[B, S, S, 3]`` images (uint8 0..255 or float 0..1) as float ``[B, 3, S, S]`` in
+    [0, 1]; a wrong shape or dtype raises naming the expected one."""
+    if not isinstance(images, Tensor):
+        raise TypeError(f"images must be a torch.Tensor [B, S, S, 3], got {type(images).__name__}")
+    if images.dim() != 4 or tuple(images.shape[1:]) != (size, size, 3):
+        raise ValueError(
+            f"images has shape {tuple(images.shape)}, expected [B, S, S, 3] = "
+            f"[B, {size}, {size}, 3]"
+        )
+    if images.dtype == torch.uint8:
+        x = images.to(dtype) / 255.0
+    elif images.dtype.is_floating_point:
+        x = images.to(dtype)
+    else:
+        raise TypeError(f"images has dtype {images.dtype}, expected uint8 or float")
+    return x.permute(0, 3, 1, 2)
+
+
+@register(
+    "model",
+    "captioner",
+    formula="a = CNN(image) [R cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; "
+    "h_t = LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))",
+    source="Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with "
+    "Visual Attention",
+    cost="CNN O(B S^2 9 sum c_in c_out) + per word O(B d (d_e + d)) + attention O(B R d_w d)",
+    aliases=("show-attend-tell", "image-captioner"),
+)
+class ShowAttendTell(Configurable):
+    """Show, Attend and Tell captioner (see the module docstring).
+
+    Args:
+        vocab_size: the number of word ids (``pad_idx``, ``bos_idx``, ``eos_idx`` among them).
+        image_size: images are ``image_size x image_size x 3`` (default 32).
+        grid: ``g``; ``image_size / g`` must be a power of 2 (default 4).
+        channels: the CNN's widths before the last block (default ``(16,)``).
+        embed_dim: word embedding size ``d_e``. hidden_size: ``d``, the LSTM size and the
+            annotation vectors' size.
+        attention: ``None`` (additive score, soft alignment), a score name, a dict
+            ``{"score": ..., "align": ..., **options}`` for :class:`attnlab.Attention`
+            (``"uniform": True`` gives that attention's uniform baseline), ``"mean"`` or
+            ``"uniform"``.
+        region_positions: add a learned embedding of each cell's position to its vector.
+        dropout: on the output layer's input (training only).
+        pad_idx, bos_idx, eos_idx: the special word ids.
+
+    Shapes: ``forward(images [B, S, S, 3], tokens_in [B, T])`` -> :class:`CaptionerOutput`
+    (``tokens_in`` starts with BOS: the gold caption shifted right). ``greedy`` returns a
+    :class:`Caption`.
+
+    Cost: the CNN, then per word O(B d (d_e + d)) for the LSTM and O(B R d d_w) for the
+    additive score (O(B R d) for a dot score).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        image_size: int = 32,
+        grid: int = 4,
+        channels: Sequence[int] = (16,),
+        embed_dim: int = 32,
+        hidden_size: int = 64,
+        attention: str | dict[str, Any] | None = None,
+        region_positions: bool = True,
+        dropout: float = 0.0,
+        pad_idx: int = 0,
+        bos_idx: int = 1,
+        eos_idx: int = 2,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("embed_dim", embed_dim),
+            ("hidden_size", hidden_size),
+            ("image_size", image_size),
+            ("grid", grid),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        for name, idx in (("pad_idx", pad_idx), ("bos_idx", bos_idx), ("eos_idx", eos_idx)):
+            if not 0 <= idx < vocab_size:
+                raise ConfigError(f"{name}={idx} is outside [0, vocab_size) = [0, {vocab_size})")
+        self.vocab_size, self.image_size, self.grid = vocab_size, image_size, grid
+        self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx
+        d = self.d = hidden_size
+        self.num_regions = grid * grid
+        self.cnn = grid_cnn(image_size, grid, channels, d)
+        if region_positions:
+            self.positions = nn.Parameter(torch.randn(self.num_regions, d) * 0.1)
+        else:
+            self.register_parameter("positions", None)
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_idx)
+        self.init_h = nn.Linear(d, d)
+        self.init_c = nn.Linear(d, d)
+        self.cell = nn.LSTMCell(embed_dim + d, d)
+        self.pre_output = nn.Linear(2 * d + embed_dim, d)
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Linear(d, vocab_size)
+
+        self.uniform = False
+        self.attention: Attention | None
+        if attention is None:
+            spec: dict[str, Any] = {}
+        elif isinstance(attention, str):
+            named = {"mean": {"mean": True}, "uniform": {"uniform": True}}
+            spec = named.get(attention, {"score": attention})
+        elif isinstance(attention, dict):
+            spec = dict(attention)
+        else:
+            raise ConfigError(
+                f"attention must be None, a score name, a dict spec, 'mean' or 'uniform', got "
+                f"{type(attention).__name__}"
+            )
+        if spec.pop("name", None) is not None:
+            raise ConfigError(
+                "the model's attention dict takes score=/align=, not name= (presets are the "
+                "task's business)"
+            )
+        if spec.pop("mean", False):
+            self.attention = None
+        else:
+            self.uniform = bool(spec.pop("uniform", False))
+            score = spec.pop("score", "additive")
+            align = spec.pop("align", "soft")
+            self.attention = Attention(score, align, d_q=d, d_k=d, **spec)
+        self.location = self.attention is not None and bool(
+            getattr(self.attention.score, "uses_prev_weights", False)
+        )
+
+    # ------------------------------------------------------------------ parts
+
+    def encode(self, images: Tensor) -> Tensor:
+        """Annotation vectors ``[B, R, d]`` of ``[B, S, S, 3]`` images."""
+        x = image_tensor(images, self.image_size, self.output.weight.dtype)
+        fmap = self.cnn(x)  # [B, d, g, g]
+        regions = fmap.flatten(2).transpose(1, 2)
+        if self.positions is not None:
+            regions = regions + self.positions
+        return regions
+
+    def init_state(self, regions: Tensor) -> dict[str, Tensor]:
+        mean = regions.mean(1)
+        B, R = regions.shape[:2]
+        return {
+            "h": torch.tanh(self.init_h(mean)),
+            "c": torch.tanh(self.init_c(mean)),
+            "prev": regions.new_zeros(B, R),
+        }
+
+    def attend(self, state: dict[str, Tensor], regions: Tensor) -> tuple[Tensor, Tensor, Any]:
+        """Context ``[B, d]``, weights ``[B, R]`` and log_prob (``[B]`` or None) of a step."""
+        if self.attention is None or self.uniform:
+            B, R = regions.shape[:2]
+            w = regions.new_full((B, R), 1.0 / R)
+            values = regions
+            if self.attention is not None and self.attention.value_proj is not None:
+                values = self.attention.value_proj(values)
+            return combine_single(w[:, None, :], values).squeeze(1), w, None
+        extra = {"prev_weights": state["prev"]} if self.location else {}
+        out = self.attention(state["h"], regions, need_weights=True, **extra)
+        return out.context, out.weights, out.log_prob
+
+    def step(
+        self, y_prev: Tensor, state: dict[str, Tensor], regions: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor], Tensor, Any]:
+        """One word: ``y_prev`` ``[B]`` -> logits ``[B, V]``, the new state, the weights
+        ``[B, R]`` and the log_prob of a sampled cell (or None)."""
+        emb = self.embedding(y_prev)
+        z, weights, log_prob = self.attend(state, regions)
+        h, c = self.cell(torch.cat([emb, z], -1), (state["h"], state["c"]))
+        hidden = torch.tanh(self.pre_output(self.dropout(torch.cat([h, z, emb], -1))))
+        logits = self.output(self.dropout(hidden))
+        return logits, {"h": h, "c": c, "prev": weights}, weights, log_prob
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, images: Tensor, tokens_in: Tensor) -> CaptionerOutput:
+        """Teacher forcing over ``tokens_in`` ``[B, T]`` (BOS first)."""
+        if not isinstance(tokens_in, Tensor) or tokens_in.dim() != 2:
+            raise ValueError("tokens_in must be a [B, T] tensor of word ids (BOS first)")
+        regions = self.encode(images)
+        if tokens_in.shape[0] != regions.shape[0]:
+            raise ValueError(
+                f"tokens_in has {tokens_in.shape[0]} rows but there are {regions.shape[0]} images"
+            )
+        state = self.init_state(regions)
+        logits, weights, log_probs = [], [], []
+        for t in range(tokens_in.shape[1]):
+            lg, state, w, lp = self.step(tokens_in[:, t], state, regions)
+            logits.append(lg)
+            weights.append(w)
+            if lp is not None:
+                log_probs.append(lp)
+        B, R = regions.shape[:2]
+        if not logits:
+            empty = regions.new_zeros(B, 0, self.vocab_size)
+            return CaptionerOutput(empty, regions.new_zeros(B, 0, R))
+        log_prob = torch.stack(log_probs, 1) if log_probs else None
+        return CaptionerOutput(torch.stack(logits, 1), torch.stack(weights, 1), log_prob)
+
+    @torch.no_grad()
+    def greedy(self, images: Tensor, max_len: int = 20) -> Caption:
+        """The most probable word at every step until EOS or ``max_len`` words (PAD and BOS
+        are never generated)."""
+        regions = self.encode(images)
+        B = regions.shape[0]
+        state = self.init_state(regions)
+        y = torch.full((B,), self.bos_idx, dtype=torch.long, device=regions.device)
+        done = torch.zeros(B, dtype=torch.bool, device=regions.device)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        rows: list[list[Tensor]] = [[] for _ in range(B)]
+        for _ in range(max_len):
+            logits, state, w, _ = self.step(y, state, regions)
+            logits[:, [self.pad_idx, self.bos_idx]] = float("-inf")
+            y = logits.argmax(-1)
+            for b in range(B):
+                if done[b]:
+                    continue
+                if int(y[b]) == self.eos_idx:
+                    done[b] = True
+                else:
+                    tokens[b].append(int(y[b]))
+                    rows[b].append(w[b])
+            if bool(done.all()):
+                break
+        R = regions.shape[1]
+        attention = [torch.stack(r) if r else regions.new_zeros(0, R) for r in rows]
+        return Caption(tokens, attention)

@@ -1,0 +1,92 @@
+"""Show, Attend and Tell captioner: shapes, every attention kind, baselines, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.models.captioner import ShowAttendTell, grid_cnn
+
+
+def _model(**kw) -> ShowAttendTell:
+    torch.manual_seed(0)
+    return ShowAttendTell(9, image_size=16, grid=4, channels=(4,), embed_dim=5, hidden_size=6, **kw)
+
+
+def _images(B: int = 3) -> torch.Tensor:
+    return torch.randint(
+        0, 256, (B, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [
+        None,
+        "mean",
+        "uniform",
+        {"score": "scaled-dot"},
+        {"score": "location-aware"},
+        {"align": "hard"},
+        {"align": "hard", "estimator": "gumbel"},
+        {"align": "sparsemax"},
+    ],
+    ids=str,
+)
+def test_forward_shapes_and_weights(attention) -> None:
+    model = _model(attention=attention).train()
+    tokens = torch.tensor([[1, 3, 4, 5], [1, 6, 7, 0], [1, 3, 0, 0]])
+    out = model(_images(), tokens)
+    assert out.logits.shape == (3, 4, 9) and out.weights.shape == (3, 4, 16)
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(3, 4))
+    stochastic = isinstance(attention, dict) and attention.get("align") == "hard"
+    assert (out.log_prob is not None) == stochastic
+    if stochastic:
+        assert out.log_prob.shape == (3, 4)
+    if attention in ("mean", "uniform"):
+        assert torch.allclose(out.weights, torch.full_like(out.weights, 1 / 16))
+    out.logits.sum().backward()
+    assert model.output.weight.grad is not None
+
+
+def test_greedy_matches_teacher_forcing_on_its_own_output() -> None:
+    model = _model().eval()
+    images = _images()
+    dec = model.greedy(images, max_len=5)
+    for b, toks in enumerate(dec.tokens):
+        assert all(t not in (0, 1) for t in toks)  # never PAD or BOS
+        if not toks:
+            continue
+        out = model(images[b : b + 1], torch.tensor([[1, *toks[:-1]]]))
+        assert out.logits[0].argmax(-1).tolist() == toks
+        torch.testing.assert_close(out.weights[0], dec.attention[b])
+
+
+def test_location_aware_feeds_back_the_previous_weights() -> None:
+    model = _model(attention={"score": "location-aware"})
+    assert model.location
+    images, tokens = _images(2), torch.tensor([[1, 3, 4], [1, 5, 6]])
+    out = model(images, tokens)
+    # the first step sees no previous weights; changing the location filters changes later
+    # steps only
+    with torch.no_grad():
+        model.attention.score.conv.weight.add_(1.0)
+    again = model(images, tokens)
+    torch.testing.assert_close(again.weights[:, 0], out.weights[:, 0])
+    assert not torch.allclose(again.weights[:, 1:], out.weights[:, 1:])
+
+
+def test_grid_cnn_and_errors() -> None:
+    assert grid_cnn(32, 4, (8, 16), 10)(torch.zeros(1, 3, 32, 32)).shape == (1, 10, 4, 4)
+    with pytest.raises(ConfigError, match="power of 2"):
+        grid_cnn(24, 4, (8,), 10)
+    model = _model()
+    with pytest.raises(ValueError, match=r"expected \[B, S, S, 3\] = \[B, 16, 16, 3\]"):
+        model(torch.zeros(1, 8, 8, 3), torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="2 rows but there are 1 images"):
+        model(_images(1), torch.tensor([[1], [1]]))
+    with pytest.raises(ConfigError, match="name="):
+        _model(attention={"name": "soft"})
+    with pytest.raises(ConfigError, match="bos_idx"):
+        ShowAttendTell(3, bos_idx=5)
