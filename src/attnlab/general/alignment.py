@@ -446,9 +446,11 @@ class HardAlign(Alignment):
 
 
 def _positions_for(positions: Tensor | None, batch: int, n_q: int, like: Tensor) -> Tensor:
+    # float32 for half inputs: bf16 holds the integers exactly only up to 256
+    work = softmax_dtype(like.dtype)
     if positions is None:
-        return torch.arange(n_q, device=like.device, dtype=like.dtype).expand(batch, n_q)
-    positions = positions.to(device=like.device, dtype=like.dtype)
+        return torch.arange(n_q, device=like.device, dtype=work).expand(batch, n_q)
+    positions = positions.to(device=like.device, dtype=work)
     if positions.dim() == 1:
         positions = positions.expand(batch, -1)
     if positions.shape != (batch, n_q) and positions.shape != (1, n_q):
@@ -593,12 +595,16 @@ class LocalPAlign(_LocalAlign):
             raise ValueError(
                 f"query has shape {tuple(query.shape)}, expected [B, n_q, d_q] = [{batch}, {n_q}, d_q]"
             )
+        # the centre in float32 for half inputs (issue 12: in bf16, S = 299 rounds to 300
+        # and S * sigmoid(...) to a multiple of 2, moving the window and the Gaussian)
+        work = softmax_dtype(like.dtype)
         if mask is None:
-            S = like.new_full((batch, n_q), float(max(n_k - 1, 0)))
+            S = torch.full((batch, n_q), float(max(n_k - 1, 0)), dtype=work, device=like.device)
         else:
             allowed = torch.broadcast_to(mask, (batch, n_q, n_k)).sum(-1)
-            S = (allowed - 1).clamp(min=0).to(like.dtype)
-        return S * torch.sigmoid(torch.tanh(self.W_p(query)) @ self.w_p).to(like.dtype)
+            S = (allowed - 1).clamp(min=0).to(work)
+        proj = torch.tanh(F.linear(query.to(work), self.W_p.weight.to(work)))
+        return S * torch.sigmoid(proj @ self.w_p.to(work))
 
 
 @register(
