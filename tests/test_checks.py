@@ -325,3 +325,18 @@ def test_check_module_dtype_reports_the_device():
 
 def test_check_module_dtype_passes_a_matching_input():
     check_module_dtype(nn.Linear(2, 2).double(), torch.zeros(1, 2, dtype=torch.float64), "x")
+
+
+def test_check_same_allows_mixed_dtypes_only_under_autocast():
+    """Under autocast an encoder's bfloat16 output meets a float32 query (the lab's
+    --precision bf16); outside it a mixed pair is still refused."""
+    from attnlab._checks import check_same
+
+    k = torch.zeros(2, 3, dtype=torch.bfloat16)
+    q = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match=r"q has dtype torch\.float32 but k has dtype"):
+        check_same(k, "k", q=q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check_same(k, "k", q=q)
+    with pytest.raises(ValueError, match="is on meta"):
+        check_same(k, "k", q=torch.zeros(2, 3, dtype=torch.bfloat16, device="meta"))

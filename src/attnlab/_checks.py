@@ -47,11 +47,13 @@ def check_keys(k: Tensor, batch: int, name: str = "k", dim: int | None = None) -
 
 
 def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
-    """dtype and device agreement of several tensors."""
+    """dtype and device agreement of several tensors (the dtypes are not compared under
+    :func:`torch.autocast`, where reduced-precision activations meet float32 ones by
+    design)."""
     for name, t in others.items():
         if t is None:
             continue
-        if t.dtype != ref.dtype:
+        if t.dtype != ref.dtype and not torch.is_autocast_enabled(ref.device.type):
             raise TypeError(
                 f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; "
                 "cast them to one dtype"

@@ -353,7 +353,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--batch-size", type=int, help="mini-batch size")
 @click.option("--lr", type=float, help="learning rate (Adam)")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
+)
+@click.option(
+    "--precision",
+    default="fp32",
+    show_default=True,
+    help="fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler); kept in run.json",
+)
 @click.option(
     "-o",
     "--option",
@@ -391,6 +402,7 @@ def train_command(
     batch_size: int | None,
     lr: float | None,
     device: str,
+    precision: str,
     options: tuple[str, ...],
     config_file: str | None,
     out: str | None,
@@ -417,7 +429,12 @@ def train_command(
         parse_options,
     )
     from attnlab.lab.task import spec_slug
-    from attnlab.lab.training import resolve_device, resolve_task, train_run
+    from attnlab.lab.training import (
+        resolve_device,
+        resolve_precision,
+        resolve_task,
+        train_run,
+    )
 
     _import_plugins(plugins)
     try:
@@ -437,7 +454,7 @@ def train_command(
         the_task = resolve_task(task, opts)
         check_option_values(the_task, opts)
         check_attention(the_task, spec)  # before any data is loaded
-        resolve_device(device)
+        resolve_precision(precision, resolve_device(device))
     except ConfigError as error:
         _fail(str(error))
     base = Path(out) if out else Path("runs") / the_task.name
@@ -451,6 +468,7 @@ def train_command(
                 spec,
                 seed=seed,
                 device=device,
+                precision=precision,
                 out_dir=run_dir,
                 progress=not no_progress,
                 num_threads=threads,

@@ -115,6 +115,26 @@ def test_peak_memory_on_cuda_is_its_own_count(tmp_path: Path) -> None:
     assert "† Below" not in text
 
 
+def test_overview_names_the_gpu_and_the_precision(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    info = json.loads((root / "run.json").read_text())
+    info.update(device="cuda", device_name="NVIDIA H100 80GB HBM3", precision="bf16")
+    (root / "run.json").write_text(json.dumps(info))
+    meta = _meta(render_report(root))
+    assert meta["device"] == "cuda (NVIDIA H100 80GB HBM3)"
+    assert meta["precision"] == "bf16"
+
+
+def test_runs_without_a_recorded_precision_trained_in_float32(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    info = json.loads((root / "run.json").read_text())
+    info.pop("precision", None)
+    info["device"] = "cpu"
+    (root / "run.json").write_text(json.dumps(info))
+    meta = _meta(render_report(root))
+    assert meta["device"] == "cpu" and meta["precision"] == "fp32"
+
+
 # ----------------------------------------------------------------------------- paired tests
 
 

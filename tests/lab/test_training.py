@@ -29,6 +29,8 @@ RUN_KEYS = {
     "label",
     "seed",
     "device",
+    "device_name",
+    "precision",
     "status",
     "started",
     "finished",
@@ -285,7 +287,7 @@ def test_device_validation():
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match="not a device name"):
         resolve_device("gpu-please")
-    with pytest.raises(ConfigError, match="use 'cpu'"):
+    with pytest.raises(ConfigError, match="use 'auto', 'cpu'"):
         resolve_device("meta")
 
 

@@ -53,7 +53,7 @@ Batch = tuple[Tensor, Tensor, Tensor]
 
 
 def _uniform(lengths: Tensor, n: int) -> Tensor:
-    m = torch.arange(n)[None, :] < lengths[:, None]
+    m = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
     return m.float() / lengths.clamp_min(1)[:, None].float()
 
 
@@ -72,10 +72,10 @@ def uniform_weights_gap(model: nn.Module, batches: Iterable[Batch]) -> dict[str,
         )
         gold.append(labels)
     model.train(was)
-    y = torch.cat(gold).numpy()
+    y = torch.cat(gold).cpu().numpy()
     out = {}
     for name, pred in (("learned", learned), ("uniform", uniform)):
-        p = torch.cat(pred).numpy()
+        p = torch.cat(pred).cpu().numpy()
         out[f"{name}_accuracy"] = float((p == y).mean())
         out[f"{name}_f1"] = float(f1_score(y, p, average="macro"))
     return out
@@ -159,6 +159,7 @@ def frozen_weight_diagnostic(
     torch.manual_seed(seed)
     learned = weights == "learned"
     mlp = FrozenWeightMLP(embeddings, num_classes, hidden, learned=learned)
+    mlp.to(embeddings.device)
 
     def source(tokens: Tensor, lengths: Tensor) -> Tensor | None:
         if learned:
@@ -184,7 +185,7 @@ def frozen_weight_diagnostic(
         for tokens, lengths, labels in test:
             preds.append(mlp(tokens, lengths, source(tokens, lengths)).argmax(-1))
             gold.append(labels)
-    p, y = torch.cat(preds).numpy(), torch.cat(gold).numpy()
+    p, y = torch.cat(preds).cpu().numpy(), torch.cat(gold).cpu().numpy()
     return {"accuracy": float((p == y).mean()), "f1": float(f1_score(y, p, average="macro"))}
 
 

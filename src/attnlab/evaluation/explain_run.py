@@ -47,11 +47,17 @@ Batch = tuple[Tensor, Tensor, Tensor]
 
 
 def task_batches(
-    task: Any, data: Any, split: str, batch_size: int, limit: int | None, seed: int = 0
+    task: Any,
+    data: Any,
+    split: str,
+    batch_size: int,
+    limit: int | None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> list[Batch]:
-    """``(tokens, lengths, labels)`` batches of a sentence task's split: at most ``limit``
-    instances drawn in a seeded random order (data files are often sorted by label, so the
-    first ``limit`` rows would be a biased sample)."""
+    """``(tokens, lengths, labels)`` batches of a sentence task's split on ``device``: at
+    most ``limit`` instances drawn in a seeded random order (data files are often sorted by
+    label, so the first ``limit`` rows would be a biased sample)."""
     out: list[Batch] = []
     seen = 0
     generator = torch.Generator().manual_seed(seed)
@@ -68,7 +74,7 @@ def task_batches(
             x, n, y = x[:keep], n[:keep], y[:keep]
         if len(y):
             width = max(int(n.max()), 1)
-            out.append((x[:, :width], n, y))
+            out.append((x[:, :width].to(device), n.to(device), y.to(device)))
         seen += len(y)
         if limit is not None and seen >= limit:
             break
@@ -108,6 +114,7 @@ def explain_run(
     seed: int = 0,
     plots: bool = True,
     progress: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Run the explanation tests on ``run_dir`` and write ``explanation/explanation.json``.
 
@@ -118,13 +125,15 @@ def explain_run(
             sample of the test split).
         max_train: training instances used by the frozen-weight MLPs and adversarial models
             (a seeded random sample).
+        device: where the model and the batches go (``"auto"``: CUDA when available).
     Returns the dict written to the JSON file.
     """
-    from attnlab.lab.training import load_run
+    from attnlab.lab.training import load_run, resolve_device
 
     run_dir = Path(run_dir)
+    dev = resolve_device(device)
     torch.manual_seed(seed)
-    task, data, model = load_run(run_dir)
+    task, data, model = load_run(run_dir, device=str(dev))
     model.eval()
     for name in ("encode", "classify", "classify_with_weights"):
         if not hasattr(model, name):
@@ -132,8 +141,8 @@ def explain_run(
                 f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
                 "explanation tests run on sentence classifiers with one attention over tokens"
             )
-    test = task_batches(task, data, "test", 32, max_instances, seed)
-    train = task_batches(task, data, "train", 32, max_train, seed)
+    test = task_batches(task, data, "test", 32, max_instances, seed, dev)
+    train = task_batches(task, data, "train", 32, max_train, seed, dev)
     probe = test[0]
     weights, _ = attention_weights(model, probe[0], probe[1])
     if weights is None:
@@ -218,7 +227,7 @@ def explain_run(
     bar.update()
 
     if compare:
-        models = [model] + [load_run(Path(p))[2].eval() for p in compare]
+        models = [model] + [load_run(Path(p), device=str(dev))[2].eval() for p in compare]
         sv = seed_variance(models, test)
         result["seed_variance"] = {
             "runs": [str(p) for p in compare],
@@ -314,6 +323,12 @@ def _explain_command():
     @click.option("--permutations", default=100, show_default=True)
     @click.option("--epsilon", default=0.01, show_default=True)
     @click.option("--quick", is_flag=True, help="Small settings for a fast look.")
+    @click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
+    )
     @click.option("--no-progress", is_flag=True)
     def explain_command(
         run_dir: str,
@@ -322,10 +337,18 @@ def _explain_command():
         permutations: int,
         epsilon: float,
         quick: bool,
+        device: str,
         no_progress: bool,
     ) -> None:
         """Attention-as-explanation tests (Jain & Wallace 2019; Wiegreffe & Pinter 2019) on a
         trained run; writes RUN_DIR/explanation/explanation.json and plots."""
+        from attnlab.cli import _fail
+        from attnlab.lab.training import resolve_device
+
+        try:
+            resolve_device(device)
+        except ValueError as err:  # ConfigError: one line, exit 2, before anything is written
+            _fail(str(err))
         kw: dict[str, Any] = {}
         if quick:
             kw = dict(
@@ -341,11 +364,14 @@ def _explain_command():
             kw = dict(max_instances=max_instances, permutations=permutations)
         try:
             r = explain_run(
-                run_dir, compare=compare, epsilon=epsilon, progress=not no_progress, **kw
+                run_dir,
+                compare=compare,
+                epsilon=epsilon,
+                progress=not no_progress,
+                device=device,
+                **kw,
             )
         except ValueError as err:  # also a missing or damaged file of the run (RunFileError)
-            from attnlab.cli import _fail
-
             _fail(str(err))
         click.echo(format_summary(r))
         click.echo(f"written: {Path(run_dir) / 'explanation' / 'explanation.json'}")

@@ -109,15 +109,16 @@ def leave_one_out_importance(model: nn.Module, tokens: Tensor, lengths: Tensor) 
     """``TVD(y, y_{-t})`` per token ``[B, n]`` (zero on padding)."""
     _, probs = attention_weights(model, tokens, lengths)
     B, n = tokens.shape
-    out = torch.zeros(B, n)
+    device = tokens.device
+    out = torch.zeros(B, n, device=device)
     for b in range(B):
         L = int(lengths[b])
         if L == 0:
             continue
         real = tokens[b, :L]
-        keep = ~torch.eye(L, dtype=torch.bool)
+        keep = ~torch.eye(L, dtype=torch.bool, device=device)
         variants = real.expand(L, L)[keep].view(L, L - 1) if L > 1 else real.new_zeros(1, 0)
-        var_len = torch.full((L,), L - 1, dtype=torch.long)
+        var_len = torch.full((L,), L - 1, dtype=torch.long, device=device)
         if L - 1 == 0:
             variants = real.new_zeros(L, 1)  # one padding slot; length 0 -> empty input
         m = _mask(variants, var_len)
@@ -132,7 +133,7 @@ def kendall_per_instance(a: Tensor, b: Tensor, lengths: Tensor) -> tuple[np.ndar
     taus, ps = [], []
     for i in range(a.shape[0]):
         L = int(lengths[i])
-        x, y = a[i, :L].double().numpy(), b[i, :L].double().numpy()
+        x, y = a[i, :L].double().cpu().numpy(), b[i, :L].double().cpu().numpy()
         if L < 2 or np.all(x == x[0]) or np.all(y == y[0]):
             taus.append(math.nan)
             ps.append(math.nan)
@@ -217,13 +218,14 @@ def permutation_test(
     m = _mask(tokens, lengths)
     hidden = model.encode(tokens, m)
     B = tokens.shape[0]
-    medians = torch.zeros(B)
+    medians = torch.zeros(B, device=w.device)
     for b in range(B):
         L = int(lengths[b])
         if L < 2:
             continue
         perms = torch.stack([torch.randperm(L, generator=generator) for _ in range(permutations)])
-        wp = torch.zeros(permutations, tokens.shape[1], dtype=w.dtype)
+        perms = perms.to(w.device)
+        wp = torch.zeros(permutations, tokens.shape[1], dtype=w.dtype, device=w.device)
         wp[:, :L] = w[b, :L][perms]
         p = model.classify_with_weights(hidden[b : b + 1].expand(permutations, -1, -1), wp)
         medians[b] = tvd(p.softmax(-1), probs[b : b + 1]).median()
@@ -259,11 +261,11 @@ def adversarial_attention(
     with torch.no_grad():
         hidden = model.encode(tokens, m)
     gen = torch.Generator().manual_seed(0)
-    init = w.clamp_min(1e-8).log() + 0.5 * torch.randn(w.shape, generator=gen)
+    init = w.clamp_min(1e-8).log() + 0.5 * torch.randn(w.shape, generator=gen).to(w.device)
     z = init.masked_fill(~m, -1e4).requires_grad_(True)
     opt = torch.optim.Adam([z], lr=lr)
-    best = torch.zeros(w.shape[0])
-    best_tvd = torch.zeros(w.shape[0])
+    best = torch.zeros(w.shape[0], device=w.device)
+    best_tvd = torch.zeros(w.shape[0], device=w.device)
     best_w = w.clone()
     for _ in range(steps):
         a = z.masked_fill(~m, -1e4).softmax(-1) * m

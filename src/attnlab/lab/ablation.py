@@ -518,7 +518,8 @@ def run_ablation(
     jobs: int = 1,
     address: str | None = None,
     progress: bool = True,
-    device: str = "cpu",
+    device: str = "auto",
+    precision: str = "fp32",
     plugins: Sequence[str] = (),
 ) -> AblationResult:
     """Train every spec of ``grid`` with every seed on ``task``, record each run in
@@ -535,7 +536,9 @@ def run_ablation(
         jobs: parallel runs (local processes, or the CPUs of a local Ray instance).
         address: a Ray cluster's address (``--executor ray`` only).
         progress: show a progress bar over the runs and print the table.
-        device: the torch device of every run.
+        device: the torch device of every run (``"auto"``: CUDA when this machine has it,
+            else the CPU; resolved here, so the Ray executor asks for a GPU per CUDA run).
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast) for every run.
         plugins: modules to import first (here and in the workers) that register tasks.
 
     Resuming: run ids already ``"done"`` in the store are skipped; a finished run directory
@@ -547,6 +550,10 @@ def run_ablation(
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    from attnlab.lab.training import resolve_device, resolve_precision
+
+    resolved_device = resolve_device(device)
+    precision = resolve_precision(precision, resolved_device)
     plugin_paths = (os.getcwd(),)
     import_plugins(plugins, plugin_paths)
     task_obj = _resolve_task(task, options)
@@ -619,7 +626,8 @@ def run_ablation(
                     seed=seed,
                     run_dir=str(run_dir.resolve()),
                     options=task_options,
-                    device=device,
+                    device=str(resolved_device),
+                    precision=precision,
                     plugins=tuple(plugins),
                     sys_path=plugin_paths,
                 )
@@ -827,7 +835,18 @@ ABLATE_SYNTAX = (
     help="Parallel runs (local processes; the CPUs of a local Ray instance).",
 )
 @click.option("--address", help="Address of an existing Ray cluster (with --executor ray).")
-@click.option("--device", default="cpu", show_default=True, help="Torch device of every run.")
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Torch device of every run: auto (CUDA when available, else cpu), cpu, cuda, cuda:1.",
+)
+@click.option(
+    "--precision",
+    default="fp32",
+    show_default=True,
+    help="fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler).",
+)
 @click.option(
     "--plugin",
     "plugins",
@@ -867,6 +886,7 @@ def ablate_command(
     jobs: int,
     address: str | None,
     device: str,
+    precision: str,
     plugins: tuple[str, ...],
     baselines: bool,
     report: bool,
@@ -896,9 +916,9 @@ def ablate_command(
         check_option_values(task_obj, options)
         for spec in specs:  # before the first run: a typo in the last spec fails now
             check_attention(task_obj, spec)
-        from attnlab.lab.training import resolve_device
+        from attnlab.lab.training import resolve_device, resolve_precision
 
-        resolve_device(device)
+        resolve_precision(precision, resolve_device(device))
         result = run_ablation(
             task,
             specs,
@@ -910,6 +930,7 @@ def ablate_command(
             address=address,
             progress=True,
             device=device,
+            precision=precision,
             plugins=plugins,
         )
     except (ConfigError, ImportError) as err:  # also a damaged results store or run file

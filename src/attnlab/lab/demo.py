@@ -96,6 +96,8 @@ def run_demo(
     quick: bool = False,
     jobs: int | None = None,
     report: bool = True,
+    device: str = "auto",
+    precision: str = "fp32",
 ) -> Path:
     """Run (or resume) the demo ablation and write its report; return the report's path
     (the ablation directory when ``report=False``).
@@ -107,6 +109,8 @@ def run_demo(
         progress: progress bar and the printed table.
         quick: a smaller smoke version (1,000 training sentences, 2 epochs).
         jobs: local processes (default: 2 where there are 2 CPUs or more, else 1).
+        device: the torch device of the runs (``"auto"``: CUDA when available, else cpu).
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
     """
     options = QUICK_OPTIONS if quick else DEMO_OPTIONS
     out = (
@@ -127,6 +131,8 @@ def run_demo(
         executor="local",
         jobs=jobs,
         progress=progress,
+        device=device,
+        precision=precision,
     )
     seconds = time.perf_counter() - start
     if progress:
@@ -155,12 +161,29 @@ def run_demo(
 @click.option(
     "--quick", is_flag=True, help="A smaller smoke run (1,000 training sentences, 2 epochs)."
 )
-def demo_command(out: str | None, quick: bool) -> None:
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
+)
+@click.option(
+    "--precision", default="fp32", show_default=True, help="fp32, or bf16 / fp16 autocast."
+)
+def demo_command(out: str | None, quick: bool, device: str, precision: str) -> None:
     """The default main job: mean pooling and uniform weights vs four attention mechanisms
     (tanh additive, scaled dot with a learned query, multi-dimensional, sparsemax) on Rotten
     Tomatoes sentiment with GloVe, 2 seeds; prints the table and writes the HTML report.
     Resumes when run again."""
+    from attnlab.lab.training import resolve_device, resolve_precision
+
+    try:  # what was typed: one line, exit 2, before anything is written
+        resolve_precision(precision, resolve_device(device))
+    except ConfigError as err:
+        from attnlab.cli import _fail
+
+        _fail(str(err))
     try:
-        run_demo(out, quick=quick)
+        run_demo(out, quick=quick, device=device, precision=precision)
     except ConfigError as err:
         raise click.ClickException(str(err)) from err

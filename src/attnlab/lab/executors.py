@@ -16,7 +16,8 @@ ablation claims the run there); a job it refuses is skipped.
   and before it publishes a run directory a worker checks that its parent still lives
   (else it exits without writing).
 * :class:`RayExecutor` -- every run is a Ray task (``num_cpus=1``, and ``num_gpus=1`` for a
-  ``cuda`` device): ``ray.init(address=...)``
+  ``cuda`` device; ``"auto"`` is resolved by the ablation before the jobs are made, so a
+  run that trains on CUDA always asks Ray for its GPU): ``ray.init(address=...)``
   joins an existing cluster, otherwise a local Ray instance with ``jobs`` (default: all)
   CPUs is started (and shut down afterwards). Results are gathered with ``ray.wait`` one at
   a time. Ray is optional: ``pip install 'attnlab[ray]'``.
@@ -62,6 +63,7 @@ class RunJob:
     run_dir: str
     options: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
+    precision: str = "fp32"
     plugins: tuple[str, ...] = ()
     num_threads: int | None = None
     #: import paths the worker needs (the driver's working directory, for plugins)
@@ -134,6 +136,7 @@ def execute_job(job: RunJob) -> RunOutcome:
             seed=job.seed,
             options=dict(job.options),
             device=job.device,
+            precision=job.precision,
             out_dir=job.run_dir,
             progress=False,
             num_threads=job.num_threads,

@@ -1196,11 +1196,15 @@ def _section_header(ctx: ReportContext) -> str:
     items.append(("report written", esc(ctx.generated)))
     versions: dict[str, set[str]] = {}
     devices: set[str] = set()
+    precisions: set[str] = set()
     for r in data.runs:
         for k, v in (r.run.get("versions") or {}).items():
             versions.setdefault(str(k), set()).add(str(v))
         if r.run.get("device"):
-            devices.add(str(r.run["device"]))
+            name = r.run.get("device_name")
+            devices.add(str(r.run["device"]) + (f" ({name})" if name else ""))
+            # runs written before the precision was recorded trained in float32
+            precisions.add(str(r.run.get("precision") or "fp32"))
     if versions:
         items.append(
             (
@@ -1212,6 +1216,7 @@ def _section_header(ctx: ReportContext) -> str:
         )
     if devices:
         items.append(("device", esc(", ".join(sorted(devices)))))
+        items.append(("precision", esc(", ".join(sorted(precisions)))))
     n_done, n_other = len(data.done), len(data.not_done)
     runs_text = f"{n_done} done" + (f", {n_other} not done" if n_other else "")
     if data.unreadable:

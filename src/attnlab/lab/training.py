@@ -7,14 +7,21 @@ epoch, keeps the best epoch by the task's first metric, evaluates that state on 
 split, and writes the run directory::
 
     <run_dir>/run.json          task, task_options, attention (as given), label, seed,
-                                device, status ("done" | "failed"), started, finished,
-                                versions, error, checkpoint_sha256 (of model.safetensors)
+                                device, device_name (CUDA), precision, status ("done" |
+                                "failed"), started, finished, versions, error,
+                                checkpoint_sha256 (of model.safetensors)
     <run_dir>/metrics.json      primary, higher_is_better, best_epoch, dev, test
     <run_dir>/history.json      [{epoch, train_loss, dev, seconds}, ...]
     <run_dir>/cost.json         parameters, train_seconds, seconds_per_epoch,
                                 eval_ms_per_example, peak_memory_mb
     <run_dir>/examples.json     attention maps on test examples (AttentionExample.to_json())
     <run_dir>/model.safetensors the best epoch's state dict
+
+``device="auto"`` (the default) trains on CUDA when this machine has it, else on the CPU
+(:func:`resolve_device`); ``precision`` is ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``:
+the loss, the evaluation and the attention examples run under ``torch.autocast`` with that
+dtype (the parameters and the optimizer stay float32), with a gradient scaler for fp16
+(:func:`resolve_precision`, :func:`precision_context`).
 
 The directory is built in a hidden sibling folder and moved into place with ``os.replace``
 at the end, so a run killed midway never leaves a directory whose ``run.json`` says
@@ -34,6 +41,7 @@ directory and checks its type and fields; a missing, unreadable or malformed fil
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -45,6 +53,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,16 +78,19 @@ from attnlab.lab.config import parse_attention
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
+    "PRECISIONS",
     "RUN_FILES",
     "RunResult",
     "default_run_dir",
     "load_run",
     "move_batch",
+    "precision_context",
     "read_metrics",
     "read_run",
     "read_run_file",
     "remove_stale_work_dirs",
     "resolve_device",
+    "resolve_precision",
     "resolve_task",
     "seed_everything",
     "train_run",
@@ -93,6 +105,12 @@ RUN_FILES = (
     "examples.json",
     "model.safetensors",
 )
+
+
+#: The numeric precisions of training (``--precision``): float32, or autocast to bfloat16 /
+#: float16 (float16 with a gradient scaler).
+PRECISIONS = ("fp32", "bf16", "fp16")
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class ModelBuildError(ConfigError):
@@ -135,19 +153,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a :class:`torch.device`, checked to be usable here."""
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``device`` as a :class:`torch.device`, checked to be usable here; ``"auto"`` is
+    CUDA when ``torch.cuda.is_available()``, else the CPU."""
+    if isinstance(device, str) and device.strip().lower() == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ConfigError(
-            f"device {device!r} is not a device name (try 'cpu', 'cuda' or 'cuda:0'): {error}"
+            f"device {device!r} is not a device name (try 'auto', 'cpu', 'cuda' or "
+            f"'cuda:0'): {error}"
         ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
                 f"device {str(device)!r} was asked for but CUDA is not available on this "
-                "machine (torch.cuda.is_available() is False); use --device cpu"
+                "machine (torch.cuda.is_available() is False); use --device cpu or auto"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(
@@ -159,8 +181,75 @@ def resolve_device(device: str | torch.device) -> torch.device:
         if mps is None or not mps.is_available():
             raise ConfigError(f"device {str(device)!r} was asked for but MPS is not available")
     elif dev.type != "cpu":
-        raise ConfigError(f"device {str(device)!r}: use 'cpu', 'cuda[:N]' or 'mps'")
+        raise ConfigError(f"device {str(device)!r}: use 'auto', 'cpu', 'cuda[:N]' or 'mps'")
     return dev
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:
+    """``precision`` checked to be one of :data:`PRECISIONS` that ``device`` can train with
+    (raises :class:`~attnlab._checks.ConfigError` in one line naming the fix): bf16 needs
+    a GPU that supports it (``torch.cuda.is_bf16_supported()``) on CUDA; fp16 and bf16
+    need torch's autocast for the device type (CPU and CUDA have it)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ConfigError(
+            f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r} "
+            "(e.g. --precision bf16)"
+        )
+    if precision == "fp32":
+        return precision
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    if not torch.amp.is_autocast_available(dev.type):
+        raise ConfigError(
+            f"precision {precision} needs torch.autocast on {dev.type!r}, which this torch "
+            "lacks; use --precision fp32"
+        )
+    if precision == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f"precision bf16: the GPU {torch.cuda.get_device_name(dev)!r} does not support "
+            "bfloat16; use --precision fp16 or fp32"
+        )
+    return precision
+
+
+@contextlib.contextmanager
+def precision_context(device: torch.device, precision: str) -> Iterator[None]:
+    """``torch.autocast`` to ``precision``'s dtype on ``device`` (nothing for fp32). On the
+    CPU, oneDNN is switched off inside: its LSTM kernels refuse reduced-precision inputs
+    on CPUs without native bfloat16 ("could not create a primitive descriptor")."""
+    if precision == "fp32":
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if device.type == "cpu":
+            stack.enter_context(_without_onednn())
+        stack.enter_context(torch.autocast(device.type, dtype=_AUTOCAST_DTYPES[precision]))
+        yield
+
+
+@contextlib.contextmanager
+def _without_onednn() -> Iterator[None]:
+    """``torch.backends.mkldnn.flags(enabled=False)`` without its note on TF32 for Intel
+    GPUs (a UserWarning when the flags are set and again when they are restored)."""
+    flags = torch.backends.mkldnn.flags(enabled=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        flags.__enter__()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flags.__exit__(None, None, None)
+
+
+def _device_name(device: torch.device) -> str | None:
+    """The GPU's name for a CUDA device (None otherwise)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError):  # pragma: no cover - a driver problem
+        return None
 
 
 def move_batch(batch: Any, device: torch.device | str) -> Any:
@@ -389,7 +478,8 @@ def train_run(
     *,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
-    device: str = "cpu",
+    device: str = "auto",
+    precision: str = "fp32",
     out_dir: str | Path | None = None,
     progress: bool = True,
     num_threads: int | None = None,
@@ -405,8 +495,10 @@ def train_run(
         seed: seeds ``random``, ``numpy`` and ``torch`` (and the shuffling of batches).
         options: task options (``epochs``, ``batch_size``, ``lr``, ``max_train``, ...)
             over the task's defaults.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; every tensor of a batch is moved
-            there.
+        device: ``"auto"`` (CUDA when available, else the CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:1"``, ...; every tensor of a batch is moved there.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; a gradient scaler for
+            fp16); recorded in ``run.json``.
         out_dir: the run directory (default ``runs/<task>/<spec slug>--seed<seed>``).
         progress: show tqdm progress bars for epochs and batches on stderr.
         num_threads: ``torch.set_num_threads`` for the run (restored afterwards).
@@ -433,6 +525,7 @@ def train_run(
     spec = the_task.resolve_attention(spec_given)
     the_task.selection()  # a bad select_metric fails here
     dev = resolve_device(device)
+    precision = resolve_precision(precision, dev)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an int, got {seed!r}")
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
@@ -458,6 +551,8 @@ def train_run(
         "label": label,
         "seed": seed,
         "device": str(dev),
+        "device_name": _device_name(dev),
+        "precision": precision,
         "status": "failed",
         "started": _now(),
         "finished": None,
@@ -469,7 +564,7 @@ def train_run(
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        metrics, history, cost = _train(the_task, spec, seed, dev, work, progress)
+        metrics, history, cost = _train(the_task, spec, seed, dev, precision, work, progress)
     except BaseException as error:
         if isinstance(error, ModelBuildError):  # what the user typed: nothing is written
             shutil.rmtree(work, ignore_errors=True)
@@ -510,7 +605,13 @@ def _publish(work: Path, run_dir: Path, before: Callable[[], None] | None) -> No
 
 
 def _train(
-    task: Task, spec: dict[str, Any], seed: int, device: torch.device, work: Path, progress: bool
+    task: Task,
+    spec: dict[str, Any],
+    seed: int,
+    device: torch.device,
+    precision: str,
+    work: Path,
+    progress: bool,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     opts = task.options
     seed_everything(seed)
@@ -537,6 +638,12 @@ def _train(
         params, lr=float(opts["lr"]), weight_decay=float(opts.get("weight_decay") or 0.0)
     )
     clip = opts.get("grad_clip")
+    # fp16 gradients underflow without loss scaling; disabled, the scaler is a pass-through
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def amp() -> contextlib.AbstractContextManager[None]:
+        return precision_context(device, precision)
+
     generator = torch.Generator().manual_seed(seed)
     primary, higher = task.selection()
     epochs, batch_size = int(opts["epochs"]), int(opts["batch_size"])
@@ -566,17 +673,20 @@ def _train(
                     data, "train", batch_size, shuffle=True, generator=generator
                 ):
                     batch = move_batch(batch, device)
-                    loss = task.loss(model, batch)
+                    with amp():
+                        loss = task.loss(model, batch)
                     if not torch.isfinite(loss.detach()).all():
                         raise FloatingPointError(
                             f"the training loss is {loss.item()} at epoch {epoch}, batch "
                             f"{count + 1}; lower lr or check the data"
                         )
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    scaler.scale(loss).backward()
                     if clip:
+                        scaler.unscale_(optimizer)  # clip the true gradients
                         torch.nn.utils.clip_grad_norm_(params, float(clip))
-                    optimizer.step()
+                    scaler.step(optimizer)
+                    scaler.update()
                     total += float(loss.detach())
                     count += 1
                     batch_bar.update(1, loss=f"{total / count:.4f}")
@@ -584,7 +694,8 @@ def _train(
                 batch_bar.close()
             if count == 0:
                 raise ValueError("the train split gave no batches")
-            dev_metrics = _evaluate(task, model, data, "dev")
+            with amp():
+                dev_metrics = _evaluate(task, model, data, "dev")
             seconds = time.perf_counter() - t0
             history.append(
                 {
@@ -616,10 +727,11 @@ def _train(
     model.load_state_dict(best_state)
     n_test = _n_items(task, data, "test", batch_size)
     t0 = time.perf_counter()
-    test_metrics = _evaluate(task, model, data, "test")
+    with amp():
+        test_metrics = _evaluate(task, model, data, "test")
     eval_seconds = time.perf_counter() - t0
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), amp():
         examples = task.attention_examples(model, data)
     for ex in examples:
         if not isinstance(ex, AttentionExample):
@@ -685,6 +797,8 @@ def _check_run_json(info: dict[str, Any]) -> str | None:
         ("label", (str, type(None))),
         ("error", (str, type(None))),
         ("checkpoint_sha256", (str, type(None))),
+        ("device", (str, type(None))),
+        ("precision", (str, type(None))),
     ):
         if key in ("task", "status") and key not in info:
             return f"has no {key!r}"

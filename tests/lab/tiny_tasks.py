@@ -1,0 +1,80 @@
+"""Every task of the lab on tiny data that needs no data package: the builders of the task
+tests (tests/lab/tasks), gathered so that one test can train every task (on the CPU, and
+on CUDA where there is a GPU)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnlab.lab.task import Task, TaskData
+
+_TASK_TESTS = Path(__file__).resolve().parent / "tasks"
+if str(_TASK_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TASK_TESTS))
+
+#: The tasks with a tiny version here (every task of attnlab's own lab).
+TASKS = (
+    "sentiment",
+    "document",
+    "target_sentiment",
+    "translation",
+    "vqa",
+    "pointer",
+    "multilabel",
+    "meta_embedding",
+)
+
+
+def _with_data(task: Task, data: TaskData) -> Task:
+    """``task`` whose ``load_data`` returns ``data`` (a subclass of its class, same name)."""
+    cls = type(task)
+    fixed = type(cls.__name__, (cls,), {"load_data": lambda self: data})
+    return fixed(**task.options)
+
+
+def tiny_task(name: str, **options: Any) -> Task:
+    """The task ``name`` on its tiny data with tiny model sizes, 1 epoch (``options`` over
+    them)."""
+    common = {"epochs": 1, **options}
+    if name == "sentiment":
+        mod = importlib.import_module("test_sentiment")
+        return _with_data(mod._tiny_task(batch_size=4, **common), mod._tiny_data())
+    if name == "document":
+        mod = importlib.import_module("test_document_task")
+        task = mod.DocumentTask(**{**mod.TINY, "embeddings": "learned", **common})
+        return _with_data(task, mod._tiny_data())
+    if name == "target_sentiment":
+        mod = importlib.import_module("test_target_sentiment")
+        task = mod.TargetSentimentTask(**{**mod.TINY, "embeddings": "learned", **common})
+        return _with_data(task, mod._tiny_data())
+    if name == "translation":
+        mod = importlib.import_module("test_translation")
+        return mod.TranslationTask(**{**mod.TINY, **common})
+    if name == "vqa":
+        mod = importlib.import_module("test_vqa")
+        from attnlab.data.vocab import Vocab
+
+        vocab = Vocab(["what", "color", "is", "it"])
+        info = {
+            "vocab": vocab,
+            "answers": ("red", "blue", "yes"),
+            "num_classes": 3,
+            "image_size": 16,
+            "version": "tiny",
+        }
+        splits = [mod.tiny_split(n, seed, vocab) for n, seed in ((4, 0), (2, 1), (3, 2))]
+        opts = {"grid": 4, "channels": [4], "hidden_size": 4, "embed_dim": 4, "batch_size": 4}
+        return _with_data(mod.VQATask(**{**opts, **common}), TaskData(*splits, info))
+    if name == "pointer":
+        mod = importlib.import_module("test_pointer_task")
+        return mod.PointerTask(problem="sort", n=6, min_points=4, **{**mod.TINY, **common})
+    if name == "multilabel":
+        mod = importlib.import_module("test_multilabel")
+        return mod.GeneratedMultiLabel(**{**mod.TINY, **common})
+    if name == "meta_embedding":
+        mod = importlib.import_module("test_meta_embedding_task")
+        return mod.GeneratedMeta(**{**mod.TINY, **common})
+    raise KeyError(f"no tiny version of task {name!r}; tiny tasks: {', '.join(TASKS)}")
