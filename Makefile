@@ -7,13 +7,27 @@ STAMP := $(VENV)/.installed
 DATA_STAMP := $(VENV)/.data-installed
 SOURCES := $(HOME)/.cache/attnlab/sources
 
+# TORCH=cpu (default): .venv gets the CPU build of torch==2.13.0. TORCH=system: .venv is
+# built on top of the system's Python packages (--system-site-packages) and uses the torch
+# installed there, e.g. a CUDA build; nothing replaces it (make clean first to switch).
+TORCH ?= cpu
+ifeq ($(TORCH),system)
+VENV_FLAGS := --system-site-packages
+else ifneq ($(TORCH),cpu)
+$(error TORCH must be cpu or system, got '$(TORCH)')
+endif
+
 .PHONY: test test-all demo lint bench data system clean
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PIP) --upgrade pip
+ifeq ($(TORCH),system)
+	$(PY) -c "import torch; print('system torch', torch.__version__, '- CUDA:', torch.cuda.is_available())"
+else
 	# the CPU build of PyTorch; a looser pin would pull the CUDA packages
 	$(PIP) torch==2.13.0
+endif
 	$(PIP) -e '.[dev]'
 	touch $(STAMP)
 
