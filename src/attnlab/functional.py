@@ -28,6 +28,7 @@ from attnlab.general.dimensionality import combine_multi, combine_single, multi_
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
 from attnlab.general.padding import clear_attention_inputs
+from attnlab.general.planner import plan_attention, score_class_capabilities
 from attnlab.general.scoring import (
     COSINE_EPS,
     SCORE_FUNCTIONS,
@@ -123,8 +124,10 @@ def attend(
     precision inputs: the scores and the softmax are computed in float32.
     Returns an :class:`AttentionOutput` (``context`` ``[B, n_q, d_v]`` or ``[B, d_v]``).
     """
-    name = get("score", score).name
-    if name == "queryless":
+    entry = get("score", score)
+    name = entry.name
+    caps = score_class_capabilities(entry.cls)
+    if caps.queryless:
         check_keys(k, k.shape[0] if k.dim() == 3 else -1, "k")
         q3, single = None, True
         B, n_q = k.shape[0], 1
@@ -141,20 +144,22 @@ def attend(
     mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
     # padding never matters, whatever it holds: cleared before any product touches it
     q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
-    if name in ("dot", "scaled-dot", "cosine", "general", "biased-general") and n_k > 0:
+    plan = plan_attention(caps, need_weights=need_weights, n_k=n_k, device=k.device, dtype=k.dtype)
+    if plan.path == "sdpa":
         assert q3 is not None
         q2, k2, scale = _dot_form(name, q3, k, score_params)
         context, weights = _sdpa_attend(q2, k2, v, scale, mask3, 0.0, need_weights, clear=False)
         path = "sdpa"
     else:
-        if name == "queryless":
+        if caps.queryless:
             e = queryless_score(k, **score_params)
         else:
             e = SCORE_FUNCTIONS[name](q3, k, **score_params)
         # the scores are float32 for half inputs; the weighted sum runs in the values' dtype
         weights = masked_softmax(e, mask3).to(v.dtype)
         context = combine_single(weights, v)
-        path = "lean-additive" if name == "additive" else "explicit"
+        # the additive score function is the chunked kernel; no other fused path here
+        path = "lean-additive" if caps.additive else "explicit"
     if single:
         context = context.squeeze(1)
         weights = weights.squeeze(1) if weights is not None else None

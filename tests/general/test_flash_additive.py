@@ -454,9 +454,9 @@ def test_explain_auto_takes_triton_on_cuda_only():
 
 def test_explain_auto_without_triton_installed(monkeypatch):
     from attnlab import Attention
-    from attnlab.general import attention
+    from attnlab.general import planner
 
-    monkeypatch.setattr(attention, "triton_available", lambda: False)
+    monkeypatch.setattr(planner, "triton_available", lambda: False)
     assert Attention("additive", d_q=3, d_k=4).explain(device="cuda")[0] == "lean-additive"
 
 

@@ -41,17 +41,17 @@ from attnlab._checks import (
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
 from attnlab.general.flash_additive import (
-    TRITON_DTYPES,
     flash_additive_attention,
     flash_multi_dim_attention,
     triton_act_name,
-    triton_available,
 )
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend
+from attnlab.general.local_flex import local_flex_attend
 from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
-from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
+from attnlab.general.planner import Plan, capabilities, plan_attention
+from attnlab.general.scoring import AdditiveScore, Score
 from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, get, register
@@ -287,6 +287,7 @@ class Attention(Configurable):
                 "is query-less (one constant query); use a score that takes the query"
             )
         self._score_name, self._align_name = name_s, name_a
+        self._caps = capabilities(self.score, self.align, self.multi)
         if path == "triton":
             self._check_triton_config()
 
@@ -309,20 +310,31 @@ class Attention(Configurable):
                 f"dropout (dropout={self.dropout}); use dropout=0 or path='auto'"
             )
 
-    def _triton_fits(self, device: torch.device | None) -> bool:
-        """Whether ``path="auto"`` takes the Triton kernels: CUDA parameters (or
-        ``device``), triton installed, a dtype and an activation the kernels implement."""
+    # ------------------------------------------------------------------ planning
+
+    def plan(
+        self,
+        need_weights: bool = False,
+        n_k: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Plan:
+        """The :class:`~attnlab.general.planner.Plan` of a call with these settings on
+        ``device`` / ``dtype`` (default: those of the parameters; CPU without any)."""
         param = next(self.parameters(), None)
         if device is None:
             device = param.device if param is not None else torch.device("cpu")
-        return (
-            device.type == "cuda"
-            and (param is None or param.dtype in TRITON_DTYPES)
-            and triton_act_name(self.score.act) is not None  # type: ignore[arg-type]
-            and triton_available()
+        if dtype is None and param is not None:
+            dtype = param.dtype
+        return plan_attention(
+            self._caps,
+            mode=self.path_mode,
+            need_weights=need_weights,
+            n_k=n_k,
+            device=device,
+            dtype=dtype,
+            dropout=self.dropout > 0 and self.training,
         )
-
-    # ------------------------------------------------------------------ planning
 
     def explain(
         self,
@@ -331,79 +343,10 @@ class Attention(Configurable):
         device: torch.device | str | None = None,
     ) -> tuple[str, str]:
         """``(path, reason)``: the implementation a call with these settings takes (on
-        ``device``; default: that of the parameters)."""
-        if self.path_mode == "explicit":
-            return "explicit", "path='explicit' was requested"
-        if n_k == 0:
-            return "explicit", "the key set is empty: the context is zero"
-        if getattr(self.score, "uses_prev_weights", False):
-            return "explicit", "the location-aware score convolves the previous weights"
-        if self.path_mode == "triton":
-            extra = (
-                "; the weights come from a second pass and carry no gradient"
-                if need_weights
-                else ""
-            )
-            return "triton", (
-                "path='triton' was requested: FlashAttention-style Triton kernels (online "
-                f"softmax over key tiles, nothing n_q x n_k in memory){extra}"
-            )
-        dev = torch.device(device) if device is not None else None
-        triton_reason = (
-            "on CUDA with triton installed: FlashAttention-style Triton kernels (online "
-            "softmax over key tiles; nothing n_q x n_k, [B, n_q, n_k, d_w] or "
-            "[B, n_q, n_k, d_v] in memory)"
-        )
-        a, s = self._align_name, self._score_name
-        if self.align.local:
-            return (
-                "local-window",
-                f"{a} scores only the 2D+1 = {2 * self.align.D + 1} keys of each window "
-                "(O(n_q D), not O(n_q n_k))",
-            )
-        is_soft = a == "soft"
-        if self.multi:
-            if isinstance(self.score, AdditiveScore) and is_soft:
-                if need_weights:
-                    return "explicit", (
-                        "need_weights=True materialises the [B, n_q, n_k, d_v] weights, so "
-                        "the fused multi-dimensional kernel cannot be used"
-                    )
-                if self.dropout > 0 and self.training:
-                    return (
-                        "explicit",
-                        "dropout on multi-dimensional weights needs them materialised",
-                    )
-                if self._triton_fits(dev):
-                    return "triton", f"multi-dimensional additive attention {triton_reason}"
-                return "lean-multi", (
-                    "multi-dimensional additive attention runs in a fused chunked kernel that "
-                    "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]"
-                )
-            if isinstance(self.score, QuerylessScore):
-                return (
-                    "explicit",
-                    "a query-less vector score has n_q = 1: [B, 1, n_k, d_v] is small",
-                )
-            return "explicit", f"alignment {a!r} is applied per feature on the materialised scores"
-        if is_soft and type(self.score).dot_form is not Score.dot_form:
-            return "sdpa", (
-                f"score {s!r} is a scaled dot product after transforming the query, and the "
-                "alignment is soft: PyTorch's fused scaled_dot_product_attention"
-            )
-        if isinstance(self.score, AdditiveScore) and not self.score.vector:
-            if (
-                is_soft
-                and not need_weights
-                and not (self.dropout > 0 and self.training)
-                and self._triton_fits(dev)
-            ):
-                return "triton", f"additive attention with soft alignment {triton_reason}"
-            return "lean-additive", (
-                "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
-                f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow"
-            )
-        return "explicit", f"score {s!r} with alignment {a!r} has no fused kernel"
+        ``device``; default: that of the parameters). Decided by
+        :func:`attnlab.general.planner.plan_attention`."""
+        plan = self.plan(need_weights, n_k, device)
+        return plan.path, plan.reason
 
     # ------------------------------------------------------------------ forward
 
@@ -496,7 +439,7 @@ class Attention(Configurable):
         q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
-        path, _ = self.explain(need_weights, n_k, device=k.device)
+        path = self.plan(need_weights, n_k, device=k.device, dtype=k.dtype).path
         p = self.dropout if self.training else 0.0
         log_prob = None
         extras: dict[str, Any] = {}
@@ -530,6 +473,17 @@ class Attention(Configurable):
                 )
             context = context.to(values.dtype)
             weights = None if weights is None else weights.to(values.dtype)
+        elif path == "local-flex":
+            assert q3 is not None
+            centers = self.align.centers(
+                query=q3, batch=B, n_q=n_q, n_k=n_k, mask=mask3, positions=positions, like=keys
+            )
+            q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
+            context = local_flex_attend(
+                q2, k2, values, scale, centers, self.align.D, mask3, self.align.gaussian
+            )
+            weights = None
+            extras["centers"] = centers
         elif path == "local-window":
             assert q3 is not None
             centers = self.align.centers(

@@ -70,24 +70,51 @@ def _sdpa_attend(
     need_weights: bool,
     *,
     clear: bool,
+    causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`sdpa_attend`; ``clear=False`` skips clearing the padding, for callers that
-    cleared their raw inputs already (before projections, whose gradients need it)."""
+    cleared their raw inputs already (before projections, whose gradients need it).
+
+    ``causal=True`` (with ``mask=None`` and ``n_q == n_k``) passes ``is_causal=True`` to
+    the kernel instead of a materialised mask. A 3-D call ``[B, n, d]`` runs on the 4-D
+    layout ``[B, 1, n, d]``, where the flash / cuDNN / memory-efficient kernels are
+    eligible. Nothing here synchronises with the device: a fully masked row is opened
+    for the kernel and zeroed afterwards with ``torch.where`` on a per-row "any allowed"
+    tensor, whatever the mask holds."""
+    if causal and (mask is not None or need_weights or q.shape[-2] != k.shape[-2]):
+        raise ValueError(
+            "causal=True needs mask=None, need_weights=False and n_q == n_k; pass the "
+            "causal mask (attnlab.masks.causal) instead"
+        )
+    three_d = q.dim() == 3
+    if three_d:  # [B, n, d] -> [B, 1, n, d]: the fused CUDA kernels want 4-D inputs
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     row_ok = None
-    if mask is not None and mask.dim() < 2:  # SDPA wants at least [n_q, n_k]
-        mask = mask.reshape(1, -1)
     attn_mask = mask
     if mask is not None:
-        row_ok = mask.any(-1, keepdim=True)
+        if mask.dim() < 2:  # SDPA wants at least [n_q, n_k]
+            mask = mask.reshape(1, -1)
+        if three_d and mask.dim() == 3:
+            mask = mask.unsqueeze(1)
         if clear:
             q, k, v = clear_heads(q, k, v, mask)
-        if not bool(row_ok.all()):
-            attn_mask = mask | ~row_ok
-        else:
-            row_ok = None
+        # no host synchronisation: every row is opened if it allows nothing, and zeroed
+        # afterwards (the row test is a tensor, never a Python bool)
+        row_ok = mask.any(-1, keepdim=True)
+        attn_mask = mask | ~row_ok
     context = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=causal,
+        scale=scale,
     )
+    # a NaN or inf in a query row makes its context NaN (as on the explicit path): the
+    # fused CPU kernel returns 0 for such a row. q * 0 is 0 where q is finite, without
+    # overflow and without a host synchronisation.
+    context = context + (q * 0).sum(-1, keepdim=True).to(context.dtype)
     if row_ok is not None:
         # where, not a product: an opened row must come back as exactly 0 even if a key it
         # was opened to holds NaN or inf (0 * NaN = NaN)
@@ -97,4 +124,8 @@ def _sdpa_attend(
         work = softmax_dtype(q.dtype)
         e = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
         weights = masked_softmax(e, mask).to(v.dtype)
+        if three_d:
+            weights = weights.squeeze(1)
+    if three_d:
+        context = context.squeeze(1)
     return context, weights

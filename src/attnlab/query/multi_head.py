@@ -24,6 +24,7 @@ from attnlab import masks as _masks
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.padding import clear_attention_inputs
+from attnlab.general.planner import Plan, plan_heads
 from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import check_call
@@ -119,21 +120,45 @@ class MultiHeadAttention(Configurable):
         )
         if self.heads[0].multi:
             raise ConfigError("multi-head attention combines scalar weights; use dim='single'")
-        paths = {h.explain()[0] for h in self.heads}
-        self._fused = paths == {"sdpa"}
+        # the planner decides: fused when every head plans the SDPA path
+        self._fused = all(h.plan().path == "sdpa" for h in self.heads)
         self._parameter_free = self._fused and not any(
             p.numel() for h in self.heads for p in h.parameters()
         )
 
-    def explain(self, need_weights: bool = False) -> tuple[str, str]:
-        """``(path, reason)`` of a call."""
-        if self._fused:
-            return (
-                "sdpa",
-                "every head is a scaled dot product with soft alignment: one fused SDPA call",
-            )
-        path, reason = self.heads[0].explain(need_weights)
-        return f"per-head:{path}", f"each head runs attnlab.Attention ({reason})"
+    def plan(
+        self,
+        need_weights: bool = False,
+        *,
+        causal: bool = False,
+        has_mask: bool = False,
+        n_q: int | None = None,
+        n_k: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> Plan:
+        """The :class:`~attnlab.general.planner.Plan` of a call with these settings."""
+        head = self.heads[0].plan(need_weights, n_k, device=device)
+        return plan_heads(
+            head,
+            fusable=self._fused,
+            causal=causal,
+            has_mask=has_mask,
+            n_q=n_q,
+            n_k=n_k,
+            need_weights=need_weights,
+        )
+
+    def explain(
+        self,
+        need_weights: bool = False,
+        *,
+        causal: bool = False,
+        device: torch.device | str | None = None,
+    ) -> tuple[str, str]:
+        """``(path, reason)`` of a call without a mask (``causal=True``: causal
+        self-attention) on ``device`` (default: that of the parameters)."""
+        plan = self.plan(need_weights, causal=causal, device=device)
+        return plan.path, plan.reason
 
     # ------------------------------------------------------------------ torch interop
 
@@ -199,8 +224,23 @@ class MultiHeadAttention(Configurable):
         )
         B, n_q, _ = query.shape
         n_k = key.shape[1]
+        plan = self.plan(
+            need_weights,
+            causal=causal,
+            has_mask=mask is not None,
+            n_q=n_q,
+            n_k=n_k,
+            device=query.device,
+        )
+        # SDPA's is_causal kernel instead of a materialised causal mask
         hmask = _masks.normalize_head_mask(
-            mask, B, self.num_heads, n_q, n_k, device=query.device, causal=causal
+            mask,
+            B,
+            self.num_heads,
+            n_q,
+            n_k,
+            device=query.device,
+            causal=causal and not plan.causal_kernel,
         )
         # padding never matters: padded keys / values and query rows that attend nothing
         # are cleared before the projections (whose weight gradients would multiply them)
@@ -219,7 +259,7 @@ class MultiHeadAttention(Configurable):
             v = v.reshape(B, self.num_heads, n_k, self.head_dim)
 
         p = self.dropout if self.training else 0.0
-        if self._fused and n_k > 0:
+        if plan.path == "sdpa":
             if self._parameter_free:
                 q2, k2, scale = self.heads[0].score.dot_form(q, k)
             else:
@@ -228,7 +268,9 @@ class MultiHeadAttention(Configurable):
                 k2 = torch.stack([f[1] for f in forms], 1)
                 scale = forms[0][2]
             # the raw inputs were cleared above: no second pass over the padding
-            context, weights = _sdpa_attend(q2, k2, v, scale, hmask, p, need_weights, clear=False)
+            context, weights = _sdpa_attend(
+                q2, k2, v, scale, hmask, p, need_weights, clear=False, causal=plan.causal_kernel
+            )
             path = "sdpa"
         else:
             outs = []

@@ -1,0 +1,277 @@
+"""The execution planner: one place that decides how an attention call runs.
+
+:class:`~attnlab.Attention`, :func:`attnlab.functional.attend` and
+:class:`~attnlab.query.MultiHeadAttention` all ask this module for their path. The
+decision reads the *capabilities* of the score, alignment and dimensionality
+(:class:`Capabilities`, computed once from the modules or the registered score class) and
+the *call*: its device, dtype, shapes, whether weights are requested, dropout and mask.
+
+| path | when |
+| --- | --- |
+| ``sdpa`` | a dot-product score (dot, scaled-dot, general, biased-general, cosine), soft alignment, single-dimensional: PyTorch's fused kernel on the 4-D layout ``[B, H, n, d]``; ``is_causal=True`` for a causal call without another mask |
+| ``lean-multi`` | multi-dimensional additive, soft, no weights requested, no dropout |
+| ``triton`` | additive (or multi-dimensional additive), soft, no weights, no dropout, on CUDA with ``triton`` installed |
+| ``lean-additive`` | additive score, any alignment that is not local |
+| ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights, no dropout: FlexAttention's sliding-window block mask (local-p: two passes with the log-sum-exp) |
+| ``local-window`` | local-m / local-p otherwise: only the ``2D + 1`` window keys are scored |
+| ``explicit`` | everything else |
+
+:func:`plan_attention` returns a :class:`Plan` ``(path, reason)``; every ``explain()``
+prints its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_available
+from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
+
+__all__ = [
+    "Capabilities",
+    "Plan",
+    "capabilities",
+    "flex_available",
+    "plan_attention",
+    "plan_heads",
+    "score_class_capabilities",
+]
+
+#: dtypes the FlexAttention window path runs in on CUDA
+FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a score / alignment / dimensionality combination can be fused into."""
+
+    score: str  # names, for the reasons
+    align: str
+    dot: bool  # the score is ``scale * q'^T k'`` after transforming q (and k)
+    additive: bool  # the additive score (lean chunked / Triton kernels)
+    queryless: bool
+    prev_weights: bool  # location-aware: convolves the previous weights
+    soft: bool
+    local: bool
+    multi: bool
+    window: int = 0  # 2D + 1 for local alignments
+    triton_act: bool = False  # the additive activation is one the Triton kernels implement
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's decision: ``path`` and a one-sentence ``reason``.
+
+    ``causal_kernel``: the SDPA call passes ``is_causal=True`` and no mask."""
+
+    path: str
+    reason: str
+    causal_kernel: bool = False
+
+    def __iter__(self):  # ``path, reason = plan``
+        return iter((self.path, self.reason))
+
+
+def flex_available() -> bool:
+    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:  # pragma: no cover - torch < 2.5
+        return False
+    return True
+
+
+def _is_dot(score_cls: type) -> bool:
+    return getattr(score_cls, "dot_form", None) is not Score.dot_form
+
+
+def score_class_capabilities(score_cls: type, align: str = "soft") -> Capabilities:
+    """Capabilities of a registered score class with a named alignment and single
+    dimensionality (what :func:`attnlab.functional.attend` runs: soft alignment)."""
+    from attnlab.general.scoring import AdditiveScore, QuerylessScore
+
+    name = getattr(score_cls, "registry_name", score_cls.__name__)
+    return Capabilities(
+        score=name,
+        align=align,
+        dot=_is_dot(score_cls),
+        additive=issubclass(score_cls, AdditiveScore),
+        queryless=issubclass(score_cls, QuerylessScore),
+        prev_weights=bool(getattr(score_cls, "uses_prev_weights", False)),
+        soft=align == "soft",
+        local=False,
+        multi=False,
+    )
+
+
+def capabilities(score: torch.nn.Module, align: torch.nn.Module, multi: bool) -> Capabilities:
+    """Capabilities of built score and alignment modules (read once, at construction)."""
+    name_s = getattr(score, "registry_name", type(score).__name__)
+    name_a = getattr(align, "registry_name", type(align).__name__)
+    additive = isinstance(score, AdditiveScore)
+    local = bool(getattr(align, "local", False))
+    return Capabilities(
+        score=name_s,
+        align=name_a,
+        dot=_is_dot(type(score)),
+        additive=additive,
+        queryless=isinstance(score, QuerylessScore),
+        prev_weights=bool(getattr(score, "uses_prev_weights", False)),
+        soft=name_a == "soft",
+        local=local,
+        multi=multi,
+        window=2 * align.D + 1 if local else 0,  # type: ignore[operator]
+        triton_act=additive and triton_act_name(score.act) is not None,  # type: ignore[arg-type]
+    )
+
+
+_TRITON_REASON = (
+    "on CUDA with triton installed: FlashAttention-style Triton kernels (online softmax "
+    "over key tiles; nothing n_q x n_k, [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v] in memory)"
+)
+
+
+def _triton_fits(caps: Capabilities, device: torch.device, dtype: torch.dtype | None) -> bool:
+    return (
+        device.type == "cuda"
+        and (dtype is None or dtype in TRITON_DTYPES)
+        and caps.triton_act
+        and triton_available()
+    )
+
+
+def plan_attention(
+    caps: Capabilities,
+    *,
+    mode: str = "auto",
+    need_weights: bool = False,
+    n_k: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    dropout: bool = False,
+) -> Plan:
+    """The path of one attention call.
+
+    Args:
+        caps: the combination's :class:`Capabilities`.
+        mode: ``"auto"``, ``"explicit"`` or ``"triton"`` (``Attention(path=...)``).
+        need_weights: the weights are returned.
+        n_k: the number of keys (``0``: empty key set), ``None`` if unknown.
+        device, dtype: of the call (``None``: CPU, any dtype).
+        dropout: attention dropout is active (training with ``dropout > 0``).
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if mode == "explicit":
+        return Plan("explicit", "path='explicit' was requested")
+    if n_k == 0:
+        return Plan("explicit", "the key set is empty: the context is zero")
+    if caps.prev_weights:
+        return Plan("explicit", "the location-aware score convolves the previous weights")
+    if mode == "triton":
+        extra = (
+            "; the weights come from a second pass and carry no gradient" if need_weights else ""
+        )
+        return Plan(
+            "triton",
+            "path='triton' was requested: FlashAttention-style Triton kernels (online "
+            f"softmax over key tiles, nothing n_q x n_k in memory){extra}",
+        )
+    a, s = caps.align, caps.score
+    if caps.local:
+        if (
+            caps.dot
+            and dev.type == "cuda"
+            and not need_weights
+            and not dropout
+            and (dtype is None or dtype in FLEX_DTYPES)
+            and flex_available()
+        ):
+            extra = (
+                ", then the Gaussian factor in a second pass with the log-sum-exp of the first"
+                if a == "local-p"
+                else ""
+            )
+            return Plan(
+                "local-flex",
+                f"{a} with the dot-product score {s!r} on CUDA: FlexAttention with a "
+                f"sliding-window block mask over the 2D+1 = {caps.window} keys{extra}",
+            )
+        return Plan(
+            "local-window",
+            f"{a} scores only the 2D+1 = {caps.window} keys of each window "
+            "(O(n_q D), not O(n_q n_k)) on " + dev.type,
+        )
+    if caps.multi:
+        if caps.additive and caps.soft:
+            if need_weights:
+                return Plan(
+                    "explicit",
+                    "need_weights=True materialises the [B, n_q, n_k, d_v] weights, so the "
+                    "fused multi-dimensional kernel cannot be used",
+                )
+            if dropout:
+                return Plan(
+                    "explicit", "dropout on multi-dimensional weights needs them materialised"
+                )
+            if _triton_fits(caps, dev, dtype):
+                return Plan("triton", f"multi-dimensional additive attention {_TRITON_REASON}")
+            return Plan(
+                "lean-multi",
+                "multi-dimensional additive attention runs in a fused chunked kernel that "
+                "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]",
+            )
+        if caps.queryless:
+            return Plan(
+                "explicit", "a query-less vector score has n_q = 1: [B, 1, n_k, d_v] is small"
+            )
+        return Plan(
+            "explicit", f"alignment {a!r} is applied per feature on the materialised scores"
+        )
+    if caps.soft and caps.dot:
+        return Plan(
+            "sdpa",
+            f"score {s!r} is a scaled dot product after transforming the query, and the "
+            "alignment is soft: PyTorch's fused scaled_dot_product_attention on the 4-D "
+            f"layout [B, H, n, d] ({'flash / cuDNN / efficient kernels' if dev.type == 'cuda' else 'the CPU kernel'})",
+        )
+    if caps.additive:
+        if caps.soft and not need_weights and not dropout and _triton_fits(caps, dev, dtype):
+            return Plan("triton", f"additive attention with soft alignment {_TRITON_REASON}")
+        return Plan(
+            "lean-additive",
+            "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
+            f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow",
+        )
+    return Plan("explicit", f"score {s!r} with alignment {a!r} has no fused kernel")
+
+
+def plan_heads(
+    head: Plan,
+    *,
+    fusable: bool,
+    causal: bool = False,
+    has_mask: bool = False,
+    n_q: int | None = None,
+    n_k: int | None = None,
+    need_weights: bool = False,
+) -> Plan:
+    """The path of a multi-head call, from the plan of its heads.
+
+    ``fusable``: every head plans ``sdpa`` (one SDPA call over all heads). A causal call
+    with no other mask, ``n_q == n_k`` (where the causal mask is SDPA's ``is_causal``)
+    and no weights requested passes ``is_causal=True`` instead of a materialised mask.
+    """
+    if fusable and n_k != 0:
+        if causal and not has_mask and n_q == n_k and not need_weights:
+            return Plan(
+                "sdpa",
+                "every head is a scaled dot product with soft alignment: one fused SDPA call "
+                "with is_causal=True (no materialised mask)",
+                causal_kernel=True,
+            )
+        return Plan(
+            "sdpa", "every head is a scaled dot product with soft alignment: one fused SDPA call"
+        )
+    return Plan(f"per-head:{head.path}", f"each head runs attnlab.Attention ({head.reason})")

@@ -1,0 +1,240 @@
+"""The execution planner (issue 12): one decision for Attention, functional.attend and
+MultiHeadAttention, per device; the SDPA path on the 4-D layout, with is_causal and
+without host synchronisation; local-m / local-p on FlexAttention's window."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnlab
+from attnlab import Attention, masks
+from attnlab.general import planner
+from attnlab.general.local import local_window_attend
+from attnlab.general.local_flex import local_flex_attend
+from attnlab.general.planner import Plan, plan_attention, score_class_capabilities
+from attnlab.query.multi_head import MultiHeadAttention
+from attnlab.registry import get
+
+DOT_SCORES = ["dot", "scaled-dot", "general", "biased-general", "cosine"]
+
+
+class _NoHostSync(TorchDispatchMode):
+    """Raises on any op that copies a tensor value to the host (``.item()``,
+    ``bool(t)``, ``float(t)``, ``t.tolist()``, ``torch.nonzero``...)."""
+
+    SYNC_OPS: ClassVar[set[str]] = {
+        "aten::_local_scalar_dense",
+        "aten::is_nonzero",
+        "aten::nonzero",
+        "aten::equal",
+    }
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func._schema.name in self.SYNC_OPS:
+            raise AssertionError(f"host synchronisation: {func._schema.name}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_sync_detector_detects_a_sync():
+    with pytest.raises(AssertionError, match="host synchronisation"), _NoHostSync():
+        bool(torch.ones(2).all())
+
+
+class _Spy:
+    """Records the arguments of F.scaled_dot_product_attention and calls it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+        self.real = F.scaled_dot_product_attention
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.real(*args, **kwargs)
+
+
+@pytest.fixture
+def sdpa_spy(monkeypatch):
+    spy = _Spy()
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return spy
+
+
+def _qkv(B=2, n_q=5, n_k=7, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, n, d, generator=g) for n in (n_q, n_k, n_k))
+
+
+# ------------------------------------------------------------------ SDPA path
+
+
+@pytest.mark.parametrize("score", DOT_SCORES)
+def test_attention_sdpa_runs_4d_and_matches_explicit(score, sdpa_spy):
+    torch.manual_seed(0)
+    fast = Attention(score, d_q=4, d_k=4).eval()
+    slow = Attention(score, d_q=4, d_k=4, path="explicit").eval()
+    slow.load_state_dict(fast.state_dict())
+    q, k, v = _qkv()
+    out = fast(q, k, v)
+    assert out.path == "sdpa"
+    args = sdpa_spy.calls[-1][0]
+    assert all(t.dim() == 4 and t.shape[1] == 1 for t in args[:3])
+    torch.testing.assert_close(out.context, slow(q, k, v).context, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_paths_do_not_synchronise_with_the_device(masked):
+    torch.manual_seed(0)
+    attn = Attention("scaled-dot", d_q=4, d_k=4)
+    q, k, v = _qkv()
+    mask = None
+    if masked:  # padding and a fully masked query row
+        mask = (torch.arange(7) < torch.tensor([[7], [3]]))[:, None, :].expand(2, 5, 7).clone()
+        mask[0, 2] = False
+    with _NoHostSync():
+        out = attn(q, k, v, mask=mask)
+    assert out.path == "sdpa"
+    if masked:  # the guarantee stays: a zero context, never NaN
+        assert torch.equal(out.context[0, 2], torch.zeros(4))
+        assert torch.isfinite(out.context).all()
+
+
+def test_fully_masked_row_backward_is_zero_without_sync():
+    torch.manual_seed(0)
+    attn = Attention("scaled-dot", d_q=4, d_k=4)
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    mask = torch.ones(2, 5, 7, dtype=torch.bool)
+    mask[1, 0] = False
+    with _NoHostSync():
+        out = attn(q, k, v, mask=mask)
+        out.context.sum().backward()
+    assert torch.equal(out.context[1, 0], torch.zeros(4))
+    assert torch.equal(q.grad[1, 0], torch.zeros(4))
+
+
+def test_mha_causal_uses_is_causal_and_no_mask(sdpa_spy):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 6, 8)
+    with _NoHostSync():
+        out = mha(x, causal=True)
+    kwargs = sdpa_spy.calls[-1][1]
+    assert kwargs["is_causal"] is True and kwargs["attn_mask"] is None
+    ref = mha(x, mask=masks.causal(6))  # the materialised mask
+    assert sdpa_spy.calls[-1][1]["is_causal"] is False
+    torch.testing.assert_close(out.context, ref.context, atol=1e-6, rtol=1e-6)
+    assert "is_causal=True" in mha.explain(causal=True)[1]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mask": torch.ones(2, 6, 6, dtype=torch.bool).tril()},  # another mask
+        {"need_weights": True},  # the weights need the mask
+    ],
+)
+def test_mha_causal_falls_back_to_the_mask(kw, sdpa_spy):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 6, 8)
+    out = mha(x, causal=True, **kw)
+    assert sdpa_spy.calls[-1][1]["is_causal"] is False
+    ref = mha(x, mask=masks.causal(6) & kw.get("mask", torch.tensor(True)))
+    torch.testing.assert_close(out.context, ref.context, atol=1e-6, rtol=1e-6)
+
+
+def test_mha_causal_cross_attention_keeps_the_mask(sdpa_spy):
+    # attnlab's causal mask is bottom-right aligned; SDPA's is_causal is top-left: they
+    # agree only for n_q == n_k
+    mha = MultiHeadAttention(8, 2).eval()
+    out = mha(torch.randn(1, 3, 8), torch.randn(1, 5, 8), causal=True)
+    assert sdpa_spy.calls[-1][1]["is_causal"] is False
+    assert sdpa_spy.calls[-1][1]["attn_mask"] is not None
+    assert out.path == "sdpa"
+
+
+# ------------------------------------------------------------------ one planner
+
+
+@pytest.mark.parametrize("name", ["dot", "scaled_dot", "general", "cosine", "additive"])
+def test_functional_attend_follows_the_planner(name):
+    cls = get("score", name).cls
+    want = plan_attention(score_class_capabilities(cls), n_k=5).path
+    q, k, v = _qkv(n_k=5)
+    params = {}
+    if name == "general":
+        params = {"W": torch.randn(4, 4)}
+    if name == "additive":
+        params = {"W1": torch.randn(3, 4), "W2": torch.randn(3, 4), "w": torch.randn(3)}
+    assert attnlab.functional.attend(q, k, v, score=name, **params).path == want
+
+
+def test_explain_is_per_device():
+    local_dot = Attention("general", "local-m", d_q=4, d_k=4, D=2)
+    assert local_dot.explain()[0] == "local-window"
+    want = "local-flex" if planner.flex_available() else "local-window"
+    assert local_dot.explain(device="cuda")[0] == want
+    assert local_dot.explain(need_weights=True, device="cuda")[0] == "local-window"
+    # the additive score has no dot form: FlexAttention cannot compute it
+    local_add = Attention("additive", "local-p", d_q=4, d_k=4, D=2)
+    assert local_add.explain(device="cuda")[0] == "local-window"
+    sd = Attention("scaled-dot")
+    assert "flash" in sd.explain(device="cuda")[1] and "CPU" in sd.explain()[1]
+
+
+def test_mha_fuses_when_every_head_plans_sdpa():
+    assert MultiHeadAttention(8, 2, score="general").explain()[0] == "sdpa"
+    assert MultiHeadAttention(8, 2, score="additive", d_w=4).explain()[0] == (
+        "per-head:lean-additive"
+    )
+
+
+def test_plan_unpacks_as_a_pair():
+    path, reason = Plan("sdpa", "why")
+    assert (path, reason) == ("sdpa", "why")
+
+
+# ------------------------------------------------------------------ FlexAttention window
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_local_flex_matches_the_window_path_on_cpu(gaussian):
+    # FlexAttention's unfused reference runs on CPU (forward only: no CPU backward)
+    g = torch.Generator().manual_seed(3)
+    B, n, d, D = 2, 24, 4, 2
+    q, k = torch.randn(B, n, d, generator=g), torch.randn(B, n, d, generator=g)
+    v = torch.randn(B, n, d, generator=g)
+    centers = torch.rand(B, n, generator=g) * (n + 4) - 2  # some windows off the ends
+    mask = torch.rand(B, 1, n, generator=g) > 0.3
+    mask[1, 0, :] = False  # every window of batch 1 is empty
+    scale = 0.5
+
+    def score(qq, kk):
+        return scale * qq @ kk.transpose(-1, -2)
+
+    ref, _, _ = local_window_attend(score, q, k, v, centers, D, mask, gaussian)
+    with torch.no_grad():
+        out = local_flex_attend(q, k, v, scale, centers, D, mask, gaussian)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[1], torch.zeros(n, d))
+
+
+@pytest.mark.parametrize("align", ["local-m", "local-p"])
+def test_attention_local_flex_path_matches_local_window(align, monkeypatch):
+    torch.manual_seed(0)
+    attn = Attention("general", align, d_q=4, d_k=4, D=2).eval()
+    q, k, v = _qkv(n_q=9, n_k=9)
+    with torch.no_grad():
+        ref = attn(q, k, v)
+        assert ref.path == "local-window"
+        monkeypatch.setattr(
+            Attention, "plan", lambda self, *a, **kw: Plan("local-flex", "forced for the test")
+        )
+        out = attn(q, k, v)
+    assert out.path == "local-flex"
+    torch.testing.assert_close(out.context, ref.context, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.extras["centers"], ref.extras["centers"])
