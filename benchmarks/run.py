@@ -284,6 +284,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"run only this benchmark (repeatable; comma-separated ok): {', '.join(C.CASES)}",
     )
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cpu: the CPU benchmarks above; cuda: the GPU anchors of benchmarks/cuda_bench.py "
+        "and the Triton kernels of benchmarks/gpu_kernels.py (bf16 and fp32)",
+    )
     ap.add_argument("--memory-child", nargs=2, metavar=("CASE", "SIDE"), help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=C.MODES, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -303,8 +310,40 @@ def selected(only: list[str] | None) -> list[str]:
     return names
 
 
+def main_cuda(args: argparse.Namespace) -> int:
+    """``--device cuda``: every GPU anchor, fwd + bwd, bf16 and fp32, ratios in one run.
+    Without a CUDA device it says so and returns 0."""
+    if not torch.cuda.is_available():
+        print("no CUDA device: the GPU benchmarks (--device cuda) need one; nothing measured")
+        return 0
+    import cuda_bench
+    import gpu_kernels
+
+    p = torch.cuda.get_device_properties(0)
+    print(f"attnlab GPU benchmarks: {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    quick = args.quick or args.tiny
+    results = cuda_bench.run(
+        "cuda", tiny=args.tiny, repeats=5 if quick else 20, warmup=1 if quick else 3
+    )
+    print(cuda_bench.format_table(results))
+    print()
+    print("Additive / multi-dimensional: Triton kernels vs the textbook form and its compile:")
+    kernel_args = ["--tiny"] if args.tiny else []
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"device": p.name, "results": [r.__dict__ for r in results]}, indent=1)
+        )
+        kernel_args += ["--json", str(Path(args.json).with_suffix(".kernels.json"))]
+    return gpu_kernels.main(kernel_args)
+
+
 def main(argv: list[str] | None = None) -> list[H.Row]:
     args = parse_args(argv)
+    if args.device == "cuda":
+        rc = main_cuda(args)
+        if rc:
+            raise SystemExit(rc)
+        return []
     mode = args.mode or ("tiny" if args.tiny else "quick" if args.quick else "full")
     if mode == "tiny":
         # toy sizes check the code, not the speed: one thread avoids OpenMP barrier stalls

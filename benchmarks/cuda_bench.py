@@ -1,0 +1,242 @@
+"""GPU benchmarks of issue 12: attnlab's paths against the CUDA anchors, side by side in
+one process (``benchmarks/run.py --device cuda`` runs this, then
+``benchmarks/gpu_kernels.py`` for the additive / multi-dimensional cases).
+
+Cases (forward + backward, bf16 and fp32; median of CUDA-synchronised repeats; peak CUDA
+memory of one step above the inputs, ``torch.cuda.max_memory_allocated``):
+
+* ``sdpa``: ``Attention(score="scaled-dot")``, B=16, n=4096, d=64, vs
+  ``F.scaled_dot_product_attention`` on ``[B, 1, n, d]``; target <= 1.05x.
+* ``mha-causal``: ``MultiHeadAttention(causal=True)``, B=4, n=8192, d=1024, h=16, vs
+  ``nn.MultiheadAttention`` with ``is_causal=True`` (same weights); target <= 1.05x.
+* ``mha``: the same without the causal mask; target <= 1.0x.
+* ``local-m`` / ``local-p``: B=4, n=16384, D=8, d=64, vs FlexAttention's sliding window
+  over the same 17 keys (compiled); target <= 1.0x. Also informational: full SDPA over
+  all keys.
+
+``--tiny`` runs toy sizes (checks the code only; on CPU the FlexAttention anchor, which
+has no CPU backward, is left out).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab import Attention
+from attnlab.query.multi_head import MultiHeadAttention
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Side:
+    name: str
+    step: Callable[[], None]
+
+
+@dataclass
+class Case:
+    name: str
+    config: str
+    target: float | None  # attnlab / anchor at most this (None: informational)
+    sides: list[Side] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    case: str
+    dtype: str
+    side: str
+    config: str
+    ms: float
+    peak_mib: float | None
+    ratio: float | None  # attnlab / this side
+    target: float | None
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _step(fn: Callable[[], Tensor], leaves: list[Tensor]) -> Callable[[], None]:
+    def step() -> None:
+        for t in leaves:
+            t.grad = None
+        fn().float().sum().backward()
+
+    return step
+
+
+def _leaf(shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator) -> Tensor:
+    return torch.randn(shape, generator=g, device=device).to(dtype).requires_grad_()
+
+
+def _params(m: nn.Module) -> list[Tensor]:
+    return list(m.parameters())
+
+
+def build_cases(device: str, dtype: torch.dtype, tiny: bool) -> list[Case]:
+    g = torch.Generator(device=device).manual_seed(0)
+    cases = []
+    # ---- scaled-dot vs SDPA on the 4-D layout
+    B, n, d = (2, 64, 16) if tiny else (16, 4096, 64)
+    q, k, v = (_leaf((B, n, d), dtype, device, g) for _ in range(3))
+    attn = Attention("scaled-dot").to(device)
+    case = Case("sdpa", f"B={B} n={n} d={d}", 1.05)
+    case.sides.append(Side("attnlab", _step(lambda: attn(q, k, v).context, [q, k, v])))
+    case.sides.append(
+        Side(
+            "SDPA [B,1,n,d]",
+            _step(
+                lambda: F.scaled_dot_product_attention(
+                    q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+                ).squeeze(1),
+                [q, k, v],
+            ),
+        )
+    )
+    cases.append(case)
+    # ---- multi-head, causal and not, vs nn.MultiheadAttention
+    B, n, E, h = (2, 32, 32, 4) if tiny else (4, 8192, 1024, 16)
+    cmask = nn.Transformer.generate_square_subsequent_mask(n, device=device, dtype=dtype)
+    for causal in (True, False):
+        ref = nn.MultiheadAttention(E, h, batch_first=True).to(device=device, dtype=dtype)
+        ours = MultiHeadAttention.from_torch(ref)
+        x = _leaf((B, n, E), dtype, device, g)
+
+        def mine(causal: bool = causal, ours: nn.Module = ours, x: Tensor = x) -> Tensor:
+            return ours(x, causal=causal).context
+
+        def theirs(causal: bool = causal, ref: nn.Module = ref, x: Tensor = x) -> Tensor:
+            if causal:
+                return ref(x, x, x, attn_mask=cmask, is_causal=True, need_weights=False)[0]
+            return ref(x, x, x, need_weights=False)[0]
+
+        name = "mha-causal" if causal else "mha"
+        case = Case(name, f"B={B} n={n} d={E} h={h}", 1.05 if causal else 1.0)
+        anchor = "nn.MultiheadAttention" + ("(is_causal=True)" if causal else "")
+        case.sides.append(Side("attnlab", _step(mine, [x, *_params(ours)])))
+        case.sides.append(Side(anchor, _step(theirs, [x, *_params(ref)])))
+        cases.append(case)
+    # ---- local-m / local-p vs FlexAttention's sliding window over the same keys
+    B, n, d, D = (1, 64, 16, 2) if tiny else (4, 16384, 64, 8)
+    q, k, v = (_leaf((B, n, d), dtype, device, g) for _ in range(3))
+    flex_side = None
+    if device == "cuda":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+        block = create_block_mask(
+            lambda b, hh, qi, ki: (qi - ki).abs() <= D, None, None, n, n, device=device
+        )
+
+        def flex_fn() -> Tensor:
+            out = flex(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), block_mask=block)
+            return out.squeeze(1)
+
+        flex_side = Side(f"FlexAttention window ({2 * D + 1} keys)", _step(flex_fn, [q, k, v]))
+    for align, score in (("local-m", "scaled-dot"), ("local-p", "general")):
+        kw = {"d_q": d, "d_k": d} if score == "general" else {"d_q": d}
+        mod = Attention(score, align, D=D, **kw).to(device=device, dtype=dtype)
+        case = Case(align, f"B={B} n={n} D={D} d={d} ({score})", 1.0)
+        case.sides.append(
+            Side("attnlab", _step(lambda m=mod: m(q, k, v).context, [q, k, v, *_params(mod)]))
+        )
+        if flex_side is not None:
+            case.sides.append(flex_side)
+        case.sides.append(
+            Side(
+                "SDPA over all keys (informational)",
+                _step(
+                    lambda: F.scaled_dot_product_attention(
+                        q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+                    ).squeeze(1),
+                    [q, k, v],
+                ),
+            )
+        )
+        cases.append(case)
+    return cases
+
+
+def _time(step: Callable[[], None], device: str, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _peak(step: Callable[[], None], device: str) -> float | None:
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def run(
+    device: str = "cuda",
+    dtypes: tuple[str, ...] = ("bf16", "fp32"),
+    tiny: bool = False,
+    repeats: int = 20,
+    warmup: int = 3,
+    only: list[str] | None = None,
+) -> list[Result]:
+    """Every case in every dtype; the sides of a case are timed in turn in this process."""
+    results = []
+    for dt in dtypes:
+        for case in build_cases(device, DTYPES[dt], tiny):
+            if only and case.name not in only:
+                continue
+            ms = {}
+            for side in case.sides:
+                ms[side.name] = _time(side.step, device, repeats, warmup)
+            mine = ms["attnlab"]
+            for side in case.sides:
+                results.append(
+                    Result(
+                        case.name,
+                        dt,
+                        side.name,
+                        case.config,
+                        ms[side.name],
+                        _peak(side.step, device),
+                        None if side.name == "attnlab" else mine / ms[side.name],
+                        None if side.name == "attnlab" else case.target,
+                    )
+                )
+    return results
+
+
+def format_table(results: list[Result]) -> str:
+    lines = [
+        "| case | dtype | side | config | fwd+bwd ms | peak MiB | attnlab / side | target |",
+        "|" + " --- |" * 8,
+    ]
+    for r in results:
+        peak = "" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+        ratio = "" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.2f}x"
+        target = "" if r.target is None or "informational" in r.side else f"<= {r.target}x"
+        lines.append(
+            f"| {r.case} | {r.dtype} | {r.side} | {r.config} | {r.ms:.2f} | {peak} | "
+            f"{ratio} | {target} |"
+        )
+    return "\n".join(lines)
