@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import click
 
-__all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main"]
+__all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main", "profile_line"]
 
 KIND_TITLES = {
     "score": "Score functions (survey 3.2.1)",
@@ -383,6 +383,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.option("--threads", type=int, help="torch threads for training")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 @click.option(
+    "--profile",
+    is_flag=True,
+    help="print the training throughput per seed: examples per second and the share of "
+    "the time spent waiting for batches (always in cost.json)",
+)
+@click.option(
     "--plugin",
     "plugins",
     multiple=True,
@@ -408,6 +414,7 @@ def train_command(
     out: str | None,
     threads: int | None,
     no_progress: bool,
+    profile: bool,
     plugins: tuple[str, ...],
     list_options: bool,
 ) -> None:
@@ -505,6 +512,24 @@ def train_command(
         rows.append(["mean ± std", *cells, "", ""])
     click.echo(f"{the_task.name}  attention: {results[0][1].label}")
     click.echo(_table(header, rows))
+    if profile:
+        click.echo("")
+        for seed, r in results:
+            click.echo(f"seed {seed}: {profile_line(r.cost)}")
+
+
+def profile_line(cost: dict[str, Any]) -> str:
+    """One line on a run's training throughput from its ``cost.json``: examples per second
+    and the share of the training loops spent waiting for batches."""
+    rate, share = cost.get("examples_per_second"), cost.get("data_share")
+    if not isinstance(rate, int | float) or not isinstance(share, int | float):
+        return "no throughput recorded (a run written before attnlab measured it)"
+    prefetch = cost.get("prefetch") or 0
+    how = f"{prefetch} batches prefetched" if prefetch else "no prefetching"
+    return (
+        f"{rate:,.0f} training examples/s; {100 * share:.1f} % of the training loops "
+        f"({cost.get('data_seconds', 0.0):.2f} s) waiting for batches ({how})"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

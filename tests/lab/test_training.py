@@ -75,8 +75,16 @@ def test_run_directory_layout(toy_run_dir):
     history = _read(toy_run_dir / "history.json")
     assert [h["epoch"] for h in history] == [1, 2, 3]
     for h in history:
-        assert set(h) == {"epoch", "train_loss", "dev", "seconds"}
+        assert set(h) == {
+            "epoch",
+            "train_loss",
+            "dev",
+            "seconds",
+            "examples_per_second",
+            "data_share",
+        }
         assert h["train_loss"] > 0 and h["seconds"] >= 0
+        assert h["examples_per_second"] > 0 and 0 < h["data_share"] < 1
     best = history[metrics["best_epoch"] - 1]
     assert best["dev"] == metrics["dev"]
     assert max(h["dev"]["accuracy"] for h in history) == metrics["dev"]["accuracy"]
@@ -88,7 +96,13 @@ def test_run_directory_layout(toy_run_dir):
         "seconds_per_epoch",
         "eval_ms_per_example",
         "peak_memory_mb",
+        "examples_per_second",
+        "data_seconds",
+        "data_share",
+        "prefetch",
     }
+    assert cost["prefetch"] == 0  # the CPU builds batches in the training thread
+    assert cost["examples_per_second"] > 0 and 0 < cost["data_share"] < 1
     # SentenceClassifier(16 words, 2 classes, embed 8, average encoder 8, tanh attention 8):
     # embedding 16*8 + projection 8*8+8 + attention (W 8*8 + b 8 + w 8) + output 8*2+2
     assert cost["parameters"] == 128 + 72 + 80 + 18

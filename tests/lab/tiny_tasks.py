@@ -41,7 +41,7 @@ def tiny_task(name: str, **options: Any) -> Task:
     common = {"epochs": 1, **options}
     if name == "sentiment":
         mod = importlib.import_module("test_sentiment")
-        return _with_data(mod._tiny_task(batch_size=4, **common), mod._tiny_data())
+        return _with_data(mod._tiny_task(**{"batch_size": 4, **common}), mod._tiny_data())
     if name == "document":
         mod = importlib.import_module("test_document_task")
         task = mod.DocumentTask(**{**mod.TINY, "embeddings": "learned", **common})

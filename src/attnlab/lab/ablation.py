@@ -424,11 +424,17 @@ def _write_json(path: Path, payload: Any) -> None:
 
 
 def _check_existing(
-    path: Path, task: str, options: dict, grid: list[dict], seeds: list[int]
+    path: Path,
+    task: str,
+    options: dict,
+    grid: list[dict],
+    seeds: list[int],
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict], list[int], dict]:
     """Compare a recorded ablation.json with this invocation; return the merged grid and
     seeds (the recorded ones first) and the recorded payload. Raises
-    :class:`AblationMismatchError` naming what differs."""
+    :class:`AblationMismatchError` naming what differs. An option the record lacks (the
+    task gained it after the ablation was recorded) counts as its default ``defaults``."""
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -451,6 +457,8 @@ def _check_existing(
     if old.get("task") != task:
         problems.append(f"task: recorded {old.get('task')!r}, now {task!r}")
     old_options = old.get("task_options", {})
+    added = {k: v for k, v in (defaults or {}).items() if k in options and k not in old_options}
+    old_options = {**added, **old_options}
     if old_options != options:
         keys = sorted(set(old_options) | set(options))
         diffs = [
@@ -571,7 +579,10 @@ def run_ablation(
     specs = [_jsonable(s) for s in specs]
     created = _now()
     if meta_path.is_file():
-        specs, seed_list, old = _check_existing(meta_path, name, task_options, specs, seed_list)
+        defaults = _jsonable({**Task._TRAINING_DEFAULTS, **type(task_obj).defaults})
+        specs, seed_list, old = _check_existing(
+            meta_path, name, task_options, specs, seed_list, defaults
+        )
         created = old.get("created", created)
     _write_json(
         meta_path,

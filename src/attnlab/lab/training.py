@@ -11,9 +11,11 @@ split, and writes the run directory::
                                 "failed"), started, finished, versions, error,
                                 checkpoint_sha256 (of model.safetensors)
     <run_dir>/metrics.json      primary, higher_is_better, best_epoch, dev, test
-    <run_dir>/history.json      [{epoch, train_loss, dev, seconds}, ...]
+    <run_dir>/history.json      [{epoch, train_loss, dev, seconds, examples_per_second,
+                                  data_share}, ...]
     <run_dir>/cost.json         parameters, train_seconds, seconds_per_epoch,
-                                eval_ms_per_example, peak_memory_mb
+                                eval_ms_per_example, peak_memory_mb,
+                                examples_per_second, data_seconds, data_share, prefetch
     <run_dir>/examples.json     attention maps on test examples (AttentionExample.to_json())
     <run_dir>/model.safetensors the best epoch's state dict
 
@@ -22,6 +24,14 @@ split, and writes the run directory::
 the loss, the evaluation and the attention examples run under ``torch.autocast`` with that
 dtype (the parameters and the optimizer stay float32), with a gradient scaler for fp16
 (:func:`resolve_precision`, :func:`precision_context`).
+
+Throughput: the training batches come through :func:`device_batches`, which on CUDA builds
+them :data:`CUDA_PREFETCH` ahead on a background thread in pinned memory (copied with
+``non_blocking=True``), and the loss is read back once per :data:`CUDA_SYNC_EVERY`
+batches; ``examples_per_second`` (training examples per second of the training loops)
+and ``data_share`` (the share of that time spent waiting for batches) go into
+``cost.json`` and each epoch of ``history.json``. Tasks with sequences of varying length
+take the option ``bucket=true`` (length bucketing, :mod:`attnlab.lab.batching`).
 
 The directory is built in a hidden sibling folder and moved into place with ``os.replace``
 at the end, so a run killed midway never leaves a directory whose ``run.json`` says
@@ -47,11 +57,13 @@ import json
 import math
 import os
 import platform
+import queue
 import random
 import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -78,12 +90,18 @@ from attnlab.lab.config import parse_attention
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
+    "CUDA_PREFETCH",
+    "CUDA_SYNC_EVERY",
     "PRECISIONS",
     "RUN_FILES",
+    "DataTimer",
     "RunResult",
+    "batch_examples",
     "default_run_dir",
+    "device_batches",
     "load_run",
     "move_batch",
+    "pin_batch",
     "precision_context",
     "read_metrics",
     "read_run",
@@ -469,6 +487,135 @@ class _Bar:
             self.bar.close()
 
 
+# ----------------------------------------------------------------------------- data pipeline
+
+#: Batches the background thread builds ahead on CUDA (``prefetch=None``); 0 on the CPU.
+CUDA_PREFETCH = 2
+#: On CUDA the training loss is read back (a device synchronisation) once per this many
+#: batches, not after every batch; the finiteness check still names the first bad batch.
+CUDA_SYNC_EVERY = 25
+
+
+def batch_examples(batch: Any) -> int:
+    """The number of examples in a batch: the length of its ``index``, ``labels`` or
+    ``targets`` tensor, else of its first tensor's first dimension (0 when it has none)."""
+    if isinstance(batch, Mapping):
+        for key in ("index", "labels", "targets"):
+            value = batch.get(key)
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                return int(value.shape[0])
+        values: Any = batch.values()
+    elif isinstance(batch, list | tuple):
+        values = batch
+    else:
+        values = [batch]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return 0
+
+
+def pin_batch(batch: Any) -> Any:
+    """Every CPU tensor of ``batch`` in page-locked memory (so that copies to the GPU run
+    asynchronously with ``non_blocking=True``); needs CUDA."""
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if isinstance(batch, Mapping):
+        return {k: pin_batch(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(pin_batch(v) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(pin_batch(v) for v in batch)
+    return batch
+
+
+@dataclass
+class DataTimer:
+    """What :func:`device_batches` measured: seconds the consumer waited for batches
+    (building them, or waiting for the prefetching thread, plus the copy to the device),
+    and how many batches and examples it handed out."""
+
+    seconds: float = 0.0
+    batches: int = 0
+    examples: int = 0
+
+
+def device_batches(
+    batches: Iterator[Any],
+    device: torch.device,
+    *,
+    prefetch: int = 0,
+    pin_memory: bool = False,
+    timer: DataTimer | None = None,
+) -> Iterator[Any]:
+    """The batches of ``batches`` moved to ``device``, timed into ``timer``.
+
+    With ``prefetch > 0`` a background thread iterates ``batches`` (the task's Python code
+    that pads and stacks them) up to ``prefetch`` batches ahead of the consumer, pinning
+    their memory when ``pin_memory``, so that on a GPU the next batch is ready when a step
+    ends. The order is that of ``batches`` (one producer), so a seeded run gives the same
+    batches with or without prefetching. An error in the producer is raised here; when the
+    consumer stops early the thread ends too.
+    """
+    timer = timer if timer is not None else DataTimer()
+    if prefetch <= 0:
+        source = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                timer.seconds += time.perf_counter() - t0
+                return
+            if pin_memory:
+                batch = pin_batch(batch)
+            batch = move_batch(batch, device)
+            timer.seconds += time.perf_counter() - t0
+            timer.batches += 1
+            timer.examples += batch_examples(batch)
+            yield batch
+    slots: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+
+    def offer(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not offer(("batch", pin_batch(batch) if pin_memory else batch)):
+                    return
+            offer(("end", None))
+        except BaseException as error:  # handed to the consumer, raised there
+            offer(("error", error))
+
+    worker = threading.Thread(target=produce, name="attnlab-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            t0 = time.perf_counter()
+            kind, item = slots.get()
+            if kind == "end":
+                timer.seconds += time.perf_counter() - t0
+                return
+            if kind == "error":
+                raise item
+            batch = move_batch(item, device)
+            timer.seconds += time.perf_counter() - t0
+            timer.batches += 1
+            timer.examples += batch_examples(batch)
+            yield batch
+    finally:
+        stop.set()
+        worker.join(timeout=5.0)
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -484,6 +631,7 @@ def train_run(
     progress: bool = True,
     num_threads: int | None = None,
     before_publish: Callable[[], None] | None = None,
+    prefetch: int | None = None,
 ) -> RunResult:
     """Train one run and write its run directory (see the module docstring).
 
@@ -506,6 +654,9 @@ def train_run(
             into place; when it raises, the work folder is removed, nothing is published
             and its exception propagates (an ablation worker checks there that its parent
             still lives).
+        prefetch: training batches a background thread builds ahead
+            (:func:`device_batches`); None: :data:`CUDA_PREFETCH` on CUDA (with pinned
+            memory), 0 (none) elsewhere. The batches and the results do not depend on it.
 
     Returns:
         :class:`RunResult`. Raises what the task raises (e.g.
@@ -530,6 +681,10 @@ def train_run(
         raise ConfigError(f"seed must be an int, got {seed!r}")
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise ConfigError(f"num_threads must be an int >= 1, got {num_threads!r}")
+    if prefetch is None:
+        prefetch = CUDA_PREFETCH if dev.type == "cuda" else 0
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
     opts = the_task.options
     epochs, batch_size = opts["epochs"], opts["batch_size"]
     for name, value in (("epochs", epochs), ("batch_size", batch_size)):
@@ -564,7 +719,9 @@ def train_run(
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        metrics, history, cost = _train(the_task, spec, seed, dev, precision, work, progress)
+        metrics, history, cost = _train(
+            the_task, spec, seed, dev, precision, work, progress, prefetch
+        )
     except BaseException as error:
         if isinstance(error, ModelBuildError):  # what the user typed: nothing is written
             shutil.rmtree(work, ignore_errors=True)
@@ -612,6 +769,7 @@ def _train(
     precision: str,
     work: Path,
     progress: bool,
+    prefetch: int = 0,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     opts = task.options
     seed_everything(seed)
@@ -659,27 +817,38 @@ def _train(
     best_state: dict[str, torch.Tensor] | None = None
     best_dev: dict[str, float] = {}
     train_start = time.perf_counter()
+    loop_seconds = 0.0  # in the training loops (not the dev evaluations)
+    data_total = DataTimer()
+    # a GPU runs ahead of Python: read the loss back only every CUDA_SYNC_EVERY batches
+    sync_every = CUDA_SYNC_EVERY if cuda else 1
     epoch_bar = _Bar(progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
     try:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
             model.train()
             total, count = 0.0, 0
+            pending: list[torch.Tensor] = []  # losses not yet read back
+            timer = DataTimer()
             batch_bar = _Bar(
                 progress, total=n_batches, desc=f"epoch {epoch}", unit="batch", leave=False
             )
+
             try:
-                for batch in task.batches(
-                    data, "train", batch_size, shuffle=True, generator=generator
-                ):
-                    batch = move_batch(batch, device)
+                stream = device_batches(
+                    task.batches(data, "train", batch_size, shuffle=True, generator=generator),
+                    device,
+                    prefetch=prefetch,
+                    pin_memory=cuda,
+                    timer=timer,
+                )
+                for batch in stream:
                     with amp():
                         loss = task.loss(model, batch)
-                    if not torch.isfinite(loss.detach()).all():
-                        raise FloatingPointError(
-                            f"the training loss is {loss.item()} at epoch {epoch}, batch "
-                            f"{count + 1}; lower lr or check the data"
-                        )
+                    pending.append(loss.detach())
+                    count += 1
+                    if len(pending) >= sync_every:
+                        # before the step: a NaN loss never reaches the weights
+                        total += _read_losses(pending, epoch, count)
                     optimizer.zero_grad(set_to_none=True)
                     scaler.scale(loss).backward()
                     if clip:
@@ -687,11 +856,18 @@ def _train(
                         torch.nn.utils.clip_grad_norm_(params, float(clip))
                     scaler.step(optimizer)
                     scaler.update()
-                    total += float(loss.detach())
-                    count += 1
-                    batch_bar.update(1, loss=f"{total / count:.4f}")
+                    if pending:
+                        batch_bar.update(1)
+                    else:
+                        batch_bar.update(1, loss=f"{total / count:.4f}")
+                total += _read_losses(pending, epoch, count)
             finally:
                 batch_bar.close()
+            epoch_loop = time.perf_counter() - t0
+            loop_seconds += epoch_loop
+            data_total.seconds += timer.seconds
+            data_total.batches += timer.batches
+            data_total.examples += timer.examples
             if count == 0:
                 raise ValueError("the train split gave no batches")
             with amp():
@@ -703,6 +879,8 @@ def _train(
                     "train_loss": total / count,
                     "dev": dev_metrics,
                     "seconds": seconds,
+                    "examples_per_second": timer.examples / epoch_loop if epoch_loop else None,
+                    "data_share": timer.seconds / epoch_loop if epoch_loop else None,
                 }
             )
             value = dev_metrics.get(primary)
@@ -757,6 +935,10 @@ def _train(
         "seconds_per_epoch": train_seconds / max(epochs, 1),
         "eval_ms_per_example": 1000.0 * eval_seconds / max(n_test, 1),
         "peak_memory_mb": peak,
+        "examples_per_second": data_total.examples / loop_seconds if loop_seconds else None,
+        "data_seconds": data_total.seconds,
+        "data_share": data_total.seconds / loop_seconds if loop_seconds else None,
+        "prefetch": prefetch,
     }
     save_state(model, work / "model.safetensors")
     _write_json(work / "metrics.json", metrics)
@@ -768,6 +950,24 @@ def _train(
         json.loads(json.dumps(_jsonable(history))),
         json.loads(json.dumps(_jsonable(cost))),
     )
+
+
+def _read_losses(pending: list[torch.Tensor], epoch: int, count: int) -> float:
+    """The sum of the training losses ``pending`` (the last of ``count`` batches so far),
+    read back from the device at once, and ``pending`` emptied; raises
+    :class:`FloatingPointError` naming the first batch whose loss is not finite."""
+    if not pending:
+        return 0.0
+    values = torch.stack(pending).double().cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        k = int(bad[0])
+        raise FloatingPointError(
+            f"the training loss is {float(values[k])} at epoch {epoch}, batch "
+            f"{count - len(pending) + k + 1}; lower lr or check the data"
+        )
+    pending.clear()
+    return float(values.sum()) if len(values) > 1 else float(values[0])
 
 
 def _evaluate(task: Task, model: nn.Module, data: Any, split: str) -> dict[str, float]:

@@ -39,6 +39,7 @@ from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.document import DocumentClassifier
 
@@ -128,6 +129,8 @@ class DocumentTask(Task):
         hidden_size: units per direction (HAN: 50). attention_dim: ``d_w`` (default
             ``2 hidden_size``). dropout: on the embeddings and the document vector.
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
+        bucket: length bucketing of the training batches (documents of similar sentence
+            count and sentence length together; :func:`attnlab.lab.batching.batch_order`).
     """
 
     metrics = ("accuracy", "f1")
@@ -153,6 +156,7 @@ class DocumentTask(Task):
         "attention_dim": None,
         "dropout": 0.3,
         "reinforce_weight": 1.0,
+        "bucket": False,
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -251,10 +255,13 @@ class DocumentTask(Task):
     ) -> Iterator[dict[str, Tensor]]:
         part: DocumentData = data.split(split)
         n = len(part)
-        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        bucket = check_bucket(self.options["bucket"])
+        # a document pads to [sentences, longest sentence]: sort by both
+        sizes = (
+            [(len(d), max((len(s) for s in d), default=0)) for d in part.ids] if bucket else None
+        )
         pad = data.info["vocab"].pad_index or 0
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             docs = [part.ids[i] for i in idx]
             S = max(max((len(d) for d in docs), default=0), 1)
             W = max(max((len(s) for d in docs for s in d), default=0), 1)

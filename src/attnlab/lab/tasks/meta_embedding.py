@@ -35,11 +35,11 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.data.vocab import Vocab
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.lab.tasks.multilabel import (
     EncodedSplit,
     _check_int,
-    batch_order,
     pad_batch,
     subsample,
     tokenize,
@@ -117,6 +117,7 @@ class MetaEmbeddingTask(Task):
         "pooling": "tanh",
         "dropout": 0.2,
         "data_seed": 0,
+        "bucket": False,
     }
     default_attention: ClassVar[dict[str, Any]] = {"meta": "dme"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -248,7 +249,10 @@ class MetaEmbeddingTask(Task):
         generator: torch.Generator | None = None,
     ) -> Iterator[dict[str, Any]]:
         part: EncodedSplit = data.split(split)
-        for idx in batch_order(len(part), batch_size, shuffle, generator):
+        bucket = check_bucket(self.options["bucket"])
+        sizes = [len(ids) for ids in part.ids] if bucket else None
+        n = len(part)
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             tokens, lengths = pad_batch([part.ids[i] for i in idx])
             yield {
                 "tokens": tokens,

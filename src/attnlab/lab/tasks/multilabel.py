@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.multilabel import CapsuleClassifier
 
@@ -83,14 +84,6 @@ def pad_batch(ids: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tenso
         if x:
             tokens[i, : len(x)] = torch.tensor(x, dtype=torch.long)
     return tokens, torch.tensor([len(x) for x in ids], dtype=torch.long)
-
-
-def batch_order(
-    n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None
-) -> Iterator[list[int]]:
-    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
-    for start in range(0, n, batch_size):
-        yield order[start : start + batch_size]
 
 
 def _check_int(options: Mapping[str, Any], *names: str, low: int = 1) -> None:
@@ -143,6 +136,7 @@ class MultiLabelTask(Task):
         "dropout": 0.2,
         "threshold": 0.5,
         "data_seed": 0,
+        "bucket": False,
     }
     default_attention: ClassVar[dict[str, Any]] = {"routing": True}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -272,7 +266,10 @@ class MultiLabelTask(Task):
     ) -> Iterator[dict[str, Any]]:
         part: EncodedSplit = data.split(split)
         L = data.info["num_labels"]
-        for idx in batch_order(len(part), batch_size, shuffle, generator):
+        bucket = check_bucket(self.options["bucket"])
+        sizes = [len(ids) for ids in part.ids] if bucket else None
+        n = len(part)
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             tokens, lengths = pad_batch([part.ids[i] for i in idx])
             targets = torch.zeros(len(idx), L)
             for row, i in enumerate(idx):

@@ -41,6 +41,7 @@ from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError, simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.sentence import SentenceClassifier
 
@@ -142,6 +143,8 @@ class SentimentTask(Task):
         max_len: cut sentences to this many tokens.
         min_freq: keep words seen at least this often in the training split.
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
+        bucket: length bucketing of the training batches (``true``: each batch holds
+            sentences of similar length, :func:`attnlab.lab.batching.batch_order`).
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1", "roc_auc")
@@ -169,6 +172,7 @@ class SentimentTask(Task):
         "max_len": None,
         "min_freq": 1,
         "reinforce_weight": 1.0,
+        "bucket": False,
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -302,10 +306,10 @@ class SentimentTask(Task):
     ) -> Iterator[dict[str, Tensor]]:
         part: SentenceData = data.split(split)
         n = len(part)
-        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        bucket = check_bucket(self.options["bucket"])
+        sizes = [len(ids) for ids in part.ids] if bucket else None
         pad = data.info["vocab"].pad_index or 0
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             lengths = [len(part.ids[i]) for i in idx]
             width = max(max(lengths), 1)
             tokens = torch.full((len(idx), width), pad, dtype=torch.long)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data.vocab import Vocab
 from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.lab.tasks.document import accuracy_f1, glove_vocab
 from attnlab.models.target import PARTS, TargetSentimentClassifier
@@ -91,6 +92,8 @@ class TargetSentimentTask(Task):
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention
             (unused while :class:`~attnlab.feature.rotatory.LCRRotHop` reports no
             log-probabilities).
+        bucket: length bucketing of the training batches (tweets of similar left context,
+            target and right context lengths together; :func:`attnlab.lab.batching.batch_order`).
     """
 
     metrics = ("accuracy", "f1")
@@ -115,6 +118,7 @@ class TargetSentimentTask(Task):
         "hidden_size": 50,
         "dropout": 0.2,
         "reinforce_weight": 1.0,
+        "bucket": False,
     }
     default_attention: ClassVar[dict[str, Any]] = {
         "score": "activated-general",
@@ -225,10 +229,10 @@ class TargetSentimentTask(Task):
     ) -> Iterator[dict[str, Tensor]]:
         part: TargetData = data.split(split)
         n = len(part)
-        order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+        bucket = check_bucket(self.options["bucket"])
+        sizes = [tuple(len(ids[p]) for p in PARTS) for ids in part.ids] if bucket else None
         pad = data.info["vocab"].pad_index or 0
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             batch: dict[str, Tensor] = {}
             for p in PARTS:
                 seqs = [part.ids[i][p] for i in idx]

@@ -46,6 +46,7 @@ from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
 from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.translator import Seq2SeqTranslator, Translation
 
@@ -156,6 +157,7 @@ class TranslationTask(Task):
         "max_decode_len": None,
         "supervise": 0.0,
         "supervise_divergence": "ce",
+        "bucket": False,
     }
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "bahdanau": {"style": "bahdanau", "score": "additive", "align": "soft"},
@@ -268,12 +270,15 @@ class TranslationTask(Task):
         generator: torch.Generator | None = None,
     ) -> Iterator[dict[str, Any]]:
         part: TranslationData = data.split(split)
-        order = list(range(len(part)))
-        if shuffle:
-            order = torch.randperm(len(part), generator=generator).tolist()
+        bucket = check_bucket(self.options["bucket"])
+        sizes = (
+            [(len(s), len(t)) for s, t in zip(part.src_ids, part.tgt_ids, strict=True)]
+            if bucket
+            else None
+        )
         gold = self.supervised
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        n = len(part)
+        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
             yield self.collate(part, idx, gold=gold)
 
     @staticmethod
