@@ -1,0 +1,227 @@
+"""CUDA tests (issue 12, item 6): every score x alignment x dimensionality of
+``attnlab.Attention`` and the query / feature modules run forward + backward on CUDA in
+float32 and bfloat16 and agree with the CPU float64 result.
+
+Tolerances (against CPU float64, same parameters, inputs rounded to the tested dtype):
+
+* float32: ``atol = rtol = 1e-4`` (TF32 is switched off for the test);
+* bfloat16: ``max |diff| <= 0.05 * max(1, max |ref|)`` for outputs and gradients. bf16 has
+  an 8-bit significand (relative step 2^-8 = 0.004); the projections, scores and weighted
+  sums each round once more, and gradients go through several such products.
+* discrete choices (hard and reinforced alignments, LSH buckets) can flip between a bf16
+  and a float64 run when two candidates are within bf16's rounding: in bf16 these cases
+  check shapes and finiteness only.
+
+Everything here is marked ``cuda`` and skipped without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from test_attention import VALID, ids
+
+from attnlab import Attention
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TESTS = Path(__file__).resolve().parents[1]
+FP32_TOL = 1e-4
+BF16_TOL = 0.05
+DISCRETE_ALIGNS = {"hard", "reinforced"}
+DISCRETE_CASES = {"reformer"}
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _load(rel: str, device: str) -> ModuleType:
+    """A fresh copy of a test module whose tensor globals (masks) live on ``device``."""
+    path = TESTS / rel
+    name = f"_cuda_copy_{path.stem}_{device}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    if device != "cpu":
+        for key, value in list(vars(mod).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(mod, key, value.to(device))
+        if hasattr(mod, "_cross_mask"):
+            cpu_mask = mod._cross_mask.__globals__["KEY_MASK"].cpu()
+            rows = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]
+            mask = (cpu_mask & rows[:, :, None]).to(device)
+            mod._cross_mask = lambda: mask
+    return mod
+
+
+def _run(module, call, inputs, device, dtype):
+    """Outputs and gradients (inputs and parameters) of a fixed projection of the outputs."""
+    module = copy.deepcopy(module).to(device=device, dtype=dtype)
+    args = {}
+    for name, x in inputs.items():
+        x = x.to(device)
+        if x.dtype.is_floating_point:
+            x = x.to(dtype).detach().requires_grad_()
+        args[name] = x
+    out = call(module, **args)
+    r = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (out.double() * r.to(device)).sum().backward()
+    grads = {n: a.grad for n, a in args.items() if a.dtype.is_floating_point}
+    grads.update({f"param {n}": p.grad for n, p in module.named_parameters()})
+    return out.detach().double().cpu(), {
+        n: None if g is None else g.double().cpu() for n, g in grads.items()
+    }
+
+
+def _close(got, want, dtype, what):
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=FP32_TOL, rtol=FP32_TOL, msg=what)
+    else:
+        scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+        err = (got - want).abs().max().item() if want.numel() else 0.0
+        assert err <= BF16_TOL * scale, f"{what}: bf16 max error {err:.3g} (scale {scale:.3g})"
+
+
+def _check(module, call, inputs, dtype, discrete=False, inputs_cuda=None, call_cuda=None):
+    # the reference sees the inputs rounded to the tested dtype, in float64 on the CPU
+    rounded = {
+        n: x.to(dtype).double() if x.dtype.is_floating_point else x for n, x in inputs.items()
+    }
+    want, want_g = _run(module, call, rounded, "cpu", torch.float64)
+    got, got_g = _run(module, call_cuda or call, inputs_cuda or inputs, "cuda", dtype)
+    assert got.shape == want.shape
+    assert torch.isfinite(got).all() == torch.isfinite(want).all()
+    if discrete and dtype == torch.bfloat16:
+        for g in got_g.values():
+            assert g is None or torch.isfinite(g).all()
+        return
+    _close(got, want, dtype, "output")
+    for name, g in want_g.items():
+        h = got_g[name]
+        if g is None:
+            assert h is None or not h.any(), name
+            continue
+        assert h is not None, name
+        _close(h, g, dtype, f"gradient of {name}")
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("combo", VALID, ids=[ids(c) for c in VALID])
+def test_every_attention_combination_on_cuda(combo, dtype):
+    score, align, dim = combo
+    torch.manual_seed(0)
+    attn = Attention(score, align, dim, d_q=4, d_k=4).eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = {
+        "q": torch.randn(2, 3, 4, generator=g),
+        "k": torch.randn(2, 6, 4, generator=g),
+        "v": torch.randn(2, 6, 4, generator=g),
+    }
+
+    def call(m, q, k, v):
+        return m(q, k, v).context
+
+    _check(attn, call, inputs, dtype, discrete=align in DISCRETE_ALIGNS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mha_causal_on_cuda_uses_is_causal_without_sync(dtype):
+    from attnlab.query.multi_head import MultiHeadAttention
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 9, 16)
+    _check(mha, lambda m, x: m(x, causal=True).context, {"x": x}, dtype)
+    m = copy.deepcopy(mha).to(device="cuda", dtype=dtype)
+    xc = x.to("cuda", dtype)
+    m(xc, causal=True)  # warm-up (kernel selection may synchronise once)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m(xc, causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("align", ["local-m", "local-p"])
+def test_local_flex_path_on_cuda(align, dtype):
+    torch.manual_seed(0)
+    attn = Attention("general", align, d_q=8, d_k=8, D=3).eval()
+    assert attn.explain(device="cuda")[0] == "local-flex"
+    g = torch.Generator().manual_seed(1)
+    n = 300  # beyond bf16's exact integers
+    inputs = {k: torch.randn(2, n, 8, generator=g) for k in ("q", "k", "v")}
+
+    def call(m, q, k, v):
+        out = m(q, k, v)
+        assert out.path == ("local-flex" if q.is_cuda else "local-window")
+        return out.context
+
+    _check(attn, call, inputs, dtype)
+
+
+def _query_cases():
+    return sorted(_load("query/test_query_padding.py", "cpu").SELF) + [
+        f"cross:{c}" for c in sorted(_load("query/test_query_padding.py", "cpu").CROSS)
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", _query_cases() if torch.cuda.is_available() else ["none"])
+def test_query_modules_on_cuda(case, dtype):
+    cpu = _load("query/test_query_padding.py", "cpu")
+    dev = _load("query/test_query_padding.py", "cuda")
+    table, key = ("CROSS", case[6:]) if case.startswith("cross:") else ("SELF", case)
+    torch.manual_seed(0)
+    module, call, inputs, _ = getattr(cpu, table)[key]()
+    torch.manual_seed(0)
+    _, call_cuda, _, _ = getattr(dev, table)[key]()
+    _check(module.eval(), call, inputs, dtype, discrete=key in DISCRETE_CASES, call_cuda=call_cuda)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["constant-query", "learned-query", "capsule-attention"])
+def test_internal_query_modules_on_cuda(case, dtype):
+    cpu = _load("query/test_query_padding.py", "cpu")
+    dev = _load("query/test_query_padding.py", "cuda")
+    torch.manual_seed(0)
+    module = cpu.INTERNAL[case]().eval()
+
+    def call_for(mod):
+        return lambda m, x: mod._internal_output(m(x, mask=mod.REAL))
+
+    _check(module, call_for(cpu), {"x": cpu._x(1)}, dtype, call_cuda=call_for(dev))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "case", ["alternating", "interactive", "parallel-bilinear", "multi-grained"]
+)
+def test_co_attention_modules_on_cuda(case, dtype):
+    cpu = _load("feature/test_feature_padding.py", "cpu")
+    dev = _load("feature/test_feature_padding.py", "cuda")
+    torch.manual_seed(0)
+    module = cpu.CO[case]().eval()
+    d1 = 6 if case in ("alternating", "interactive", "parallel-bilinear") else 5
+    d2 = 4 if d1 == 6 else 5
+    inputs = {"f1": cpu._x(1, 5, d1), "f2": cpu._x(2, 4, d2)}
+    _check(module, cpu._co_call, inputs, dtype, call_cuda=dev._co_call)
