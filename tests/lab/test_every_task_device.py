@@ -20,29 +20,6 @@ CUDA = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-#: Tasks whose models cannot run under bf16/fp16 autocast yet, and why: the dtype checks of
-#: attnlab.general refuse the float32 parameters an autocast bfloat16 activation meets
-#: (Attention.forward's check of k against its parameters; the fused additive score's
-#: check of w against q1). strict: the test fails as soon as they are fixed, so that this
-#: list is emptied then.
-AUTOCAST_BLOCKED = {
-    "document": "general/attention.py: Attention refuses a bf16 k with float32 parameters",
-    "meta_embedding": "general/attention.py: Attention refuses a bf16 k with float32 parameters",
-    "pointer": "general/fused.py: the fused additive score refuses a float32 w with a bf16 q1",
-}
-
-
-def _tasks(reduced: bool) -> list:
-    """TASKS as parameters; with ``reduced`` precision the blocked ones xfail (strict)."""
-    return [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(raises=TypeError, strict=True, reason=AUTOCAST_BLOCKED[name]),
-        )
-        if reduced and name in AUTOCAST_BLOCKED
-        else name
-        for name in TASKS
-    ]
 
 
 def _train_and_reload(name: str, device: str, precision: str, tmp_path) -> None:
@@ -67,18 +44,18 @@ def _train_and_reload(name: str, device: str, precision: str, tmp_path) -> None:
     assert missing == [] and unexpected == []
 
 
-@pytest.mark.parametrize("name", _tasks(reduced=True))
+@pytest.mark.parametrize("name", TASKS)
 def test_every_task_trains_under_bf16_on_the_cpu(name, tmp_path):
     _train_and_reload(name, "cpu", "bf16", tmp_path)
 
 
-@pytest.mark.parametrize("name", _tasks(reduced=False))
+@pytest.mark.parametrize("name", TASKS)
 @pytest.mark.parametrize("marks", [pytest.param(None, marks=CUDA, id="cuda")])
 def test_every_task_trains_on_cuda_fp32(name, marks, tmp_path):
     _train_and_reload(name, "cuda", "fp32", tmp_path)
 
 
-@pytest.mark.parametrize("name", _tasks(reduced=True))
+@pytest.mark.parametrize("name", TASKS)
 @pytest.mark.parametrize("marks", [pytest.param(None, marks=CUDA, id="cuda")])
 def test_every_task_trains_on_cuda_bf16(name, marks, tmp_path):
     _train_and_reload(name, "cuda", "bf16", tmp_path)
