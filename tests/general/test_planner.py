@@ -72,22 +72,49 @@ def _qkv(B=2, n_q=5, n_k=7, d=4, seed=0):
 # ------------------------------------------------------------------ SDPA path
 
 
+@pytest.fixture
+def four_d(monkeypatch):
+    """The layout decision of a CUDA call (4-D), on CPU tensors."""
+    from attnlab.general import sdpa
+
+    monkeypatch.setattr(sdpa, "sdpa_four_d", lambda device: True)
+
+
+def test_the_4d_layout_is_chosen_on_cuda_only():
+    assert planner.sdpa_four_d("cuda") and not planner.sdpa_four_d("cpu")
+
+
 @pytest.mark.parametrize("score", DOT_SCORES)
-def test_attention_sdpa_runs_4d_and_matches_explicit(score, sdpa_spy):
+def test_attention_sdpa_runs_4d_and_matches_explicit(score, sdpa_spy, four_d):
     torch.manual_seed(0)
     fast = Attention(score, d_q=4, d_k=4).eval()
     slow = Attention(score, d_q=4, d_k=4, path="explicit").eval()
     slow.load_state_dict(fast.state_dict())
     q, k, v = _qkv()
-    out = fast(q, k, v)
-    assert out.path == "sdpa"
-    args = sdpa_spy.calls[-1][0]
-    assert all(t.dim() == 4 and t.shape[1] == 1 for t in args[:3])
-    torch.testing.assert_close(out.context, slow(q, k, v).context, atol=1e-5, rtol=1e-5)
+    mask = torch.rand(2, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.4
+    mask[0, 1] = False
+    for m in (None, mask):
+        out = fast(q, k, v, mask=m, need_weights=True)
+        assert out.path == "sdpa"
+        args = sdpa_spy.calls[-1][0]
+        assert all(t.dim() == 4 and t.shape[1] == 1 for t in args[:3])
+        want = slow(q, k, v, mask=m, need_weights=True)
+        torch.testing.assert_close(out.context, want.context, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.weights, want.weights, atol=1e-5, rtol=1e-5)
+
+
+def test_4d_sdpa_keeps_a_nan_query_row_nan(four_d):
+    # the CPU flash kernel returns 0 for a NaN query row; the contract is NaN
+    attn = Attention("scaled-dot", d_q=4, d_k=4)
+    q, k, v = _qkv()
+    q[0, 1, 2] = float("nan")
+    out = attn(q, k, v).context
+    assert torch.isnan(out[0, 1]).all()
+    assert torch.isfinite(out[0, [0, 2, 3, 4]]).all() and torch.isfinite(out[1]).all()
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_sdpa_paths_do_not_synchronise_with_the_device(masked):
+def test_sdpa_paths_do_not_synchronise_with_the_device(masked, four_d):
     torch.manual_seed(0)
     attn = Attention("scaled-dot", d_q=4, d_k=4)
     q, k, v = _qkv()
@@ -103,7 +130,7 @@ def test_sdpa_paths_do_not_synchronise_with_the_device(masked):
         assert torch.isfinite(out.context).all()
 
 
-def test_fully_masked_row_backward_is_zero_without_sync():
+def test_fully_masked_row_backward_is_zero_without_sync(four_d):
     torch.manual_seed(0)
     attn = Attention("scaled-dot", d_q=4, d_k=4)
     q, k, v = (t.requires_grad_() for t in _qkv())
@@ -183,7 +210,7 @@ def test_explain_is_per_device():
     local_add = Attention("additive", "local-p", d_q=4, d_k=4, D=2)
     assert local_add.explain(device="cuda")[0] == "local-window"
     sd = Attention("scaled-dot")
-    assert "flash" in sd.explain(device="cuda")[1] and "CPU" in sd.explain()[1]
+    assert "flash" in sd.explain(device="cuda")[1] and "CPU math" in sd.explain()[1]
 
 
 def test_mha_fuses_when_every_head_plans_sdpa():
@@ -238,3 +265,18 @@ def test_attention_local_flex_path_matches_local_window(align, monkeypatch):
     assert out.path == "local-flex"
     torch.testing.assert_close(out.context, ref.context, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.extras["centers"], ref.extras["centers"])
+
+
+def test_local_flex_static_window_is_the_position_window():
+    # local-m's default window |i - l| <= D: a cached block mask, same result as the
+    # per-call one built from the centres
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 5, 4, generator=g), torch.randn(2, 12, 4, generator=g)
+    v = torch.randn(2, 12, 3, generator=g)
+    centers = torch.arange(5.0).expand(2, 5)
+    with torch.no_grad():
+        dynamic = local_flex_attend(q, k, v, 0.5, centers, 2)
+        static = local_flex_attend(q, k, v, 0.5, centers, 2, static_window=True)
+        again = local_flex_attend(q, k, v, 0.5, centers, 2, static_window=True)  # cached
+    torch.testing.assert_close(static, dynamic, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(again, static, atol=0, rtol=0)

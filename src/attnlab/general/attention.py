@@ -480,7 +480,16 @@ class Attention(Configurable):
             )
             q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
             context = local_flex_attend(
-                q2, k2, values, scale, centers, self.align.D, mask3, self.align.gaussian
+                q2,
+                k2,
+                values,
+                scale,
+                centers,
+                self.align.D,
+                mask3,
+                self.align.gaussian,
+                # local-m without positions: the window is |i - l| <= D, the same every call
+                static_window=positions is None and self._caps.centres_are_positions,
             )
             weights = None
             extras["centers"] = centers

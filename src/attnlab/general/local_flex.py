@@ -50,6 +50,7 @@ def local_flex_attend(
     gaussian: bool = False,
     *,
     compiled: bool | None = None,
+    static_window: bool = False,
 ) -> Tensor:
     """``sum_l softmax_window(scale q^T k)_l (g_l) v_l`` over ``|l - p| <= D``.
 
@@ -61,6 +62,9 @@ def local_flex_attend(
         D: half window width. mask: bool broadcastable to ``[B, n_q, n_k]``.
         gaussian: apply local-p's Gaussian factor after the softmax.
         compiled: run ``torch.compile(flex_attention)`` (default: on CUDA).
+        static_window: the centres are the query positions ``0 .. n_q - 1`` and there is
+            no mask (local-m's default): the block mask ``|i - l| <= D`` is the same for
+            every call of these sizes and is built once and cached.
 
     Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype.
     """
@@ -80,7 +84,21 @@ def local_flex_attend(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
-        block = create_block_mask(window, B, None, n_q, n_k, device=q.device)
+        if static_window and mask is None:
+            key = ("window", n_q, n_k, D, str(q.device))
+            if key not in _COMPILED:
+
+                def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+                    return (ki - qi).abs() <= D
+
+                _COMPILED[key] = create_block_mask(band, None, None, n_q, n_k, device=q.device)
+            block = _COMPILED[key]
+        else:
+            # data-dependent centres: built per call, on CUDA without materialising
+            # [B, n_q, n_k] (compiled)
+            block = create_block_mask(
+                window, B, None, n_q, n_k, device=q.device, _compile=q.device.type == "cuda"
+            )
         flex = _flex(compiled)
         q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
         out1, aux1 = flex(

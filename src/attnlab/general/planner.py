@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.general.alignment import LocalMAlign
 from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_available
 from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
 
@@ -37,6 +38,7 @@ __all__ = [
     "plan_attention",
     "plan_heads",
     "score_class_capabilities",
+    "sdpa_four_d",
 ]
 
 #: dtypes the FlexAttention window path runs in on CUDA
@@ -58,6 +60,7 @@ class Capabilities:
     multi: bool
     window: int = 0  # 2D + 1 for local alignments
     triton_act: bool = False  # the additive activation is one the Triton kernels implement
+    centres_are_positions: bool = False  # local-m: window centres are the query positions
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,15 @@ class Plan:
 
     def __iter__(self):  # ``path, reason = plan``
         return iter((self.path, self.reason))
+
+
+def sdpa_four_d(device: torch.device | str) -> bool:
+    """Whether a 3-D SDPA call ``[B, n, d]`` runs as ``[B, 1, n, d]``: on CUDA (and any
+    accelerator) only the 4-D layout makes the flash / cuDNN / efficient kernels eligible.
+    On the CPU the 3-D call stays on the math kernel, whose half-precision backward
+    accumulates in float32 (the CPU flash kernel's float16 gradients are measurably less
+    accurate with large scores; tests/general/test_robustness_numerics.py)."""
+    return torch.device(device).type != "cpu"
 
 
 def flex_available() -> bool:
@@ -124,6 +136,7 @@ def capabilities(score: torch.nn.Module, align: torch.nn.Module, multi: bool) ->
         multi=multi,
         window=2 * align.D + 1 if local else 0,  # type: ignore[operator]
         triton_act=additive and triton_act_name(score.act) is not None,  # type: ignore[arg-type]
+        centres_are_positions=isinstance(align, LocalMAlign),
     )
 
 
@@ -233,8 +246,12 @@ def plan_attention(
         return Plan(
             "sdpa",
             f"score {s!r} is a scaled dot product after transforming the query, and the "
-            "alignment is soft: PyTorch's fused scaled_dot_product_attention on the 4-D "
-            f"layout [B, H, n, d] ({'flash / cuDNN / efficient kernels' if dev.type == 'cuda' else 'the CPU kernel'})",
+            "alignment is soft: PyTorch's fused scaled_dot_product_attention on the "
+            + (
+                "layout [B, H, n, d] (flash / cuDNN / efficient kernels)"
+                if sdpa_four_d(dev)
+                else "layout [B, n, d] (the CPU math kernel)"
+            ),
         )
     if caps.additive:
         if caps.soft and not need_weights and not dropout and _triton_fits(caps, dev, dtype):

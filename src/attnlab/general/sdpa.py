@@ -31,6 +31,7 @@ from torch import Tensor
 from attnlab._checks import softmax_dtype
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_heads
+from attnlab.general.planner import sdpa_four_d
 
 __all__ = ["sdpa_attend"]
 
@@ -71,14 +72,16 @@ def _sdpa_attend(
     *,
     clear: bool,
     causal: bool = False,
+    four_d: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`sdpa_attend`; ``clear=False`` skips clearing the padding, for callers that
     cleared their raw inputs already (before projections, whose gradients need it).
 
     ``causal=True`` (with ``mask=None`` and ``n_q == n_k``) passes ``is_causal=True`` to
     the kernel instead of a materialised mask. A 3-D call ``[B, n, d]`` runs on the 4-D
-    layout ``[B, 1, n, d]``, where the flash / cuDNN / memory-efficient kernels are
-    eligible. Nothing here synchronises with the device: a fully masked row is opened
+    layout ``[B, 1, n, d]`` where ``four_d`` says so (default: on every device but the
+    CPU, see :func:`attnlab.general.planner.sdpa_four_d`), so that the flash / cuDNN /
+    memory-efficient kernels are eligible. Nothing here synchronises with the device: a fully masked row is opened
     for the kernel and zeroed afterwards with ``torch.where`` on a per-row "any allowed"
     tensor, whatever the mask holds."""
     if causal and (mask is not None or need_weights or q.shape[-2] != k.shape[-2]):
@@ -86,7 +89,9 @@ def _sdpa_attend(
             "causal=True needs mask=None, need_weights=False and n_q == n_k; pass the "
             "causal mask (attnlab.masks.causal) instead"
         )
-    three_d = q.dim() == 3
+    if four_d is None:
+        four_d = sdpa_four_d(q.device)
+    three_d = q.dim() == 3 and four_d
     if three_d:  # [B, n, d] -> [B, 1, n, d]: the fused CUDA kernels want 4-D inputs
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     row_ok = None
