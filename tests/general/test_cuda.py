@@ -165,11 +165,11 @@ def test_mha_causal_on_cuda_uses_is_causal_without_sync(dtype):
 @pytest.mark.parametrize("align", ["local-m", "local-p"])
 def test_local_flex_path_on_cuda(align, dtype):
     torch.manual_seed(0)
-    attn = Attention("general", align, d_q=8, d_k=8, D=3).eval()
+    attn = Attention("general", align, d_q=16, d_k=16, D=3).eval()  # Flex: d >= 16
     assert attn.explain(device="cuda")[0] == "local-flex"
     g = torch.Generator().manual_seed(1)
     n = 300  # beyond bf16's exact integers
-    inputs = {k: torch.randn(2, n, 8, generator=g) for k in ("q", "k", "v")}
+    inputs = {k: torch.randn(2, n, 16, generator=g) for k in ("q", "k", "v")}
 
     def call(m, q, k, v):
         out = m(q, k, v)

@@ -206,6 +206,9 @@ def test_explain_is_per_device():
     want = "local-flex" if planner.flex_available() else "local-window"
     assert local_dot.explain(device="cuda")[0] == want
     assert local_dot.explain(need_weights=True, device="cuda")[0] == "local-window"
+    # FlexAttention's CUDA kernels take keys / values of at least 16 features
+    assert local_dot.plan(device="cuda", head_dim=8).path == "local-window"
+    assert local_dot.plan(device="cuda", head_dim=16).path == want
     # the additive score has no dot form: FlexAttention cannot compute it
     local_add = Attention("additive", "local-p", d_q=4, d_k=4, D=2)
     assert local_add.explain(device="cuda")[0] == "local-window"

@@ -318,9 +318,11 @@ class Attention(Configurable):
         n_k: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        head_dim: int | None = None,
     ) -> Plan:
         """The :class:`~attnlab.general.planner.Plan` of a call with these settings on
-        ``device`` / ``dtype`` (default: those of the parameters; CPU without any)."""
+        ``device`` / ``dtype`` (default: those of the parameters; CPU without any) with
+        keys and values of at least ``head_dim`` features."""
         param = next(self.parameters(), None)
         if device is None:
             device = param.device if param is not None else torch.device("cpu")
@@ -334,6 +336,7 @@ class Attention(Configurable):
             device=device,
             dtype=dtype,
             dropout=self.dropout > 0 and self.training,
+            head_dim=head_dim,
         )
 
     def explain(
@@ -439,7 +442,8 @@ class Attention(Configurable):
         q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
-        path = self.plan(need_weights, n_k, device=k.device, dtype=k.dtype).path
+        head_dim = min(keys.shape[-1], values.shape[-1])
+        path = self.plan(need_weights, n_k, device=k.device, dtype=k.dtype, head_dim=head_dim).path
         p = self.dropout if self.training else 0.0
         log_prob = None
         extras: dict[str, Any] = {}

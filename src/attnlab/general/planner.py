@@ -43,6 +43,8 @@ __all__ = [
 
 #: dtypes the FlexAttention window path runs in on CUDA
 FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: the smallest key / value size FlexAttention's CUDA kernels take
+FLEX_MIN_DIM = 16
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ def plan_attention(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     dropout: bool = False,
+    head_dim: int | None = None,
 ) -> Plan:
     """The path of one attention call.
 
@@ -174,6 +177,8 @@ def plan_attention(
         n_k: the number of keys (``0``: empty key set), ``None`` if unknown.
         device, dtype: of the call (``None``: CPU, any dtype).
         dropout: attention dropout is active (training with ``dropout > 0``).
+        head_dim: the smaller of the key and value sizes of the call (``None``: unknown);
+            FlexAttention's CUDA kernels need at least ``FLEX_MIN_DIM``.
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if mode == "explicit":
@@ -199,6 +204,7 @@ def plan_attention(
             and not need_weights
             and not dropout
             and (dtype is None or dtype in FLEX_DTYPES)
+            and (head_dim is None or head_dim >= FLEX_MIN_DIM)
             and flex_available()
         ):
             extra = (
