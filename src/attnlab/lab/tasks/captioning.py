@@ -188,8 +188,7 @@ class CaptioningTask(Task):
         scale = options.get("scale", "small")
         if scale not in SCALES:
             raise ConfigError(f"option scale must be one of {sorted(SCALES)}, got {scale!r}")
-        given = dict(options)
-        super().__init__(**{**SCALES[scale], **given})
+        super().__init__(**{**SCALES[scale], **options})
         o = self.options
         for name in (
             "image_size",
