@@ -15,10 +15,13 @@ and runs each combination on the fastest correct implementation:
 | ``lean-additive`` | additive score, soft alignment, single-dimensional | scores from a chunked kernel: memory O(B n_q n_k), never ``[B, n_q, n_k, d_w]`` |
 | ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
 | ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
-| ``local-window`` | local-m / local-p | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
+| ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights requested, no dropout | FlexAttention's sliding-window block mask (:mod:`attnlab.general.local_flex`) |
+| ``local-window`` | local-m / local-p otherwise | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
 | ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
 
-``Attention.explain()`` says which path a call takes and why; every output records it in
+The path is decided by :mod:`attnlab.general.planner` from the combination's capabilities
+and the call's device, dtype and shapes. ``Attention.explain()`` says which path a call
+takes and why; every output records it in
 ``AttentionOutput.path``. The fast paths agree with ``path="explicit"`` to 1e-5 in float32.
 """
 
