@@ -301,7 +301,10 @@ def max_pooled_scores(
         e1, e2 = A.new_zeros(B, n1), A.new_zeros(B, n2)
     else:
         pair = m1.unsqueeze(2) & m2.unsqueeze(1)
-        filled = A if bool(pair.all()) else A.masked_fill(~pair, fill_value(A.dtype))
+        if torch.compiler.is_compiling():  # no host synchronisation under torch.compile
+            filled = A.masked_fill(~pair, fill_value(A.dtype))
+        else:
+            filled = A if bool(pair.all()) else A.masked_fill(~pair, fill_value(A.dtype))
         e1 = torch.where(ok1, filled.amax(2), A.new_zeros(()))
         e2 = torch.where(ok2, filled.amax(1), A.new_zeros(()))
     if mask1 is None and mask2 is None and n1 > 0 and n2 > 0:

@@ -38,6 +38,7 @@ from attnlab import masks as _masks
 from attnlab._checks import (
     ConfigError,
     batched_query,
+    check_module_dtype,
     check_same,
     check_tensor,
 )
@@ -74,7 +75,10 @@ def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor 
     set to 0 so that every alignment can run on it (``None``: no such row). The
     alignment's result for those rows is then overwritten with NaN (see the class
     docstring, "NaN inputs"). A ``-inf`` score in a row with a finite maximum stays: it
-    gets weight 0."""
+    gets weight 0. Under :func:`torch.compile` the rows are always computed and filled
+    (no host synchronisation, hence no graph break)."""
+    if torch.compiler.is_compiling():
+        return _bad_rows_traceable(e, mask, dim)
     if bool(torch.isfinite(e.detach().sum())):  # cheap screen: NaN or inf make it non-finite
         return e, None
     x = e.detach()
@@ -88,8 +92,21 @@ def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor 
     return e.masked_fill(bad, 0.0), bad
 
 
+def _bad_rows_traceable(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor]:
+    """:func:`_bad_rows` without a data-dependent branch (for :func:`torch.compile`)."""
+    x = e.detach()
+    if mask is not None:
+        x = x.masked_fill(~mask, float("-inf"))
+    bad = ~torch.isfinite(x.amax(dim, keepdim=True))
+    if mask is not None:
+        bad = bad & mask.any(dim, keepdim=True)
+    return e.masked_fill(bad, 0.0), bad
+
+
 def _nan_or_none(centers: Tensor) -> Tensor | None:
     nan = torch.isnan(centers)
+    if torch.compiler.is_compiling():  # no host synchronisation: fill (with nothing) anyway
+        return nan[..., None]
     return nan[..., None] if bool(nan.any()) else None
 
 
@@ -383,18 +400,7 @@ class Attention(Configurable):
                     f"q has shape {tuple(q.shape)}, expected [B, n_q, d_q] = [{B}, n_q, {self.d_q}]"
                 )
             check_same(k, "k", q=q3)
-        param = next(self.parameters(), None)
-        if param is not None:
-            if param.dtype != k.dtype:
-                raise TypeError(
-                    f"k has dtype {k.dtype} but the parameters of this Attention have dtype "
-                    f"{param.dtype}; convert the module with .to({k.dtype}) or cast the inputs"
-                )
-            if param.device != k.device:
-                raise ValueError(
-                    f"k is on {k.device} but the parameters of this Attention are on "
-                    f"{param.device}; move the module with .to({str(k.device)!r})"
-                )
+        check_module_dtype(self, k, "k")  # exempt under torch.autocast, as torch.nn layers
         if v is None:
             if self.d_v is not None and self.d_v != d_k:
                 raise ValueError(

@@ -614,13 +614,49 @@ def additive_score_lean(
     Gradients flow to ``q1``, ``k2`` and ``w``; double backward is not supported (raises
     ``RuntimeError``). Empty ``n_q`` or ``n_k`` gives an empty ``[B, n_q, n_k]`` result.
     """
+    amp = _autocast_device(q1)
+    if amp is not None:  # as torch.nn layers: every input in the autocast dtype
+        q1, k2, w = _to_autocast_dtype(amp, q1, k2, w)
     q1, k2 = _check_qk(q1, k2)
     w = _check_tensor(w, "w", q1)
     d_w = q1.shape[2]
     if w.dim() != 1 or w.shape[0] != d_w:
         raise _shape_error("w", w, "[d_w]", [d_w])
     spec = _resolve_act(act)
-    return _AdditiveScoreFn.apply(q1, k2, w, spec, _check_chunk(chunk_elems))
+    chunk = _check_chunk(chunk_elems)
+    # the kernels pick their own precision (float32 for half inputs): autocast off inside
+    with torch.autocast(q1.device.type, enabled=False):
+        if torch.compiler.is_compiling():
+            return _additive_traceable(q1, k2, w, spec)
+        return _AdditiveScoreFn.apply(q1, k2, w, spec, chunk)
+
+
+def _autocast_device(x: object) -> str | None:
+    """The device type of ``x`` if :func:`torch.autocast` is on for it, else ``None``."""
+    if isinstance(x, Tensor) and torch.is_autocast_enabled(x.device.type):
+        return x.device.type
+    return None
+
+
+def _to_autocast_dtype(device_type: str, *xs: object) -> tuple[object, ...]:
+    """Floating tensors among ``xs`` cast to the autocast dtype of ``device_type`` (the
+    others unchanged), as autocast does for the inputs of a matrix product."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in xs)
+
+
+def _additive_traceable(q1: Tensor, k2: Tensor, w: Tensor, act: _Act) -> Tensor:
+    """:func:`additive_score_lean` as plain tensor ops, for :func:`torch.compile`: no worker
+    threads and no host synchronisation, so the whole call is one graph (the compiler fuses
+    the broadcast sum, the activation and the contraction with ``w``). Same result up to
+    rounding, computed in float32 for half-precision inputs."""
+    ct = _compute_dtype(q1.dtype)
+    wc = w.to(ct)
+    if act.name == "identity":  # w . (q1 + k2) splits
+        e = torch.matmul(q1.to(ct), wc)[:, :, None] + torch.matmul(k2.to(ct), wc)[:, None, :]
+        return e.to(q1.dtype)
+    hidden = act.fn(q1.to(ct)[:, :, None, :] + k2.to(ct)[:, None, :, :])
+    return torch.matmul(hidden, wc).to(q1.dtype)
 
 
 # ------------------------------------------------------- multi-dimensional attention
@@ -912,6 +948,9 @@ def multi_dim_attend_lean(
     Gradients flow to ``q1``, ``k2``, ``W_d``, ``b_d`` and ``v``; double backward is not
     supported (raises ``RuntimeError``).
     """
+    amp = _autocast_device(q1)
+    if amp is not None:  # as torch.nn layers: every input in the autocast dtype
+        q1, k2, W_d, b_d, v = _to_autocast_dtype(amp, q1, k2, W_d, b_d, v)
     q1, k2 = _check_qk(q1, k2)
     B, n_q, d_w = q1.shape
     n_k = k2.shape[1]
@@ -932,4 +971,34 @@ def multi_dim_attend_lean(
     q1c, k2, v = clear_attention_inputs(q1, k2, v, mask)
     assert q1c is not None
     spec = _resolve_act(act)
-    return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, _check_chunk(chunk_elems))
+    chunk = _check_chunk(chunk_elems)
+    # the kernels pick their own precision (float32 for half inputs): autocast off inside
+    with torch.autocast(q1.device.type, enabled=False):
+        if torch.compiler.is_compiling():
+            return _multi_dim_traceable(q1c, k2, W_d, b_d, v, mask, spec)
+        return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, chunk)
+
+
+def _multi_dim_traceable(
+    q1: Tensor,
+    k2: Tensor,
+    W_d: Tensor,
+    b_d: Tensor | None,
+    v: Tensor,
+    mask: Tensor | None,
+    act: _Act,
+) -> Tensor:
+    """:func:`multi_dim_attend_lean` as plain tensor ops, for :func:`torch.compile` (one
+    graph: no worker threads, no host synchronisation). The softmax over the keys runs in
+    float32 for half-precision inputs; a query row without an allowed key gets zeros."""
+    ct = _compute_dtype(q1.dtype)
+    hidden = act.fn(q1.to(ct)[:, :, None, :] + k2.to(ct)[:, None, :, :])  # [B, n_q, n_k, d_w]
+    e = torch.matmul(hidden, W_d.to(ct))  # [B, n_q, n_k, d_v]; b_d cancels in the softmax
+    if mask is not None:
+        e = e.masked_fill(~mask[..., None], -math.inf)
+    top = e.amax(2, keepdim=True)
+    p = torch.exp(e - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    den = p.sum(2)  # [B, n_q, d_v]; 0 for a row without an allowed key
+    num = (p * v.to(ct)[:, None, :, :]).sum(2)
+    c = num / torch.where(den > 0, den, torch.ones_like(den))
+    return c.to(q1.dtype)

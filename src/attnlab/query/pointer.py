@@ -392,6 +392,12 @@ class PointerNetwork(Configurable):
                 )
         return masked_log_softmax(e, allowed)
 
+    def _start(self, rows: int, dtype: torch.dtype) -> Tensor:
+        """The learned first decoder input ``[rows, 1, d_embed]`` in ``dtype``, the dtype of
+        the embedded inputs (under :func:`torch.autocast` the LSTM needs one dtype: a
+        float32 start beside bfloat16 embeddings would fail inside the CPU LSTM kernel)."""
+        return self.start.to(dtype).expand(rows, 1, self.d_embed)
+
     def _gather_inputs(self, emb: Tensor, idx: Tensor) -> Tensor:
         """Embeddings of the chosen inputs ``idx`` ``[B, T]`` (any value outside the real
         inputs -- padding, the end pointer -- reads position 0; it is never used)."""
@@ -425,7 +431,7 @@ class PointerNetwork(Configurable):
         targets = _check_targets(targets, B, N, IGNORE_INDEX)
         T = targets.shape[1]
         prev = self._gather_inputs(enc.embedded, targets[:, :-1])
-        inputs = torch.cat([self.start.expand(B, 1, self.d_embed), prev], 1)
+        inputs = torch.cat([self._start(B, prev.dtype), prev], 1)
         if T == 0:
             dec = x.new_zeros(B, 0, self.d_hidden)
         elif B == 0:
@@ -534,7 +540,7 @@ class PointerNetwork(Configurable):
         count = torch.zeros(B, dtype=torch.long, device=x.device)
         total = x.new_zeros(B)
         state = enc.state
-        inp = self.start.expand(B, 1, self.d_embed)
+        inp = self._start(B, enc.embedded.dtype)
         picks: list[Tensor] = []
         for _ in range(T):
             if B == 0 or bool(finished.all()):
@@ -601,7 +607,7 @@ class PointerNetwork(Configurable):
             for s in (h0, c0)
         )
         seqs = torch.full((B, k, 0), IGNORE_INDEX, dtype=torch.long, device=dev)
-        inp = self.start.expand(B * k, 1, self.d_embed)
+        inp = self._start(B * k, enc.embedded.dtype)
         for t in range(T):
             if B == 0 or bool(finished.all()):
                 break
