@@ -486,7 +486,8 @@ def task_presets(task: type[Task]) -> str:
 
 def describe_task(task: type[Task]) -> str:
     """What ``--list-options`` prints: the task's source, data, metrics, attention presets
-    (with their specs) and baselines, and every option with its default."""
+    (with their specs) and baselines, every option with its default, and the option
+    presets (``-o preset=paper``) with their values."""
     defaults = _all_defaults(task)
     name = getattr(task, "registry_name", "") or task.__name__
     lines = [f"task {name}"]
@@ -513,4 +514,11 @@ def describe_task(task: type[Task]) -> str:
     lines += ["", "options (-o KEY=VALUE, repeat -o for several; the default after the name):"]
     width = max(len(k) for k in defaults)
     lines += [f"  {k.ljust(width)}  {format_value(v)}" for k, v in defaults.items()]
+    presets = getattr(task, "option_presets", {}) or {}
+    if presets:
+        lines += ["", "option presets (-o preset=NAME; options given beside it win):"]
+        width = max(len(n) for n in presets)
+        for name, values in presets.items():
+            text = ", ".join(f"{k}={format_value(v)}" for k, v in values.items())
+            lines.append(f"  {name.ljust(width)}  {text or 'the defaults above'}")
     return "\n".join(lines)

@@ -169,6 +169,11 @@ class Task(abc.ABC):
             average) and ``uniform`` (the attention with weights ``1/n``) everywhere, and
             e.g. ``max`` (no attention: max-pooling over time) where the model has it.
         data_source: one line naming the data and the package it comes from.
+        option_presets: named sets of options, chosen with the option ``preset``
+            (``-o preset=paper``): ``"paper"`` holds the model sizes and training length of
+            the task's paper where the data allows. The preset's values sit between the
+            defaults and the options given with it; ``preset`` itself is kept in
+            :attr:`options` (only when given).
     """
 
     registry_name: ClassVar[str] = ""
@@ -180,6 +185,7 @@ class Task(abc.ABC):
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     baselines: ClassVar[tuple[str, ...]] = ("mean", "uniform")
     data_source: ClassVar[str] = ""
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     _TRAINING_DEFAULTS: ClassVar[dict[str, Any]] = {
         "epochs": 5,
@@ -192,7 +198,18 @@ class Task(abc.ABC):
 
     def __init__(self, **options: Any) -> None:
         known = {**self._TRAINING_DEFAULTS, **self.defaults}
-        unknown = sorted(set(options) - set(known))
+        preset = options.get("preset")
+        if preset is not None:
+            if not isinstance(preset, str) or preset not in self.option_presets:
+                names = ", ".join(sorted(self.option_presets)) or "none"
+                raise ConfigError(
+                    f"task {self.registry_name!r} has no option preset {preset!r}; its "
+                    f"option presets: {names}"
+                )
+            options = {**self.option_presets[preset], **options}
+        else:
+            options = {k: v for k, v in options.items() if k != "preset"}
+        unknown = sorted(set(options) - set(known) - {"preset"})
         if unknown:
             raise ConfigError(
                 f"task {self.registry_name!r} has no option(s) {', '.join(unknown)}; "

@@ -110,11 +110,28 @@ _CACHE: dict[tuple, TaskData] = {}
     aliases=("debtags",),
 )
 class MultiLabelTask(Task):
-    """Multi-label classification of Debian package descriptions (debtags) with capsules."""
+    """Multi-label classification of Debian package descriptions (debtags) with capsules.
+
+    Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the capsule
+    sizes of Zhao et al. (2019, ACL) -- 16-d capsules, 3 routing iterations -- over
+    untruncated descriptions and every training package. Not reproduced: their n-gram
+    convolutional capsule layers (a BiLSTM here), 300-d embeddings (GloVe 50-d) and their
+    data (EUR-Lex / RCV1); the paper's training length is not used (the default is kept).
+    """
 
     metrics = ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")
     higher_is_better = True
     data_source = "Debian package descriptions with debtags (apt lists; attnlab.data.debtags)"
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {
+            "d_caps": 16,
+            "iterations": 3,
+            "max_len": None,
+            "max_train": None,
+            "bucket": True,
+        },
+    }
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 8,
         "batch_size": 64,

@@ -88,12 +88,32 @@ class PointerTask(Task):
             data_seed + 1, data_seed + 2); the data do not depend on the run's seed.
         hidden_size: LSTM size.
 
+    Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: Vinyals et
+    al.'s (2015, NIPS, section 4) convex-hull set-up -- hulls of 5 to 50 points, one
+    million generated training instances, one LSTM layer of 512 units, mini-batches of
+    128, gradient norm clipped at 2. Not reproduced: SGD with learning rate 1 and the
+    uniform [-0.08, 0.08] initialisation (Adam 1e-3 and PyTorch's initialisation here);
+    the paper gives its training length in steps, not epochs (the default is kept).
+
     ``metrics`` depends on the problem: ``("sequence_accuracy", "token_accuracy")`` for
     sorting, plus ``"area_coverage"`` for hulls.
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("sequence_accuracy", "token_accuracy")
     higher_is_better: ClassVar[bool] = True
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {
+            "problem": "hull",
+            "n": 50,
+            "min_points": 5,
+            "train_size": 1_000_000,
+            "hidden_size": 512,
+            "batch_size": 128,
+            "grad_clip": 2.0,
+            "lr": 1e-3,
+        },
+    }
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 10,
         "batch_size": 64,

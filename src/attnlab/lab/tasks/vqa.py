@@ -109,10 +109,31 @@ class VQATask(Task):
 
     Batches group the questions of an image (the CNN runs once per image); ``shuffle``
     shuffles the images.
+
+    Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the sizes
+    and training of Lu et al.'s co-attention (2016, NIPS, section 4.2) -- hidden size
+    512, dropout 0.5, mini-batches of 300, learning rate 4e-4, up to 256 epochs (the best
+    dev epoch is kept; they stop early after 5 epochs without improvement) -- on every
+    easy-VQA training question. Not reproduced: their VGG / ResNet image features (the
+    task's small CNN here: easy-VQA's 64x64 images), their hierarchical question encoder
+    and RMSprop (Adam here).
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1_macro")
     higher_is_better: ClassVar[bool] = True
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {
+            "embed_dim": 512,
+            "hidden_size": 512,
+            "dropout": 0.5,
+            "batch_size": 300,
+            "lr": 4e-4,
+            "epochs": 256,
+            "max_train": None,
+            "max_dev": None,
+        },
+    }
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 4,
         "batch_size": 64,
