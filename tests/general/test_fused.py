@@ -505,3 +505,22 @@ def test_peak_memory_far_below_the_4d_tensor():
     four_d_mib = 4 * 512 * 512 * 128 * 4 / 2**20  # 512 MiB
     assert growth["naive"] > 0.9 * four_d_mib  # the harness can see a 4-D tensor
     assert growth["lean"] < four_d_mib / 8, f"peak RSS grew by {growth['lean']:.0f} MiB"
+
+
+def test_lean_kernels_take_fp32_parameters_under_autocast_and_leave_float64_alone():
+    """Under CPU bf16 autocast, bf16 activations meet fp32 parameters (as in nn.Linear): the
+    result is bf16 and close to fp32; float64 inputs are not autocast-eligible and stay."""
+    g = torch.Generator().manual_seed(0)
+    q1, k2, v = (torch.randn(2, n, 4, generator=g) for n in (3, 5, 5))
+    w, W_d = torch.randn(4, generator=g), torch.randn(4, 4, generator=g)
+    want_e = additive_score_lean(q1, k2, w)
+    want_c = multi_dim_attend_lean(q1, k2, W_d, None, v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        e = additive_score_lean(q1.bfloat16(), k2.bfloat16(), w)
+        c = multi_dim_attend_lean(q1.bfloat16(), k2.bfloat16(), W_d, None, v)
+        e64 = additive_score_lean(q1.double(), k2.double(), w.double())
+    assert e.dtype == c.dtype == torch.bfloat16
+    torch.testing.assert_close(e.float(), want_e, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(c.float(), want_c, atol=0.05, rtol=0.02)
+    assert e64.dtype == torch.float64
+    torch.testing.assert_close(e64, want_e.double(), atol=1e-5, rtol=1e-5)

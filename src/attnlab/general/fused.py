@@ -640,9 +640,15 @@ def _autocast_device(x: object) -> str | None:
 
 def _to_autocast_dtype(device_type: str, *xs: object) -> tuple[object, ...]:
     """Floating tensors among ``xs`` cast to the autocast dtype of ``device_type`` (the
-    others unchanged), as autocast does for the inputs of a matrix product."""
+    others unchanged), as autocast does for the inputs of a matrix product (float64 is not
+    autocast-eligible and stays)."""
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in xs)
+    return tuple(
+        x.to(dtype)
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64
+        else x
+        for x in xs
+    )
 
 
 def _additive_traceable(q1: Tensor, k2: Tensor, w: Tensor, act: _Act) -> Tensor:
