@@ -90,3 +90,24 @@ def test_grid_cnn_and_errors() -> None:
         _model(attention={"name": "soft"})
     with pytest.raises(ConfigError, match="bos_idx"):
         ShowAttendTell(3, bos_idx=5)
+
+
+def test_expected_mix_replaces_samples_by_the_soft_weights_in_training() -> None:
+    tokens = torch.tensor([[1, 3, 4], [1, 5, 6]])
+    images = _images(2)
+    always = _model(attention={"align": "hard"}, expected_mix=1.0).train()
+    out = always(images, tokens)
+    assert (out.log_prob == 0).all()  # no sampled step enters REINFORCE
+    assert ((out.weights > 0) & (out.weights < 1)).any()  # soft weights, not one-hot
+    never = _model(attention={"align": "hard"}, expected_mix=0.0).train()
+    out = never(images, tokens)
+    assert ((out.weights == 0) | (out.weights == 1)).all() and (out.log_prob < 0).all()
+    # evaluation always takes the argmax cell
+    ev = always.eval()(images, tokens)
+    assert ((ev.weights == 0) | (ev.weights == 1)).all()
+    # the straight-through Gumbel estimator has gradients through its sample: no mixing
+    gumbel = _model(attention={"align": "hard", "estimator": "gumbel"}, expected_mix=1.0)
+    out = gumbel.train()(images, tokens)
+    assert ((out.weights == 0) | (out.weights == 1)).all()
+    with pytest.raises(ConfigError, match="expected_mix"):
+        _model(expected_mix=1.5)

@@ -125,6 +125,10 @@ class ShowAttendTell(Configurable):
             ``{"score": ..., "align": ..., **options}`` for :class:`attnlab.Attention`
             (``"uniform": True`` gives that attention's uniform baseline), ``"mean"`` or
             ``"uniform"``.
+        expected_mix: for hard attention trained with REINFORCE, the probability (per
+            example and word, during training) of using the expected context under the
+            soft weights instead of the sampled cell (Xu et al. use 0.5); 0 = always the
+            sample. The Gumbel estimator ignores it.
         region_positions: add a learned embedding of each cell's position to its vector.
         dropout: on the output layer's input (training only).
         pad_idx, bos_idx, eos_idx: the special word ids.
@@ -147,6 +151,7 @@ class ShowAttendTell(Configurable):
         embed_dim: int = 32,
         hidden_size: int = 64,
         attention: str | dict[str, Any] | None = None,
+        expected_mix: float = 0.0,
         region_positions: bool = True,
         dropout: float = 0.0,
         pad_idx: int = 0,
@@ -165,6 +170,9 @@ class ShowAttendTell(Configurable):
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        if not 0.0 <= expected_mix <= 1.0:
+            raise ConfigError(f"expected_mix must be in [0, 1], got {expected_mix}")
+        self.expected_mix = float(expected_mix)
         for name, idx in (("pad_idx", pad_idx), ("bos_idx", bos_idx), ("eos_idx", eos_idx)):
             if not 0 <= idx < vocab_size:
                 raise ConfigError(f"{name}={idx} is outside [0, vocab_size) = [0, {vocab_size})")
@@ -246,6 +254,22 @@ class ShowAttendTell(Configurable):
             return combine_single(w[:, None, :], values).squeeze(1), w, None
         extra = {"prev_weights": state["prev"]} if self.location else {}
         out = self.attention(state["h"], regions, need_weights=True, **extra)
+        probs = out.extras.get("probs")
+        if (
+            self.training
+            and self.expected_mix > 0
+            and out.log_prob is not None
+            and probs is not None
+            and getattr(self.attention.align, "estimator", None) == "reinforce"
+        ):
+            # Xu et al. 2015 (4.1): with probability expected_mix an example's sampled cell
+            # is replaced by its expected value, the soft weights; only the sampled steps
+            # enter the REINFORCE term
+            probs = probs.reshape(out.weights.shape)  # [B, R] (extras keep the query axis)
+            coin = torch.rand(probs.shape[0], device=probs.device) < self.expected_mix
+            weights = torch.where(coin[:, None], probs, out.weights)
+            context = combine_single(weights[:, None, :], regions).squeeze(1)
+            return context, weights, out.log_prob * (~coin).to(out.log_prob.dtype)
         return out.context, out.weights, out.log_prob
 
     def step(

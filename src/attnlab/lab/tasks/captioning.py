@@ -15,7 +15,9 @@ trained with REINFORCE, ``reinforce_weight`` times the score-function term with 
 
 Attention presets: ``soft`` (default; additive score, soft alignment: Xu et al.'s
 deterministic soft attention), ``hard`` (additive score, one cell sampled per word,
-REINFORCE: their stochastic hard attention), ``hard-gumbel`` (the same, straight-through
+REINFORCE: their stochastic hard attention; as in the paper, each word of an example is
+trained with the expected context instead of the sample with probability ``expected_mix``
+= 0.5), ``hard-gumbel`` (the same, straight-through
 Gumbel-softmax), ``dot`` (scaled dot product), ``location`` (location-aware score,
 Chorowski et al. 2015), and the baselines ``mean`` (the mean of the annotation vectors at
 every word: no attention) and ``uniform``.
@@ -159,6 +161,8 @@ class CaptioningTask(Task):
         data_seed: train, dev and test use ``data_seed``, ``+ 1``, ``+ 2``.
         embed_dim, hidden_size, channels, dropout: the model.
         reinforce_weight: weight of the REINFORCE term of hard attention.
+        expected_mix: hard attention only: the probability of training a word with the
+            expected context (soft weights) instead of the sampled cell (Xu et al.'s 0.5).
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("bleu", "meteor", "caption_accuracy", "iou")
@@ -173,6 +177,7 @@ class CaptioningTask(Task):
         "data_seed": 0,
         "dropout": 0.0,
         "reinforce_weight": 1.0,
+        "expected_mix": 0.5,
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "additive"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -296,6 +301,7 @@ class CaptioningTask(Task):
             hidden_size=int(o["hidden_size"]),
             attention=self.model_attention(attention),
             dropout=float(o["dropout"]),
+            expected_mix=float(o["expected_mix"]),
             pad_idx=vocab.index("<pad>"),
             bos_idx=vocab.index("<bos>"),
             eos_idx=vocab.index("<eos>"),
