@@ -6,6 +6,8 @@ The hand values use alpha = 0.9, beta = 3, gamma = 0.5: with ``m`` matches, ``P 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from attnlab.data._common import MissingDataError
@@ -76,3 +78,32 @@ def test_errors() -> None:
         sentence_meteor("a b", "a b", synonyms=False)
     with pytest.raises(ValueError, match="one list of references per hypothesis"):
         corpus_meteor([["a"]], ["a", "b"], synonyms=False)
+
+
+def test_other_languages_use_snowball_stems_without_synonyms() -> None:
+    # Spanish Snowball stems hablaba/hablamos alike ("habl"): 3 matches in one chunk
+    assert sentence_meteor(
+        ["ellos hablamos hoy"], "ellos hablaba hoy", synonyms=False, language="spanish"
+    ) == pytest.approx(1 - 0.5 / 27)
+    # the English Porter stemmer does not: 2 matches in 2 chunks, P = R = 2/3
+    assert sentence_meteor(
+        ["ellos hablamos hoy"], "ellos hablaba hoy", synonyms=False
+    ) == pytest.approx(2 / 3 * (1 - 0.5))
+    with pytest.raises(ValueError, match="synonyms=False"):
+        sentence_meteor(["a"], "a", language="spanish")
+    with pytest.raises(ValueError, match="Snowball"):
+        sentence_meteor(["a"], "a", synonyms=False, language="klingon")
+
+
+def test_meteor_or_nan_is_nan_with_a_warning_without_nltk(monkeypatch) -> None:
+    import attnlab.evaluation.meteor as meteor
+    from attnlab.evaluation._optional import MissingDependencyError
+
+    assert meteor.meteor_or_nan([["a", "b"]], [["a", "b"]], language="spanish") == 1 - 0.5 / 8
+
+    def missing(name: str):
+        raise MissingDependencyError(f"{name} is not installed: {install_command(name)}")
+
+    monkeypatch.setattr(meteor, "require", missing)
+    with pytest.warns(RuntimeWarning, match="pip install nltk"):
+        assert math.isnan(meteor.meteor_or_nan([["a"]], [["a"]]))

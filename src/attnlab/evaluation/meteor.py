@@ -41,7 +41,14 @@ from typing import Any
 from attnlab.data._common import MissingDataError
 from attnlab.evaluation._optional import install_command, require
 
-__all__ = ["LEXNAMES", "corpus_meteor", "load_wordnet", "sentence_meteor", "wordnet_dir"]
+__all__ = [
+    "LEXNAMES",
+    "corpus_meteor",
+    "load_wordnet",
+    "meteor_or_nan",
+    "sentence_meteor",
+    "wordnet_dir",
+]
 
 #: WordNet 3.0's lexicographer files (lexnames(5WN)): number = position, name, syntactic
 #: category (1 noun, 2 verb, 3 adjective, 4 adverb)
@@ -138,6 +145,7 @@ def sentence_meteor(
     hypothesis: str | Sequence[str],
     *,
     synonyms: bool = True,
+    language: str = "english",
     alpha: float = 0.9,
     beta: float = 3.0,
     gamma: float = 0.5,
@@ -148,15 +156,32 @@ def sentence_meteor(
         references: one or more references, each a string (split on whitespace) or a list
             of words.
         hypothesis: a string or a list of words.
-        synonyms: use WordNet's synonym stage (needs ``wordnet-base``); False keeps the
-            exact and stem stages only.
+        synonyms: use WordNet's synonym stage (needs ``wordnet-base``; English only);
+            False keeps the exact and stem stages.
+        language: ``"english"`` (Porter stems) or another language of NLTK's Snowball
+            stemmer (``"spanish"``, ``"german"``, ...; then ``synonyms`` must be False).
         alpha, beta, gamma: METEOR's parameters (see the module docstring).
 
     Words are lower-cased; an empty hypothesis or reference scores 0.
     """
     require("nltk")
     from nltk.stem.porter import PorterStemmer
+    from nltk.stem.snowball import SnowballStemmer
     from nltk.translate.meteor_score import meteor_score
+
+    if language == "english":
+        stemmer: Any = PorterStemmer()
+    else:
+        if synonyms:
+            raise ValueError(
+                f"WordNet's synonyms are English; for language={language!r} pass synonyms=False"
+            )
+        if language not in SnowballStemmer.languages:
+            raise ValueError(
+                f"language must be 'english' or one of NLTK's Snowball languages "
+                f"{sorted(SnowballStemmer.languages)}, got {language!r}"
+            )
+        stemmer = SnowballStemmer(language)
 
     if isinstance(references, str):
         raise TypeError("references must be a list of references; wrap one string: [text]")
@@ -172,7 +197,7 @@ def sentence_meteor(
             refs,
             hyp,
             preprocess=str.lower,
-            stemmer=PorterStemmer(),
+            stemmer=stemmer,
             wordnet=wordnet,
             alpha=alpha,
             beta=beta,
@@ -186,6 +211,7 @@ def corpus_meteor(
     hypotheses: Sequence[str | Sequence[str]],
     *,
     synonyms: bool = True,
+    language: str = "english",
 ) -> float:
     """Mean sentence METEOR over a corpus: ``references[i]`` are the references of
     ``hypotheses[i]`` (a list of references per hypothesis)."""
@@ -199,7 +225,40 @@ def corpus_meteor(
     if not hypotheses:
         return float("nan")
     scores = [
-        sentence_meteor(refs, hyp, synonyms=synonyms)
+        sentence_meteor(refs, hyp, synonyms=synonyms, language=language)
         for refs, hyp in zip(references, hypotheses, strict=True)
     ]
     return float(sum(scores) / len(scores))
+
+
+def meteor_or_nan(
+    hypotheses: Sequence[Sequence[str]],
+    references: Sequence[Sequence[str]],
+    *,
+    language: str = "english",
+) -> float:
+    """A task's METEOR: the mean over tokenised hypotheses with one reference each. English
+    uses WordNet's synonyms when ``wordnet-base`` is installed (else the exact and stem
+    stages), another language the exact and Snowball-stem stages; NaN, with a warning,
+    when NLTK is not installed (a task still trains on a fresh clone)."""
+    import warnings
+
+    from attnlab.evaluation._optional import MissingDependencyError
+
+    synonyms = False
+    if language == "english":
+        try:
+            wordnet_dir()
+            synonyms = True
+        except MissingDataError:
+            pass
+    try:
+        return corpus_meteor(
+            [[list(r)] for r in references],
+            [list(h) for h in hypotheses],
+            synonyms=synonyms,
+            language=language,
+        )
+    except MissingDependencyError as err:
+        warnings.warn(f"METEOR is NaN: {err}", RuntimeWarning, stacklevel=2)
+        return float("nan")

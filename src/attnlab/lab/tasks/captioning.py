@@ -38,7 +38,6 @@ LSTM); options given explicitly override the scale's.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,11 +51,12 @@ from attnlab._checks import ConfigError
 from attnlab.data.scenes import COLORS, JOIN, SHAPES, make_scenes
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.iou import attention_iou
+from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.captioner import ShowAttendTell
 
-__all__ = ["SCALES", "CaptionData", "CaptioningTask", "caption_meteor"]
+__all__ = ["SCALES", "CaptionData", "CaptioningTask"]
 
 IGNORE = -1
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -114,26 +114,6 @@ class CaptionData:
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
-
-
-def caption_meteor(hypotheses: list[list[str]], references: list[list[str]]) -> float:
-    """Mean METEOR of the captions (one reference each): with WordNet synonyms when
-    ``wordnet-base`` is installed, else the exact and stem stages; NaN (with a warning)
-    without NLTK."""
-    from attnlab.data._common import MissingDataError
-    from attnlab.evaluation._optional import MissingDependencyError
-    from attnlab.evaluation.meteor import corpus_meteor, wordnet_dir
-
-    try:
-        try:
-            wordnet_dir()
-            synonyms = True
-        except MissingDataError:
-            synonyms = False
-        return corpus_meteor([[r] for r in references], hypotheses, synonyms=synonyms)
-    except MissingDependencyError as err:
-        warnings.warn(f"METEOR is NaN: {err}", RuntimeWarning, stacklevel=2)
-        return float("nan")
 
 
 def _int_option(name: str, value: object, low: int) -> int:
@@ -370,7 +350,7 @@ class CaptioningTask(Task):
         exact = [h == r for h, r in zip(hyps, refs, strict=True)]
         return {
             "bleu": corpus_bleu(hyps, refs),
-            "meteor": caption_meteor(hyps, refs),
+            "meteor": meteor_or_nan(hyps, refs),
             "caption_accuracy": float(np.mean(exact)) if exact else float("nan"),
             "iou": iou,
             "iou_uniform": iou_uniform,

@@ -26,7 +26,8 @@ unlinked words are not supervised. Batches carry it as ``gold_attention`` only w
 
 Metrics: ``bleu`` (corpus BLEU of the decoded dev/test translations, sacrebleu, on the
 joined tokens; selection metric), ``perplexity`` (``exp`` of the teacher-forced
-per-token loss; lower is better) and ``accuracy`` (teacher-forced next-token accuracy).
+per-token loss; lower is better), ``accuracy`` (teacher-forced next-token accuracy) and
+``meteor`` (METEOR with the exact and Spanish Snowball-stem stages; NaN without NLTK).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
+from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.batching import batch_order, check_bucket
@@ -132,7 +134,7 @@ class TranslationTask(Task):
     data.
     """
 
-    metrics: ClassVar[tuple[str, ...]] = ("bleu", "perplexity", "accuracy")
+    metrics: ClassVar[tuple[str, ...]] = ("bleu", "perplexity", "accuracy", "meteor")
     higher_is_better: ClassVar[bool] = True
     data_source: ClassVar[str] = (
         "KJV -> Reina Valera 1909 Bible verses (Debian sword-text-kjv, sword-text-sparv; "
@@ -483,6 +485,8 @@ class TranslationTask(Task):
             "bleu": corpus_bleu(hyps, refs),
             "perplexity": math.exp(min(total_nll / n, 50.0)),
             "accuracy": total_ok / n,
+            # Spanish targets: exact and Snowball-stem stages (WordNet is English)
+            "meteor": meteor_or_nan(hyps, refs, language="spanish"),
         }
 
     def attention_matrices(
