@@ -21,6 +21,14 @@ For pooling classifiers with the :class:`~attnlab.models.SentenceClassifier` pro
   a_base)`` per instance; sweeping ``lambda`` traces how much the attention can move for
   how much output change.
 
+Each function's defaults are the lab's quick settings; the arguments that follow
+Wiegreffe & Pinter's code (github.com/sarahwie/attention) are named in its docstring
+(``attnlab explain --protocol paper`` sets them): the frozen-weight MLP with fine-tuned
+embeddings, a tanh projection of 128 and the best epoch by dev ROC-AUC; the adversarial
+model trained from a fresh initialisation with ``KL(a_adv || a_base)``, up to 80 epochs,
+stopped after 10 without a lower training loss; the seed variance as per-instance medians
+over the other seeds.
+
 Cost: one pass over the data per score; training costs as for the task model.
 
 Source: S. Wiegreffe and Y. Pinter, "Attention is not not Explanation", EMNLP-IJCNLP 2019.
@@ -37,7 +45,7 @@ import torch
 from sklearn.metrics import f1_score
 from torch import Tensor, nn
 
-from attnlab.evaluation.divergences import jsd, tvd
+from attnlab.evaluation.divergences import jsd, kl, tvd
 from attnlab.evaluation.explanation import _mask, attention_weights
 
 __all__ = [
@@ -50,6 +58,13 @@ __all__ = [
 ]
 
 Batch = tuple[Tensor, Tensor, Tensor]
+
+
+def binary_f1(y: np.ndarray, p: np.ndarray) -> float | None:
+    """F1 of the positive class (label 1) for two-class labels, else None."""
+    if set(np.unique(np.concatenate([y, p]))) - {0, 1}:
+        return None
+    return float(f1_score(y, p, pos_label=1, zero_division=0))
 
 
 def _uniform(lengths: Tensor, n: int) -> Tensor:
@@ -90,27 +105,41 @@ def seed_variance(models: Sequence[nn.Module], batches: Iterable[Batch]) -> dict
         raise ValueError("seed_variance needs at least two models")
     for model in models:
         model.eval()
-    jsds, tvds, max_w = [], [], []
+    jsds, tvds, max_w, med_jsd, mean_tvd = [], [], [], [], []
     for tokens, lengths, _labels in batches:
         w0, p0 = attention_weights(models[0], tokens, lengths)
+        per_model_j, per_model_t = [], []
         for other in models[1:]:
             w, p = attention_weights(other, tokens, lengths)
-            jsds.append(jsd(w, w0))
-            tvds.append(tvd(p, p0))
+            per_model_j.append(jsd(w, w0))
+            per_model_t.append(tvd(p, p0))
+            jsds.append(per_model_j[-1])
+            tvds.append(per_model_t[-1])
             max_w.append(w0.max(-1).values)
+        # per instance over the other seeds: W&P's seed_graphs (median JSD, mean change)
+        med_jsd.append(torch.stack(per_model_j).median(0).values)
+        mean_tvd.append(torch.stack(per_model_t).mean(0))
     j, t = torch.cat(jsds), torch.cat(tvds)
+    mj, mt = torch.cat(med_jsd), torch.cat(mean_tvd)
     return {
         "jsd": j.tolist(),
         "tvd": t.tolist(),
         "base_max_weight": torch.cat(max_w).tolist(),
         "mean_jsd": float(j.mean()),
         "mean_tvd": float(t.mean()),
+        "instance_median_jsd": mj.tolist(),
+        "instance_mean_tvd": mt.tolist(),
+        "mean_instance_median_jsd": float(mj.mean()),
     }
 
 
 class FrozenWeightMLP(nn.Module):
-    """``y = W_o sum_t a_t ReLU(W_h x_t)``: a token-wise MLP pooled with given weights
-    (``weights="learned"`` adds its own additive attention ``a = softmax(v^T tanh(W h_t))``)."""
+    """``y = W_o sum_t a_t f(W_h x_t)``: a token-wise MLP pooled with given weights
+    (``weights="learned"`` adds its own additive attention ``a = softmax(v^T tanh(W h_t))``
+    with ``attention_dim`` units, default ``hidden``).
+
+    ``activation``: ``f`` = ``"relu"`` or ``"tanh"`` (Wiegreffe & Pinter's ``average``
+    encoder); ``freeze_embeddings=False`` fine-tunes the embeddings (as they do)."""
 
     def __init__(
         self,
@@ -119,20 +148,28 @@ class FrozenWeightMLP(nn.Module):
         hidden: int = 64,
         *,
         learned: bool = False,
+        activation: str = "relu",
+        freeze_embeddings: bool = True,
+        attention_dim: int | None = None,
     ) -> None:
         super().__init__()
-        self.embedding = nn.Embedding.from_pretrained(embeddings.float(), freeze=True)
+        if activation not in ("relu", "tanh"):
+            raise ValueError(f"activation must be 'relu' or 'tanh', got {activation!r}")
+        # a copy: fine-tuning must not write into the caller's tensor (a model's weights)
+        table = embeddings.detach().float().clone()
+        self.embedding = nn.Embedding.from_pretrained(table, freeze=freeze_embeddings)
         self.hidden = nn.Linear(embeddings.shape[1], hidden)
         self.output = nn.Linear(hidden, num_classes)
+        self.activation = torch.tanh if activation == "tanh" else torch.relu
         self.attn = None
         if learned:
             from attnlab import Attention
 
-            self.attn = Attention("queryless", "soft", d_k=hidden, d_w=hidden)
+            self.attn = Attention("queryless", "soft", d_k=hidden, d_w=attention_dim or hidden)
 
     def forward(self, tokens: Tensor, lengths: Tensor, weights: Tensor | None) -> Tensor:
         m = _mask(tokens, lengths)
-        h = torch.relu(self.hidden(self.embedding(tokens))) * m[..., None]
+        h = self.activation(self.hidden(self.embedding(tokens))) * m[..., None]
         if self.attn is not None:
             weights = self.attn(None, h, mask=m[:, None, :], need_weights=True).weights
             weights = weights.reshape(h.shape[:2])
@@ -152,13 +189,35 @@ def frozen_weight_diagnostic(
     lr: float = 1e-3,
     hidden: int = 64,
     seed: int = 0,
-) -> dict[str, float]:
+    dev: Sequence[Batch] | None = None,
+    activation: str = "relu",
+    freeze_embeddings: bool = True,
+    attention_dim: int | None = None,
+    amsgrad: bool = False,
+    weight_decay: float = 0.0,
+) -> dict[str, float | None]:
     """Train a :class:`FrozenWeightMLP` with weights from ``weights`` ("uniform",
     "learned", or a function ``(tokens, lengths) -> [B, n]`` such as a trained model's
-    attention) and return its test accuracy and macro F1."""
+    attention) and return its test ``accuracy``, macro ``f1``, ``f1_positive`` (the
+    positive class's F1 for two classes, else None) and ``epoch`` (the epoch kept).
+
+    ``dev``: keep the epoch with the best dev ROC-AUC (accuracy for more than two classes)
+    instead of the last. Wiegreffe & Pinter's settings: ``hidden=128``,
+    ``activation="tanh"``, ``freeze_embeddings=False``, ``attention_dim=64``, ``epochs=8``,
+    ``lr=1e-3``, ``amsgrad=True``, ``weight_decay=1e-5`` (none on the attention), batches
+    of 32 and the best epoch by ROC-AUC (they select on the test split; give ``dev``).
+    """
     torch.manual_seed(seed)
     learned = weights == "learned"
-    mlp = FrozenWeightMLP(embeddings, num_classes, hidden, learned=learned)
+    mlp = FrozenWeightMLP(
+        embeddings,
+        num_classes,
+        hidden,
+        learned=learned,
+        activation=activation,
+        freeze_embeddings=freeze_embeddings,
+        attention_dim=attention_dim,
+    )
     mlp.to(embeddings.device)
 
     def source(tokens: Tensor, lengths: Tensor) -> Tensor | None:
@@ -171,34 +230,72 @@ def frozen_weight_diagnostic(
                 return weights(tokens, lengths).detach()
         raise ValueError(f"weights must be 'uniform', 'learned' or a function, got {weights!r}")
 
+    def predict(batches: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray]:
+        mlp.eval()
+        probs, gold = [], []
+        with torch.no_grad():
+            for tokens, lengths, labels in batches:
+                probs.append(mlp(tokens, lengths, source(tokens, lengths)).softmax(-1))
+                gold.append(labels)
+        mlp.train()
+        return torch.cat(probs).float().cpu().numpy(), torch.cat(gold).cpu().numpy()
+
     cache = [source(t, n) for t, n, _ in train]
-    opt = torch.optim.Adam([p for p in mlp.parameters() if p.requires_grad], lr=lr)
-    for _ in range(epochs):
+    attention = [p for n, p in mlp.named_parameters() if p.requires_grad and n.startswith("attn")]
+    others = [p for n, p in mlp.named_parameters() if p.requires_grad and not n.startswith("attn")]
+    groups = [{"params": others, "weight_decay": weight_decay}]
+    if attention:
+        groups.append({"params": attention, "weight_decay": 0.0})
+    opt = torch.optim.Adam(groups, lr=lr, amsgrad=amsgrad)
+    best: tuple[float, int, dict[str, Tensor]] | None = None
+    for epoch in range(1, epochs + 1):
         for (tokens, lengths, labels), w in zip(train, cache, strict=True):
             loss = nn.functional.cross_entropy(mlp(tokens, lengths, w), labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
-    mlp.eval()
-    preds, gold = [], []
-    with torch.no_grad():
-        for tokens, lengths, labels in test:
-            preds.append(mlp(tokens, lengths, source(tokens, lengths)).argmax(-1))
-            gold.append(labels)
-    p, y = torch.cat(preds).cpu().numpy(), torch.cat(gold).cpu().numpy()
-    return {"accuracy": float((p == y).mean()), "f1": float(f1_score(y, p, average="macro"))}
+        if dev is not None:
+            score = _selection_score(*predict(dev))
+            if best is None or score > best[0]:
+                state = {k: v.detach().clone() for k, v in mlp.state_dict().items()}
+                best = (score, epoch, state)
+    kept = epochs
+    if best is not None:
+        mlp.load_state_dict(best[2])
+        kept = best[1]
+    probs, y = predict(test)
+    p = probs.argmax(-1)
+    return {
+        "accuracy": float((p == y).mean()),
+        "f1": float(f1_score(y, p, average="macro")),
+        "f1_positive": binary_f1(y, p) if num_classes == 2 else None,
+        "epoch": kept,
+    }
+
+
+def _selection_score(probs: np.ndarray, y: np.ndarray) -> float:
+    """ROC-AUC of the positive class for two classes (accuracy when a split has one class
+    or there are more classes): how Wiegreffe & Pinter pick the epoch."""
+    if probs.shape[1] == 2 and len(np.unique(y)) == 2:
+        from sklearn.metrics import roc_auc_score
+
+        return float(roc_auc_score(y, probs[:, 1]))
+    return float((probs.argmax(-1) == y).mean())
 
 
 @dataclass
 class AdversarialModelResult:
     """One point of the adversarial training sweep: mean TVD of outputs and mean JSD of
-    attention against the base model on the test batches, and the adversarial model."""
+    attention against the base model on the test batches, and the adversarial model;
+    ``epochs_run`` epochs were trained and the state of epoch ``kept_epoch`` is kept."""
 
     lam: float
     mean_tvd: float
     mean_jsd: float
     accuracy: float
     model: nn.Module
+    epochs_run: int = 0
+    kept_epoch: int = 0
 
 
 def adversarial_model(
@@ -210,45 +307,86 @@ def adversarial_model(
     epochs: int = 3,
     lr: float = 1e-3,
     seed: int = 0,
+    fresh: nn.Module | None = None,
+    divergence: str = "jsd",
+    patience: int | None = None,
+    amsgrad: bool = False,
 ) -> AdversarialModelResult:
-    """Train a copy of ``base`` (re-initialised attention, same encoder start) with the
-    loss ``mean(TVD(y_adv, y_base) - lam * JSD(a_adv, a_base))`` (Wiegreffe & Pinter's
-    adversarial setup) and measure how far its attention moved for how much output change."""
+    """Train a model whose attention moves away from ``base``'s while its output stays
+    close, with the loss ``TVD(y_adv, y_base) - lam * D(a_adv, a_base)`` per instance, and
+    measure how far its attention moved (mean JSD) for how much output change (mean TVD)
+    on ``test``.
+
+    Default (the lab's quick version): a copy of ``base`` with its attention re-initialised,
+    ``D`` = JSD, the loss averaged over a batch, ``epochs`` epochs, the last one kept.
+
+    Wiegreffe & Pinter's version: ``fresh`` = a newly initialised model of the same
+    architecture (they train it from scratch), ``divergence="kl"`` (``KL(a_adv ||
+    a_base)``), ``patience=10`` with ``epochs=80`` (stop after 10 epochs without a lower
+    training loss; the epoch with the lowest training loss is kept), ``amsgrad=True``; the
+    loss is then summed over a batch, as theirs. (Their TVD is taken on the one sigmoid
+    output, half the TVD of the two-class distribution used here: their ``lambda`` is
+    this ``2 lambda``.)
+    """
+    if divergence not in ("jsd", "kl"):
+        raise ValueError(f"divergence must be 'jsd' or 'kl', got {divergence!r}")
     torch.manual_seed(seed)
     base.eval()
-    adv = copy.deepcopy(base)
-    if getattr(adv, "attention", None) is not None:
-        for p in adv.attention.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-            else:
-                nn.init.normal_(p, std=0.1)
+    if fresh is not None:
+        adv = fresh
+    else:
+        adv = copy.deepcopy(base)
+        if getattr(adv, "attention", None) is not None:
+            for p in adv.attention.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+                else:
+                    nn.init.normal_(p, std=0.1)
     adv.train()
-    opt = torch.optim.Adam(adv.parameters(), lr=lr)
+    opt = torch.optim.Adam(adv.parameters(), lr=lr, amsgrad=amsgrad)
     targets = [attention_weights(base, t, n) for t, n, _ in train]
-    for _ in range(epochs):
+    move = jsd if divergence == "jsd" else kl
+    reduce = (lambda x: x.sum()) if fresh is not None else (lambda x: x.mean())
+    best_loss, best_state, stale, kept, run = float("inf"), None, 0, epochs, 0
+    for epoch in range(1, epochs + 1):
+        run = epoch
+        total = 0.0
         for (tokens, lengths, _labels), (w0, p0) in zip(train, targets, strict=True):
             m = _mask(tokens, lengths)
             out = adv.classify(adv.encode(tokens, m), m)
-            loss = (tvd(out.logits.softmax(-1), p0) - lam * jsd(out.weights, w0)).mean()
+            loss = reduce(tvd(out.logits.softmax(-1), p0) - lam * move(out.weights, w0))
             opt.zero_grad()
             loss.backward()
             opt.step()
+            total += float(loss.detach())
+        if patience is None:
+            continue
+        if total < best_loss:
+            best_loss, stale, kept = total, 0, epoch
+            best_state = {k: v.detach().clone() for k, v in adv.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    if best_state is not None:
+        adv.load_state_dict(best_state)
     adv.eval()
-    tv, js, correct, total = [], [], 0, 0
+    tv, js, correct, total_n = [], [], 0, 0
     for tokens, lengths, labels in test:
         w0, p0 = attention_weights(base, tokens, lengths)
         w, p = attention_weights(adv, tokens, lengths)
         tv.append(tvd(p, p0))
         js.append(jsd(w, w0))
         correct += int((p.argmax(-1) == labels).sum())
-        total += int(labels.numel())
+        total_n += int(labels.numel())
     return AdversarialModelResult(
         lam=lam,
         mean_tvd=float(torch.cat(tv).mean()),
         mean_jsd=float(torch.cat(js).mean()),
-        accuracy=correct / max(total, 1),
+        accuracy=correct / max(total_n, 1),
         model=adv,
+        epochs_run=run,
+        kept_epoch=kept,
     )
 
 

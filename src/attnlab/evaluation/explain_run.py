@@ -36,12 +36,13 @@ from attnlab.evaluation.diagnostics import (
 from attnlab.evaluation.divergences import JSD_MAX
 from attnlab.evaluation.explanation import (
     adversarial_attention,
+    adversarial_attention_multi,
     attention_weights,
     importance_correlations,
     permutation_test,
 )
 
-__all__ = ["explain_run", "task_batches"]
+__all__ = ["PAPER_FIXED", "PROTOCOLS", "explain_run", "task_batches"]
 
 Batch = tuple[Tensor, Tensor, Tensor]
 
@@ -97,20 +98,70 @@ def _iter(batches: Sequence[Batch]) -> Iterator[Batch]:
     yield from batches
 
 
+#: The settings of the two protocols (``explain_run(protocol=...)``): ``lab`` -- a quick
+#: look (a sample of the test split, short searches and trainings); ``paper`` -- the
+#: counts of Jain & Wallace's and Wiegreffe & Pinter's code (every test instance, 500
+#: adversary steps, 8 MLP epochs, adversarial models up to 80 epochs with patience 10,
+#: every training instance). ``None`` = all instances.
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "lab": {
+        "max_instances": 500,
+        "permutations": 100,
+        "epsilon": 0.01,
+        "adversarial_steps": 100,
+        "lambdas": (0.0, 0.5, 1.0),
+        "mlp_epochs": 5,
+        "mlp_lr": 5e-3,
+        "adversarial_epochs": 3,
+        "adversarial_lr": 5e-3,
+        "max_train": 2000,
+    },
+    "paper": {
+        "max_instances": None,
+        "permutations": 100,
+        "epsilon": 0.01,
+        "adversarial_steps": 500,
+        "lambdas": (0.0, 0.5, 1.0),
+        "mlp_epochs": 8,
+        "mlp_lr": 1e-3,
+        "adversarial_epochs": 80,
+        "adversarial_lr": 1e-3,
+        "max_train": None,
+    },
+}
+#: The paper protocol's settings that no argument changes (what each follows).
+PAPER_FIXED: dict[str, Any] = {
+    "gradient_classes": "all",  # J&W: |grad . x| summed over the outputs
+    "adversaries": 5,  # J&W AdversaryMulti.K
+    "adversary_lr": 0.01,  # Adam with AMSGrad
+    "adversary_noise": 3.0,  # uniform logits + 3 N(0, 1)
+    "adversary_penalty": 500.0,
+    "adversary_select_epsilon": 0.05,  # J&W plot_multi_adversarial: delta_y > 5e-2 dropped
+    "mlp_hidden": 128,  # W&P --hidden_size default, the average encoder's projection
+    "mlp_attention_dim": 64,  # J&W TanhAttention: hidden_size // 2
+    "mlp_activation": "tanh",  # W&P configurations: average encoder, activation tanh
+    "mlp_weight_decay": 1e-5,  # J&W / W&P: 1e-5, none on the attention
+    "adversarial_patience": 10,  # W&P train_adversarial: early stop after 10 epochs
+    "adversarial_divergence": "kl",  # W&P: KLDivLoss(log a_base, a_adv)
+}
+
+
 def explain_run(
     run_dir: str | Path,
     *,
     compare: Sequence[str | Path] = (),
-    max_instances: int = 500,
-    permutations: int = 100,
-    epsilon: float = 0.01,
-    adversarial_steps: int = 100,
-    lambdas: Sequence[float] = (0.0, 0.5, 1.0),
-    mlp_epochs: int = 5,
-    mlp_lr: float = 5e-3,
-    adversarial_epochs: int = 3,
-    adversarial_lr: float = 5e-3,
-    max_train: int = 2000,
+    protocol: str = "lab",
+    max_instances: int | str | None = "protocol",
+    permutations: int | None = None,
+    epsilon: float | None = None,
+    adversarial_steps: int | None = None,
+    lambdas: Sequence[float] | None = None,
+    mlp_epochs: int | None = None,
+    mlp_lr: float | None = None,
+    adversarial_epochs: int | None = None,
+    adversarial_lr: float | None = None,
+    max_train: int | str | None = "protocol",
+    uniform_run: str | Path | None = None,
     seed: int = 0,
     plots: bool = True,
     progress: bool = True,
@@ -121,15 +172,45 @@ def explain_run(
     Args:
         compare: other run directories of the same task and attention trained with other
             seeds (for the seed-variance diagnostic).
+        protocol: ``"lab"`` (a quick look) or ``"paper"`` (Jain & Wallace's and Wiegreffe
+            & Pinter's procedures and counts: :data:`PROTOCOLS`, :data:`PAPER_FIXED`, and
+            docs/explanation.md for what differs still). The other arguments, when given,
+            replace the protocol's value.
         max_instances: test instances used by the per-instance tests (a seeded random
-            sample of the test split).
+            sample of the test split; None = all of it).
         max_train: training instances used by the frozen-weight MLPs and adversarial models
-            (a seeded random sample).
+            (a seeded random sample; None = all).
+        uniform_run: a run of the same task trained with the ``uniform`` baseline (frozen
+            weights ``1/n``): its test metrics go beside the learned model's, Wiegreffe &
+            Pinter's uniform baseline.
         device: where the model and the batches go (``"auto"``: CUDA when available).
     Returns the dict written to the JSON file.
     """
-    from attnlab.lab.training import load_run, resolve_device
+    from attnlab.lab.training import load_run, read_metrics, read_run, resolve_device
 
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    given = {
+        "max_instances": max_instances,
+        "permutations": permutations,
+        "epsilon": epsilon,
+        "adversarial_steps": adversarial_steps,
+        "lambdas": lambdas,
+        "mlp_epochs": mlp_epochs,
+        "mlp_lr": mlp_lr,
+        "adversarial_epochs": adversarial_epochs,
+        "adversarial_lr": adversarial_lr,
+        "max_train": max_train,
+    }
+    settings = dict(PROTOCOLS[protocol])
+    for key, value in given.items():
+        if key in ("max_instances", "max_train"):
+            if value != "protocol":
+                settings[key] = value
+        elif value is not None:
+            settings[key] = value
+    paper = protocol == "paper"
+    cfg = settings
     run_dir = Path(run_dir)
     dev = resolve_device(device)
     torch.manual_seed(seed)
@@ -141,17 +222,28 @@ def explain_run(
                 f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
                 "explanation tests run on sentence classifiers with one attention over tokens"
             )
-    test = task_batches(task, data, "test", 32, max_instances, seed, dev)
-    train = task_batches(task, data, "train", 32, max_train, seed, dev)
+    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
+    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
+    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
     probe = test[0]
     weights, _ = attention_weights(model, probe[0], probe[1])
     if weights is None:
         raise ValueError("the run's model has no attention weights (a mean-pooling baseline?)")
     steps = ["correlations", "permutation", "adversarial", "uniform", "frozen", "adv-models"]
     bar = _bar(progress, len(steps) + bool(compare))
-    result: dict[str, Any] = {"run": str(run_dir), "instances": sum(len(b[2]) for b in test)}
+    result: dict[str, Any] = {
+        "run": str(run_dir),
+        "protocol": protocol,
+        "settings": {**cfg, **(PAPER_FIXED if paper else {})},
+        "instances": sum(len(b[2]) for b in test),
+        "test_split_size": _split_size(task, data, "test"),
+    }
 
-    corr = importance_correlations(model, _iter(test))
+    corr = importance_correlations(
+        model,
+        _iter(test),
+        gradient_classes=PAPER_FIXED["gradient_classes"] if paper else "predicted",
+    )
     result["kendall"] = {
         k: {"mean": v.mean, "std": v.std, "significant": v.significant, "n": v.n}
         for k, v in corr.items()
@@ -161,7 +253,9 @@ def explain_run(
     gen = torch.Generator().manual_seed(seed)
     med, max_w, labels = [], [], []
     for tokens, lengths, y in test:
-        m, mw = permutation_test(model, tokens, lengths, permutations=permutations, generator=gen)
+        m, mw = permutation_test(
+            model, tokens, lengths, permutations=cfg["permutations"], generator=gen
+        )
         keep = lengths >= 2
         med += m[keep].tolist()
         max_w += mw[keep].tolist()
@@ -170,14 +264,33 @@ def explain_run(
     bar.update()
 
     adv_jsd, adv_tvd, adv_maxw = [], [], []
+    adv_gen = torch.Generator().manual_seed(seed)
     for tokens, lengths, _y in test:
-        r = adversarial_attention(model, tokens, lengths, epsilon=epsilon, steps=adversarial_steps)
+        if paper:
+            r = adversarial_attention_multi(
+                model,
+                tokens,
+                lengths,
+                k=PAPER_FIXED["adversaries"],
+                steps=cfg["adversarial_steps"],
+                lr=PAPER_FIXED["adversary_lr"],
+                penalty=PAPER_FIXED["adversary_penalty"],
+                epsilon=cfg["epsilon"],
+                select_epsilon=PAPER_FIXED["adversary_select_epsilon"],
+                noise=PAPER_FIXED["adversary_noise"],
+                generator=adv_gen,
+            )
+        else:
+            r = adversarial_attention(
+                model, tokens, lengths, epsilon=cfg["epsilon"], steps=cfg["adversarial_steps"]
+            )
         w, _ = attention_weights(model, tokens, lengths)
         adv_jsd += r.max_jsd.tolist()
         adv_tvd += r.tvd.tolist()
         adv_maxw += w.max(-1).values.tolist()
     result["adversarial"] = {
-        "epsilon": epsilon,
+        "epsilon": cfg["epsilon"],
+        "select_epsilon": PAPER_FIXED["adversary_select_epsilon"] if paper else cfg["epsilon"],
         "max_jsd": _stats(adv_jsd),
         "jsd_bound": JSD_MAX,
         "fraction_above_half_bound": float(np.mean(np.asarray(adv_jsd) > JSD_MAX / 2)),
@@ -187,6 +300,19 @@ def explain_run(
     bar.update()
 
     result["uniform"] = uniform_weights_gap(model, _iter(test))
+    if uniform_run is not None:
+        info, metrics = read_run(uniform_run), read_metrics(uniform_run)
+        if info.get("task") != task.name:
+            raise ValueError(
+                f"uniform_run {str(uniform_run)!r} is a run of task {info.get('task')!r}, "
+                f"not {task.name!r}"
+            )
+        result["uniform"]["trained_uniform"] = {
+            "run": str(uniform_run),
+            "attention": info.get("attention"),
+            "test": metrics.get("test", {}),
+        }
+        result["uniform"]["learned_test"] = read_metrics(run_dir).get("test", {})
     bar.update()
 
     embeddings = model.embedding.weight.detach().float()
@@ -197,9 +323,24 @@ def explain_run(
 
     sweep = []
     adversary = None  # the model of the largest lambda: its weights feed the frozen-weight MLP
-    for lam in lambdas:
+    for lam in cfg["lambdas"]:
+        fresh = None
+        if paper:  # W&P train the adversary from scratch: a new model of the same build
+            spec = task.resolve_attention(read_run(run_dir).get("attention") or {})
+            torch.manual_seed(seed)
+            fresh = task.build_model(data, spec).to(dev)
         r = adversarial_model(
-            model, train, test, lam, epochs=adversarial_epochs, lr=adversarial_lr, seed=seed
+            model,
+            train,
+            test,
+            lam,
+            epochs=cfg["adversarial_epochs"],
+            lr=cfg["adversarial_lr"],
+            seed=seed,
+            fresh=fresh,
+            divergence=PAPER_FIXED["adversarial_divergence"] if paper else "jsd",
+            patience=PAPER_FIXED["adversarial_patience"] if paper else None,
+            amsgrad=paper,
         )
         sweep.append(
             {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
@@ -213,10 +354,19 @@ def explain_run(
         assert adversary is not None
         return attention_weights(adversary[1], tokens, lengths)[0].float()
 
-    result["frozen_weights"] = {
-        name: frozen_weight_diagnostic(
-            embeddings, num_classes, train, test, source, epochs=mlp_epochs, lr=mlp_lr, seed=seed
+    mlp_kw: dict[str, Any] = {"epochs": cfg["mlp_epochs"], "lr": cfg["mlp_lr"], "seed": seed}
+    if paper:
+        mlp_kw.update(
+            hidden=PAPER_FIXED["mlp_hidden"],
+            attention_dim=PAPER_FIXED["mlp_attention_dim"],
+            activation=PAPER_FIXED["mlp_activation"],
+            freeze_embeddings=False,
+            amsgrad=True,
+            weight_decay=PAPER_FIXED["mlp_weight_decay"],
+            dev=dev_batches,
         )
+    result["frozen_weights"] = {
+        name: frozen_weight_diagnostic(embeddings, num_classes, train, test, source, **mlp_kw)
         for name, source in (
             ("uniform", "uniform"),
             ("learned", "learned"),
@@ -233,8 +383,11 @@ def explain_run(
             "runs": [str(p) for p in compare],
             "mean_jsd": sv["mean_jsd"],
             "mean_tvd": sv["mean_tvd"],
+            "mean_instance_median_jsd": sv["mean_instance_median_jsd"],
             "jsd": sv["jsd"],
             "tvd": sv["tvd"],
+            "instance_median_jsd": sv["instance_median_jsd"],
+            "instance_mean_tvd": sv["instance_mean_tvd"],
         }
         bar.update()
     bar.close()
@@ -247,6 +400,13 @@ def explain_run(
     tmp.write_text(json.dumps(result, indent=1, default=float), encoding="utf-8")
     tmp.replace(out_dir / "explanation.json")
     return result
+
+
+def _split_size(task: Any, data: Any, split: str) -> int:
+    """The number of instances of a split (counted over the task's batches)."""
+    from attnlab.lab.training import batch_examples
+
+    return sum(batch_examples(b) for b in task.batches(data, split, 256))
 
 
 def _plots(result: dict[str, Any], labels: list[int], out_dir: Path) -> list[str]:
@@ -319,9 +479,27 @@ def _explain_command():
         type=click.Path(exists=True, file_okay=False),
         help="Another run of the same configuration (other seed); repeatable.",
     )
-    @click.option("--max-instances", default=500, show_default=True)
-    @click.option("--permutations", default=100, show_default=True)
-    @click.option("--epsilon", default=0.01, show_default=True)
+    @click.option(
+        "--protocol",
+        default="lab",
+        show_default=True,
+        help="lab: a quick look (500 test sentences, short searches); paper: Jain & Wallace's "
+        "and Wiegreffe & Pinter's procedures and counts on the whole test split "
+        "(docs/explanation.md).",
+    )
+    @click.option(
+        "--max-instances",
+        metavar="N|all",
+        help="Test instances of the per-instance tests [default: the protocol's: 500 / all].",
+    )
+    @click.option("--permutations", type=int, help="Permutations per instance [default: 100].")
+    @click.option("--epsilon", type=float, help="Output change allowed (TVD) [default: 0.01].")
+    @click.option(
+        "--uniform-run",
+        type=click.Path(exists=True, file_okay=False),
+        help="A run of the same task trained with -a uniform: Wiegreffe & Pinter's uniform "
+        "baseline, reported beside the learned weights.",
+    )
     @click.option("--quick", is_flag=True, help="Small settings for a fast look.")
     @click.option(
         "--device",
@@ -333,9 +511,11 @@ def _explain_command():
     def explain_command(
         run_dir: str,
         compare: tuple[str, ...],
-        max_instances: int,
-        permutations: int,
-        epsilon: float,
+        protocol: str,
+        max_instances: str | None,
+        permutations: int | None,
+        epsilon: float | None,
+        uniform_run: str | None,
         quick: bool,
         device: str,
         no_progress: bool,
@@ -345,32 +525,36 @@ def _explain_command():
         from attnlab.cli import _fail
         from attnlab.lab.training import resolve_device
 
-        try:
+        try:  # what was typed: one line, exit 2, before anything is written
             resolve_device(device)
-        except ValueError as err:  # ConfigError: one line, exit 2, before anything is written
+            if protocol not in PROTOCOLS:
+                raise ValueError(
+                    f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
+                )
+            count = _instances(max_instances)
+        except ValueError as err:
             _fail(str(err))
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {
+            "permutations": permutations,
+            "epsilon": epsilon,
+            "protocol": protocol,
+            "uniform_run": uniform_run,
+        }
+        if count != "protocol":
+            kw["max_instances"] = count
         if quick:
-            kw = dict(
-                max_instances=min(max_instances, 64),
-                permutations=min(permutations, 20),
+            chosen = PROTOCOLS[protocol]["max_instances"] if count == "protocol" else count
+            kw.update(
+                max_instances=64 if chosen is None else min(chosen, 64),
+                permutations=min(permutations or 100, 20),
                 adversarial_steps=40,
                 lambdas=(0.0, 1.0),
                 mlp_epochs=2,
                 adversarial_epochs=2,
                 max_train=256,
             )
-        else:
-            kw = dict(max_instances=max_instances, permutations=permutations)
         try:
-            r = explain_run(
-                run_dir,
-                compare=compare,
-                epsilon=epsilon,
-                progress=not no_progress,
-                device=device,
-                **kw,
-            )
+            r = explain_run(run_dir, compare=compare, progress=not no_progress, device=device, **kw)
         except ValueError as err:  # also a missing or damaged file of the run (RunFileError)
             _fail(str(err))
         click.echo(format_summary(r))
@@ -379,16 +563,38 @@ def _explain_command():
     return explain_command
 
 
+def _instances(text: str | None) -> int | str | None:
+    """``--max-instances``: None (not given) -> "protocol", ``all`` -> None, else an int
+    >= 1 (ValueError naming the option)."""
+    if text is None:
+        return "protocol"
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"--max-instances must be a positive integer or 'all', got {text!r}")
+    return value
+
+
 def format_summary(r: dict[str, Any]) -> str:
     """A short text summary of :func:`explain_run`'s result."""
-    lines = [f"instances: {r['instances']}", "Kendall tau (mean +- std, fraction p<=0.05):"]
+    size = r.get("test_split_size")
+    lines = [
+        f"protocol: {r.get('protocol', 'lab')}",
+        f"instances: {r['instances']}" + (f" of the test split's {size}" if size else ""),
+        "Kendall tau (mean +- std, fraction p<=0.05):",
+    ]
     for k, v in r["kendall"].items():
         lines.append(f"  {k:20s} {v['mean']:+.3f} +- {v['std']:.3f}  {v['significant']:.2f}")
     p = r["permutation"]["median_tvd"]
     lines.append(f"permutation: median output TVD {p['median']:.3f} (mean {p['mean']:.3f})")
     a = r["adversarial"]
+    within = a.get("select_epsilon", a["epsilon"])
     lines.append(
-        f"adversarial attention (TVD <= {a['epsilon']}): max JSD mean {a['max_jsd']['mean']:.3f}"
+        f"adversarial attention (TVD <= {within}): max JSD mean {a['max_jsd']['mean']:.3f}"
         f" of bound {a['jsd_bound']:.3f}"
     )
     u = r["uniform"]
@@ -396,6 +602,16 @@ def format_summary(r: dict[str, Any]) -> str:
         f"uniform weights at test: accuracy {u['uniform_accuracy']:.3f} vs learned "
         f"{u['learned_accuracy']:.3f}"
     )
+    if "trained_uniform" in u:
+        t, learned = u["trained_uniform"]["test"], u.get("learned_test", {})
+        lines.append(
+            "trained with uniform weights (Wiegreffe & Pinter): "
+            + ", ".join(
+                f"{m} {t[m]:.3f} vs {learned.get(m, float('nan')):.3f}"
+                for m in ("accuracy", "f1")
+                if isinstance(t.get(m), int | float)
+            )
+        )
     fw = r["frozen_weights"]
     lines.append("frozen-weight MLP F1: " + ", ".join(f"{k} {v['f1']:.3f}" for k, v in fw.items()))
     for s in r["adversarial_models"]:
@@ -405,7 +621,10 @@ def format_summary(r: dict[str, Any]) -> str:
         )
     if "seed_variance" in r:
         sv = r["seed_variance"]
-        lines.append(f"seed variance: mean JSD {sv['mean_jsd']:.3f}, mean TVD {sv['mean_tvd']:.3f}")
+        lines.append(
+            f"seed variance: mean JSD {sv['mean_jsd']:.3f}, mean TVD {sv['mean_tvd']:.3f}, "
+            f"mean over instances of the median JSD {sv['mean_instance_median_jsd']:.3f}"
+        )
     return "\n".join(lines)
 
 

@@ -7,7 +7,9 @@ layer), on one instance with ``L`` real tokens and output distribution ``y``:
 
 * gradient importance ``g_t = |d y_c / d onehot(w_t)| = |grad_{x_t} y_c . x_t|`` with ``c``
   the predicted class and the attention weights held constant (the graph is cut at the
-  attention, as in the paper);
+  attention, as in the paper); ``classes="all"`` sums ``|grad_{x_t} y_k . x_t|`` over every
+  class ``k``, as Jain & Wallace's code does over its outputs (for two classes both give
+  the same ranking: ``y_0 = 1 - y_1``);
 * leave-one-out importance ``l_t = TVD(y, y_{-t})`` where ``y_{-t}`` is the output with
   token ``t`` removed;
 * Kendall's tau between the attention ``a``, ``g`` and ``l`` per instance (mean, std and the
@@ -17,7 +19,10 @@ layer), on one instance with ``L`` real tokens and output distribution ``y``:
 * adversarial attention: weights ``a'`` maximising ``JSD(a, a')`` subject to
   ``TVD(y, y(a')) <= epsilon``, found by gradient ascent on the logits of ``a'`` with a
   penalty on the constraint; reported is the largest JSD among the iterates that satisfy the
-  constraint (0 if none does).
+  constraint (0 if none does). :func:`adversarial_attention_multi` is Jain & Wallace's own
+  search: ``K`` adversaries per instance optimised jointly from noisy uniform logits (with
+  a term that keeps them apart), the last iterate of each, then the largest JSD among
+  those (and the original weights) whose output moves by at most ``select_epsilon``.
 
 Cost per instance: gradient O(one forward + backward); leave-one-out O(L) forwards of length
 L - 1; permutation O(K) output layers; adversarial O(steps) output layers (the encoder
@@ -43,6 +48,7 @@ __all__ = [
     "AdversarialResult",
     "CorrelationSummary",
     "adversarial_attention",
+    "adversarial_attention_multi",
     "attention_weights",
     "gradient_importance",
     "importance_correlations",
@@ -76,9 +82,14 @@ def attention_weights(model: nn.Module, tokens: Tensor, lengths: Tensor) -> tupl
     return out.weights, out.logits.softmax(-1)
 
 
-def gradient_importance(model: nn.Module, tokens: Tensor, lengths: Tensor) -> Tensor:
+def gradient_importance(
+    model: nn.Module, tokens: Tensor, lengths: Tensor, *, classes: str = "predicted"
+) -> Tensor:
     """``|grad_{x_t} y_c . x_t|`` per token ``[B, n]`` (zero on padding), attention held
-    constant; ``c`` is the predicted class."""
+    constant; ``c`` is the predicted class (``classes="predicted"``), or the sum over every
+    class ``k`` of ``|grad_{x_t} y_k . x_t|`` (``classes="all"``, Jain & Wallace's code)."""
+    if classes not in ("predicted", "all"):
+        raise ValueError(f"classes must be 'predicted' or 'all', got {classes!r}")
     _check_model(model)
     embedding = getattr(model, "embedding", None)
     if not isinstance(embedding, nn.Module):
@@ -97,11 +108,19 @@ def gradient_importance(model: nn.Module, tokens: Tensor, lengths: Tensor) -> Te
             m = _mask(tokens, lengths)
             logits = model.classify_with_weights(model.encode(tokens, m), weights.detach())
             probs = logits.softmax(-1)
-            chosen = probs.gather(1, probs.argmax(-1, keepdim=True)).sum()
-            (grad,) = torch.autograd.grad(chosen, captured["x"])
+            if classes == "predicted":
+                chosen = probs.gather(1, probs.argmax(-1, keepdim=True)).sum()
+                (grad,) = torch.autograd.grad(chosen, captured["x"])
+                return ((grad * captured["x"]).sum(-1).abs() * m).detach()
+            total = torch.zeros(m.shape, device=m.device)
+            for k in range(probs.shape[-1]):
+                (grad,) = torch.autograd.grad(
+                    probs[:, k].sum(), captured["x"], retain_graph=k < probs.shape[-1] - 1
+                )
+                total = total + (grad * captured["x"]).sum(-1).abs()
     finally:
         handle.remove()
-    return ((grad * captured["x"]).sum(-1).abs() * m).detach()
+    return (total * m).detach()
 
 
 @torch.no_grad()
@@ -172,11 +191,12 @@ def _summary(pair: str, taus: np.ndarray, ps: np.ndarray, lengths: list[int]) ->
 
 
 def importance_correlations(
-    model: nn.Module, batches: Iterable[Sequence[Tensor]]
+    model: nn.Module, batches: Iterable[Sequence[Tensor]], *, gradient_classes: str = "predicted"
 ) -> dict[str, CorrelationSummary]:
     """Kendall's tau between attention, gradient and leave-one-out importance over
     ``batches`` of ``(tokens [B, n], lengths [B], ...)`` (further items, e.g. labels, are
-    ignored): keys ``"attention-gradient"``, ``"attention-loo"``, ``"gradient-loo"``."""
+    ignored): keys ``"attention-gradient"``, ``"attention-loo"``, ``"gradient-loo"``.
+    ``gradient_classes``: :func:`gradient_importance`'s ``classes``."""
     was = model.training
     model.eval()
     acc: dict[str, tuple[list, list]] = {
@@ -187,7 +207,7 @@ def importance_correlations(
         for batch in batches:
             tokens, lengths = batch[0], batch[1]
             w, _ = attention_weights(model, tokens, lengths)
-            g = gradient_importance(model, tokens, lengths)
+            g = gradient_importance(model, tokens, lengths, classes=gradient_classes)
             loo = leave_one_out_importance(model, tokens, lengths)
             all_lengths += [int(v) for v in lengths]
             for key, (x, y) in {
@@ -283,3 +303,76 @@ def adversarial_attention(
         loss.backward()
         opt.step()
     return AdversarialResult(best.detach(), best_tvd.detach(), best_w.detach())
+
+
+def adversarial_attention_multi(
+    model: nn.Module,
+    tokens: Tensor,
+    lengths: Tensor,
+    *,
+    k: int = 5,
+    steps: int = 500,
+    lr: float = 0.01,
+    penalty: float = 500.0,
+    epsilon: float = 0.01,
+    select_epsilon: float = 0.05,
+    noise: float = 3.0,
+    generator: torch.Generator | None = None,
+) -> AdversarialResult:
+    """Jain & Wallace's adversarial search (their code's settings are the defaults).
+
+    Per instance, ``k`` candidate weight vectors ``a'_j = softmax(z_j)`` over the real
+    tokens start from uniform logits plus ``noise`` times standard normal noise and are
+    optimised together with Adam (AMSGrad, learning rate ``lr``, ``steps`` steps) to
+    minimise ``sum_j [-JSD(a, a'_j) + penalty * relu(TVD(y, y(a'_j)) - epsilon)]`` minus
+    the mean JSD between pairs of candidates (which keeps them apart), summed over the
+    instances, the encoder states fixed. The final candidates and the model's own weights (JSD 0) are then screened:
+    among those whose output moves by at most ``select_epsilon`` (TVD) the largest JSD from
+    the model's weights is reported, with its TVD and weights.
+    """
+    if k < 1 or steps < 0:
+        raise ValueError(f"k must be >= 1 and steps >= 0, got k={k}, steps={steps}")
+    if epsilon <= 0 or select_epsilon <= 0:
+        raise ValueError(f"epsilon and select_epsilon must be > 0, got {epsilon}, {select_epsilon}")
+    w, probs = attention_weights(model, tokens, lengths)
+    m = _mask(tokens, lengths)
+    with torch.no_grad():
+        hidden = model.encode(tokens, m)
+    B, n = w.shape
+    mk = m[:, None, :].expand(B, k, n)
+    uniform = m.float() / lengths.clamp_min(1)[:, None].float()
+    start = uniform.clamp_min(1e-30).log()[:, None, :].expand(B, k, n)
+    start = start + noise * torch.randn((B, k, n), generator=generator).to(w.device)
+    z = start.clone().requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=lr, amsgrad=True)
+    hidden_k = hidden[:, None].expand(B, k, *hidden.shape[1:]).reshape(B * k, *hidden.shape[1:])
+
+    def candidates() -> Tensor:
+        return z.masked_fill(~mk, float("-inf")).softmax(-1).masked_fill(~mk, 0.0)
+
+    def outputs(a: Tensor) -> Tensor:
+        logits = model.classify_with_weights(hidden_k, a.reshape(B * k, n))
+        return logits.softmax(-1).reshape(B, k, -1)
+
+    with torch.enable_grad():
+        for _ in range(steps):
+            a = candidates()
+            d_out = tvd(outputs(a), probs[:, None])
+            d_att = jsd(a, w[:, None])
+            apart = jsd(a[:, :, None], a[:, None, :]).mean((1, 2))  # [B]: k x k pairs
+            loss = (-d_att + penalty * torch.relu(d_out - epsilon)).sum() - apart.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        a = candidates()
+        d_out = tvd(outputs(a), probs[:, None])
+        d_att = jsd(a, w[:, None])
+        # the model's own weights are a candidate too: JSD 0, output unchanged
+        d_att = torch.cat([d_att, torch.zeros(B, 1, device=w.device)], 1)
+        d_out = torch.cat([d_out, torch.zeros(B, 1, device=w.device)], 1)
+        a = torch.cat([a, w[:, None]], 1)
+        d_att = d_att.masked_fill(d_out > select_epsilon, -1.0)
+        best = d_att.argmax(1)
+        rows = torch.arange(B, device=w.device)
+        return AdversarialResult(d_att[rows, best].clamp_min(0.0), d_out[rows, best], a[rows, best])
