@@ -20,10 +20,11 @@ from tests.test_checks import CASES, _inputs
 B, N_Q, N_K, D = 2, 3, 5, 4
 
 #: registered modules whose forward still breaks the graph, and why (documented in
-#: docs/compile-and-precision.md): both run packed RNNs over data-dependent lengths
+#: docs/compile-and-precision.md): both run RNNs over packed sequences whose lengths are
+#: data (dynamo also does not trace nn.LSTM / nn.GRU unless torch._dynamo.config.allow_rnn)
 KNOWN_BREAKS = {
-    "cdme": "packs the sequences for its RNN encoder (lengths are data)",
-    "pointer-network": "packs the sequences for its LSTM encoder and validates targets",
+    "cdme": "packs the sequences for its RNN encoder (nonzero rows, lengths.cpu())",
+    "pointer-network": "packs the sequences for its LSTM encoder; checks targets on the host",
 }
 
 
