@@ -3,6 +3,11 @@
 The tests run tiny tensors, for which PyTorch's intra-op thread pool costs more than it
 saves (on a shared 2-core machine a tiny op took 10-30 ms with two threads and 0.1 ms with
 one), so the whole suite runs single-threaded. Tests assert correctness, never timings.
+
+Without a CUDA GPU the Triton kernels can only run on Triton's CPU interpreter, and Triton
+reads ``TRITON_INTERPRET`` once, when it is first imported -- by whichever test imports it
+first (torch.compile's tests import it too). So it is set here, before any test runs; on a
+GPU machine it is left alone and the kernels run on the GPU.
 """
 
 from __future__ import annotations
@@ -10,8 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import os
+import sys
+
 import pytest
 import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
