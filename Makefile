@@ -68,7 +68,7 @@ system:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends chromium fonts-dejavu-core sword-text-kjv sword-text-sparv wordnet-base espeak-ng >/dev/null; \
 	else \
-		echo "make system: not root or no apt-get; install chromium, sword-text-kjv and sword-text-sparv yourself"; \
+		echo "make system: not root or no apt-get; install chromium, sword-text-kjv, sword-text-sparv, wordnet-base and espeak-ng yourself"; \
 	fi
 
 clean:
