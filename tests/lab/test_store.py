@@ -79,6 +79,18 @@ def test_flat_metrics_are_test_metrics(tmp_path):
     assert store.get("a").dev == {}
 
 
+def test_a_metric_that_could_not_be_computed_is_kept_as_none(tmp_path):
+    # metrics.json writes a metric the run could not compute (METEOR without NLTK: NaN)
+    # as null; recording it used to fail with float(None) and stop the ablation
+    store = ResultsStore(tmp_path)
+    metrics = {"dev": {"bleu": 4.5, "meteor": None}, "test": {"bleu": 4.0, "meteor": None}}
+    store.record("a", "translation", {"name": "mean"}, 0, "done", metrics)
+    assert store.get("a").test == {"bleu": 4.0, "meteor": None}
+    assert store.get("a").dev == {"bleu": 4.5, "meteor": None}
+    assert mean_std([None, 2.0, None, 4.0]) == (3.0, pytest.approx(2**0.5))
+    assert mean_std([None]) == (None, None)
+
+
 def test_bad_status_is_refused(tmp_path):
     store = ResultsStore(tmp_path)
     with pytest.raises(ValueError, match="status"):

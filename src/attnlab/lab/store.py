@@ -165,10 +165,10 @@ class MechanismSummary:
         }
 
 
-def mean_std(values: Iterable[float]) -> tuple[float | None, float | None]:
-    """``(mean, sample std with ddof=1)``; ``(None, None)`` for no value, ``(x, None)`` for
-    one value."""
-    xs = [float(v) for v in values]
+def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    """``(mean, sample std with ddof=1)`` of the values that are not None (a metric a run
+    could not compute); ``(None, None)`` for no value, ``(x, None)`` for one value."""
+    xs = [float(v) for v in values if v is not None]
     if not xs:
         return None, None
     mean = math.fsum(xs) / len(xs)
@@ -184,6 +184,12 @@ def _now() -> str:
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def _metric_values(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """Metrics as floats; a metric the run could not compute (None in metrics.json, e.g.
+    METEOR without NLTK, or a NaN written as null) stays None."""
+    return {k: None if v is None else float(v) for k, v in metrics.items()}
 
 
 def _loads(text: str | None, default: Any) -> Any:
@@ -326,8 +332,8 @@ class ResultsStore:
             json.dumps(dict(spec), sort_keys=True),
             int(seed),
             status,
-            _dumps({k: float(v) for k, v in dev.items()}),
-            _dumps({k: float(v) for k, v in test.items()}),
+            _dumps(_metric_values(dev)),
+            _dumps(_metric_values(test)),
             _dumps(dict(cost) if cost is not None else None),
             None if run_dir is None else str(run_dir),
             _now(),
