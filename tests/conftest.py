@@ -12,11 +12,10 @@ GPU machine it is left alone and the kernels run on the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
