@@ -15,6 +15,24 @@ class ConfigError(ValueError):
     """An impossible combination of components, raised at construction."""
 
 
+def check_int(
+    value: object,
+    name: str,
+    minimum: int = 1,
+    *,
+    error: type[Exception] = ConfigError,
+    owner: str | None = None,
+) -> int:
+    """``value`` as an int ``>= minimum``; otherwise ``error`` (a ``ConfigError`` unless
+    told) with one line naming the argument (prefixed by ``owner`` where given), the bound
+    and the value: ``"num_heads must be an int >= 1, got 0"``. ``bool`` is not an int here.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        prefix = f"{owner}: " if owner else ""
+        raise error(f"{prefix}{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def check_tensor(x: object, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

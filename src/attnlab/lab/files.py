@@ -1,0 +1,66 @@
+"""The lab's files: plain JSON values, UTC timestamps and atomic writes, in one place.
+
+Every file the lab writes (``run.json``, ``metrics.json``, ``ablation.json``, the report's
+data) goes through :func:`write_json`: the text is written to a hidden temporary file
+beside the target and moved over it with :func:`os.replace`, so a reader never sees a
+half-written file and an interrupted write leaves the old one. Timestamps are UTC
+(ISO 8601 with ``+00:00``) everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["jsonable", "utc_now", "write_json", "write_text"]
+
+
+def utc_now() -> str:
+    """The current time in UTC, ISO 8601 to the second (``2026-11-25T14:44:59+00:00``)."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data: mappings -> dicts with text keys, tuples -> lists, non-finite
+    floats -> ``None``, numpy / torch scalars -> Python numbers, numpy arrays -> lists,
+    paths and any other object -> their text."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, np.generic | torch.Tensor) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    return str(value)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file beside it, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = False) -> None:
+    """Write ``payload`` (made :func:`jsonable`) as indented JSON, atomically."""
+    text = json.dumps(jsonable(payload), indent=2, sort_keys=sort_keys, allow_nan=False)
+    write_text(path, text + "\n")
