@@ -35,7 +35,6 @@ from report_fixtures import (
     write_run_dir,
 )
 
-from attnlab.lab import _report_assets as assets
 from attnlab.lab.report import (
     SECTIONS,
     ReportError,
@@ -44,13 +43,14 @@ from attnlab.lab.report import (
     render_report,
     report_command,
     script_json,
+    theme,
     write_report,
 )
 
 MEAN = {"name": "mean"}
 ADD = {"score": "additive", "align": "soft"}
 DOT = {"score": "dot", "align": "soft"}
-HEAT = "rgb({},{},{})".format(*assets.HEAT_RGB)
+HEAT = "rgb({},{},{})".format(*theme.HEAT_RGB)
 
 
 def metric_cell(rows, label, metric):
@@ -618,7 +618,7 @@ def viewer_json(text: str) -> tuple[str, dict]:
 def test_viewer_embeds_every_example_of_every_run(ablation: Path) -> None:
     text = render_report(ablation, max_examples=1)
     _, payload = viewer_json(text)
-    assert payload["heat"] == list(assets.HEAT_RGB)
+    assert payload["heat"] == list(theme.HEAT_RGB)
     # every finished run with examples, all seeds, all examples (max_examples only limits
     # the static section); dot has no examples, so it is not in the viewer
     got = {

@@ -23,8 +23,7 @@ from report_fixtures import (
     write_ablation_dir,
 )
 
-from attnlab.lab import _report_assets as assets
-from attnlab.lab.report import write_report
+from attnlab.lab.report import theme, write_report
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no headless Chromium (apt install chromium)"
@@ -79,8 +78,8 @@ def test_report_renders_without_errors_with_table_and_heatmap(tmp_path: Path) ->
     report = write_report(make_ablation(tmp_path / "abl", examples=True))
     errors, shot = load_page(report, tmp_path)
     assert errors == []
-    header = colour_pixels(shot, assets.TABLE_HEADER_RGB)
-    heat = colour_pixels(shot, assets.HEAT_RGB)
+    header = colour_pixels(shot, theme.TABLE_HEADER_RGB)
+    heat = colour_pixels(shot, theme.HEAT_RGB)
     assert header > 2000, f"table header colour: {header} pixels"
     assert heat > 300, f"heatmap colour: {heat} pixels"
 
@@ -103,5 +102,5 @@ def test_negative_controls(tmp_path: Path) -> None:
     bare = write_report(make_ablation(tmp_path / "bare", examples=False), tmp_path / "bare.html")
     errors, shot = load_page(bare, tmp_path)
     assert errors == []
-    assert colour_pixels(shot, assets.TABLE_HEADER_RGB) > 2000
-    assert colour_pixels(shot, assets.HEAT_RGB) == 0
+    assert colour_pixels(shot, theme.TABLE_HEADER_RGB) > 2000
+    assert colour_pixels(shot, theme.HEAT_RGB) == 0

@@ -25,13 +25,13 @@ from report_fixtures import (
     write_run_dir,
 )
 
-from attnlab.lab import _viewer_assets as viewer_assets
 from attnlab.lab.report import (
     PEAK_MEMORY_FLOOR_MB,
     ReportError,
     heat_colour,
     render_report,
     report_command,
+    theme,
 )
 
 ADD = {"score": "additive", "align": "soft"}
@@ -195,7 +195,7 @@ NODE = shutil.which("node")
 
 
 def _node(expression: str) -> object:
-    script = viewer_assets.WEIGHTS_JS + f"\nconsole.log(JSON.stringify({expression}));\n"
+    script = theme.asset("weights.js") + f"\nconsole.log(JSON.stringify({expression}));\n"
     proc = subprocess.run(
         [NODE, "-e", script], capture_output=True, text=True, timeout=60, check=True
     )
@@ -223,7 +223,8 @@ def test_viewer_shades_a_uniform_row_by_its_weights() -> None:
 def test_viewer_readout_uses_the_rounded_weight() -> None:
     # the read-out shows fmt(weight), not the float's 17 digits (exact() is only for the
     # data-weight attributes)
-    tell = re.search(r"Viewer\.prototype\.tell = function[^}]*}", viewer_assets.VIEWER_JS)
+    viewer_js = theme.asset("weights.js") + theme.asset("viewer.js")
+    tell = re.search(r"Viewer\.prototype\.tell = function[^}]*}", viewer_js)
     assert tell is not None
     assert "fmt(weight)" in tell.group(0) and "exact(" not in tell.group(0)
 

@@ -34,9 +34,7 @@ from report_fixtures import (
     write_ablation_dir,
 )
 
-from attnlab.lab import _report_assets as assets
-from attnlab.lab import _viewer_assets as viewer_assets
-from attnlab.lab.report import write_report
+from attnlab.lab.report import theme, write_report
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no headless Chromium (apt install chromium)"
@@ -124,7 +122,7 @@ def test_clicks_change_the_view(report: Path, tmp_path: Path) -> None:
     assert final["data-example"] == "1" and final["data-row"] == "1"
     assert final["data-compare"] == "score=additive"
     # the viewer's toolbar is drawn: its colour is in the screenshot
-    assert colour_pixels(shot, viewer_assets.VIEWER_RGB) > 2000
+    assert colour_pixels(shot, theme.VIEWER_RGB) > 2000
 
 
 def test_negative_controls(report: Path, tmp_path: Path) -> None:
@@ -137,7 +135,7 @@ def test_negative_controls(report: Path, tmp_path: Path) -> None:
     assert state["data-example"] == "0" and state["data-row"] == "0"
     assert state["data-compare"] == "" and "data-readout" not in state
     assert state["data-title"] == "test #0"
-    assert colour_pixels(shot, viewer_assets.VIEWER_RGB) > 2000
+    assert colour_pixels(shot, theme.VIEWER_RGB) > 2000
 
     # without JavaScript (the same page with every executable script removed; Chromium's
     # --dump-dom and --screenshot need JavaScript themselves): no viewer -- its colour is
@@ -150,8 +148,8 @@ def test_negative_controls(report: Path, tmp_path: Path) -> None:
     assert "data-example" not in viewer_attrs(dom)
     assert "The interactive viewer needs JavaScript" in dom
     assert selftest_result(dom)[1] == ""
-    assert colour_pixels(shot, viewer_assets.VIEWER_RGB) == 0
-    assert colour_pixels(shot, assets.HEAT_RGB) > 300
+    assert colour_pixels(shot, theme.VIEWER_RGB) == 0
+    assert colour_pixels(shot, theme.HEAT_RGB) > 300
 
 
 def test_script_token_does_not_break_the_page(tmp_path: Path) -> None:

@@ -1,0 +1,354 @@
+"""Reading a run or an ablation directory into the report's data (:class:`ReportData`).
+
+The report reads the documented layouts (``docs/lab/report.md``) and nothing else: a *run
+directory* (``run.json``, ``metrics.json``, ``history.json``, ``cost.json``,
+``examples.json``) or an *ablation directory* (``ablation.json``, ``results.sqlite``,
+``runs/<run_id>/``). The store is read with the standard library's :mod:`sqlite3`, not
+through :mod:`attnlab.lab.store`, so a report can be written for results produced by
+another version of the library.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnlab.lab.task import spec_label
+
+__all__ = [
+    "ReportData",
+    "ReportError",
+    "RunRecord",
+    "load_report_data",
+    "read_json",
+    "spec_text",
+    "unique",
+]
+
+_LOWER_IS_BETTER_HINTS = ("loss", "error", "perplexity", "ppl", "aer", "wer", "cer", "mse", "mae")
+
+
+class ReportError(ValueError):
+    """The directory is not a run or an ablation directory (or its files are unreadable)."""
+
+
+def unique(values: Iterable[Any]) -> list[Any]:
+    """``values`` without repeats, in order of first appearance."""
+    return list(dict.fromkeys(values))
+
+
+def _first_text(values: Iterable[Any]) -> str | None:
+    """The first true value as text (None when there is none)."""
+    return next((str(v) for v in values if v), None)
+
+
+def spec_text(spec: Any) -> str:
+    """The label of an attention spec (:func:`attnlab.lab.task.spec_label`); anything that
+    is not a mapping as its text."""
+    return spec_label(spec) if isinstance(spec, Mapping) else str(spec)
+
+
+@dataclass
+class RunRecord:
+    """One run as read from its directory (and the results store, when there is one)."""
+
+    run_id: str
+    label: str
+    seed: int | None
+    status: str  # "done", "failed", or whatever the store says (e.g. "running")
+    run_dir: Path | None = None
+    run: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+
+@dataclass
+class ReportData:
+    """Everything the sections draw from: the runs and the ablation's description."""
+
+    root: Path
+    kind: str  # "run" or "ablation"
+    ablation: dict[str, Any]
+    runs: list[RunRecord]
+    #: run directories that could not be read: (run id, why), one line each
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def done(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.done]
+
+    @property
+    def not_done(self) -> list[RunRecord]:
+        return [r for r in self.runs if not r.done]
+
+    @property
+    def task(self) -> str | None:
+        """The ablation's task, else the first run's that names one."""
+        return _first_text([self.ablation.get("task"), *(r.run.get("task") for r in self.runs)])
+
+    @property
+    def labels(self) -> list[str]:
+        """Mechanism labels: the grid's order first, then any others in order of appearance."""
+        present = {r.label for r in self.runs}
+        grid = [spec_text(spec) for spec in self.ablation.get("grid") or []]
+        return unique([x for x in grid if x in present] + [r.label for r in self.runs])
+
+    def runs_of(self, label: str, *, done_only: bool = True) -> list[RunRecord]:
+        runs = [r for r in self.runs if r.label == label and (r.done or not done_only)]
+        return sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.run_id))
+
+    @property
+    def primary(self) -> str | None:
+        """The primary metric of the first finished run that names one."""
+        return _first_text(r.metrics.get("primary") for r in self.done)
+
+    @property
+    def test_metrics(self) -> list[str]:
+        """Test metric names: the primary first, then in the order the runs list them."""
+        names = unique(name for r in self.done for name in (r.metrics.get("test") or {}).keys())
+        primary = self.primary
+        if primary in names:
+            names.remove(primary)
+            names.insert(0, primary)
+        return names
+
+    def higher_is_better(self, metric: str) -> bool:
+        """Direction of a metric: ``metrics.json``'s ``higher_is_better`` (a bool for the
+        primary metric, or a ``{metric: bool}`` dict); for other metrics a guess from the
+        name (loss, error, perplexity, AER, WER, ... are lower-is-better)."""
+        for r in self.done:
+            hib = r.metrics.get("higher_is_better")
+            if isinstance(hib, Mapping) and metric in hib:
+                return bool(hib[metric])
+            if isinstance(hib, bool) and metric == r.metrics.get("primary"):
+                return hib
+        lowered = metric.lower()
+        return not any(hint in lowered for hint in _LOWER_IS_BETTER_HINTS)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_json(path: Path, default: Any) -> Any:
+    """The JSON value of ``path`` (``default`` when there is no such file);
+    :class:`ReportError` naming the file when it cannot be read."""
+    if not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ReportError(f"cannot read {path}: {err}") from err
+
+
+def _read_typed(path: Path, default: Any, kind: type) -> Any:
+    """:func:`read_json` of a file that must hold a JSON object (``kind=dict``) or array
+    (``kind=list``); anything else raises :class:`ReportError` naming the file."""
+    value = read_json(path, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "an array"
+        raise ReportError(
+            f"{path} holds a JSON {type(value).__name__}, not {expected} (a damaged file?)"
+        )
+    return value
+
+
+def _read_run_dir(run_dir: Path, run_id: str | None = None) -> RunRecord:
+    """One run directory; :class:`ReportError` (one line, naming the file) when one of its
+    JSON files is unreadable or of the wrong type."""
+    run = _read_typed(run_dir / "run.json", {}, dict)
+    label = run.get("label")
+    if label is None:
+        label = spec_text(run.get("attention") or {})
+    metrics = _read_typed(run_dir / "metrics.json", {}, dict)
+    status = str(run.get("status") or ("done" if metrics else "unknown"))
+    error = run.get("error")
+    if status == "done" and not (metrics.get("test") or metrics.get("dev")):
+        status, error = "failed", error or "metrics.json is missing or empty"
+    examples = _read_typed(run_dir / "examples.json", [], list)
+    history = _read_typed(run_dir / "history.json", [], list)
+    return RunRecord(
+        run_id=run_id or run_dir.name,
+        label=str(label),
+        seed=run.get("seed"),
+        status=status,
+        run_dir=run_dir,
+        run=run,
+        metrics=metrics,
+        history=[h for h in history if isinstance(h, dict)],
+        cost=_read_typed(run_dir / "cost.json", {}, dict),
+        examples=[e for e in examples if isinstance(e, dict)],
+        error=None if error is None else str(error),
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _run_of_single_dir(root: Path) -> ReportData:
+    """A run directory as a one-run report (its ``run.json`` stands in for the ablation's
+    description)."""
+    record = _read_run_dir(root)
+    ablation = {
+        "task": record.run.get("task"),
+        "task_options": record.run.get("task_options", {}),
+        "grid": [record.run.get("attention", {})],
+        "seeds": [record.seed],
+        "created": record.run.get("started"),
+    }
+    return ReportData(root=root, kind="run", ablation=ablation, runs=[record])
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def _loads(text: Any) -> Any:
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _store_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The dev and test metrics of a finished run's row in ``results.sqlite``."""
+    return {"dev": _loads(row.get("dev_json")) or {}, "test": _loads(row.get("test_json")) or {}}
+
+
+def _store_record(run_id: str, row: Mapping[str, Any]) -> RunRecord:
+    """A run known only from its row in ``results.sqlite``."""
+    status = str(row.get("status") or "unknown")
+    cost = _loads(row.get("cost_json"))
+    return RunRecord(
+        run_id=run_id,
+        label=str(row.get("label") or spec_text(_loads(row.get("attention_json")))),
+        seed=row.get("seed"),
+        status=status,
+        metrics=_store_metrics(row) if status == "done" else {},
+        cost=cost if isinstance(cost, dict) else {},
+        error=None if row.get("error") is None else str(row["error"]),
+    )
+
+
+def _read_store(path: Path) -> dict[str, dict[str, Any]]:
+    """The ``runs`` table of ``results.sqlite`` as {run_id: row}, read with the stdlib."""
+    if not path.is_file():
+        return {}
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error as err:
+        raise ReportError(f"cannot open {path}: {err}") from err
+    try:
+        con.row_factory = sqlite3.Row
+        rows = con.execute("SELECT * FROM runs").fetchall()
+    except sqlite3.Error as err:
+        raise ReportError(f"cannot read the runs table of {path}: {err}") from err
+    finally:
+        con.close()
+    return {str(row["run_id"]): dict(row) for row in rows}
+
+
+def _merge_store_row(record: RunRecord, row: Mapping[str, Any] | None, has_store: bool) -> None:
+    """Let the store's row of a run directory decide its status (and fill in what the
+    directory lacks); without a row in an existing store a finished run is unrecorded."""
+    if row is None:
+        if has_store and record.status == "done":  # the store knows every finished run
+            record.status = "unrecorded"
+        return
+    record.status = str(row.get("status") or record.status)
+    if record.status == "done" and not record.metrics:
+        record.metrics = _store_metrics(row)
+        record.cost = record.cost or _loads(row.get("cost_json")) or {}
+    if record.status != "done":
+        record.error = record.error or (row.get("error") and str(row["error"]))
+    if not record.run and row.get("label"):
+        record.label = str(row["label"])
+        record.seed = row.get("seed")
+
+
+# ----------------------------------------------------------------------------- ablations
+
+
+def _run_dirs(runs_dir: Path) -> list[Path]:
+    """The run directories of ``runs/``, sorted; hidden folders are the trainer's
+    unfinished work."""
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> ReportData:
+    ablation = read_json(root / "ablation.json", {})
+    store = _read_store(root / "results.sqlite")
+    records: list[RunRecord] = []
+    unreadable: list[tuple[str, str]] = []
+    for run_dir in _run_dirs(root / "runs"):
+        if not (run_dir / "run.json").is_file() and run_dir.name not in store:
+            continue
+        row = store.get(run_dir.name)
+        try:
+            record = _read_run_dir(run_dir)
+        except (ValueError, OSError) as err:  # ReportError, JSON, encoding, a trainer's own
+            why = _one_line(err)
+            unreadable.append((run_dir.name, why))
+            if on_warning is not None:
+                use = "its row in results.sqlite is used" if row else "it is left out"
+                on_warning(f"cannot read the run directory {run_dir}: {why}; {use}")
+            continue  # a store row is read below like any run without a directory
+        _merge_store_row(record, row, bool(store))
+        records.append(record)
+    seen = {r.run_id for r in records}
+    records += [_store_record(run_id, row) for run_id, row in store.items() if run_id not in seen]
+    return ReportData(
+        root=root,
+        kind="ablation",
+        ablation=ablation if isinstance(ablation, dict) else {},
+        runs=records,
+        unreadable=unreadable,
+    )
+
+
+def load_report_data(
+    path: str | Path, *, on_warning: Callable[[str], None] | None = None
+) -> ReportData:
+    """Read a run directory (has ``run.json``) or an ablation directory (has
+    ``ablation.json`` and/or ``runs/``).
+
+    In an ablation directory the status of every run comes from ``results.sqlite`` when the
+    file is there (a run the store lists without a directory is shown as failed or
+    unfinished); without the store, every ``runs/*/run.json`` counts with its own status.
+    A run directory of an ablation whose files cannot be read (invalid JSON, a
+    ``metrics.json`` that is not an object, ...) is skipped: its row in the store is used
+    when there is one, it is listed with the failed runs, and ``on_warning`` gets one line
+    saying so. An unreadable file of a single run directory raises :class:`ReportError`.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"no such directory: {root}")
+    if not root.is_dir():
+        raise ReportError(f"{root} is not a directory (expected a run or an ablation directory)")
+    if (root / "run.json").is_file():
+        return _run_of_single_dir(root)
+    if not (root / "ablation.json").is_file() and not (root / "runs").is_dir():
+        raise ReportError(
+            f"{root} is neither a run directory (no run.json) nor an ablation directory "
+            "(no ablation.json and no runs/ folder)"
+        )
+    return _read_ablation(root, on_warning)

@@ -1,0 +1,105 @@
+"""The page: the chosen sections assembled into one self-contained HTML file (the
+stylesheets and scripts inlined, nothing loaded from elsewhere), written atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attnlab.lab.files import utc_now, write_text
+from attnlab.lab.report.context import ReportContext, Section
+from attnlab.lab.report.data import load_report_data
+from attnlab.lab.report.markup import esc
+from attnlab.lab.report.sections import SECTIONS
+from attnlab.lab.report.theme import asset
+
+__all__ = ["render_report", "write_report"]
+
+
+def _page(title: str, rendered: Sequence[tuple[Section, str]]) -> str:
+    """The HTML document of the rendered sections: head (styles, the error recorder, the
+    page script), title, table of contents, the sections, then the sections' scripts."""
+    toc = " ".join(f'<a href="#{esc(s.id)}">{esc(s.title)}</a>' for s, _ in rendered)
+    css = asset("report.css") + "".join(s.css for s, _ in rendered if s.css)
+    js = "".join(f"<script>{s.js}</script>" for s, _ in rendered if s.js)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="generator" content="attnlab report">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{css}</style>",
+        # the error recorder runs first, so that an error in any later script of the page
+        # is written into #report-errors (the browser test reads it back)
+        f"<script>{asset('errors.js')}</script>",
+        f"<script>{asset('report.js')}</script>",
+        "</head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<nav class="toc">{toc}</nav>',
+        '<pre id="report-errors" data-count="0"></pre>',
+    ]
+    for s, body in rendered:
+        parts.append(f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>{body}</section>')
+    parts.append(js)
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def render_report(
+    path: str | Path,
+    *,
+    title: str | None = None,
+    max_examples: int = 4,
+    sections: Sequence[Section] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> str:
+    """The report of a run or ablation directory as one HTML string (see :func:`write_report`)."""
+    data = load_report_data(path, on_warning=on_warning)
+    if title is None:
+        what = "run" if data.kind == "run" else "ablation"
+        title = f"attnlab {what} report: {data.task or Path(path).name}"
+    ctx = ReportContext(data=data, title=title, max_examples=max_examples, generated=utc_now())
+    rendered = []
+    for s in SECTIONS if sections is None else sections:
+        body = s.render(ctx)
+        if body:
+            rendered.append((s, body))
+    return _page(title, rendered)
+
+
+def write_report(
+    path: str | Path,
+    out: str | Path | None = None,
+    *,
+    title: str | None = None,
+    max_examples: int = 4,
+    sections: Sequence[Section] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> Path:
+    """Write the HTML report of a run directory or an ablation directory.
+
+    Args:
+        path: a run directory (has ``run.json``) or an ablation directory (has
+            ``ablation.json`` and/or ``runs/``).
+        out: the HTML file to write (default ``<path>/report.html``).
+        title: the page title (default ``"attnlab ablation report: <task>"``).
+        max_examples: attention examples drawn per mechanism (from its first seed).
+        sections: the sections to render (default :data:`SECTIONS`).
+        on_warning: called with one line for every run directory of an ablation that is
+            skipped because its files cannot be read (the page lists them too).
+
+    Returns:
+        The path of the written file (written atomically: a reader never sees half a page).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ReportError: ``path`` is neither kind of directory, or a file of a single run
+            directory, ``ablation.json`` or ``results.sqlite`` cannot be read.
+    """
+    text = render_report(
+        path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
+    )
+    target = Path(out) if out is not None else Path(path) / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text(target, text)
+    return target
