@@ -23,9 +23,18 @@ import math
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import click
+
+from attnlab.lab.commands import (
+    PRECISION_HELP,
+    TaskHelpCommand,
+    describe_task_of,
+    device_option,
+    precision_option,
+)
+from attnlab.lab.errors import fail
 
 __all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main", "profile_line"]
 
@@ -47,9 +56,9 @@ LAZY_COMMANDS = {
     "demo": ("attnlab.lab.demo", "demo_command"),
     "report": ("attnlab.lab.report", "report_command"),
     "aer": ("attnlab.evaluation.aer", "aer_command"),
-    "explain": ("attnlab.evaluation.explain_run", "explain_command"),
-    "correctness": ("attnlab.evaluation.vqa_correctness", "correctness_command"),
-    "aer-table": ("attnlab.evaluation.alignment_study", "aer_table_command"),
+    "explain": ("attnlab.lab.studies.explanation", "explain_command"),
+    "correctness": ("attnlab.lab.studies.vqa_correctness", "correctness_command"),
+    "aer-table": ("attnlab.lab.studies.alignment", "aer_table_command"),
 }
 #: What ``attnlab --help`` says of a lazy command without importing its module.
 LAZY_HELP = {
@@ -127,56 +136,6 @@ class _Group(click.Group):
             return 0
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def _write_rows(formatter: click.HelpFormatter, rows: Sequence[tuple[str, str]]) -> None:
-    """Two columns, as ``formatter.write_dl`` but never breaking a name at its hyphen
-    (``luong-concat``, ``capsule-attention`` stay whole)."""
-    indent = " " * formatter.current_indent
-    first = min(max(len(a) for a, _ in rows), 30)
-    width = max(formatter.width - formatter.current_indent - first - 2, 20)
-    for name, text in rows:
-        lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
-        if len(name) > first:
-            formatter.write(f"{indent}{name}\n")
-        else:
-            formatter.write(f"{indent}{name.ljust(first)}  {lines.pop(0)}\n")
-        for line in lines:
-            formatter.write(f"{indent}{' ' * (first + 2)}{line}\n")
-
-
-class TaskHelpCommand(click.Command):
-    """A command on a TASK (``train``, ``ablate``) whose ``--help`` ends with how lists are
-    typed (``syntax``: ``(example, meaning)`` rows) and every registered task with its
-    attention presets and baselines, read from the registry only when the help is shown."""
-
-    def __init__(self, *args: Any, syntax: Sequence[tuple[str, str]] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.syntax = list(syntax)
-
-    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from attnlab import registry
-        from attnlab.lab.config import task_presets
-
-        if self.syntax:
-            with formatter.section("Typing specs and options"):
-                _write_rows(formatter, self.syntax)
-        rows = [(e.name, task_presets(e.cls)) for e in registry.entries("task")]
-        if rows:
-            with formatter.section("Tasks: their attention presets (the default marked)"):
-                _write_rows(formatter, rows)
-            formatter.write_paragraph()
-            formatter.write_text(
-                "A task's options and their defaults, and what each preset is: "
-                f"attnlab {self.name} TASK --list-options. Tasks of a plugin: add --plugin "
-                "MODULE. Sources of the tasks: attnlab list --kind task."
-            )
-        super().format_epilog(ctx, formatter)
-
-
 #: How ``--attention`` and ``-o`` are typed (the ``train`` and ``ablate`` help).
 SPEC_SYNTAX = (
     (
@@ -202,6 +161,8 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def list_command(kind: str | None, as_json: bool) -> None:
     """List every registered mechanism and task with its formula, cost and source."""
+    import attnlab.lab.tasks  # registers the tasks
+    import attnlab.models  # noqa: F401  (registers the task models)
     from attnlab import registry
 
     all_entries = registry.entries()
@@ -273,33 +234,18 @@ def path_command(
     parsed = {}
     for item in options:
         if "=" not in item:
-            _fail(f"--option expects KEY=VALUE, got {item!r}")
+            fail(f"--option expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         parsed[key] = _parse_value(value)
     try:
         attn = Attention(score=score, align=align, dim=dim, d_q=d_q, d_k=d_k, **parsed)
     except (ValueError, TypeError, KeyError) as err:
-        _fail(str(err).strip("'\""))
+        fail(str(err).strip("'\""))
     path, reason = attn.explain(need_weights=need_weights)
     click.echo(f"path:   {path}\nreason: {reason}")
 
 
 # ----------------------------------------------------------------------------- train
-
-
-def describe_task_of(name: str) -> str:
-    """:func:`attnlab.lab.config.describe_task` of the registered task ``name`` (raises
-    :class:`~attnlab._checks.ConfigError` naming the registered tasks when it is unknown)."""
-    from attnlab import registry
-    from attnlab._checks import ConfigError
-    from attnlab.lab.config import describe_task
-
-    try:
-        cls = registry.get("task", name).cls
-    except KeyError:
-        known = ", ".join(registry.names("task")) or "none"
-        raise ConfigError(f"unknown task {name!r}; registered tasks: {known}") from None
-    return describe_task(cls)
 
 
 def _import_plugins(plugins: tuple[str, ...]) -> None:
@@ -314,7 +260,7 @@ def _import_plugins(plugins: tuple[str, ...]) -> None:
                     f"attnlab_plugin_{abs(hash(plugin))}", os.path.abspath(plugin)
                 )
                 if spec is None or spec.loader is None or not os.path.isfile(plugin):
-                    _fail(f"--plugin {plugin!r}: no such file")
+                    fail(f"--plugin {plugin!r}: no such file")
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[spec.name] = module
                 spec.loader.exec_module(module)
@@ -323,7 +269,7 @@ def _import_plugins(plugins: tuple[str, ...]) -> None:
                 sys.path.insert(0, os.getcwd())
             importlib.import_module(plugin)
         except ModuleNotFoundError as error:
-            _fail(f"--plugin {plugin!r}: {error}")
+            fail(f"--plugin {plugin!r}: {error}")
 
 
 def _fmt_metric(value: Any) -> str:
@@ -353,18 +299,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.option("--epochs", type=int, help="training epochs")
 @click.option("--batch-size", type=int, help="mini-batch size")
 @click.option("--lr", type=float, help="learning rate (Adam)")
-@click.option(
-    "--device",
-    default="auto",
-    show_default=True,
-    help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
-)
-@click.option(
-    "--precision",
-    default="fp32",
-    show_default=True,
-    help="fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler); kept in run.json",
-)
+@device_option()
+@precision_option(PRECISION_HELP + "; kept in run.json")
 @click.option(
     "-o",
     "--option",
@@ -424,70 +360,116 @@ def train_command(
     taken from --config, then -o, then --epochs / --batch-size / --lr. The spec and the
     options are checked before any data is loaded or anything is written.
     """
-    from pathlib import Path
+    _import_plugins(plugins)
+    if list_options:
+        _or_fail(describe_task_of, task, then=click.echo)
+        return
+    shortcuts = {"epochs": epochs, "batch_size": batch_size, "lr": lr}
+    the_task, spec, run_seeds = _or_fail(
+        _train_settings, task, attention, config_file, options, shortcuts, seeds, device, precision
+    )
+    results = [
+        (seed, _train_seed(the_task, spec, seed, out, device, precision, not no_progress, threads))
+        for seed in run_seeds
+    ]
+    click.echo(f"{the_task.name}  attention: {results[0][1].label}")
+    click.echo(_results_table(list(the_task.metrics), results))
+    if profile:
+        click.echo("")
+        for seed, r in results:
+            click.echo(f"seed {seed}: {profile_line(r.cost)}")
 
+
+def _or_fail(function: Any, *args: Any, then: Any = None) -> Any:
+    """``function(*args)`` (passed to ``then`` when given); a
+    :class:`~attnlab._checks.ConfigError` ends the command with ``error: ...``."""
     from attnlab._checks import ConfigError
-    from attnlab.data._common import MissingDataError
+
+    try:
+        value = function(*args)
+    except ConfigError as error:
+        fail(str(error))
+    return then(value) if then is not None else value
+
+
+def _train_settings(
+    task: str,
+    attention: str | None,
+    config_file: str | None,
+    options: Sequence[str],
+    shortcuts: dict[str, Any],
+    seeds: Sequence[int],
+    device: str,
+    precision: str,
+) -> tuple[Any, dict[str, Any], list[int]]:
+    """``(task, spec, seeds)`` of ``attnlab train``: the options taken from --config, then
+    -o, then the shortcuts given; the spec, the option values, the device and the precision
+    checked before any data is loaded."""
     from attnlab.lab.config import (
         check_attention,
         check_option_values,
         load_config_file,
         parse_attention,
         parse_options,
-    )
-    from attnlab.lab.task import spec_slug
-    from attnlab.lab.training import (
-        resolve_device,
-        resolve_precision,
         resolve_task,
-        train_run,
     )
+    from attnlab.lab.training import resolve_device, resolve_precision
 
-    _import_plugins(plugins)
-    try:
-        if list_options:
-            click.echo(describe_task_of(task))
-            return
-        config = load_config_file(config_file) if config_file else {}
-        spec = config.get("attention", {})
-        if attention is not None:
-            spec = parse_attention(attention)
-        opts = dict(config.get("options", {}))
-        opts.update(parse_options(options))
-        for name, value in (("epochs", epochs), ("batch_size", batch_size), ("lr", lr)):
-            if value is not None:
-                opts[name] = value
-        run_seeds = list(seeds) or list(config.get("seeds", [0]))
-        the_task = resolve_task(task, opts)
-        check_option_values(the_task, opts)
-        check_attention(the_task, spec)  # before any data is loaded
-        resolve_precision(precision, resolve_device(device))
-    except ConfigError as error:
-        _fail(str(error))
-    base = Path(out) if out else Path("runs") / the_task.name
+    config = load_config_file(config_file) if config_file else {}
+    spec = parse_attention(attention) if attention is not None else config.get("attention", {})
+    opts = {**config.get("options", {}), **parse_options(options)}
+    opts.update({k: v for k, v in shortcuts.items() if v is not None})
+    the_task = resolve_task(task, opts)
+    check_option_values(the_task, opts)
+    check_attention(the_task, spec)  # before any data is loaded
+    resolve_precision(precision, resolve_device(device))
+    return the_task, spec, list(seeds) or list(config.get("seeds", [0]))
+
+
+def _train_seed(
+    task: Any,
+    spec: dict[str, Any],
+    seed: int,
+    out: str | None,
+    device: str,
+    precision: str,
+    progress: bool,
+    threads: int | None,
+) -> Any:
+    """Train one seed of ``attnlab train`` into ``OUT/<spec slug>--seed<N>``; an error of
+    the task model (exit 2, an empty new OUT removed) or missing data (exit 1) ends the
+    command."""
+    from pathlib import Path
+
+    from attnlab._checks import ConfigError
+    from attnlab.data._common import MissingDataError
+    from attnlab.lab.task import spec_slug
+    from attnlab.lab.training import train_run
+
+    base = Path(out) if out else Path("runs") / task.name
     base_is_new = not base.exists()
-    results = []
-    for seed in run_seeds:
-        run_dir = base / f"{spec_slug(spec)}--seed{seed}"
-        try:
-            result = train_run(
-                the_task,
-                spec,
-                seed=seed,
-                device=device,
-                precision=precision,
-                out_dir=run_dir,
-                progress=not no_progress,
-                num_threads=threads,
-            )
-        except ConfigError as error:  # the task model rejects the spec or an option
-            if base_is_new and base.is_dir() and not any(base.iterdir()):
-                base.rmdir()  # leave nothing behind
-            _fail(str(error))
-        except MissingDataError as error:
-            _fail(str(error), code=1)
-        results.append((seed, result))
-    metric_names = list(the_task.metrics)
+    try:
+        return train_run(
+            task,
+            spec,
+            seed=seed,
+            device=device,
+            precision=precision,
+            out_dir=base / f"{spec_slug(spec)}--seed{seed}",
+            progress=progress,
+            num_threads=threads,
+        )
+    except ConfigError as error:  # the task model rejects the spec or an option
+        if base_is_new and base.is_dir() and not any(base.iterdir()):
+            base.rmdir()  # leave nothing behind
+        fail(str(error))
+    except MissingDataError as error:
+        fail(str(error), code=1)
+
+
+def _results_table(metric_names: list[str], results: list[tuple[int, Any]]) -> str:
+    """The test metrics, best epoch and run directory of every seed (and their mean ±
+    sample std when there are several seeds)."""
     header = ["seed", *[f"test {m}" for m in metric_names], "best epoch", "run directory"]
     rows = [
         [
@@ -499,23 +481,19 @@ def train_command(
         for seed, r in results
     ]
     if len(results) > 1:
-        cells = []
-        for m in metric_names:
-            values = [r.metrics["test"].get(m) for _, r in results]
-            values = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
-            if values:
-                mean = sum(values) / len(values)
-                std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
-                cells.append(f"{mean:.4f} ± {std:.4f}")
-            else:
-                cells.append("n/a")
+        cells = [_mean_std([r.metrics["test"].get(m) for _, r in results]) for m in metric_names]
         rows.append(["mean ± std", *cells, "", ""])
-    click.echo(f"{the_task.name}  attention: {results[0][1].label}")
-    click.echo(_table(header, rows))
-    if profile:
-        click.echo("")
-        for seed, r in results:
-            click.echo(f"seed {seed}: {profile_line(r.cost)}")
+    return _table(header, rows)
+
+
+def _mean_std(values: list[Any]) -> str:
+    """``mean ± sample std`` of the finite numbers among ``values`` (``n/a`` without any)."""
+    values = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    if not values:
+        return "n/a"
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+    return f"{mean:.4f} ± {std:.4f}"
 
 
 def profile_line(cost: dict[str, Any]) -> str:

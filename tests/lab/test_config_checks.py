@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import attnlab.lab.tasks  # noqa: F401 -- registers the lab's tasks
 from attnlab import registry
 from attnlab._checks import ConfigError
 from attnlab.lab.ablation import expand_grid

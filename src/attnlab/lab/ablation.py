@@ -29,25 +29,32 @@ import itertools
 import json
 import os
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
-from attnlab._checks import ConfigError
-from attnlab.cli import TaskHelpCommand, describe_task_of
+from attnlab._checks import ConfigError, check_int
 from attnlab.lab._process import Owner
+from attnlab.lab.commands import (
+    PRECISION_HELP,
+    TaskHelpCommand,
+    describe_task_of,
+    device_option,
+    precision_option,
+)
 from attnlab.lab.config import (
     check_attention,
     check_option_values,
     coerce_value,
     parse_attention,
     parse_options,
+    read_structured_file,
+    resolve_task,
 )
+from attnlab.lab.errors import fail
 from attnlab.lab.executors import (
     EXECUTORS,
     RunJob,
@@ -55,9 +62,10 @@ from attnlab.lab.executors import (
     import_plugins,
     make_executor,
 )
+from attnlab.lab.files import jsonable, utc_now, write_json
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
-from attnlab.lab.training import remove_stale_work_dirs
+from attnlab.lab.training import remove_stale_work_dirs, resolve_device, resolve_precision
 
 __all__ = [
     "BASELINES",
@@ -101,9 +109,7 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
     if seeds is not None and num_seeds is not None:
         raise ConfigError("give either seeds or num_seeds, not both")
     if num_seeds is not None:
-        if int(num_seeds) < 1:
-            raise ConfigError(f"num_seeds must be >= 1, got {num_seeds}")
-        return list(range(int(num_seeds)))
+        return list(range(check_int(num_seeds, "num_seeds")))
     if seeds is None:
         return [0, 1, 2]
     if isinstance(seeds, int):
@@ -127,20 +133,7 @@ def _is_file(text: str) -> bool:
 
 
 def _load_file(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"no such grid/spec file: {path}")
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            return tomllib.loads(text)
-        if suffix == ".json":
-            return json.loads(text)
-        import yaml
-
-        return yaml.safe_load(text)
-    except Exception as err:
-        raise ConfigError(f"{path}: cannot parse ({err})") from err
+    return read_structured_file(path, kind="grid/spec file", require_suffix=False)
 
 
 def _grid_text(text: str) -> list[dict[str, Any]]:
@@ -218,39 +211,42 @@ def expand_grid(
     >>> [spec_label(s) for s in expand_grid("score=additive,dot;align=soft")]
     ['align=soft,score=additive', 'align=soft,score=dot']
     """
-    specs: list[dict[str, Any]] = []
-    if grid is None:
-        pass
-    elif isinstance(grid, os.PathLike):
-        specs = _from_loaded(_load_file(Path(grid)), str(grid))
-    elif isinstance(grid, str):
-        if _is_file(grid.strip()):
-            specs = _from_loaded(_load_file(Path(grid.strip())), grid)
-        else:
-            specs = _grid_text(grid)
-    elif isinstance(grid, Mapping):
-        if grid and all(isinstance(v, (list, tuple)) for v in grid.values()):
-            specs = _product(grid)
-        else:
-            specs = _from_loaded(grid, "grid")
-    elif isinstance(grid, Sequence):
-        for item in grid:
-            if isinstance(item, Mapping):
-                specs.append(dict(item))
-            elif isinstance(item, str):
-                specs.append(parse_spec(item))
-            elif isinstance(item, (list, tuple)):
-                specs += expand_grid(item)
-            else:
-                raise ConfigError(f"grid item {item!r} is not a spec (dict or text)")
-    else:
-        raise ConfigError(f"grid must be text, a file, a mapping or a list, got {grid!r}")
-    if baselines:
-        specs = [dict(b) for b in BASELINES] + specs
+    specs = [dict(b) for b in BASELINES] if baselines else []
+    specs += _grid_specs(grid)
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec_label(spec), spec)
     return list(unique.values())
+
+
+def _grid_specs(grid: Any) -> list[dict[str, Any]]:
+    """The specs of a grid in any form :func:`expand_grid` takes (duplicates kept)."""
+    if grid is None:
+        return []
+    if isinstance(grid, os.PathLike):
+        return _from_loaded(_load_file(Path(grid)), str(grid))
+    if isinstance(grid, str):
+        if _is_file(grid.strip()):
+            return _from_loaded(_load_file(Path(grid.strip())), grid)
+        return _grid_text(grid)
+    if isinstance(grid, Mapping):
+        if grid and all(isinstance(v, (list, tuple)) for v in grid.values()):
+            return _product(grid)
+        return _from_loaded(grid, "grid")
+    if isinstance(grid, Sequence):
+        return [spec for item in grid for spec in _item_specs(item)]
+    raise ConfigError(f"grid must be text, a file, a mapping or a list, got {grid!r}")
+
+
+def _item_specs(item: Any) -> list[dict[str, Any]]:
+    """The specs of one item of a grid list: a spec dict, spec text or a nested grid."""
+    if isinstance(item, Mapping):
+        return [dict(item)]
+    if isinstance(item, str):
+        return [parse_spec(item)]
+    if isinstance(item, (list, tuple)):
+        return expand_grid(item)
+    raise ConfigError(f"grid item {item!r} is not a spec (dict or text)")
 
 
 def run_id(spec: Mapping[str, Any], seed: int) -> str:
@@ -379,48 +375,10 @@ def format_table(
 # ----------------------------------------------------------------------------- running
 
 
-def _task_class(name: str) -> type[Task]:
-    from attnlab import registry
-
-    try:
-        return registry.get("task", name).cls
-    except KeyError:
-        known = ", ".join(_task_names()) or "none"
-        raise ConfigError(
-            f"unknown task {name!r}; registered tasks: {known} (a task from another module: "
-            "--plugin MODULE)"
-        ) from None
-
-
-def _task_names() -> list[str]:
-    from attnlab import registry
-
-    try:
-        return registry.names("task")
-    except KeyError:  # pragma: no cover
-        return []
-
-
-def _resolve_task(task: str | Task, options: Mapping[str, Any] | None) -> Task:
-    if isinstance(task, Task):
-        return type(task)(**{**task.options, **dict(options or {})})
-    if isinstance(task, type) and issubclass(task, Task):
-        return task(**dict(options or {}))
-    return _task_class(str(task))(**dict(options or {}))
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def _record(value: Any) -> Any:
+    """``value`` as ``ablation.json`` records it: plain JSON data
+    (:func:`attnlab.lab.files.jsonable`) with the keys of every mapping sorted."""
+    return json.loads(json.dumps(jsonable(value), sort_keys=True))
 
 
 def _check_existing(
@@ -558,141 +516,192 @@ def run_ablation(
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    from attnlab.lab.training import resolve_device, resolve_precision
+    study = _open_study(task, grid, seeds, out_dir, options, device, precision, plugins)
+    _write_record(study, executor)
+    out = study.out
+    remove_stale_work_dirs(out / "runs")  # what killed runs left behind
+    store = ResultsStore(out / ResultsStore.FILENAME)
+    result = AblationResult(
+        out_dir=out,
+        task=study.task.name,
+        options=study.options,
+        grid=study.specs,
+        seeds=study.seeds,
+        metrics=tuple(study.task.metrics),
+        higher_is_better=bool(study.task.higher_is_better),
+        summary={},
+    )
+    recorder = _Recorder(study, store, result)
+    todo = recorder.plan()
+    recorder.bar = _progress_bar(progress, result, len(todo))
+    try:
+        runner = make_executor(executor, jobs=jobs, address=address)
+        runner.run(todo, recorder.on_done, recorder.should_run)
+    finally:
+        store.release(owner=recorder.owner)  # Ctrl-C or an error: hand the runs still held back
+        if recorder.bar is not None:
+            recorder.bar.close()
+    result.summary = store.summary(
+        labels=[spec_label(s) for s in study.specs], higher_is_better=result.higher_is_better
+    )
+    store.close()
+    if progress:
+        _print_result(result)
+    return result
 
+
+@dataclass
+class _Study:
+    """An ablation as :func:`run_ablation` resolved it before anything runs: the task, the
+    directory, the recorded options, specs and seeds, and how every run is started."""
+
+    task: Task
+    out: Path
+    options: dict[str, Any]
+    specs: list[dict[str, Any]]
+    seeds: list[int]
+    device: str
+    precision: str
+    plugins: tuple[str, ...]
+    paths: tuple[str, ...]
+
+    def job(self, rid: str, spec: dict[str, Any], seed: int, run_dir: Path) -> RunJob:
+        """The job that trains ``spec`` with ``seed`` into ``run_dir``."""
+        return RunJob(
+            run_id=rid,
+            task=self.task.name,
+            spec=spec,
+            seed=seed,
+            run_dir=str(run_dir.resolve()),
+            options=self.options,
+            device=self.device,
+            precision=self.precision,
+            plugins=self.plugins,
+            sys_path=self.paths,
+        )
+
+
+def _open_study(
+    task: str | Task,
+    grid: Any,
+    seeds: Iterable[int] | str | None,
+    out_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, Any] | None,
+    device: str,
+    precision: str,
+    plugins: Sequence[str],
+) -> _Study:
+    """Resolve the device, the precision, the plugins, the task, the grid (every spec
+    checked against the task) and the seeds, and make the ablation directory."""
     resolved_device = resolve_device(device)
     precision = resolve_precision(precision, resolved_device)
-    plugin_paths = (os.getcwd(),)
-    import_plugins(plugins, plugin_paths)
-    task_obj = _resolve_task(task, options)
-    name = task_obj.name
-    task_options = _jsonable(task_obj.options)
+    paths = (os.getcwd(),)
+    import_plugins(plugins, paths)
+    task_obj = resolve_task(task, options)
     specs = expand_grid(grid)
     if not specs:
         raise ConfigError("the grid is empty: give --attention SPEC, --grid or --baselines")
     for spec in specs:  # fail fast on an unknown preset, before anything runs
         task_obj.resolve_attention(spec)
     seed_list = parse_seeds(seeds)
-    out = Path(out_dir) if out_dir is not None else Path("ablations") / name
+    out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
     out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "ablation.json"
-    specs = [_jsonable(s) for s in specs]
-    created = _now()
-    if meta_path.is_file():
-        defaults = _jsonable({**Task._TRAINING_DEFAULTS, **type(task_obj).defaults})
-        specs, seed_list, old = _check_existing(
-            meta_path, name, task_options, specs, seed_list, defaults
+    return _Study(
+        task=task_obj,
+        out=out,
+        options=_record(task_obj.options),
+        specs=[_record(s) for s in specs],
+        seeds=seed_list,
+        device=str(resolved_device),
+        precision=precision,
+        plugins=tuple(plugins),
+        paths=paths,
+    )
+
+
+def _write_record(study: _Study, executor: str) -> None:
+    """Write ``ablation.json``; a recorded one is checked first and its grid and seeds
+    merged into ``study`` (:func:`_check_existing`)."""
+    path = study.out / "ablation.json"
+    created = utc_now()
+    if path.is_file():
+        defaults = _record({**Task._TRAINING_DEFAULTS, **type(study.task).defaults})
+        study.specs, study.seeds, old = _check_existing(
+            path, study.task.name, study.options, study.specs, study.seeds, defaults
         )
         created = old.get("created", created)
-    _write_json(
-        meta_path,
-        {
-            "task": name,
-            "task_options": task_options,
-            "grid": specs,
-            "seeds": seed_list,
-            "executor": executor,
-            "created": created,
-            "updated": _now(),
-        },
-    )
+    record = {
+        "task": study.task.name,
+        "task_options": study.options,
+        "grid": study.specs,
+        "seeds": study.seeds,
+        "executor": executor,
+        "created": created,
+        "updated": utc_now(),
+    }
+    write_json(path, record)
 
-    remove_stale_work_dirs(out / "runs")  # what killed runs left behind
-    store = ResultsStore(out / ResultsStore.FILENAME)
-    owner = Owner.this_process()
-    attempts = store.attempts()  # before done_ids: a run claimed after it is seen as such
-    done = store.done_ids()
-    result = AblationResult(
-        out_dir=out,
-        task=name,
-        options=task_options,
-        grid=specs,
-        seeds=seed_list,
-        metrics=tuple(task_obj.metrics),
-        higher_is_better=bool(task_obj.higher_is_better),
-        summary={},
-    )
-    todo: list[RunJob] = []
-    specs_by_id: dict[str, tuple[dict, int]] = {}
-    for spec in specs:
-        for seed in seed_list:
-            rid = run_id(spec, seed)
-            specs_by_id[rid] = (spec, seed)
-            if rid in done:
-                result.skipped.append(rid)
-                continue
-            run_dir = out / "runs" / rid
-            found = _finished_dir(run_dir, name, spec, seed)
-            if found is not None:
-                store.record(
-                    rid, name, spec, seed, "done", found["metrics"], found["cost"], run_dir
-                )
-                result.recovered.append(rid)
-                continue
-            todo.append(
-                RunJob(
-                    run_id=rid,
-                    task=name,
-                    spec=spec,
-                    seed=seed,
-                    run_dir=str(run_dir.resolve()),
-                    options=task_options,
-                    device=str(resolved_device),
-                    precision=precision,
-                    plugins=tuple(plugins),
-                    sys_path=plugin_paths,
-                )
-            )
 
-    total = len(specs) * len(seed_list)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+class _Recorder:
+    """The runs of one :func:`run_ablation` call: which to train, each claimed in the store
+    right before it starts, and each outcome recorded in the store and the result."""
 
-        bar = tqdm(
-            total=total,
-            initial=total - len(todo),
-            desc=f"ablate {name}",
-            unit="run",
-            dynamic_ncols=True,
-        )
-        if result.skipped or result.recovered:
-            bar.write(
-                f"resuming {out}: {len(result.skipped) + len(result.recovered)} of {total} "
-                f"runs already done, {len(todo)} to run"
-            )
+    def __init__(self, study: _Study, store: ResultsStore, result: AblationResult) -> None:
+        self.study, self.store, self.result = study, store, result
+        self.owner = Owner.this_process()
+        self.attempts = store.attempts()  # before done_ids: a run claimed after it is seen as such
+        self.specs_by_id: dict[str, tuple[dict[str, Any], int]] = {}
+        self.bar: Any = None
 
-    def tick() -> None:
-        if bar is not None:
-            bar.update(1)
+    def plan(self) -> list[RunJob]:
+        """The jobs of the runs not done yet (a finished run directory the store missed is
+        recorded, not trained)."""
+        done = self.store.done_ids()
+        todo: list[RunJob] = []
+        for spec in self.study.specs:
+            for seed in self.study.seeds:
+                rid = run_id(spec, seed)
+                self.specs_by_id[rid] = (spec, seed)
+                run_dir = self.study.out / "runs" / rid
+                if rid in done:
+                    self.result.skipped.append(rid)
+                elif not self._recover(rid, run_dir):
+                    todo.append(self.study.job(rid, spec, seed, run_dir))
+        return todo
 
-    def should_run(job: RunJob) -> bool:
+    def _recover(self, rid: str, run_dir: str | Path) -> bool:
+        """Record the run ``rid`` when ``run_dir`` holds it finished (a process died before
+        recording it); whether it did."""
+        spec, seed = self.specs_by_id[rid]
+        name = self.study.task.name
+        found = _finished_dir(Path(run_dir), name, spec, seed)
+        if found is None:
+            return False
+        self.store.record(rid, name, spec, seed, "done", found["metrics"], found["cost"], run_dir)
+        self.result.recovered.append(rid)
+        return True
+
+    def should_run(self, job: RunJob) -> bool:
         """Claim the run right before it starts; skip it when another process has it."""
-        claim = store.claim(job.run_id, owner, attempts.get(job.run_id, 0))
+        claim = self.store.claim(job.run_id, self.owner, self.attempts.get(job.run_id, 0))
         if claim.status == "done":
-            result.skipped.append(job.run_id)
+            self.result.skipped.append(job.run_id)
         elif claim.status == "busy":
-            result.others[job.run_id] = f"trained by {claim.owner}"
+            self.result.others[job.run_id] = f"trained by {claim.owner}"
         elif claim.status == "ran":
-            result.others[job.run_id] = f"ran by {claim.owner} meanwhile (not done)"
-        else:
-            spec, seed = specs_by_id[job.run_id]
-            found = _finished_dir(Path(job.run_dir), name, spec, seed)
-            if found is None:
-                return True
-            # published by a process that died before recording it
-            store.record(
-                job.run_id, name, spec, seed, "done", found["metrics"], found["cost"], job.run_dir
-            )
-            result.recovered.append(job.run_id)
-        tick()
+            self.result.others[job.run_id] = f"ran by {claim.owner} meanwhile (not done)"
+        elif not self._recover(job.run_id, job.run_dir):
+            return True
+        if self.bar is not None:
+            self.bar.update(1)
         return False
 
-    def on_done(outcome: RunOutcome) -> None:
-        spec, seed = specs_by_id[outcome.run_id]
-        store.record(
+    def on_done(self, outcome: RunOutcome) -> None:
+        """Record a finished run (done or failed) at once."""
+        spec, seed = self.specs_by_id[outcome.run_id]
+        self.store.record(
             outcome.run_id,
-            name,
+            self.study.task.name,
             spec,
             seed,
             outcome.status,
@@ -701,43 +710,59 @@ def run_ablation(
             outcome.run_dir,
             outcome.error,
         )
-        result.ran.append(outcome.run_id)
+        self.result.ran.append(outcome.run_id)
+        failed = self.result.failed
         if outcome.status != "done":
-            result.failed[outcome.run_id] = _first_line(outcome.error)
-        if bar is not None:
+            failed[outcome.run_id] = _first_line(outcome.error)
+        if self.bar is not None:
             if outcome.status != "done":
-                bar.write(f"run {outcome.run_id} failed: {_first_line(outcome.error)}")
-            bar.set_postfix_str(f"failed={len(result.failed)}" if result.failed else "")
-            bar.update(1)
+                self.bar.write(f"run {outcome.run_id} failed: {_first_line(outcome.error)}")
+            self.bar.set_postfix_str(f"failed={len(failed)}" if failed else "")
+            self.bar.update(1)
 
-    try:
-        make_executor(executor, jobs=jobs, address=address).run(todo, on_done, should_run)
-    finally:
-        store.release(owner=owner)  # Ctrl-C or an error: hand the runs still held back
-        if bar is not None:
-            bar.close()
-    result.summary = store.summary(
-        labels=[spec_label(s) for s in specs], higher_is_better=result.higher_is_better
+
+def _progress_bar(progress: bool, result: AblationResult, todo: int) -> Any:
+    """A tqdm bar over the runs of the ablation (None without ``progress``), saying so when
+    it resumes."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    total = len(result.grid) * len(result.seeds)
+    bar = tqdm(
+        total=total,
+        initial=total - todo,
+        desc=f"ablate {result.task}",
+        unit="run",
+        dynamic_ncols=True,
     )
-    store.close()
-    if progress:
-        click.echo(f"\n{name}: test metrics over seeds {seed_list} ({out})")
-        click.echo(result.table())
-        if result.failed:
-            click.echo(
-                f"\n{len(result.failed)} run(s) failed (they are retried on the next "
-                f"invocation; errors in {out / 'results.sqlite'}):"
-            )
-            for rid, err in result.failed.items():
-                click.echo(f"  {rid}: {err}")
-        if result.others:
-            click.echo(
-                f"\n{len(result.others)} run(s) belong to other processes working on {out} "
-                "(rerun when they are finished for the full table):"
-            )
-            for rid, what in result.others.items():
-                click.echo(f"  {rid}: {what}")
-    return result
+    if result.skipped or result.recovered:
+        bar.write(
+            f"resuming {result.out_dir}: {len(result.skipped) + len(result.recovered)} of "
+            f"{total} runs already done, {todo} to run"
+        )
+    return bar
+
+
+def _print_result(result: AblationResult) -> None:
+    """The table of an ablation, the runs that failed and those of other processes."""
+    out = result.out_dir
+    click.echo(f"\n{result.task}: test metrics over seeds {result.seeds} ({out})")
+    click.echo(result.table())
+    if result.failed:
+        click.echo(
+            f"\n{len(result.failed)} run(s) failed (they are retried on the next "
+            f"invocation; errors in {out / 'results.sqlite'}):"
+        )
+        for rid, err in result.failed.items():
+            click.echo(f"  {rid}: {err}")
+    if result.others:
+        click.echo(
+            f"\n{len(result.others)} run(s) belong to other processes working on {out} "
+            "(rerun when they are finished for the full table):"
+        )
+        for rid, what in result.others.items():
+            click.echo(f"  {rid}: {what}")
 
 
 # ----------------------------------------------------------------------------- command
@@ -775,13 +800,6 @@ def _command_options(items: Sequence[str], **shortcuts: Any) -> dict[str, Any]:
     options = parse_options(items)
     options.update({k: v for k, v in shortcuts.items() if v is not None})
     return options
-
-
-def _fail(message: str) -> NoReturn:
-    """Print ``error: message`` and exit 2, as the ``attnlab`` command line does."""
-    from attnlab.cli import _fail as fail
-
-    fail(message)
 
 
 #: How ``-a``, ``-g`` and ``-o`` are typed (the end of ``attnlab ablate --help``).
@@ -846,18 +864,10 @@ ABLATE_SYNTAX = (
     help="Parallel runs (local processes; the CPUs of a local Ray instance).",
 )
 @click.option("--address", help="Address of an existing Ray cluster (with --executor ray).")
-@click.option(
-    "--device",
-    default="auto",
-    show_default=True,
-    help="Torch device of every run: auto (CUDA when available, else cpu), cpu, cuda, cuda:1.",
+@device_option(
+    "Torch device of every run: auto (CUDA when available, else cpu), cpu, cuda, cuda:1."
 )
-@click.option(
-    "--precision",
-    default="fp32",
-    show_default=True,
-    help="fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler).",
-)
+@precision_option(PRECISION_HELP + ".")
 @click.option(
     "--plugin",
     "plugins",
@@ -923,12 +933,10 @@ def ablate_command(
         if address and executor != "ray":
             raise ConfigError("--address needs --executor ray")
         options = _command_options(option, epochs=epochs, batch_size=batch_size, lr=lr)
-        task_obj = _resolve_task(task, options)
+        task_obj = resolve_task(task, options)
         check_option_values(task_obj, options)
         for spec in specs:  # before the first run: a typo in the last spec fails now
             check_attention(task_obj, spec)
-        from attnlab.lab.training import resolve_device, resolve_precision
-
         resolve_precision(precision, resolve_device(device))
         result = run_ablation(
             task,
@@ -945,7 +953,7 @@ def ablate_command(
             plugins=plugins,
         )
     except (ConfigError, ImportError) as err:  # also a damaged results store or run file
-        _fail(str(err))
+        fail(str(err))
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:

@@ -194,10 +194,7 @@ def load_state(
     """
     file = check_checkpoint(path, sha256)
     if device is None:
-        first = next(iter(model.parameters()), None)
-        if first is None:
-            first = next(iter(model.buffers()), None)
-        device = first.device if first is not None else "cpu"
+        device = _model_device(model)
     try:
         tensors, meta = _read_file(file, device)
     except Exception as err:  # safetensors' own error: not a (complete) safetensors file
@@ -206,7 +203,27 @@ def load_state(
             f"checkpoint {str(file)!r} is damaged or not a safetensors file ({reason}); "
             "train the run again"
         ) from None
-    own = model.state_dict()
+    _fill_tied(tensors, meta, model.state_dict())
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing, unexpected = list(missing), list(unexpected)
+    if strict and (missing or unexpected):
+        raise RuntimeError(_mismatch(model, missing, unexpected))
+    return missing, unexpected
+
+
+def _model_device(model: nn.Module) -> torch.device | str:
+    """The device of the model's first parameter or buffer (the CPU without any)."""
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        first = next(iter(model.buffers()), None)
+    return first.device if first is not None else "cpu"
+
+
+def _fill_tied(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], own: dict[str, torch.Tensor]
+) -> None:
+    """Add to ``tensors`` (read from a file) every tied name of the model's state ``own``
+    that the file stored once under another name."""
     model_aliases = _alias_groups(own)
     for name in own:
         if name in tensors:
@@ -222,17 +239,17 @@ def load_state(
                 if kept == name and other in tensors:
                     tensors[name] = tensors[other]
                     break
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    missing, unexpected = list(missing), list(unexpected)
-    if strict and (missing or unexpected):
-        error = f"Error(s) in loading state_dict for {type(model).__name__}:"
-        if missing:
-            error += "\n    Missing key(s) in state_dict: " + ", ".join(
-                f'"{k}"' for k in sorted(missing)
-            )
-        if unexpected:
-            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
-                f'"{k}"' for k in sorted(unexpected)
-            )
-        raise RuntimeError(error)
-    return missing, unexpected
+
+
+def _mismatch(model: nn.Module, missing: list[str], unexpected: list[str]) -> str:
+    """The message of ``load_state_dict(strict=True)`` for these missing and unexpected keys."""
+    error = f"Error(s) in loading state_dict for {type(model).__name__}:"
+    if missing:
+        error += "\n    Missing key(s) in state_dict: " + ", ".join(
+            f'"{k}"' for k in sorted(missing)
+        )
+    if unexpected:
+        error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+            f'"{k}"' for k in sorted(unexpected)
+        )
+    return error

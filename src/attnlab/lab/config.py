@@ -23,6 +23,10 @@ Before a run is started (and before any data is loaded), :func:`check_attention`
 alignment and dimensionality names, the keys of a spec, the types of option values and
 the separators (``,`` inside a spec, one ``-o`` per option). :func:`describe_task` and
 :func:`task_presets` write the help that ``attnlab train`` / ``ablate`` show.
+
+A task typed by name is looked up here too: :func:`task_class` (the registered class, or
+an error naming the registered tasks) and :func:`resolve_task` (an instance with options),
+which the trainer, the ablation and the command line share.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ __all__ = [
     "parse_attention",
     "parse_options",
     "read_structured_file",
+    "resolve_task",
+    "task_class",
     "task_presets",
 ]
 
@@ -103,16 +109,19 @@ def _is_file_spec(text: str) -> bool:
     return text.lower().endswith(_FILE_SUFFIXES)
 
 
-def read_structured_file(path: str | Path) -> Any:
-    """The content of a ``.yaml`` / ``.yml`` / ``.toml`` / ``.json`` file."""
+def read_structured_file(
+    path: str | Path, *, kind: str = "config file", require_suffix: bool = True
+) -> Any:
+    """The content of a ``.yaml`` / ``.yml`` / ``.toml`` / ``.json`` file (``kind`` names it
+    in the errors; without ``require_suffix`` a file of another suffix is read as YAML)."""
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
-    if suffix not in _FILE_SUFFIXES:
+    if require_suffix and suffix not in _FILE_SUFFIXES:
         raise ConfigError(
-            f"config file {str(path)!r} must end in {', '.join(_FILE_SUFFIXES)} (got {suffix!r})"
+            f"{kind} {str(path)!r} must end in {', '.join(_FILE_SUFFIXES)} (got {suffix!r})"
         )
     if not file.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"{kind} {str(path)!r} does not exist")
     text = file.read_text(encoding="utf-8")
     try:
         if suffix == ".json":
@@ -126,6 +135,14 @@ def read_structured_file(path: str | Path) -> Any:
         return yaml.safe_load(text)
     except Exception as error:  # the parsers raise their own error types
         raise ConfigError(f"cannot parse {str(path)!r}: {error}") from None
+
+
+def _require_mapping(content: Any, what: str, example: str) -> Mapping[str, Any]:
+    """``content`` when it is a mapping; else :class:`ConfigError`: ``WHAT must hold a
+    mapping EXAMPLE, got TYPE``."""
+    if not isinstance(content, Mapping):
+        raise ConfigError(f"{what} must hold a mapping {example}, got {type(content).__name__}")
+    return content
 
 
 def parse_attention(text: str | None) -> dict[str, Any]:
@@ -146,47 +163,53 @@ def parse_attention(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     if _is_file_spec(text):
-        content = read_structured_file(text)
-        if isinstance(content, str):
-            return parse_attention(content)
-        if content is None:
-            return {}
-        if not isinstance(content, Mapping):
-            raise ConfigError(
-                f"attention file {text!r} must hold a mapping such as "
-                f"{{score: additive, align: soft}}, got {type(content).__name__}"
-            )
-        return _check_spec(dict(content), where=f"attention file {text!r}")
+        return _spec_file(text)
     spec: dict[str, Any] = {}
     for raw in text.split(","):
-        piece = raw.strip()
-        if not piece:
-            raise ConfigError(f"empty piece in the attention spec {text!r} (a stray comma?)")
-        if "=" in piece:
-            key, _, value = piece.partition("=")
-            key = key.strip()
-            if not _KEY.match(key):
-                raise ConfigError(
-                    f"bad key {key!r} in the attention spec {text!r} (piece {piece!r})"
-                )
-            if not value.strip():
-                raise ConfigError(f"no value for {key!r} in the attention spec {text!r}")
-            if key in spec:
-                raise ConfigError(f"{key!r} is given twice in the attention spec {text!r}")
-            spec[key] = coerce_value(value)
-        else:
-            if not _KEY.match(piece):
-                raise ConfigError(
-                    f"bad piece {piece!r} in the attention spec {text!r}: expected a name "
-                    "(a preset such as 'tanh', or 'mean' / 'uniform') or key=value"
-                )
-            if "name" in spec:
-                raise ConfigError(
-                    f"two names in the attention spec {text!r}: {spec['name']!r} and "
-                    f"{piece!r}; give one preset name, the rest as key=value"
-                )
-            spec["name"] = piece
+        _add_piece(spec, raw.strip(), text)
     return spec
+
+
+def _spec_file(path: str) -> dict[str, Any]:
+    """The attention spec held by the YAML / TOML / JSON file ``path`` (a mapping, spec
+    text or nothing)."""
+    content = read_structured_file(path)
+    if isinstance(content, str):
+        return parse_attention(content)
+    if content is None:
+        return {}
+    example = "such as {score: additive, align: soft}"
+    mapping = _require_mapping(content, f"attention file {path!r}", example)
+    return _check_spec(dict(mapping), where=f"attention file {path!r}")
+
+
+def _add_piece(spec: dict[str, Any], piece: str, text: str) -> None:
+    """Add one ``,``-separated piece of the spec text ``text`` to ``spec``: ``key=value``
+    or a preset name."""
+    if not piece:
+        raise ConfigError(f"empty piece in the attention spec {text!r} (a stray comma?)")
+    if "=" not in piece:
+        if not _KEY.match(piece):
+            raise ConfigError(
+                f"bad piece {piece!r} in the attention spec {text!r}: expected a name "
+                "(a preset such as 'tanh', or 'mean' / 'uniform') or key=value"
+            )
+        if "name" in spec:
+            raise ConfigError(
+                f"two names in the attention spec {text!r}: {spec['name']!r} and "
+                f"{piece!r}; give one preset name, the rest as key=value"
+            )
+        spec["name"] = piece
+        return
+    key, _, value = piece.partition("=")
+    key = key.strip()
+    if not _KEY.match(key):
+        raise ConfigError(f"bad key {key!r} in the attention spec {text!r} (piece {piece!r})")
+    if not value.strip():
+        raise ConfigError(f"no value for {key!r} in the attention spec {text!r}")
+    if key in spec:
+        raise ConfigError(f"{key!r} is given twice in the attention spec {text!r}")
+    spec[key] = coerce_value(value)
 
 
 def _check_spec(spec: dict[str, Any], *, where: str) -> dict[str, Any]:
@@ -223,58 +246,58 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     content = read_structured_file(path)
     if content is None:
         return {}
-    if not isinstance(content, Mapping):
-        raise ConfigError(
-            f"config file {str(path)!r} must hold a mapping with keys {', '.join(CONFIG_KEYS)}, "
-            f"got {type(content).__name__}"
-        )
+    where = f"config file {str(path)!r}"
+    content = _require_mapping(content, where, f"with keys {', '.join(CONFIG_KEYS)}")
     unknown = sorted(str(k) for k in content if k not in CONFIG_KEYS)
     if unknown:
         raise ConfigError(
-            f"config file {str(path)!r} has unknown key(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(CONFIG_KEYS)}"
+            f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(CONFIG_KEYS)}"
         )
-    out: dict[str, Any] = {}
-    if "attention" in content:
-        attention = content["attention"]
-        if attention is None:
-            out["attention"] = {}
-        elif isinstance(attention, str):
-            if _is_file_spec(attention):
-                raise ConfigError(f"config file {str(path)!r}: 'attention' may not name a file")
-            out["attention"] = parse_attention(attention)
-        elif isinstance(attention, Mapping):
-            out["attention"] = _check_spec(dict(attention), where=f"'attention' of {path}")
-        else:
-            raise ConfigError(
-                f"config file {str(path)!r}: 'attention' must be a mapping or spec text, got "
-                f"{type(attention).__name__}"
-            )
-    if "options" in content:
-        options = content["options"]
-        if options is None:
-            options = {}
-        if not isinstance(options, Mapping):
-            raise ConfigError(
-                f"config file {str(path)!r}: 'options' must be a mapping, got "
-                f"{type(options).__name__}"
-            )
-        out["options"] = _check_spec(dict(options), where=f"'options' of {path}")
-    if "seeds" in content:
-        seeds = content["seeds"]
-        if isinstance(seeds, int) and not isinstance(seeds, bool):
-            seeds = [seeds]
-        if (
-            not isinstance(seeds, list)
-            or not seeds
-            or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds)
-        ):
-            raise ConfigError(
-                f"config file {str(path)!r}: 'seeds' must be an integer or a non-empty list "
-                f"of integers, got {seeds!r}"
-            )
-        out["seeds"] = list(seeds)
-    return out
+    readers = {"attention": _config_attention, "options": _config_options, "seeds": _config_seeds}
+    return {key: read(content[key], path) for key, read in readers.items() if key in content}
+
+
+def _config_attention(attention: Any, path: str | Path) -> dict[str, Any]:
+    """The ``attention`` of a config file: nothing, spec text or a mapping."""
+    if attention is None:
+        return {}
+    if isinstance(attention, str):
+        if _is_file_spec(attention):
+            raise ConfigError(f"config file {str(path)!r}: 'attention' may not name a file")
+        return parse_attention(attention)
+    if isinstance(attention, Mapping):
+        return _check_spec(dict(attention), where=f"'attention' of {path}")
+    raise ConfigError(
+        f"config file {str(path)!r}: 'attention' must be a mapping or spec text, got "
+        f"{type(attention).__name__}"
+    )
+
+
+def _config_options(options: Any, path: str | Path) -> dict[str, Any]:
+    """The ``options`` of a config file: nothing or a mapping."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"config file {str(path)!r}: 'options' must be a mapping, got {type(options).__name__}"
+        )
+    return _check_spec(dict(options), where=f"'options' of {path}")
+
+
+def _config_seeds(seeds: Any, path: str | Path) -> list[int]:
+    """The ``seeds`` of a config file: one integer or a non-empty list of integers."""
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds)
+    ):
+        raise ConfigError(
+            f"config file {str(path)!r}: 'seeds' must be an integer or a non-empty list "
+            f"of integers, got {seeds!r}"
+        )
+    return list(seeds)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -373,8 +396,6 @@ def check_attention(task: Task, spec: Mapping[str, Any] | None) -> dict[str, Any
     presets use only the keys of attnlab's generic attention modules -- a key that neither
     those modules nor the chosen score and alignment take.
     """
-    from attnlab import registry
-
     given = dict(spec or {})
     try:
         resolved = task.resolve_attention(given)
@@ -386,49 +407,62 @@ def check_attention(task: Task, spec: Mapping[str, Any] | None) -> dict[str, Any
         body = {**task.default_attention, **body}
     elif name is not None:  # mean, max, ...: the model checks what it takes
         return resolved
-    where = f"attention {_spec_text(given)!r} of task {task.name!r}"
     try:
         for key, value in body.items():
             _check_joined(key, value, option=False)
-        used = [task.default_attention, *task.presets.values()]
-        for key, kind in _NAME_KINDS:
-            if key not in body:
-                continue
-            value = body[key]
-            if not isinstance(value, str):
-                raise ConfigError(f"{key} must be a registered {kind} name, got {value!r}")
-            known = {s.get(key) for s in used} | set(task.presets)
-            if value in known:
-                continue
-            try:
-                registry.get(key, value)
-            except KeyError as error:
-                message = str(error).strip("'\"")
-                raise ConfigError(f"{message} (attnlab list --kind {key})") from None
+        _check_names(task, body)
         if _uses_generic_keys(task):
-            score_takes = _kind_params("score", body.get("score"))
-            align_takes = _kind_params("align", body.get("align"))
-            allowed = _generic_keys() | score_takes | align_takes | {"dim"}
-            unknown = [k for k in body if k not in allowed]
-            if unknown:
-                model_given = {"d_q", "d_k", "out_dim"}
-                what = [
-                    f"{key} {body[key]!r} takes "
-                    + (", ".join(sorted(takes - model_given)) or "no options")
-                    for key, takes in (("score", score_takes), ("align", align_takes))
-                    if isinstance(body.get(key), str)
-                ]
-                raise ConfigError(
-                    f"unknown key(s) {', '.join(unknown)}; "
-                    + (
-                        "; ".join(what)
-                        or "a spec takes score, align, dim and the options of its score and alignment"
-                    )
-                    + " (attnlab list --kind score / --kind align)"
-                )
+            _check_keys(body)
     except ConfigError as error:
+        where = f"attention {_spec_text(given)!r} of task {task.name!r}"
         raise ConfigError(f"{where}: {error}") from None
     return resolved
+
+
+def _check_names(task: Task, body: Mapping[str, Any]) -> None:
+    """The ``score`` / ``align`` / ``dim`` of a spec are registered names (or names that
+    the task's own presets use)."""
+    from attnlab import registry
+
+    used = [task.default_attention, *task.presets.values()]
+    for key, kind in _NAME_KINDS:
+        if key not in body:
+            continue
+        value = body[key]
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a registered {kind} name, got {value!r}")
+        if value in {s.get(key) for s in used} | set(task.presets):
+            continue
+        try:
+            registry.get(key, value)
+        except KeyError as error:
+            message = str(error).strip("'\"")
+            raise ConfigError(f"{message} (attnlab list --kind {key})") from None
+
+
+def _check_keys(body: Mapping[str, Any]) -> None:
+    """Every key of a spec is one that the generic attention modules or the chosen score
+    and alignment take."""
+    score_takes = _kind_params("score", body.get("score"))
+    align_takes = _kind_params("align", body.get("align"))
+    allowed = _generic_keys() | score_takes | align_takes | {"dim"}
+    unknown = [k for k in body if k not in allowed]
+    if not unknown:
+        return
+    model_given = {"d_q", "d_k", "out_dim"}
+    what = [
+        f"{key} {body[key]!r} takes " + (", ".join(sorted(takes - model_given)) or "no options")
+        for key, takes in (("score", score_takes), ("align", align_takes))
+        if isinstance(body.get(key), str)
+    ]
+    raise ConfigError(
+        f"unknown key(s) {', '.join(unknown)}; "
+        + (
+            "; ".join(what)
+            or "a spec takes score, align, dim and the options of its score and alignment"
+        )
+        + " (attnlab list --kind score / --kind align)"
+    )
 
 
 def _all_defaults(task: Task | type[Task]) -> dict[str, Any]:
@@ -466,6 +500,40 @@ def check_option_values(task: Task | type[Task], options: Mapping[str, Any]) -> 
                 f"option {key} must be {kind} (its default is {format_value(default)}), "
                 f"got {format_value(value)!r}"
             )
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def task_class(name: str) -> type[Task]:
+    """The task class registered as ``name``; raises :class:`ConfigError` naming the
+    registered tasks when there is none."""
+    import attnlab.lab.tasks  # noqa: F401  (registers the built-in tasks)
+    from attnlab import registry
+
+    try:
+        return registry.get("task", name).cls
+    except KeyError:
+        known = ", ".join(registry.names("task")) or "none"
+        raise ConfigError(
+            f"unknown task {name!r}; registered tasks: {known} (a task from another module: "
+            "--plugin MODULE)"
+        ) from None
+
+
+def resolve_task(task: str | Task | type[Task], options: Mapping[str, Any] | None = None) -> Task:
+    """A :class:`~attnlab.lab.task.Task` instance from a registered name, a class or an
+    instance; ``options`` update the instance's options (a new instance is made)."""
+    from attnlab.lab.task import Task
+
+    options = dict(options or {})
+    if isinstance(task, Task):
+        return type(task)(**{**task.options, **options}) if options else task
+    if isinstance(task, type) and issubclass(task, Task):
+        return task(**options)
+    if not isinstance(task, str):
+        raise ConfigError(f"task must be a task name or a Task, got {type(task).__name__}")
+    return task_class(task)(**options)
 
 
 # ----------------------------------------------------------------------------- help

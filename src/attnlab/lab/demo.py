@@ -28,6 +28,8 @@ import click
 
 from attnlab._checks import ConfigError
 from attnlab.lab.ablation import AblationResult, run_ablation, write_report_for
+from attnlab.lab.commands import device_option, precision_option
+from attnlab.lab.errors import fail
 from attnlab.lab.executors import cpu_count
 
 __all__ = [
@@ -161,15 +163,8 @@ def run_demo(
 @click.option(
     "--quick", is_flag=True, help="A smaller smoke run (1,000 training sentences, 2 epochs)."
 )
-@click.option(
-    "--device",
-    default="auto",
-    show_default=True,
-    help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
-)
-@click.option(
-    "--precision", default="fp32", show_default=True, help="fp32, or bf16 / fp16 autocast."
-)
+@device_option()
+@precision_option("fp32, or bf16 / fp16 autocast.")
 def demo_command(out: str | None, quick: bool, device: str, precision: str) -> None:
     """The default main job: mean pooling and uniform weights vs four attention mechanisms
     (tanh additive, scaled dot with a learned query, multi-dimensional, sparsemax) on Rotten
@@ -180,9 +175,7 @@ def demo_command(out: str | None, quick: bool, device: str, precision: str) -> N
     try:  # what was typed: one line, exit 2, before anything is written
         resolve_precision(precision, resolve_device(device))
     except ConfigError as err:
-        from attnlab.cli import _fail
-
-        _fail(str(err))
+        fail(str(err))
     try:
         run_demo(out, quick=quick, device=device, precision=precision)
     except ConfigError as err:

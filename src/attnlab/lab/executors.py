@@ -194,7 +194,30 @@ def _init_worker(
     import_plugins(plugins, paths)
 
 
-class LocalExecutor:
+#: ``on_done(outcome)``: called in the calling process as each run finishes.
+OnDone = Callable[[RunOutcome], None]
+#: ``should_run(job)``: called right before a job starts; False skips it.
+Allowed = Callable[[RunJob], bool]
+
+
+class _Executor:
+    """What every executor does with a list of jobs: nothing for none; else
+    :meth:`_run` with ``should_run`` (every job when None)."""
+
+    def run(
+        self, jobs: Sequence[RunJob], on_done: OnDone, should_run: Allowed | None = None
+    ) -> None:
+        """Run ``jobs``; ``on_done(outcome)`` in this process as each finishes;
+        ``should_run(job)`` right before each starts (False: skip it)."""
+        if not jobs:
+            return
+        self._run(jobs, on_done, should_run or (lambda job: True))
+
+    def _run(self, jobs: Sequence[RunJob], on_done: OnDone, allowed: Allowed) -> None:
+        raise NotImplementedError
+
+
+class LocalExecutor(_Executor):
     """Runs jobs in this process (``jobs=1``) or in a pool of ``jobs`` spawned processes."""
 
     name = "local"
@@ -204,17 +227,7 @@ class LocalExecutor:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
         self.jobs = int(jobs)
 
-    def run(
-        self,
-        jobs: Sequence[RunJob],
-        on_done: Callable[[RunOutcome], None],
-        should_run: Callable[[RunJob], bool] | None = None,
-    ) -> None:
-        """Run ``jobs``; ``on_done(outcome)`` as each finishes; ``should_run(job)`` right
-        before each starts (False: skip it)."""
-        if not jobs:
-            return
-        allowed = should_run or (lambda job: True)
+    def _run(self, jobs: Sequence[RunJob], on_done: OnDone, allowed: Allowed) -> None:
         if self.jobs == 1:
             for job in jobs:
                 if allowed(job):
@@ -269,7 +282,7 @@ def _import_ray() -> Any:
     return ray
 
 
-class RayExecutor:
+class RayExecutor(_Executor):
     """Runs every job as a Ray task with ``num_cpus=1``.
 
     Args:
@@ -290,59 +303,64 @@ class RayExecutor:
         self.address = address
         self.jobs = jobs
 
-    def run(
-        self,
-        jobs: Sequence[RunJob],
-        on_done: Callable[[RunOutcome], None],
-        should_run: Callable[[RunJob], bool] | None = None,
-    ) -> None:
-        """Submit every job (``should_run(job)`` first: False skips it); ``on_done`` as
-        each finishes."""
-        if not jobs:
-            return
-        ray = self.ray
-        started = False
-        if not ray.is_initialized():
-            if self.address:
-                ray.init(address=self.address, log_to_driver=False)
-            else:
-                ray.init(
-                    num_cpus=self.jobs or cpu_count(),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                )
-            started = True
+    def _run(self, jobs: Sequence[RunJob], on_done: OnDone, allowed: Allowed) -> None:
+        """Submit every job (``allowed(job)`` first: False skips it); ``on_done`` as each
+        finishes."""
+        started = self._start()
         pending: dict[Any, RunJob] = {}
         try:
-            remote = ray.remote(num_cpus=1, max_retries=0)(execute_job)
+            remote = self.ray.remote(num_cpus=1, max_retries=0)(execute_job)
             for job in jobs:
-                if should_run is not None and not should_run(job):
+                if not allowed(job):
                     continue
                 # a CUDA run asks Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES for it)
                 gpus = 1 if job.device.startswith("cuda") else 0
                 ref = remote.options(num_gpus=gpus).remote(_with_threads(job, 1))
                 pending[ref] = job
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    job = pending.pop(ref)
-                    try:
-                        outcome = ray.get(ref)
-                    except Exception as err:  # a worker that died
-                        outcome = RunOutcome(
-                            job.run_id, "failed", job.run_dir, error=f"ray task failed: {err}"
-                        )
-                    on_done(outcome)
+            self._gather(pending, on_done)
         except BaseException:
-            for ref in pending:  # Ctrl-C: do not leave the runs queued on a cluster
-                try:
-                    ray.cancel(ref, force=True)
-                except Exception:  # already finished or gone
-                    pass
+            self._cancel(pending)  # Ctrl-C: do not leave the runs queued on a cluster
             raise
         finally:
             if started:
-                ray.shutdown()
+                self.ray.shutdown()
+
+    def _start(self) -> bool:
+        """Join the cluster at ``address`` or start a local instance, unless Ray is already
+        initialised; whether this call started it (and so shuts it down)."""
+        ray = self.ray
+        if ray.is_initialized():
+            return False
+        if self.address:
+            ray.init(address=self.address, log_to_driver=False)
+        else:
+            ray.init(
+                num_cpus=self.jobs or cpu_count(), include_dashboard=False, log_to_driver=False
+            )
+        return True
+
+    def _gather(self, pending: dict[Any, RunJob], on_done: OnDone) -> None:
+        """``on_done`` for each task of ``pending`` as it finishes (a worker that died: a
+        failed outcome); ``pending`` is emptied."""
+        ray = self.ray
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                job = pending.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as err:  # a worker that died
+                    outcome = RunOutcome(
+                        job.run_id, "failed", job.run_dir, error=f"ray task failed: {err}"
+                    )
+                on_done(outcome)
+
+    def _cancel(self, pending: dict[Any, RunJob]) -> None:
+        for ref in pending:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone
+                pass
 
 
 def make_executor(kind: str = "local", *, jobs: int = 1, address: str | None = None):

@@ -46,12 +46,12 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from attnlab.lab._process import Owner
 from attnlab.lab.checkpoint import RunFileError
+from attnlab.lab.files import utc_now
 from attnlab.lab.task import spec_label
 
 __all__ = [
@@ -176,10 +176,6 @@ def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None
         return mean, None
     var = math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
     return mean, math.sqrt(var)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _dumps(value: Any) -> str | None:
@@ -336,7 +332,7 @@ class ResultsStore:
             _dumps(_metric_values(test)),
             _dumps(dict(cost) if cost is not None else None),
             None if run_dir is None else str(run_dir),
-            _now(),
+            utc_now(),
             error,
         )
         with self._transaction() as conn:
@@ -394,7 +390,7 @@ class ResultsStore:
             conn.execute(
                 "INSERT OR REPLACE INTO claims (run_id, pid, host, start, claimed, active, "
                 "attempt) VALUES (?, ?, ?, ?, ?, 1, ?)",
-                (run_id, owner.pid, owner.host, owner.start, _now(), int(count) + 1),
+                (run_id, owner.pid, owner.host, owner.start, utc_now(), int(count) + 1),
             )
         return Claim("claimed", owner)
 
@@ -424,50 +420,38 @@ class ResultsStore:
 
     def _decode(self, row: tuple) -> RunRecord:
         (run_id, task, label, attention, seed, status, dev, test, cost, run_dir, fin, err) = row
-        values: dict[str, Any] = {}
-        for column, text in (
-            ("attention_json", attention),
-            ("dev_json", dev),
-            ("test_json", test),
-            ("cost_json", cost),
-        ):
-            try:
-                value = _loads(text, {})
-            except (TypeError, ValueError) as error:
-                problem = f"invalid JSON in {column} ({' '.join(str(error).split())})"
-            else:
-                numbers = column in ("dev_json", "test_json")
-                if not isinstance(value, dict):
-                    problem = f"{column} holds {type(value).__name__}, not an object"
-                elif numbers and not all(_is_number(v) for v in value.values()):
-                    problem = f"{column} holds a metric that is not a number"
-                else:
-                    values[column] = value
-                    continue
-            raise StoreError(
-                f"{self.path}: the row of run {run_id!r} is damaged: {problem}; delete it "
-                f'to run that run again (sqlite3 {self.path} "DELETE FROM runs WHERE '
-                f"run_id = '{run_id}'\")"
-            )
+        texts = {"attention_json": attention, "dev_json": dev, "test_json": test, "cost_json": cost}
+        values = {column: self._json_field(run_id, column, text) for column, text in texts.items()}
         try:
             seed = int(seed)
         except (TypeError, ValueError):
             raise StoreError(
                 f"{self.path}: the row of run {run_id!r} is damaged: seed {seed!r} is not an int"
             ) from None
+        spec, dev, test, cost = values.values()
         return RunRecord(
-            run_id=run_id,
-            task=task,
-            label=label,
-            spec=values["attention_json"],
-            seed=seed,
-            status=status,
-            dev=values["dev_json"],
-            test=values["test_json"],
-            cost=values["cost_json"],
-            run_dir=run_dir,
-            finished=fin,
-            error=err,
+            run_id, task, label, spec, seed, status, dev, test, cost, run_dir, fin, err
+        )
+
+    def _json_field(self, run_id: str, column: str, text: str | None) -> dict[str, Any]:
+        """The object of a JSON column of the row of ``run_id`` (``{}`` for NULL); a damaged
+        one raises :class:`StoreError` naming the row and how to drop it."""
+        try:
+            value = _loads(text, {})
+        except (TypeError, ValueError) as error:
+            problem = f"invalid JSON in {column} ({' '.join(str(error).split())})"
+        else:
+            numbers = column in ("dev_json", "test_json")
+            if not isinstance(value, dict):
+                problem = f"{column} holds {type(value).__name__}, not an object"
+            elif numbers and not all(_is_number(v) for v in value.values()):
+                problem = f"{column} holds a metric that is not a number"
+            else:
+                return value
+        raise StoreError(
+            f"{self.path}: the row of run {run_id!r} is damaged: {problem}; delete it "
+            f'to run that run again (sqlite3 {self.path} "DELETE FROM runs WHERE '
+            f"run_id = '{run_id}'\")"
         )
 
     _COLUMNS = (

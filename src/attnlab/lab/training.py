@@ -68,7 +68,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.lab._process import Owner, host_tag
 from attnlab.lab.checkpoint import (
     MissingRunFileError,
@@ -86,7 +85,8 @@ from attnlab.lab.checkpoint import (
     load_state,
     save_state,
 )
-from attnlab.lab.config import parse_attention
+from attnlab.lab.config import parse_attention, resolve_task
+from attnlab.lab.files import jsonable, utc_now, write_json
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
@@ -164,11 +164,15 @@ class RunResult:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch (CPU and CUDA)."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
+    _check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 -- seeds code that uses the global generator
     torch.manual_seed(seed)
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -283,58 +287,9 @@ def move_batch(batch: Any, device: torch.device | str) -> Any:
     return batch
 
 
-def resolve_task(task: str | Task | type[Task], options: Mapping[str, Any] | None = None) -> Task:
-    """A :class:`Task` instance from a registered name, a class or an instance; ``options``
-    update the instance's options (a new instance is made)."""
-    options = dict(options or {})
-    if isinstance(task, Task):
-        return type(task)(**{**task.options, **options}) if options else task
-    if isinstance(task, type) and issubclass(task, Task):
-        return task(**options)
-    if not isinstance(task, str):
-        raise ConfigError(f"task must be a task name or a Task, got {type(task).__name__}")
-    from attnlab import registry
-
-    try:
-        entry = registry.get("task", task)
-    except KeyError:
-        known = ", ".join(registry.names("task")) or "none"
-        raise ConfigError(f"unknown task {task!r}; registered tasks: {known}") from None
-    return entry.cls(**options)
-
-
 def default_run_dir(task: str, attention: Mapping[str, Any], seed: int) -> Path:
     """``runs/<task>/<spec slug>--seed<seed>`` under the current directory."""
     return Path("runs") / task / f"{spec_slug(attention)}--seed{seed}"
-
-
-def _now() -> str:
-    return datetime.now(UTC).astimezone().isoformat(timespec="seconds")
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON data: tuples -> lists, non-finite floats -> None, numpy / torch scalars
-    -> Python numbers, paths and other objects -> their text."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, np.generic | torch.Tensor) and getattr(value, "ndim", 0) == 0:
-        value = value.item()
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    return str(value)
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    text = json.dumps(_jsonable(payload), indent=2, allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
 
 
 def _versions() -> dict[str, str]:
@@ -559,21 +514,37 @@ def device_batches(
     """
     timer = timer if timer is not None else DataTimer()
     if prefetch <= 0:
-        source = iter(batches)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(source)
-            except StopIteration:
-                timer.seconds += time.perf_counter() - t0
-                return
-            if pin_memory:
-                batch = pin_batch(batch)
-            batch = move_batch(batch, device)
+        yield from _timed((pin_batch(b) if pin_memory else b for b in batches), device, timer)
+        return
+    items = _prefetched(batches, prefetch, pin_memory)
+    try:
+        yield from _timed(items, device, timer)
+    finally:
+        items.close()  # the consumer stopped early: the thread ends too
+
+
+def _timed(source: Iterator[Any], device: torch.device, timer: DataTimer) -> Iterator[Any]:
+    """The batches of ``source`` moved to ``device``; the time spent waiting for each (and
+    moving it), the batches and their examples are added to ``timer``."""
+    source = iter(source)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(source)
+        except StopIteration:
             timer.seconds += time.perf_counter() - t0
-            timer.batches += 1
-            timer.examples += batch_examples(batch)
-            yield batch
+            return
+        batch = move_batch(batch, device)
+        timer.seconds += time.perf_counter() - t0
+        timer.batches += 1
+        timer.examples += batch_examples(batch)
+        yield batch
+
+
+def _prefetched(batches: Iterator[Any], prefetch: int, pin_memory: bool) -> Iterator[Any]:
+    """The batches of ``batches``, built up to ``prefetch`` ahead by a background thread (in
+    pinned memory when ``pin_memory``); an error of the thread is raised here, and closing
+    this generator stops the thread."""
     slots: queue.Queue = queue.Queue(maxsize=prefetch)
     stop = threading.Event()
 
@@ -599,18 +570,12 @@ def device_batches(
     worker.start()
     try:
         while True:
-            t0 = time.perf_counter()
             kind, item = slots.get()
             if kind == "end":
-                timer.seconds += time.perf_counter() - t0
                 return
             if kind == "error":
                 raise item
-            batch = move_batch(item, device)
-            timer.seconds += time.perf_counter() - t0
-            timer.batches += 1
-            timer.examples += batch_examples(batch)
-            yield batch
+            yield item
     finally:
         stop.set()
         worker.join(timeout=5.0)
@@ -665,88 +630,138 @@ def train_run(
         :class:`~attnlab._checks.ConfigError` before anything is written.
     """
     # --- everything that can be checked cheaply, before a directory exists
-    spec_given = (
-        parse_attention(attention)
-        if isinstance(attention, str) or attention is None
-        else dict(attention)
-    )
-    if not isinstance(spec_given, dict):
-        raise ConfigError(f"attention must be a mapping or spec text, got {attention!r}")
+    spec_given = _given_spec(attention)
     the_task = resolve_task(task, options)
     spec = the_task.resolve_attention(spec_given)
     the_task.selection()  # a bad select_metric fails here
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
-    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise ConfigError(f"num_threads must be an int >= 1, got {num_threads!r}")
-    if prefetch is None:
-        prefetch = CUDA_PREFETCH if dev.type == "cuda" else 0
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ConfigError(f"prefetch must be an int >= 0 or None, got {prefetch!r}")
-    opts = the_task.options
-    epochs, batch_size = opts["epochs"], opts["batch_size"]
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"option {name} must be an int >= 1, got {value!r}")
-    label = spec_label(spec_given)
+    prefetch = _check_run_args(the_task, seed, num_threads, prefetch, dev)
     run_dir = (
         Path(out_dir) if out_dir is not None else default_run_dir(the_task.name, spec_given, seed)
+    ).absolute()
+    work = _make_work_dir(run_dir)
+    run_info = _run_info(the_task, spec_given, seed, dev, precision)
+    try:
+        with _torch_threads(num_threads):
+            metrics, history, cost = _train(
+                the_task, spec, seed, dev, precision, work, progress, prefetch
+            )
+    except BaseException as error:
+        _publish_failed(work, run_dir, run_info, error, before_publish)
+        raise
+    _publish_done(work, run_dir, run_info, before_publish)
+    return RunResult(run_dir, run_info["label"], metrics, history, cost)
+
+
+def _given_spec(attention: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The attention spec as given: a mapping (copied), spec text or None."""
+    spec = (
+        parse_attention(attention)
+        if isinstance(attention, str) or attention is None
+        else dict(attention)
     )
-    run_dir = run_dir.absolute()
+    if not isinstance(spec, dict):
+        raise ConfigError(f"attention must be a mapping or spec text, got {attention!r}")
+    return spec
+
+
+def _check_run_args(
+    task: Task, seed: int, num_threads: int | None, prefetch: int | None, device: torch.device
+) -> int:
+    """Check the seed, the thread count, the prefetch depth and the task's ``epochs`` and
+    ``batch_size``; return the prefetch depth (None: :data:`CUDA_PREFETCH` on CUDA, 0
+    elsewhere)."""
+    _check_seed(seed)
+    if num_threads is not None:
+        check_int(num_threads, "num_threads")
+    if prefetch is None:
+        prefetch = CUDA_PREFETCH if device.type == "cuda" else 0
+    check_int(prefetch, "prefetch", 0)
+    for name in ("epochs", "batch_size"):
+        check_int(task.options[name], f"option {name}")
+    return prefetch
+
+
+def _make_work_dir(run_dir: Path) -> Path:
+    """A new hidden work folder beside ``run_dir``, owned by this process (the stale ones
+    of dead processes are removed first)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_work_dirs(run_dir.parent, run_dir.name)
-    work = Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
+    return Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
 
-    run_info: dict[str, Any] = {
-        "task": the_task.name,
-        "task_options": dict(opts),
-        "attention": spec_given,
-        "label": label,
+
+def _run_info(
+    task: Task, spec: dict[str, Any], seed: int, device: torch.device, precision: str
+) -> dict[str, Any]:
+    """The ``run.json`` of a run that starts now (status ``"failed"`` until it is done)."""
+    return {
+        "task": task.name,
+        "task_options": dict(task.options),
+        "attention": spec,
+        "label": spec_label(spec),
         "seed": seed,
-        "device": str(dev),
-        "device_name": _device_name(dev),
+        "device": str(device),
+        "device_name": _device_name(device),
         "precision": precision,
         "status": "failed",
-        "started": _now(),
+        "started": utc_now(),
         "finished": None,
         "versions": _versions(),
         "error": None,
         "checkpoint_sha256": None,
     }
+
+
+@contextlib.contextmanager
+def _torch_threads(num_threads: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(num_threads)`` inside (nothing for None), restored after."""
+    if num_threads is None:
+        yield
+        return
     old_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
+    torch.set_num_threads(num_threads)
     try:
-        metrics, history, cost = _train(
-            the_task, spec, seed, dev, precision, work, progress, prefetch
-        )
-    except BaseException as error:
-        if isinstance(error, ModelBuildError):  # what the user typed: nothing is written
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-        run_info["finished"] = _now()
-        run_info["error"] = f"{type(error).__name__}: {error}"
-        try:
-            _write_json(work / "run.json", run_info)
-            _publish(work, run_dir, before_publish)
-        except OSError:
-            shutil.rmtree(work, ignore_errors=True)
-        raise
+        yield
     finally:
-        if num_threads is not None:
-            torch.set_num_threads(old_threads)
+        torch.set_num_threads(old_threads)
+
+
+def _publish_failed(
+    work: Path,
+    run_dir: Path,
+    run_info: dict[str, Any],
+    error: BaseException,
+    before: Callable[[], None] | None,
+) -> None:
+    """Publish the work folder with a ``run.json`` saying ``"failed"`` and ``error``; an
+    error in what the user typed (:class:`ModelBuildError`) publishes nothing."""
+    if isinstance(error, ModelBuildError):
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    run_info["finished"] = utc_now()
+    run_info["error"] = f"{type(error).__name__}: {error}"
+    try:
+        write_json(work / "run.json", run_info)
+        _publish(work, run_dir, before)
+    except OSError:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _publish_done(
+    work: Path, run_dir: Path, run_info: dict[str, Any], before: Callable[[], None] | None
+) -> None:
+    """Write the ``run.json`` of a finished run (with the checkpoint's sha256) and publish
+    the work folder."""
     try:
         run_info["status"] = "done"
-        run_info["finished"] = _now()
+        run_info["finished"] = utc_now()
         run_info["checkpoint_sha256"] = file_sha256(work / "model.safetensors")
-        _write_json(work / "run.json", run_info)
+        write_json(work / "run.json", run_info)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    _publish(work, run_dir, before_publish)
-    return RunResult(run_dir, label, metrics, history, cost)
+    _publish(work, run_dir, before)
 
 
 def _publish(work: Path, run_dir: Path, before: Callable[[], None] | None) -> None:
@@ -761,6 +776,199 @@ def _publish(work: Path, run_dir: Path, before: Callable[[], None] | None) -> No
     _replace_dir(work, run_dir)
 
 
+def _build_model(
+    task: Task, data: Any, spec: dict[str, Any], sampler: _PeakRSS | None
+) -> nn.Module:
+    """The task's model with the attention ``spec``; a model that rejects the spec or an
+    option raises :class:`ModelBuildError` (the memory ``sampler`` is stopped then)."""
+    try:
+        return task.build_model(data, spec)
+    except (ConfigError, ValueError, TypeError, KeyError) as error:
+        if sampler is not None:
+            sampler.stop()
+        text = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise ModelBuildError(
+            f"task {task.name!r} cannot build its model with attention {spec_label(spec)!r} "
+            f"and its options: {text}"
+        ) from error
+
+
+def _n_batches(data: Any, batch_size: int) -> int | None:
+    """The number of training batches (None when the train split has no length)."""
+    try:
+        return math.ceil(len(data.split("train")) / batch_size)
+    except TypeError:
+        return None
+
+
+@dataclass
+class _Best:
+    """The best epoch so far by the selection metric (the first epoch until one is better)."""
+
+    higher: bool
+    value: float | None = None
+    epoch: int = 0
+    dev: dict[str, float] = field(default_factory=dict)
+    state: dict[str, torch.Tensor] | None = None
+
+    def offer(self, epoch: int, dev: dict[str, float], value: float, model: nn.Module) -> None:
+        """Keep ``epoch`` (its dev metrics and a CPU copy of the model's state) when its
+        selection ``value`` is better than the best one, or when it is the first."""
+        better = _is_better(value, self.value, self.higher)
+        if self.state is not None and not better:
+            return
+        if better:
+            self.value = value
+        self.epoch, self.dev = epoch, dev
+        self.state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+class _Trainer:
+    """The training loop of one run: Adam (weight decay, gradient-norm clipping from the
+    task's options), a gradient scaler for fp16, the seeded shuffling generator and the
+    throughput measured over the epochs."""
+
+    def __init__(
+        self,
+        task: Task,
+        model: nn.Module,
+        data: Any,
+        device: torch.device,
+        precision: str,
+        seed: int,
+        prefetch: int,
+        progress: bool,
+    ) -> None:
+        opts = task.options
+        self.task, self.model, self.data = task, model, data
+        self.device, self.precision = device, precision
+        self.prefetch, self.progress = prefetch, progress
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(
+            self.params, lr=float(opts["lr"]), weight_decay=float(opts.get("weight_decay") or 0.0)
+        )
+        self.clip = opts.get("grad_clip")
+        # fp16 gradients underflow without loss scaling; disabled, the scaler is a pass-through
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batch_size = int(opts["batch_size"])
+        self.n_batches = _n_batches(data, self.batch_size)
+        self.cuda = device.type == "cuda"
+        # a GPU runs ahead of Python: read the loss back only every CUDA_SYNC_EVERY batches
+        self.sync_every = CUDA_SYNC_EVERY if self.cuda else 1
+        self.loop_seconds = 0.0  # in the training loops (not the dev evaluations)
+        self.data_total = DataTimer()
+
+    def amp(self) -> contextlib.AbstractContextManager[None]:
+        return precision_context(self.device, self.precision)
+
+    def _stream(self, timer: DataTimer) -> Iterator[Any]:
+        batches = self.task.batches(
+            self.data, "train", self.batch_size, shuffle=True, generator=self.generator
+        )
+        return device_batches(
+            batches, self.device, prefetch=self.prefetch, pin_memory=self.cuda, timer=timer
+        )
+
+    def _step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.clip:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
+            torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def epoch(self, epoch: int) -> tuple[float, DataTimer, float]:
+        """Train one epoch; ``(mean training loss, its data timer, seconds of the loop)``."""
+        t0 = time.perf_counter()
+        self.model.train()
+        total, count = 0.0, 0
+        pending: list[torch.Tensor] = []  # losses not yet read back
+        timer = DataTimer()
+        bar = _Bar(
+            self.progress, total=self.n_batches, desc=f"epoch {epoch}", unit="batch", leave=False
+        )
+        try:
+            for batch in self._stream(timer):
+                with self.amp():
+                    loss = self.task.loss(self.model, batch)
+                pending.append(loss.detach())
+                count += 1
+                if len(pending) >= self.sync_every:
+                    # before the step: a NaN loss never reaches the weights
+                    total += _read_losses(pending, epoch, count)
+                self._step(loss)
+                if pending:
+                    bar.update(1)
+                else:
+                    bar.update(1, loss=f"{total / count:.4f}")
+            total += _read_losses(pending, epoch, count)
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - t0
+        self.loop_seconds += seconds
+        self.data_total.seconds += timer.seconds
+        self.data_total.batches += timer.batches
+        self.data_total.examples += timer.examples
+        if count == 0:
+            raise ValueError("the train split gave no batches")
+        return total / count, timer, seconds
+
+
+def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]], _Best]:
+    """Train ``epochs`` epochs, evaluating on the dev split after each; the history and the
+    best epoch by the task's selection metric."""
+    task = trainer.task
+    primary, higher = task.selection()
+    history: list[dict[str, Any]] = []
+    best = _Best(higher)
+    bar = _Bar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
+    try:
+        for epoch in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            loss, timer, loop = trainer.epoch(epoch)
+            with trainer.amp():
+                dev_metrics = _evaluate(task, trainer.model, trainer.data, "dev")
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": loss,
+                    "dev": dev_metrics,
+                    "seconds": time.perf_counter() - t0,
+                    "examples_per_second": timer.examples / loop if loop else None,
+                    "data_share": timer.seconds / loop if loop else None,
+                }
+            )
+            if primary not in dev_metrics:
+                raise KeyError(
+                    f"task {task.name!r}: evaluate() returned {sorted(dev_metrics)}, "
+                    f"without the selection metric {primary!r}"
+                )
+            value = dev_metrics[primary]
+            best.offer(epoch, dev_metrics, value, trainer.model)
+            bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best.epoch})
+    finally:
+        bar.close()
+    return history, best
+
+
+def _test_examples(trainer: _Trainer) -> list[AttentionExample]:
+    """The task's attention examples of the model (checked to be
+    :class:`~attnlab.lab.task.AttentionExample` objects)."""
+    task = trainer.task
+    trainer.model.eval()
+    with torch.no_grad(), trainer.amp():
+        examples = task.attention_examples(trainer.model, trainer.data)
+    for ex in examples:
+        if not isinstance(ex, AttentionExample):
+            raise TypeError(
+                f"task {task.name!r}: attention_examples must return AttentionExample "
+                f"objects, got {type(ex).__name__}"
+            )
+    return examples
+
+
 def _train(
     task: Task,
     spec: dict[str, Any],
@@ -771,185 +979,61 @@ def _train(
     progress: bool,
     prefetch: int = 0,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    opts = task.options
+    """Train, select the best epoch, test it and write the files of the run into ``work``;
+    ``(metrics, history, cost)`` as plain JSON data."""
     seed_everything(seed)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-
     data = task.load_data()
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
-    try:
-        model = task.build_model(data, spec)
-    except (ConfigError, ValueError, TypeError, KeyError) as error:
-        if sampler is not None:
-            sampler.stop()
-        text = error.args[0] if isinstance(error, KeyError) and error.args else error
-        raise ModelBuildError(
-            f"task {task.name!r} cannot build its model with attention {spec_label(spec)!r} "
-            f"and its options: {text}"
-        ) from error
-    model = model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    model = _build_model(task, data, spec, sampler).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.Adam(
-        params, lr=float(opts["lr"]), weight_decay=float(opts.get("weight_decay") or 0.0)
-    )
-    clip = opts.get("grad_clip")
-    # fp16 gradients underflow without loss scaling; disabled, the scaler is a pass-through
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-    def amp() -> contextlib.AbstractContextManager[None]:
-        return precision_context(device, precision)
-
-    generator = torch.Generator().manual_seed(seed)
-    primary, higher = task.selection()
-    epochs, batch_size = int(opts["epochs"]), int(opts["batch_size"])
-    try:
-        n_train = len(data.split("train"))
-        n_batches: int | None = math.ceil(n_train / batch_size)
-    except TypeError:
-        n_batches = None
-
-    history: list[dict[str, Any]] = []
-    best_value: float | None = None
-    best_epoch = 0
-    best_state: dict[str, torch.Tensor] | None = None
-    best_dev: dict[str, float] = {}
+    trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress)
+    epochs = int(task.options["epochs"])
     train_start = time.perf_counter()
-    loop_seconds = 0.0  # in the training loops (not the dev evaluations)
-    data_total = DataTimer()
-    # a GPU runs ahead of Python: read the loss back only every CUDA_SYNC_EVERY batches
-    sync_every = CUDA_SYNC_EVERY if cuda else 1
-    epoch_bar = _Bar(progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
-    try:
-        for epoch in range(1, epochs + 1):
-            t0 = time.perf_counter()
-            model.train()
-            total, count = 0.0, 0
-            pending: list[torch.Tensor] = []  # losses not yet read back
-            timer = DataTimer()
-            batch_bar = _Bar(
-                progress, total=n_batches, desc=f"epoch {epoch}", unit="batch", leave=False
-            )
-
-            try:
-                stream = device_batches(
-                    task.batches(data, "train", batch_size, shuffle=True, generator=generator),
-                    device,
-                    prefetch=prefetch,
-                    pin_memory=cuda,
-                    timer=timer,
-                )
-                for batch in stream:
-                    with amp():
-                        loss = task.loss(model, batch)
-                    pending.append(loss.detach())
-                    count += 1
-                    if len(pending) >= sync_every:
-                        # before the step: a NaN loss never reaches the weights
-                        total += _read_losses(pending, epoch, count)
-                    optimizer.zero_grad(set_to_none=True)
-                    scaler.scale(loss).backward()
-                    if clip:
-                        scaler.unscale_(optimizer)  # clip the true gradients
-                        torch.nn.utils.clip_grad_norm_(params, float(clip))
-                    scaler.step(optimizer)
-                    scaler.update()
-                    if pending:
-                        batch_bar.update(1)
-                    else:
-                        batch_bar.update(1, loss=f"{total / count:.4f}")
-                total += _read_losses(pending, epoch, count)
-            finally:
-                batch_bar.close()
-            epoch_loop = time.perf_counter() - t0
-            loop_seconds += epoch_loop
-            data_total.seconds += timer.seconds
-            data_total.batches += timer.batches
-            data_total.examples += timer.examples
-            if count == 0:
-                raise ValueError("the train split gave no batches")
-            with amp():
-                dev_metrics = _evaluate(task, model, data, "dev")
-            seconds = time.perf_counter() - t0
-            history.append(
-                {
-                    "epoch": epoch,
-                    "train_loss": total / count,
-                    "dev": dev_metrics,
-                    "seconds": seconds,
-                    "examples_per_second": timer.examples / epoch_loop if epoch_loop else None,
-                    "data_share": timer.seconds / epoch_loop if epoch_loop else None,
-                }
-            )
-            value = dev_metrics.get(primary)
-            if primary not in dev_metrics:
-                raise KeyError(
-                    f"task {task.name!r}: evaluate() returned {sorted(dev_metrics)}, "
-                    f"without the selection metric {primary!r}"
-                )
-            if best_state is None or _is_better(value, best_value, higher):
-                if _is_better(value, best_value, higher):
-                    best_value = value
-                best_epoch, best_dev = epoch, dev_metrics
-                best_state = {
-                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
-                }
-            epoch_bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best_epoch})
-    finally:
-        epoch_bar.close()
+    history, best = _fit(trainer, seed, epochs)
     train_seconds = time.perf_counter() - train_start
 
-    assert best_state is not None
-    model.load_state_dict(best_state)
-    n_test = _n_items(task, data, "test", batch_size)
+    assert best.state is not None
+    model.load_state_dict(best.state)
+    n_test = _n_items(task, data, "test", trainer.batch_size)
     t0 = time.perf_counter()
-    with amp():
+    with trainer.amp():
         test_metrics = _evaluate(task, model, data, "test")
     eval_seconds = time.perf_counter() - t0
-    model.eval()
-    with torch.no_grad(), amp():
-        examples = task.attention_examples(model, data)
-    for ex in examples:
-        if not isinstance(ex, AttentionExample):
-            raise TypeError(
-                f"task {task.name!r}: attention_examples must return AttentionExample "
-                f"objects, got {type(ex).__name__}"
-            )
+    examples = _test_examples(trainer)
 
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = sampler.stop() if sampler is not None else None
+    primary, higher = task.selection()
     metrics = {
         "primary": primary,
         "higher_is_better": higher,
-        "best_epoch": best_epoch,
-        "dev": best_dev,
+        "best_epoch": best.epoch,
+        "dev": best.dev,
         "test": test_metrics,
     }
+    loops, data_total = trainer.loop_seconds, trainer.data_total
     cost = {
         "parameters": int(n_params),
         "train_seconds": train_seconds,
         "seconds_per_epoch": train_seconds / max(epochs, 1),
         "eval_ms_per_example": 1000.0 * eval_seconds / max(n_test, 1),
         "peak_memory_mb": peak,
-        "examples_per_second": data_total.examples / loop_seconds if loop_seconds else None,
+        "examples_per_second": data_total.examples / loops if loops else None,
         "data_seconds": data_total.seconds,
-        "data_share": data_total.seconds / loop_seconds if loop_seconds else None,
+        "data_share": data_total.seconds / loops if loops else None,
         "prefetch": prefetch,
     }
     save_state(model, work / "model.safetensors")
-    _write_json(work / "metrics.json", metrics)
-    _write_json(work / "history.json", history)
-    _write_json(work / "cost.json", cost)
-    _write_json(work / "examples.json", [ex.to_json() for ex in examples])
-    return (
-        json.loads(json.dumps(_jsonable(metrics))),
-        json.loads(json.dumps(_jsonable(history))),
-        json.loads(json.dumps(_jsonable(cost))),
-    )
+    write_json(work / "metrics.json", metrics)
+    write_json(work / "history.json", history)
+    write_json(work / "cost.json", cost)
+    write_json(work / "examples.json", [ex.to_json() for ex in examples])
+    return jsonable(metrics), jsonable(history), jsonable(cost)
 
 
 def _read_losses(pending: list[torch.Tensor], epoch: int, count: int) -> float:

@@ -1,0 +1,97 @@
+"""What the lab's click commands (``attnlab train``, ``ablate``, ``demo``) share: the command
+class whose ``--help`` lists the tasks, ``--list-options``, and the options typed the same
+way in every command (``--device``, ``--precision``).
+
+The module imports nothing heavy (no torch, no task): ``attnlab --help`` stays fast. The
+top-level command line (:mod:`attnlab.cli`) builds on it; nothing in the lab imports the
+command line.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+__all__ = [
+    "DEVICE_HELP",
+    "PRECISION_HELP",
+    "TaskHelpCommand",
+    "describe_task_of",
+    "device_option",
+    "precision_option",
+    "write_rows",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The ``--device`` help of ``train`` and ``demo``.
+DEVICE_HELP = "auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ..."
+#: The ``--precision`` help, without the end that differs between the commands.
+PRECISION_HELP = "fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler)"
+
+
+def device_option(help: str = DEVICE_HELP) -> Callable[[F], F]:
+    """``--device`` (default ``auto``): the torch device of the runs."""
+    return click.option("--device", default="auto", show_default=True, help=help)
+
+
+def precision_option(help: str = PRECISION_HELP) -> Callable[[F], F]:
+    """``--precision`` (default ``fp32``): ``fp32``, ``bf16`` or ``fp16`` autocast."""
+    return click.option("--precision", default="fp32", show_default=True, help=help)
+
+
+def write_rows(formatter: click.HelpFormatter, rows: Sequence[tuple[str, str]]) -> None:
+    """Two columns, as ``formatter.write_dl`` but never breaking a name at its hyphen
+    (``luong-concat``, ``capsule-attention`` stay whole)."""
+    indent = " " * formatter.current_indent
+    first = min(max(len(a) for a, _ in rows), 30)
+    width = max(formatter.width - formatter.current_indent - first - 2, 20)
+    for name, text in rows:
+        lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+        if len(name) > first:
+            formatter.write(f"{indent}{name}\n")
+        else:
+            formatter.write(f"{indent}{name.ljust(first)}  {lines.pop(0)}\n")
+        for line in lines:
+            formatter.write(f"{indent}{' ' * (first + 2)}{line}\n")
+
+
+class TaskHelpCommand(click.Command):
+    """A command on a TASK (``train``, ``ablate``) whose ``--help`` ends with how lists are
+    typed (``syntax``: ``(example, meaning)`` rows) and every registered task with its
+    attention presets and baselines, read from the registry only when the help is shown."""
+
+    def __init__(self, *args: Any, syntax: Sequence[tuple[str, str]] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.syntax = list(syntax)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        import attnlab.lab.tasks  # noqa: F401  (registers the built-in tasks)
+        from attnlab import registry
+        from attnlab.lab.config import task_presets
+
+        if self.syntax:
+            with formatter.section("Typing specs and options"):
+                write_rows(formatter, self.syntax)
+        rows = [(e.name, task_presets(e.cls)) for e in registry.entries("task")]
+        if rows:
+            with formatter.section("Tasks: their attention presets (the default marked)"):
+                write_rows(formatter, rows)
+            formatter.write_paragraph()
+            formatter.write_text(
+                "A task's options and their defaults, and what each preset is: "
+                f"attnlab {self.name} TASK --list-options. Tasks of a plugin: add --plugin "
+                "MODULE. Sources of the tasks: attnlab list --kind task."
+            )
+        super().format_epilog(ctx, formatter)
+
+
+def describe_task_of(name: str) -> str:
+    """:func:`attnlab.lab.config.describe_task` of the registered task ``name`` (raises
+    :class:`~attnlab._checks.ConfigError` naming the registered tasks when it is unknown)."""
+    from attnlab.lab.config import describe_task, task_class
+
+    return describe_task(task_class(name))

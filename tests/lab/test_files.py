@@ -1,0 +1,116 @@
+"""The lab's files (attnlab.lab.files): plain JSON values, UTC timestamps and atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.lab.files import jsonable, utc_now, write_json, write_text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ((1, 2, (3, 4)), [1, 2, [3, 4]]),
+        ({"a": (1.5, None)}, {"a": [1.5, None]}),
+        ({1: "x", 2.5: "y"}, {"1": "x", "2.5": "y"}),
+        (float("nan"), None),
+        (float("inf"), None),
+        (-math.inf, None),
+        ([1.0, float("nan")], [1.0, None]),
+        (True, True),
+        (None, None),
+        ("text", "text"),
+        (np.float32(0.5), 0.5),
+        (np.float64("nan"), None),
+        (np.int64(7), 7),
+        (np.bool_(True), True),
+        (torch.tensor(3), 3),
+        (torch.tensor(0.25), 0.25),
+        (torch.tensor(float("nan")), None),
+        (np.array([[1, 2], [3, 4]]), [[1, 2], [3, 4]]),
+        (Path("runs") / "a", str(Path("runs") / "a")),
+    ],
+)
+def test_jsonable(value, expected):
+    result = jsonable(value)
+    assert result == expected
+    assert type(result) is type(expected)
+    json.dumps(result, allow_nan=False)  # plain JSON
+
+
+def test_jsonable_scalars_are_python_numbers():
+    assert type(jsonable(np.int32(3))) is int
+    assert type(jsonable(np.float16(1.0))) is float
+    assert type(jsonable(torch.tensor(2.0, dtype=torch.bfloat16))) is float
+
+
+def test_jsonable_any_other_object_is_its_text():
+    class Thing:
+        def __str__(self) -> str:
+            return "a thing"
+
+    assert jsonable({"x": Thing()}) == {"x": "a thing"}
+
+
+def test_utc_now_is_utc_to_the_second():
+    text = utc_now()
+    assert text.endswith("+00:00")
+    stamp = datetime.fromisoformat(text)
+    assert stamp.utcoffset() == timedelta(0)
+    assert stamp.microsecond == 0
+    assert abs(datetime.now(UTC) - stamp) < timedelta(seconds=5)
+
+
+def test_write_json_writes_indented_plain_json(tmp_path):
+    path = tmp_path / "a.json"
+    write_json(path, {"b": (1, float("nan")), "a": np.float32(2.0)})
+    text = path.read_text(encoding="utf-8")
+    assert text.endswith("\n") and "\n  " in text
+    assert json.loads(text) == {"b": [1, None], "a": 2.0}
+    write_json(path, {"b": 1, "a": 2}, sort_keys=True)
+    assert list(json.loads(path.read_text())) == ["a", "b"]
+
+
+def test_write_json_leaves_no_temporary_file(tmp_path):
+    write_json(tmp_path / "a.json", [1, 2])
+    write_json(tmp_path / "a.json", [3])  # replaces the file
+    assert os.listdir(tmp_path) == ["a.json"]
+    assert json.loads((tmp_path / "a.json").read_text()) == [3]
+
+
+def test_an_error_while_serialising_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "a.json"
+    write_json(path, {"old": True})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("serialisation failed")
+
+    monkeypatch.setattr(json, "dumps", broken)
+    with pytest.raises(RuntimeError, match="serialisation failed"):
+        write_json(path, {"new": True})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"old": True}
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
+def test_an_error_while_writing_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "a.txt"
+    write_text(path, "old")
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_text(path, "new")
+    monkeypatch.undo()
+    assert path.read_text() == "old"
+    assert os.listdir(tmp_path) == ["a.txt"]  # the temporary file is removed
