@@ -23,6 +23,8 @@ import torch
 
 import attnlab
 import attnlab.functional
+import attnlab.lab.tasks  # registers the tasks (the registry loads only the core)
+import attnlab.models  # registers the task models
 from attnlab import registry
 
 ROOT = Path(__file__).resolve().parents[1]

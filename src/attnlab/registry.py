@@ -7,18 +7,38 @@ its source paper and its cost. ``build(config)`` turns a plain dict into a modul
 * ``{"name": "additive", "kind": "score", "d_q": 8, "d_k": 8}`` builds a registered
   component;
 * a dict without ``"name"`` (e.g. ``{"score": "additive", "align": "local-p", ...}``)
-  builds the general :class:`attnlab.Attention`.
+  builds the general :class:`attnlab.Attention` (the ``"attention"`` registered as
+  ``"general"``).
+
+The registry is the bottom of the library (docs/architecture.md, "Layers"): it imports no
+other attnlab module. On its first lookup it loads the modules of the core mechanism
+packages (:data:`CORE_PACKAGES`: general, feature and query attention); everything above
+them registers when its own package is imported -- the task models when
+:mod:`attnlab.models` is imported, the lab's tasks with :mod:`attnlab.lab.tasks`.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-__all__ = ["Configurable", "Entry", "build", "entries", "get", "names", "register"]
+__all__ = [
+    "CORE_PACKAGES",
+    "DEFAULT_ATTENTION",
+    "Configurable",
+    "Entry",
+    "build",
+    "entries",
+    "get",
+    "names",
+    "register",
+    "unregister",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,17 @@ def register(
     return deco
 
 
+def unregister(kind: str, name: str) -> Entry:
+    """Remove the mechanism registered as ``kind``/``name`` (and its aliases); returns its
+    entry. For plugins and tests that register a mechanism for a while."""
+    entry = _REGISTRY.get(kind, {}).pop(name)
+    aliases = _ALIASES.get(kind, {})
+    for alias in entry.aliases:
+        if aliases.get(alias) == name:
+            del aliases[alias]
+    return entry
+
+
 def _canonical(kind: str, name: str) -> str:
     key = name.lower().replace("_", "-")
     aliases = _ALIASES.get(kind, {})
@@ -88,7 +119,9 @@ def get(kind: str, name: str) -> Entry:
     """The entry registered as ``name`` (or one of its aliases) under ``kind``."""
     _ensure_loaded()
     if kind not in _REGISTRY:
-        raise KeyError(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(_REGISTRY))}")
+        raise KeyError(
+            f"unknown kind {kind!r}; known kinds: {', '.join(sorted(_REGISTRY))} ({_ABOVE_CORE})"
+        )
     return _REGISTRY[kind][_canonical(kind, name)]
 
 
@@ -120,14 +153,14 @@ def build(config: dict[str, Any]) -> nn.Module:
                 f"{names(kind) if kind in _REGISTRY else 'none: unknown kind'}), or drop "
                 "'kind' to build the general Attention"
             )
-        from attnlab.general.attention import Attention
-
-        return Attention(**cfg)
+        return get("attention", DEFAULT_ATTENTION).cls(**cfg)
     if kind is None:
         matches = [k for k, table in _REGISTRY.items() if _try_canonical(k, name) in table]
         if not matches:
             known = "; ".join(f"{k}: {', '.join(sorted(t))}" for k, t in _REGISTRY.items())
-            raise KeyError(f"no mechanism is registered as {name!r}; registered names: {known}")
+            raise KeyError(
+                f"no mechanism is registered as {name!r}; registered names: {known} ({_ABOVE_CORE})"
+            )
         if len(matches) > 1:
             raise KeyError(f"{name!r} is registered under several kinds {matches}; add 'kind'")
         kind = matches[0]
@@ -150,37 +183,27 @@ def _try_canonical(kind: str, name: str) -> str | None:
         return None
 
 
-#: Subpackages whose modules register the built-in mechanisms (survey 3.2, 3.1, 3.3).
-_BUILTIN_PACKAGES = (
-    "attnlab.general",
-    "attnlab.feature",
-    "attnlab.query",
-    "attnlab.models",
-    "attnlab.lab.tasks",
-)
+#: The packages of the core mechanisms (survey 3.2, 3.1, 3.3): every module in them is
+#: imported on the first lookup, so that ``build`` and ``attnlab list`` know all of them,
+#: not only those that ``import attnlab`` happens to pull in. Nothing above the core is
+#: loaded here: task models and tasks register when their packages are imported.
+CORE_PACKAGES = ("attnlab.general", "attnlab.feature", "attnlab.query")
+#: Said where a name is not found: what registers only when its package is imported.
+_ABOVE_CORE = "task models register when attnlab.models is imported, tasks with attnlab.lab.tasks"
+#: What a config without ``"name"`` builds: the ``"attention"`` registered under this name.
+DEFAULT_ATTENTION = "general"
 _loaded = False
 
 
 def _ensure_loaded() -> None:
-    """Import every built-in mechanism module once, so that the registry (and therefore
-    ``build`` and ``attnlab list``) knows all of them, not only those that
-    ``import attnlab`` happens to pull in."""
+    """Import every module of :data:`CORE_PACKAGES` once (by name: the registry imports no
+    module above it)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import importlib
-    import pkgutil
-
-    import attnlab  # noqa: F401
-
-    for pkg_name in _BUILTIN_PACKAGES:
-        try:
-            pkg = importlib.import_module(pkg_name)
-        except ModuleNotFoundError as err:
-            if err.name == pkg_name:  # that part of the library is not there (yet)
-                continue
-            raise
+    for pkg_name in CORE_PACKAGES:
+        pkg = importlib.import_module(pkg_name)
         for info in pkgutil.walk_packages(pkg.__path__, pkg_name + "."):
             importlib.import_module(info.name)
 

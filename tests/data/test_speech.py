@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from attnlab._optional import install_command
 from attnlab.data.speech import (
     log_mel,
     make_utterances,
@@ -15,7 +16,6 @@ from attnlab.data.speech import (
     phonemes,
     synthesise,
 )
-from attnlab.evaluation._optional import install_command
 
 needs_espeak = pytest.mark.skipif(
     shutil.which("espeak-ng") is None,
@@ -89,7 +89,7 @@ def test_corpus_is_seeded_and_cached(tmp_path, monkeypatch) -> None:
 
 
 def test_missing_espeak_names_the_install(monkeypatch) -> None:
-    from attnlab.evaluation._optional import MissingDependencyError
+    from attnlab._optional import MissingDependencyError
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(MissingDependencyError, match="apt-get install espeak-ng"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.evaluation._optional import install_command
+from attnlab._optional import install_command
 
 pytest.importorskip("jiwer", reason=install_command("jiwer"))
 

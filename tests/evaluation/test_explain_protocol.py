@@ -1,18 +1,13 @@
-"""The paper protocol of the explanation tests (``explain_run(protocol="paper")``): Jain &
+"""The measures of the paper protocol of the explanation tests (``explain_run(protocol=
+"paper")``, end to end in tests/lab/studies/test_explain_run_protocol.py): Jain &
 Wallace's gradient over every output and their multi-adversary search, Wiegreffe &
 Pinter's frozen-weight MLP (tanh, fine-tuned embeddings, best dev epoch), adversarial
-model from scratch with KL and early stopping, and per-instance seed medians; end to end
-at toy size (the whole test split) and on the command line."""
+model from scratch with KL and early stopping, and per-instance seed medians."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from click.testing import CliRunner
 from signal_task import make_signal_data
 
 from attnlab.evaluation.diagnostics import (
@@ -23,18 +18,12 @@ from attnlab.evaluation.diagnostics import (
     seed_variance,
 )
 from attnlab.evaluation.divergences import JSD_MAX, jsd
-from attnlab.evaluation.explain_run import PAPER_FIXED, PROTOCOLS, explain_command, explain_run
 from attnlab.evaluation.explanation import (
     adversarial_attention_multi,
     attention_weights,
     gradient_importance,
 )
 from attnlab.models.sentence import SentenceClassifier
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
-import toy_task  # noqa: F401  (registers the "toy" task)
-
-from attnlab.lab.training import train_run
 
 
 def _model(classes: int, seed: int = 0) -> SentenceClassifier:
@@ -213,92 +202,3 @@ def test_seed_variance_per_instance_median(signal_model, splits):
 def _signal_like(seed: int) -> SentenceClassifier:
     torch.manual_seed(seed)
     return SentenceClassifier(30, 2, embed_dim=16, encoder="bilstm", hidden_size=16).eval()
-
-
-# ----------------------------------------------------------------------------- end to end
-
-TOY = {"epochs": 2, "n_train": 64, "n_eval": 24, "encoder": "bilstm"}
-SMALL = dict(
-    permutations=5,
-    adversarial_steps=5,
-    lambdas=(1.0,),
-    mlp_epochs=2,
-    adversarial_epochs=3,
-    max_train=64,
-    progress=False,
-    plots=False,
-)
-
-
-@pytest.fixture(scope="module")
-def toy_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("protocol")
-    run = train_run("toy", "tanh", options=TOY, out_dir=root / "tanh", progress=False)
-    other = train_run("toy", "tanh", seed=1, options=TOY, out_dir=root / "s1", progress=False)
-    uniform = train_run("toy", "uniform", options=TOY, out_dir=root / "u", progress=False)
-    return run.run_dir, other.run_dir, uniform.run_dir
-
-
-def test_paper_protocol_end_to_end_on_the_whole_test_split(toy_runs):
-    run, other, uniform = toy_runs
-    r = explain_run(run, compare=[other], protocol="paper", uniform_run=uniform, **SMALL)
-    assert r["protocol"] == "paper"
-    assert r["instances"] == r["test_split_size"] == 24  # no sample: every test sentence
-    assert r["settings"]["gradient_classes"] == "all"
-    assert r["settings"]["max_instances"] is None and r["settings"]["max_train"] == 64
-    assert r["adversarial"]["select_epsilon"] == PAPER_FIXED["adversary_select_epsilon"]
-    assert all(1 <= v["epoch"] <= 2 for v in r["frozen_weights"].values())
-    trained = r["uniform"]["trained_uniform"]
-    assert trained["attention"] == {"name": "uniform"} and "accuracy" in trained["test"]
-    assert "accuracy" in r["uniform"]["learned_test"]
-    assert "mean_instance_median_jsd" in r["seed_variance"]
-    saved = json.loads((Path(run) / "explanation" / "explanation.json").read_text())
-    assert saved["protocol"] == "paper" and saved["instances"] == 24
-
-
-def test_lab_protocol_keeps_its_sample_and_settings(toy_runs):
-    run, _, _ = toy_runs
-    r = explain_run(run, max_instances=16, **SMALL)
-    assert r["protocol"] == "lab" and r["instances"] == 16
-    assert r["settings"]["mlp_lr"] == PROTOCOLS["lab"]["mlp_lr"]
-    assert "gradient_classes" not in r["settings"]
-    assert "epoch" in r["frozen_weights"]["uniform"]
-
-
-def test_uniform_run_of_another_task_is_refused(toy_runs, tmp_path):
-    run, _, _ = toy_runs
-    info = json.loads((Path(run) / "run.json").read_text())
-    fake = tmp_path / "other"
-    fake.mkdir()
-    (fake / "run.json").write_text(json.dumps({**info, "task": "sentiment"}))
-    (fake / "metrics.json").write_text((Path(run) / "metrics.json").read_text())
-    with pytest.raises(ValueError, match="is a run of task 'sentiment', not 'toy'"):
-        explain_run(run, protocol="paper", uniform_run=fake, **SMALL)
-
-
-@pytest.mark.parametrize(
-    ("extra", "text"),
-    [
-        (["--protocol", "jain"], "--protocol must be one of lab, paper, got 'jain'"),
-        (["--max-instances", "0"], "--max-instances must be a positive integer or 'all'"),
-        (["--max-instances", "many"], "got 'many'"),
-    ],
-)
-def test_cli_bad_protocol_values(toy_runs, extra, text):
-    run, _, _ = toy_runs
-    before = sorted(p.name for p in Path(run).iterdir())
-    result = CliRunner().invoke(explain_command, [str(run), "--quick", *extra])
-    assert result.exit_code == 2, result.output
-    assert result.stderr.splitlines() == [f"error: {text}"] or text in result.stderr
-    assert len(result.stderr.splitlines()) == 1
-    assert sorted(p.name for p in Path(run).iterdir()) == before
-
-
-def test_cli_paper_protocol_quick(toy_runs):
-    run, _, _ = toy_runs
-    result = CliRunner().invoke(
-        explain_command, [str(run), "--protocol", "paper", "--quick", "--no-progress"]
-    )
-    assert result.exit_code == 0, result.output
-    assert "protocol: paper" in result.output
-    assert "instances: 24 of the test split's 24" in result.output

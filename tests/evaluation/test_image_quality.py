@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnlab.evaluation._optional import install_command
+from attnlab._optional import install_command
 
 pytest.importorskip("torchmetrics", reason=install_command("torchmetrics"))
 

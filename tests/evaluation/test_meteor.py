@@ -10,8 +10,8 @@ import math
 
 import pytest
 
+from attnlab._optional import install_command
 from attnlab.data._common import MissingDataError
-from attnlab.evaluation._optional import install_command
 
 pytest.importorskip("nltk", reason=install_command("nltk"))
 
@@ -97,7 +97,7 @@ def test_other_languages_use_snowball_stems_without_synonyms() -> None:
 
 def test_meteor_or_nan_is_nan_with_a_warning_without_nltk(monkeypatch) -> None:
     import attnlab.evaluation.meteor as meteor
-    from attnlab.evaluation._optional import MissingDependencyError
+    from attnlab._optional import MissingDependencyError
 
     assert meteor.meteor_or_nan([["a", "b"]], [["a", "b"]], language="spanish") == 1 - 0.5 / 8
 

@@ -3,7 +3,7 @@ with their words, their phonemes (espeak-ng's own) and log-mel features.
 
 Nothing is downloaded: the speech comes from the Debian package ``espeak-ng``
 (``apt-get install espeak-ng``, in ``make system``), run as a program. Without it the
-functions that speak raise :class:`~attnlab.evaluation._optional.MissingDependencyError`
+functions that speak raise :class:`~attnlab._optional.MissingDependencyError`
 naming that command.
 
 * :func:`synthesise`: one text as a waveform (float32 in [-1, 1], espeak-ng's 22,050 Hz),
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab._optional import MissingDependencyError, install_command
 from attnlab.data._cache import cached
-from attnlab.evaluation._optional import MissingDependencyError, install_command
 
 __all__ = [
     "Utterance",

@@ -1,4 +1,7 @@
-"""Evaluating attention (survey section 5; TAXONOMY section 5).
+"""Evaluating attention (survey section 5; TAXONOMY section 5): pure measures -- tensors
+and arrays in, numbers out. Nothing here trains or loads a run, and nothing imports the
+lab: the studies that apply these measures to trained runs (``attnlab explain``,
+``correctness``, ``aer-table``) are in :mod:`attnlab.lab.studies`.
 
 * :mod:`.aer` -- alignment error rate, precision and recall over a corpus
   (:func:`alignment_error_rate`; ``attnlab aer GOLD HYP``).
@@ -6,9 +9,11 @@
   :func:`threshold_links`) and symmetrisation (:func:`symmetrize`).
 * :mod:`.supervision` -- supervised attention: :class:`SupervisedAttentionLoss`,
   :func:`attention_supervision_loss`, :func:`links_to_weights`.
+* :mod:`.attention_alignment` -- a translator's attention as word alignment: links from
+  attention matrices, their AER, the baseline aligners and the argmax oracle.
 * :mod:`.correctness` -- attention correctness: :func:`attention_mass`,
-  :func:`rank_correlation`, :func:`region_to_grid`; :mod:`.vqa_correctness` applies them
-  to a trained easy-vqa run (``attnlab correctness RUN_DIR``).
+  :func:`rank_correlation`, :func:`region_to_grid`; :mod:`.vqa_correctness` -- the
+  per-question scores and their summary for easy-VQA region weights.
 * :mod:`.significance` -- ablation analysis over seeds: :func:`paired_comparison`,
   :func:`compare_to_baseline`.
 * :mod:`.divergences` -- :func:`tvd`, :func:`jsd`, :func:`kl`.

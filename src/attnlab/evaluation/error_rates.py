@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnlab.evaluation._optional import require
+from attnlab._optional import require
 
 __all__ = ["character_error_rate", "phoneme_error_rate", "word_error_rate"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.evaluation._optional import require
+from attnlab._optional import require
 
 __all__ = ["psnr", "psnr_per_image", "ssim", "ssim_per_image"]
 

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnlab._optional import install_command, require
 from attnlab.data._common import MissingDataError
-from attnlab.evaluation._optional import install_command, require
 
 __all__ = [
     "LEXNAMES",
@@ -243,7 +243,7 @@ def meteor_or_nan(
     when NLTK is not installed (a task still trains on a fresh clone)."""
     import warnings
 
-    from attnlab.evaluation._optional import MissingDependencyError
+    from attnlab._optional import MissingDependencyError
 
     synonyms = False
     if language == "english":

@@ -1,11 +1,11 @@
-"""``attnlab correctness RUN_DIR``: attention correctness of a VQA run on easy-VQA.
+"""Attention correctness of VQA region weights on easy-VQA: the pure measures.
 
 easy-VQA images hold one shape on a plain background and every question asks about that
 shape, so the gold region of a question is the shape itself
 (:func:`~attnlab.data.easy_vqa.shape_region`). Pooled onto the model's ``g x g`` attention
 grid (:func:`~attnlab.evaluation.correctness.region_to_grid`) it becomes ``r_k``, the
 fraction of cell ``k``'s pixels inside the shape. For the region weights ``a`` (``[R]``,
-``R = g^2``, summing to 1) of every question :func:`vqa_correctness` computes
+``R = g^2``, summing to 1) of every question :func:`question_scores` computes
 
 * ``mass``: the attention mass inside the region, ``sum_k a_k r_k`` (Liu et al. 2017's
   attention correctness with cell fractions);
@@ -15,8 +15,9 @@ fraction of cell ``k``'s pixels inside the shape. For the region weights ``a`` (
 * ``pointing``: 1 when the cell of largest weight touches the shape, else 0 (the
   "pointing game"; ties share the hit: the fraction of the tied cells that touch it);
 
-and aggregates them (mean, std, count of defined values) over all questions, by question
-type (shape / color / yes/no) and by whether the model's answer is right. The same numbers
+and :func:`correctness_summary` aggregates them (mean, std, count of defined values) over
+all questions, by question type (shape / color / yes/no) and by whether the model's
+answer is right. The same numbers
 are computed for two reference maps on the same questions, so a reader sees whether the
 model beats chance:
 
@@ -26,10 +27,11 @@ model beats chance:
   attention map whose expected mass is also the area fraction and expected rho 0.
 
 The paired ``lift`` (model mass minus uniform mass, and the share of questions where the
-model puts more mass on the shape than uniform attention) is reported too. Results go to
-``RUN_DIR/correctness.json``.
+model puts more mass on the shape than uniform attention) is reported too. The study on a
+trained run (``attnlab correctness RUN_DIR``, writing ``RUN_DIR/correctness.json``) is
+:mod:`attnlab.lab.studies.vqa_correctness`.
 
-Cost: one forward pass over the split, plus O(R log R) per question for the ranks.
+Cost: O(R log R) per question for the ranks.
 
 Sources: C. Liu, J. Mao, F. Sha and A. Yuille, "Attention Correctness in Neural Image
 Captioning", AAAI 2017; A. Das, H. Agrawal, C. L. Zitnick, D. Parikh and D. Batra, "Human
@@ -39,10 +41,8 @@ Regions?", EMNLP 2016.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,16 +50,15 @@ import torch
 
 from attnlab.data.easy_vqa import shape_region
 from attnlab.evaluation.correctness import attention_mass, rank_correlation, region_to_grid
-from attnlab.lab.training import load_run
 
 __all__ = [
     "MAPS",
     "METRICS",
     "QUESTION_TYPES",
-    "format_table",
+    "check_alpha",
+    "correctness_summary",
     "question_scores",
     "region_fractions",
-    "vqa_correctness",
 ]
 
 #: the per-question scores, in the order the table prints them
@@ -121,151 +120,87 @@ def _summary(rows: list[dict[str, float]], groups: Mapping[str, np.ndarray]) -> 
     return out
 
 
-def _forward_weights(
-    task: Any, data: Any, model: torch.nn.Module, split: str, limit: int | None, batch_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, region_weights [N, R], predictions [N])`` of the split's first ``limit``
-    questions (rows = the questions' indices in the split)."""
-    device = next(model.parameters()).device
-    rows, weights, preds = [], [], []
-    seen = 0
-    with torch.no_grad():
-        for batch in task.batches(data, split, batch_size):
-            if limit is not None and seen >= limit:
-                break
-            keep = (
-                len(batch["labels"]) if limit is None else min(len(batch["labels"]), limit - seen)
-            )
-            out = model(
-                batch["images"].to(device),
-                batch["tokens"][:keep].to(device),
-                batch["lengths"][:keep].to(device),
-                image_index=batch["image_index"][:keep].to(device),
-            )
-            rows.append(batch["index"][:keep].cpu())
-            weights.append(out.region_weights.detach().double().cpu())
-            preds.append(out.logits.argmax(-1).cpu())
-            seen += keep
-    if not rows:
-        return np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros(0, np.int64)
-    return (
-        torch.cat(rows).numpy(),
-        torch.cat(weights).numpy(),
-        torch.cat(preds).numpy(),
-    )
-
-
-def vqa_correctness(
-    run_dir: str | Path,
-    split: str = "test",
-    *,
-    max_questions: int | None = None,
-    seed: int = 0,
-    alpha: float = 1.0,
-    batch_size: int = 256,
-    device: str = "cpu",
-    write: bool = True,
-) -> dict[str, Any]:
-    """Attention correctness of a finished ``vqa`` run (see the module docstring).
-
-    Args:
-        run_dir: a run directory of the ``vqa`` task (:func:`~attnlab.lab.training.train_run`).
-        split: ``"test"`` (default), ``"dev"`` or ``"train"``.
-        max_questions: only the split's first ``max_questions`` questions (None = all).
-        seed: seed of the random Dirichlet reference maps.
-        alpha: concentration of the Dirichlet reference (1 = uniform over the simplex).
-        batch_size: questions per forward pass.
-        device: where the model runs.
-        write: write the result to ``RUN_DIR/correctness.json``.
-
-    Returns a dict: ``run_dir``, ``task``, ``label``, ``split``, ``questions``, ``grid``,
-    ``accuracy``, ``accuracy_by_type``, ``model_is_uniform`` (True when every region map
-    is ``1/R``, as for the mean baseline), ``region`` (``area``: statistics of
-    ``mean_k r_k``; ``touched``: of the fraction of cells touching the shape), ``maps`` (``model`` / ``uniform`` / ``random``,
-    each ``{"overall": {metric: stats}, "by_type": {type: {...}}, "by_correct":
-    {"correct" | "wrong": {...}}}`` with stats ``{"mean", "std", "n"}``), ``spread``
-    (per map: ``max_weight`` and ``entropy`` = ``H(a) / log R``, 1 for uniform), ``lift``
-    (``mass_minus_uniform`` stats and ``share_above_uniform``), ``reference``
-    (``seed``, ``alpha``). NaN is written as null in the JSON file.
-    """
-    if max_questions is not None and (
-        isinstance(max_questions, bool) or not isinstance(max_questions, int) or max_questions < 1
-    ):
-        raise ValueError(f"max_questions must be an int >= 1 or None, got {max_questions!r}")
+def check_alpha(alpha: float) -> None:
+    """The Dirichlet concentration must be > 0 (ValueError)."""
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
-    task, data, model = load_run(run_dir, device=device)
-    if getattr(task, "name", None) not in (None, "vqa"):
-        raise ValueError(
-            f"run {str(run_dir)!r} is a {task.name!r} run; attention correctness needs a 'vqa' "
-            "run (region weights over an image grid)"
-        )
-    part = data.split(split)
-    model.eval()
-    rows, weights, preds = _forward_weights(task, data, model, split, max_questions, batch_size)
-    n = len(rows)
-    if n == 0:
-        raise ValueError(f"the {split} split of {str(run_dir)!r} has no questions")
-    R = weights.shape[1]
-    g = int(getattr(model, "grid", 0)) or math.isqrt(R)
-    if g * g != R:
-        raise ValueError(f"the model gives {R} region weights, not a square grid")
 
-    image_of = part.image_index[torch.as_tensor(rows)].numpy()
-    used, inverse = np.unique(image_of, return_inverse=True)
-    fractions = region_fractions(part.images[torch.as_tensor(used)], (g, g))[inverse]  # [N, R]
-    labels = part.labels[torch.as_tensor(rows)].numpy()
-    types = [part.types[i] for i in rows]
-    correct = preds == labels
 
-    rng = np.random.default_rng(seed)
-    random_maps = rng.dirichlet(np.full(R, float(alpha)), size=n)
-    uniform = np.full(R, 1.0 / R)
+def _per_question(
+    weights: np.ndarray, fractions: np.ndarray, random_maps: np.ndarray
+) -> dict[str, list[dict[str, float]]]:
+    """The scores of every question for the model's, the uniform and the random map."""
+    uniform = np.full(weights.shape[1], 1.0 / weights.shape[1])
     per_map: dict[str, list[dict[str, float]]] = {m: [] for m in MAPS}
-    for i in range(n):
+    for i in range(len(weights)):
         per_map["model"].append(question_scores(weights[i], fractions[i]))
         per_map["uniform"].append(question_scores(uniform, fractions[i]))
         per_map["random"].append(question_scores(random_maps[i], fractions[i]))
+    return per_map
 
-    everything = {"overall": np.arange(n)}
+
+def _spread(maps: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Per map: the largest weight and the normalised entropy ``H(a) / log R``."""
+    out = {}
+    for name, a in maps.items():
+        n, R = a.shape
+        entropy = _entropy(a) / math.log(R) if R > 1 else np.ones(n)
+        out[name] = {"max_weight": _stats(a.max(1).tolist()), "entropy": _stats(entropy.tolist())}
+    return out
+
+
+def correctness_summary(
+    weights: Any,
+    fractions: Any,
+    correct: Any,
+    types: Sequence[str],
+    *,
+    seed: int = 0,
+    alpha: float = 1.0,
+) -> dict[str, Any]:
+    """The correctness figures of ``N`` questions (see the module docstring).
+
+    Args:
+        weights: the model's region weights ``[N, R]`` (rows summing to 1).
+        fractions: the gold region of each question on the same grid ``[N, R]``
+            (:func:`region_fractions`).
+        correct: ``[N]`` bool, whether the model's answer is right.
+        types: the ``N`` question types (``"shape"``, ``"color"``, ``"yes/no"``, ...).
+        seed: seed of the random ``Dirichlet(alpha, ..., alpha)`` reference maps.
+        alpha: their concentration (1 = uniform over the simplex).
+
+    Returns ``accuracy``, ``accuracy_by_type``, ``model_is_uniform`` (True when every map
+    is ``1/R``, as for the mean baseline), ``region`` (``area``: statistics of
+    ``mean_k r_k``; ``touched``: of the fraction of cells touching the shape), ``maps``
+    (``model`` / ``uniform`` / ``random``, each ``{"overall": {metric: stats}, "by_type":
+    {type: {...}}, "by_correct": {"correct" | "wrong": {...}}}`` with stats ``{"mean",
+    "std", "n"}``), ``spread`` (per map: ``max_weight`` and ``entropy`` = ``H(a) / log
+    R``, 1 for uniform), ``lift`` (``mass_minus_uniform`` stats and
+    ``share_above_uniform``) and ``reference`` (``seed``, ``alpha``).
+    """
+    check_alpha(alpha)
+    weights = np.asarray(weights, dtype=np.float64)
+    fractions = np.asarray(fractions, dtype=np.float64)
+    correct = np.asarray(correct, dtype=bool)
+    n, R = weights.shape
+    random_maps = np.random.default_rng(seed).dirichlet(np.full(R, float(alpha)), size=n)
+    per_map = _per_question(weights, fractions, random_maps)
     kinds = list(QUESTION_TYPES) + sorted(set(types) - set(QUESTION_TYPES))
     by_type = {t: np.flatnonzero([x == t for x in types]) for t in kinds}
     by_correct = {"correct": np.flatnonzero(correct), "wrong": np.flatnonzero(~correct)}
-    maps = {}
-    for m in MAPS:
-        maps[m] = {
-            "overall": _summary(per_map[m], everything)["overall"],
+    maps = {
+        m: {
+            "overall": _summary(per_map[m], {"overall": np.arange(n)})["overall"],
             "by_type": _summary(per_map[m], by_type),
             "by_correct": _summary(per_map[m], by_correct),
         }
-    spread = {
-        name: {
-            "max_weight": _stats(a.max(1).tolist()),
-            "entropy": _stats((_entropy(a) / math.log(R) if R > 1 else np.ones(n)).tolist()),
-        }
-        for name, a in (
-            ("model", weights),
-            ("uniform", np.tile(uniform, (n, 1))),
-            ("random", random_maps),
-        )
+        for m in MAPS
     }
+    uniform = np.full((n, R), 1.0 / R)
     diff = [
         a["mass"] - b["mass"] for a, b in zip(per_map["model"], per_map["uniform"], strict=True)
     ]
-    info_label = None
-    try:
-        info_label = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get(
-            "label"
-        )
-    except (OSError, ValueError):
-        pass
-    result = {
-        "run_dir": str(run_dir),
-        "task": getattr(task, "name", None),
-        "label": info_label,
-        "split": split,
-        "questions": n,
-        "grid": [g, g],
+    return {
         "accuracy": float(correct.mean()),
         "accuracy_by_type": {
             t: float(correct[idx].mean()) if len(idx) else math.nan for t, idx in by_type.items()
@@ -276,17 +211,13 @@ def vqa_correctness(
             "touched": _stats((fractions > 0).mean(1).tolist()),
         },
         "maps": maps,
-        "spread": spread,
+        "spread": _spread({"model": weights, "uniform": uniform, "random": random_maps}),
         "lift": {
             "mass_minus_uniform": _stats(diff),
             "share_above_uniform": float(np.mean(np.asarray(diff) > 1e-9)),
         },
         "reference": {"seed": seed, "alpha": float(alpha)},
     }
-    if write:
-        text = json.dumps(_jsonable(result), indent=2, allow_nan=False)
-        (Path(run_dir) / "correctness.json").write_text(text + "\n", encoding="utf-8")
-    return result
 
 
 def _entropy(maps: np.ndarray) -> np.ndarray:
@@ -294,102 +225,3 @@ def _entropy(maps: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, -p * np.log(p), 0.0)
     return terms.sum(1)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return value
-
-
-def _cell(s: Mapping[str, Any]) -> str:
-    if not s["n"]:
-        return "     --      "
-    return f"{s['mean']:.3f} ± {s['std']:.3f}"
-
-
-def format_table(result: Mapping[str, Any]) -> str:
-    """A short text table of :func:`vqa_correctness`'s result."""
-    maps = result["maps"]
-    head = f"{'':22s}" + "".join(f"{m:>16s}" for m in METRICS)
-    lines = [
-        f"{result.get('label') or result['run_dir']}: {result['questions']} {result['split']} "
-        f"questions, accuracy {result['accuracy']:.3f}, grid "
-        f"{result['grid'][0]}x{result['grid'][1]}, region area "
-        f"{result['region']['area']['mean']:.3f} (cells touched "
-        f"{result['region']['touched']['mean']:.3f})",
-        head,
-    ]
-
-    def row(name: str, stats: Mapping[str, Any]) -> str:
-        return f"{name:22s}" + "".join(f"{_cell(stats[m]):>16s}" for m in METRICS)
-
-    for m in MAPS:
-        lines.append(row(m, maps[m]["overall"]))
-    lines.append("model by question type / answer:")
-    for t, s in maps["model"]["by_type"].items():
-        if s["mass"]["n"]:
-            acc = result.get("accuracy_by_type", {}).get(t)
-            extra = f"   accuracy {acc:.3f}" if acc is not None and acc == acc else ""
-            lines.append(row(f"  {t}", s) + extra)
-    for t, s in maps["model"]["by_correct"].items():
-        if s["mass"]["n"]:
-            lines.append(row(f"  {t}", s))
-    sp = result["spread"]
-    lines.append(
-        "spread (max weight, entropy / log R): "
-        + ", ".join(
-            f"{m} {sp[m]['max_weight']['mean']:.3f}, {sp[m]['entropy']['mean']:.3f}" for m in MAPS
-        )
-    )
-    lift = result["lift"]
-    lines.append(
-        f"mass - uniform mass: {lift['mass_minus_uniform']['mean']:+.3f} "
-        f"(model above uniform on {100 * lift['share_above_uniform']:.1f}% of questions)"
-        + ("; the model's region weights are uniform" if result["model_is_uniform"] else "")
-    )
-    return "\n".join(lines)
-
-
-def _correctness_command():
-    import click
-
-    @click.command("correctness")
-    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-    @click.option("--max-questions", type=int, default=None, help="Only the first N questions.")
-    @click.option(
-        "--split",
-        type=click.Choice(["test", "dev", "train"]),
-        default="test",
-        show_default=True,
-    )
-    @click.option("--seed", default=0, show_default=True, help="Seed of the random maps.")
-    @click.option("--threads", type=int, default=None, help="torch threads.")
-    def correctness_command(
-        run_dir: str, max_questions: int | None, split: str, seed: int, threads: int | None
-    ) -> None:
-        """Attention correctness of a VQA run on easy-VQA: attention mass on the asked-about
-        shape and Spearman rho with its region, against uniform and random maps; writes
-        RUN_DIR/correctness.json."""
-        old = torch.get_num_threads()
-        if threads is not None:
-            if threads < 1:
-                raise click.BadParameter("must be >= 1", param_hint="--threads")
-            torch.set_num_threads(threads)
-        try:
-            r = vqa_correctness(run_dir, split, max_questions=max_questions, seed=seed)
-        except (ValueError, FileNotFoundError) as err:
-            raise click.ClickException(str(err)) from None
-        finally:
-            torch.set_num_threads(old)
-        click.echo(format_table(r))
-        click.echo(f"written: {Path(run_dir) / 'correctness.json'}")
-
-    return correctness_command
-
-
-correctness_command = _correctness_command()

@@ -7,6 +7,8 @@
   :mod:`attnlab.lab.store` -- the SQLite results store.
 * :mod:`attnlab.lab.report` -- :func:`write_report`, the self-contained HTML report.
 * :mod:`attnlab.lab.demo` -- :func:`run_demo`, the embedded main job.
+* :mod:`attnlab.lab.studies` -- studies on trained runs that apply the measures of
+  :mod:`attnlab.evaluation` (``attnlab explain``, ``correctness``, ``aer-table``).
 """
 
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task, spec_label

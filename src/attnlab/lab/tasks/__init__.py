@@ -1,23 +1,31 @@
-"""The registered tasks of the lab, one module per task (imported here so that the registry
-knows them all)."""
+"""The registered tasks of the lab, one module per task.
 
-import importlib
+Importing this package registers every task (``registry.names("task")``, ``attnlab list
+--kind task``): the registry itself loads only the core mechanisms, so whatever looks a task
+up by name (:func:`attnlab.lab.training.resolve_task`, the command line) imports this
+package first.
+"""
 
-_TASK_MODULES = (
-    "sentiment",
-    "document",
-    "target_sentiment",
-    "translation",
-    "vqa",
-    "pointer",
-    "multilabel",
-    "meta_embedding",
-    "captioning",
-)
+from attnlab.lab.tasks.captioning import CaptioningTask
+from attnlab.lab.tasks.document import DocumentTask
+from attnlab.lab.tasks.meta_embedding import MetaEmbeddingTask
+from attnlab.lab.tasks.multilabel import MultiLabelTask
+from attnlab.lab.tasks.pointer import PointerTask
+from attnlab.lab.tasks.sentiment import SentimentTask
+from attnlab.lab.tasks.speech import SpeechTask
+from attnlab.lab.tasks.target_sentiment import TargetSentimentTask
+from attnlab.lab.tasks.translation import TranslationTask
+from attnlab.lab.tasks.vqa import VQATask
 
-for _name in _TASK_MODULES:
-    try:
-        importlib.import_module(f"{__name__}.{_name}")
-    except ModuleNotFoundError as _err:  # a task module not written yet
-        if _err.name != f"{__name__}.{_name}":
-            raise
+__all__ = [
+    "CaptioningTask",
+    "DocumentTask",
+    "MetaEmbeddingTask",
+    "MultiLabelTask",
+    "PointerTask",
+    "SentimentTask",
+    "SpeechTask",
+    "TargetSentimentTask",
+    "TranslationTask",
+    "VQATask",
+]

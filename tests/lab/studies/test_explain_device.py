@@ -10,10 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import toy_task  # noqa: F401  (registers the "toy" task)
 
-from attnlab.evaluation.explain_run import explain_command, explain_run
+from attnlab.lab.studies.explanation import explain_command, explain_run
 from attnlab.lab.training import train_run
 
 QUICK = dict(

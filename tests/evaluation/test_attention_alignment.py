@@ -1,28 +1,20 @@
-"""The translator AER study: link extraction and AER on hand-made matrices (hand-computed
-numbers), baselines on a tiny hand corpus, and the table / command on a tiny trained
-ablation of the generated ``reverse`` task (whose exact alignment is known)."""
+"""The attention of a translator as word alignment: link extraction and AER on hand-made
+matrices (hand-computed numbers) and the baselines on a tiny hand corpus (the study on
+trained runs is tested in tests/lab/studies/test_alignment_study.py)."""
 
 from __future__ import annotations
 
-import json
-import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from attnlab.data.pharaoh import Alignment
-from attnlab.evaluation.alignment_study import (
-    AERRow,
-    aer_table,
-    aer_table_command,
+from attnlab.evaluation.attention_alignment import (
     attention_links,
     baseline_aers,
-    format_aer_table,
     oracle_argmax_links,
     restrict_to_linked,
-    translator_aer,
 )
 
 # two pairs; matrices are target rows x source columns
@@ -129,120 +121,6 @@ def test_eflomal_iterations_as_an_int() -> None:
 
     fwd, rev = eflomal_directions([["a", "b"]] * 4, [["x", "y"]] * 4, iterations=2)
     assert len(fwd) == len(rev) == 4
-
-
-def test_format_aer_table() -> None:
-    rows = [
-        AERRow("luong-general", 2, 0.5, 0.05, 0.4, 0.01, 0.6, None, 5.0, 0.25),
-        AERRow("diagonal", 0, 0.75, None, 0.2, None, 0.3, None, kind="baseline"),
-    ]
-    md = format_aer_table(rows, markdown=True).splitlines()
-    assert md[0] == "| mechanism | n | AER % | precision % | recall % | BLEU |"
-    assert md[2] == "| luong-general | 2 | 50.0 ± 5.0 | 40.0 ± 1.0 | 60.0 | 5.00 ± 0.25 |"
-    assert md[3] == "| diagonal | - | 75.0 | 20.0 | 30.0 | - |"
-    text = format_aer_table(rows)
-    assert "luong-general" in text and "50.0 ± 5.0" in text
-
-
-# ----------------------------------------------------------------------------- real runs
-
-TINY = {
-    "corpus": "reverse",
-    "synthetic_pairs": 60,
-    "max_len": 5,
-    "embed_dim": 8,
-    "hidden_size": 8,
-    "batch_size": 8,
-    "dropout": 0.0,
-    "epochs": 1,
-}
-
-
-@pytest.fixture(scope="module")
-def tiny_ablation(tmp_path_factory):
-    from attnlab.lab.ablation import run_ablation
-
-    out = tmp_path_factory.mktemp("abl")
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_ablation(
-            "translation",
-            [{"name": "luong-general"}, {"name": "local-p"}],
-            [0, 1],
-            out_dir=out,
-            options=TINY,
-            progress=False,
-        )
-    finally:
-        torch.set_num_threads(old)
-    return out
-
-
-def _naive_aer(run_dir) -> float:
-    """Argmax links by a Python loop over the teacher-forced matrices, AER by the formula."""
-    from attnlab.lab.training import load_run
-
-    task, data, model = load_run(run_dir)
-    mats = task.attention_matrices(model, data, "test")
-    a_s = a_p = n_a = n_s = 0
-    for m, g in zip(mats, data.test.alignments, strict=True):
-        for j in range(m.shape[0]):
-            row = m[j].tolist()
-            i = max(range(len(row)), key=lambda c: (row[c], -c))
-            n_a += 1
-            a_s += (i, j) in g.sure
-            a_p += (i, j) in g.possible
-        n_s += len(g.sure)
-    return 1 - (a_s + a_p) / (n_a + n_s)
-
-
-def test_translator_aer_matches_a_naive_loop(tiny_ablation) -> None:
-    run_dir = tiny_ablation / "runs" / "luong-general--seed0"
-    result = translator_aer(run_dir)
-    assert result.aer == pytest.approx(_naive_aer(run_dir))
-    from attnlab.lab.tasks.translation import TranslationTask
-
-    test = TranslationTask(**TINY).load_data().test
-    assert result.pairs == len(test) == 6
-    assert result.predicted == sum(len(t) for t in test.target)  # one link per target word
-    thr = translator_aer(run_dir, extraction="threshold", threshold=0.01)
-    assert thr.predicted >= result.predicted
-    with pytest.raises(ValueError, match="split"):
-        translator_aer(run_dir, "valid")
-
-
-def test_aer_table_rows(tiny_ablation) -> None:
-    rows = aer_table(tiny_ablation, baselines=True, eflomal=False)
-    names = [r.mechanism for r in rows]
-    assert names == ["luong-general", "local-p", "diagonal", "argmax oracle"]
-    first = rows[0]
-    assert first.n == 2 and first.kind == "attention"
-    aers = [_naive_aer(tiny_ablation / "runs" / f"luong-general--seed{s}") for s in (0, 1)]
-    assert first.aer == pytest.approx(sum(aers) / 2)
-    assert first.aer_std == pytest.approx(abs(aers[0] - aers[1]) / math.sqrt(2))
-    bleus = [
-        json.loads(
-            (tiny_ablation / "runs" / f"luong-general--seed{s}" / "metrics.json").read_text()
-        )["test"]["bleu"]
-        for s in (0, 1)
-    ]
-    assert first.bleu == pytest.approx(sum(bleus) / 2)
-    assert rows[2].kind == "baseline" and rows[2].bleu is None
-    # the oracle of the exact reverse alignment: one sure link per target word -> AER 0
-    assert rows[3].aer == pytest.approx(0.0)
-
-
-def test_aer_table_command(tiny_ablation, tmp_path) -> None:
-    runner = CliRunner()
-    res = runner.invoke(aer_table_command, [str(tiny_ablation), "--markdown", "--no-eflomal"])
-    assert res.exit_code == 0, res.output
-    lines = res.output.splitlines()
-    assert lines[0].startswith("| mechanism | n | AER %")
-    assert any(line.startswith("| local-p | 2 |") for line in lines)
-    assert any(line.startswith("| diagonal | - |") for line in lines)
-    res = runner.invoke(aer_table_command, [str(tmp_path)])
-    assert res.exit_code != 0 and "ablation.json" in res.output
 
 
 def test_bible_baselines_if_installed() -> None:

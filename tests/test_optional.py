@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.evaluation._optional import MissingDependencyError, install_command, require
+from attnlab._optional import MissingDependencyError, install_command, require
 
 
 def test_missing_module_names_the_install_command() -> None:

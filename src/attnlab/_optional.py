@@ -1,5 +1,5 @@
-"""Optional dependencies of the evaluation measures: one place that imports them and says
-how to install them.
+"""Optional dependencies: one place that imports them and says how to install them (the
+evaluation measures and the data loaders both use it).
 
 The extrinsic measures of the speech and vision tasks (WER/PER, PSNR/SSIM, METEOR) come
 from maintained libraries that are not core dependencies of attnlab; they are in the

@@ -1,5 +1,9 @@
 """``attnlab explain RUN_DIR``: the attention-as-explanation tests on a trained run.
 
+The measures are the pure functions of :mod:`attnlab.evaluation.explanation` and
+:mod:`attnlab.evaluation.diagnostics`; this module loads the run, draws its batches, runs
+each test in turn and writes the results.
+
 Loads a run of a task whose model follows the pooling-classifier protocol
 (:class:`~attnlab.models.SentenceClassifier`: ``encode`` / ``classify`` /
 ``classify_with_weights``), and runs on its test split
@@ -20,8 +24,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -42,9 +47,17 @@ from attnlab.evaluation.explanation import (
     permutation_test,
 )
 
-__all__ = ["PAPER_FIXED", "PROTOCOLS", "explain_run", "task_batches"]
+__all__ = [
+    "PAPER_FIXED",
+    "PROTOCOLS",
+    "explain_command",
+    "explain_run",
+    "format_summary",
+    "task_batches",
+]
 
 Batch = tuple[Tensor, Tensor, Tensor]
+T = TypeVar("T")
 
 
 def task_batches(
@@ -146,6 +159,246 @@ PAPER_FIXED: dict[str, Any] = {
 }
 
 
+@dataclass
+class _Study:
+    """What every test of :func:`explain_run` reads: the run, its model and batches, the
+    settings (``cfg``) and whether the paper protocol runs."""
+
+    run_dir: Path
+    task: Any
+    data: Any
+    model: Any
+    cfg: dict[str, Any]
+    paper: bool
+    seed: int
+    device: torch.device
+    test: list[Batch]
+    train: list[Batch]
+    dev: list[Batch] | None
+
+
+def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The protocol's settings with the given values in place of its own (``None`` = not
+    given; for ``max_instances`` / ``max_train`` the marker is ``"protocol"``, as ``None``
+    means every instance)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    settings = dict(PROTOCOLS[protocol])
+    for key, value in given.items():
+        unset = "protocol" if key in ("max_instances", "max_train") else None
+        if value != unset:
+            settings[key] = value
+    return settings
+
+
+def _open_study(run_dir: Path, cfg: dict[str, Any], paper: bool, seed: int, device: str) -> _Study:
+    """Load the run on ``device`` and draw its batches; the model must be a sentence
+    classifier with attention weights."""
+    from attnlab.lab.training import load_run, resolve_device
+
+    dev = resolve_device(device)
+    torch.manual_seed(seed)
+    task, data, model = load_run(run_dir, device=str(dev))
+    model.eval()
+    for name in ("encode", "classify", "classify_with_weights"):
+        if not hasattr(model, name):
+            raise ValueError(
+                f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
+                "explanation tests run on sentence classifiers with one attention over tokens"
+            )
+    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
+    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
+    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
+    probe = test[0]
+    weights, _ = attention_weights(model, probe[0], probe[1])
+    if weights is None:
+        raise ValueError("the run's model has no attention weights (a mean-pooling baseline?)")
+    return _Study(run_dir, task, data, model, cfg, paper, seed, dev, test, train, dev_batches)
+
+
+def _kendall(s: _Study) -> dict[str, Any]:
+    """Jain & Wallace: Kendall tau between attention, gradient and leave-one-out."""
+    corr = importance_correlations(
+        s.model,
+        _iter(s.test),
+        gradient_classes=PAPER_FIXED["gradient_classes"] if s.paper else "predicted",
+    )
+    return {
+        k: {"mean": v.mean, "std": v.std, "significant": v.significant, "n": v.n}
+        for k, v in corr.items()
+    }
+
+
+def _permutation(s: _Study) -> tuple[dict[str, Any], list[int]]:
+    """Jain & Wallace's permutation test (instances of >= 2 tokens), and their labels."""
+    gen = torch.Generator().manual_seed(s.seed)
+    med, max_w, labels = [], [], []
+    for tokens, lengths, y in s.test:
+        m, mw = permutation_test(
+            s.model, tokens, lengths, permutations=s.cfg["permutations"], generator=gen
+        )
+        keep = lengths >= 2
+        med += m[keep].tolist()
+        max_w += mw[keep].tolist()
+        labels += y[keep].tolist()
+    return {"median_tvd": _stats(med), "per_instance": med, "max_weight": max_w}, labels
+
+
+def _adversary(s: _Study, tokens: Tensor, lengths: Tensor, generator: torch.Generator) -> Any:
+    """Adversarial attention of one batch: J&W's multi-adversary search (paper) or one
+    adversary within ``epsilon`` (lab)."""
+    if not s.paper:
+        return adversarial_attention(
+            s.model, tokens, lengths, epsilon=s.cfg["epsilon"], steps=s.cfg["adversarial_steps"]
+        )
+    return adversarial_attention_multi(
+        s.model,
+        tokens,
+        lengths,
+        k=PAPER_FIXED["adversaries"],
+        steps=s.cfg["adversarial_steps"],
+        lr=PAPER_FIXED["adversary_lr"],
+        penalty=PAPER_FIXED["adversary_penalty"],
+        epsilon=s.cfg["epsilon"],
+        select_epsilon=PAPER_FIXED["adversary_select_epsilon"],
+        noise=PAPER_FIXED["adversary_noise"],
+        generator=generator,
+    )
+
+
+def _adversarial_attention(s: _Study) -> dict[str, Any]:
+    """Jain & Wallace: the largest JSD from the model's weights that keeps the output."""
+    adv_jsd, adv_tvd, adv_maxw = [], [], []
+    adv_gen = torch.Generator().manual_seed(s.seed)
+    for tokens, lengths, _y in s.test:
+        r = _adversary(s, tokens, lengths, adv_gen)
+        w, _ = attention_weights(s.model, tokens, lengths)
+        adv_jsd += r.max_jsd.tolist()
+        adv_tvd += r.tvd.tolist()
+        adv_maxw += w.max(-1).values.tolist()
+    return {
+        "epsilon": s.cfg["epsilon"],
+        "select_epsilon": PAPER_FIXED["adversary_select_epsilon"] if s.paper else s.cfg["epsilon"],
+        "max_jsd": _stats(adv_jsd),
+        "jsd_bound": JSD_MAX,
+        "fraction_above_half_bound": float(np.mean(np.asarray(adv_jsd) > JSD_MAX / 2)),
+        "per_instance": adv_jsd,
+        "max_weight": adv_maxw,
+    }
+
+
+def _uniform(s: _Study, uniform_run: str | Path | None) -> dict[str, Any]:
+    """Wiegreffe & Pinter: uniform weights at test time, and beside them the test metrics
+    of a run trained with uniform weights (``uniform_run``)."""
+    from attnlab.lab.training import read_metrics, read_run
+
+    result = uniform_weights_gap(s.model, _iter(s.test))
+    if uniform_run is None:
+        return result
+    info, metrics = read_run(uniform_run), read_metrics(uniform_run)
+    if info.get("task") != s.task.name:
+        raise ValueError(
+            f"uniform_run {str(uniform_run)!r} is a run of task {info.get('task')!r}, "
+            f"not {s.task.name!r}"
+        )
+    result["trained_uniform"] = {
+        "run": str(uniform_run),
+        "attention": info.get("attention"),
+        "test": metrics.get("test", {}),
+    }
+    result["learned_test"] = read_metrics(s.run_dir).get("test", {})
+    return result
+
+
+def _adversarial_models(s: _Study) -> tuple[list[dict[str, float]], tuple[float, Any] | None]:
+    """Wiegreffe & Pinter: a model trained to keep the outputs with attention far from the
+    run's, per ``lambda``; returns the sweep and ``(lambda, model)`` of the largest
+    ``lambda`` (its weights feed the frozen-weight MLP)."""
+    from attnlab.lab.training import read_run
+
+    sweep = []
+    adversary = None
+    for lam in s.cfg["lambdas"]:
+        fresh = None
+        if s.paper:  # W&P train the adversary from scratch: a new model of the same build
+            spec = s.task.resolve_attention(read_run(s.run_dir).get("attention") or {})
+            torch.manual_seed(s.seed)
+            fresh = s.task.build_model(s.data, spec).to(s.device)
+        r = adversarial_model(
+            s.model,
+            s.train,
+            s.test,
+            lam,
+            epochs=s.cfg["adversarial_epochs"],
+            lr=s.cfg["adversarial_lr"],
+            seed=s.seed,
+            fresh=fresh,
+            divergence=PAPER_FIXED["adversarial_divergence"] if s.paper else "jsd",
+            patience=PAPER_FIXED["adversarial_patience"] if s.paper else None,
+            amsgrad=s.paper,
+        )
+        sweep.append(
+            {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
+        )
+        if adversary is None or lam >= adversary[0]:
+            adversary = (lam, r.model)
+    return sweep, adversary
+
+
+def _frozen_weights(s: _Study, adversary: tuple[float, Any] | None) -> dict[str, Any]:
+    """Wiegreffe & Pinter's frozen-weight MLP with uniform, learned, transferred (the
+    run's) and adversarial weights."""
+    model = s.model
+    embeddings = model.embedding.weight.detach().float()
+    num_classes = int(model.output.out_features)
+
+    def transferred(tokens: Tensor, lengths: Tensor) -> Tensor:
+        return attention_weights(model, tokens, lengths)[0].float()
+
+    def adversarial(tokens: Tensor, lengths: Tensor) -> Tensor:
+        assert adversary is not None
+        return attention_weights(adversary[1], tokens, lengths)[0].float()
+
+    mlp_kw: dict[str, Any] = {"epochs": s.cfg["mlp_epochs"], "lr": s.cfg["mlp_lr"], "seed": s.seed}
+    if s.paper:
+        mlp_kw.update(
+            hidden=PAPER_FIXED["mlp_hidden"],
+            attention_dim=PAPER_FIXED["mlp_attention_dim"],
+            activation=PAPER_FIXED["mlp_activation"],
+            freeze_embeddings=False,
+            amsgrad=True,
+            weight_decay=PAPER_FIXED["mlp_weight_decay"],
+            dev=s.dev,
+        )
+    return {
+        name: frozen_weight_diagnostic(embeddings, num_classes, s.train, s.test, source, **mlp_kw)
+        for name, source in (
+            ("uniform", "uniform"),
+            ("learned", "learned"),
+            ("transferred", transferred),
+            *((("adversarial", adversarial),) if adversary is not None else ()),
+        )
+    }
+
+
+def _seed_variance(s: _Study, compare: Sequence[str | Path]) -> dict[str, Any]:
+    """Wiegreffe & Pinter: how far the attention of runs with other seeds is."""
+    from attnlab.lab.training import load_run
+
+    models = [s.model] + [load_run(Path(p), device=str(s.device))[2].eval() for p in compare]
+    sv = seed_variance(models, s.test)
+    keys = (
+        "mean_jsd",
+        "mean_tvd",
+        "mean_instance_median_jsd",
+        "jsd",
+        "tvd",
+        "instance_median_jsd",
+        "instance_mean_tvd",
+    )
+    return {"runs": [str(p) for p in compare], **{k: sv[k] for k in keys}}
+
+
 def explain_run(
     run_dir: str | Path,
     *,
@@ -186,10 +439,6 @@ def explain_run(
         device: where the model and the batches go (``"auto"``: CUDA when available).
     Returns the dict written to the JSON file.
     """
-    from attnlab.lab.training import load_run, read_metrics, read_run, resolve_device
-
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     given = {
         "max_instances": max_instances,
         "permutations": permutations,
@@ -202,204 +451,38 @@ def explain_run(
         "adversarial_lr": adversarial_lr,
         "max_train": max_train,
     }
-    settings = dict(PROTOCOLS[protocol])
-    for key, value in given.items():
-        if key in ("max_instances", "max_train"):
-            if value != "protocol":
-                settings[key] = value
-        elif value is not None:
-            settings[key] = value
+    cfg = _settings(protocol, given)
     paper = protocol == "paper"
-    cfg = settings
-    run_dir = Path(run_dir)
-    dev = resolve_device(device)
-    torch.manual_seed(seed)
-    task, data, model = load_run(run_dir, device=str(dev))
-    model.eval()
-    for name in ("encode", "classify", "classify_with_weights"):
-        if not hasattr(model, name):
-            raise ValueError(
-                f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
-                "explanation tests run on sentence classifiers with one attention over tokens"
-            )
-    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
-    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
-    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
-    probe = test[0]
-    weights, _ = attention_weights(model, probe[0], probe[1])
-    if weights is None:
-        raise ValueError("the run's model has no attention weights (a mean-pooling baseline?)")
-    steps = ["correlations", "permutation", "adversarial", "uniform", "frozen", "adv-models"]
-    bar = _bar(progress, len(steps) + bool(compare))
+    s = _open_study(Path(run_dir), cfg, paper, seed, device)
+    bar = _bar(progress, 6 + bool(compare))
     result: dict[str, Any] = {
-        "run": str(run_dir),
+        "run": str(s.run_dir),
         "protocol": protocol,
         "settings": {**cfg, **(PAPER_FIXED if paper else {})},
-        "instances": sum(len(b[2]) for b in test),
-        "test_split_size": _split_size(task, data, "test"),
+        "instances": sum(len(b[2]) for b in s.test),
+        "test_split_size": _split_size(s.task, s.data, "test"),
     }
-
-    corr = importance_correlations(
-        model,
-        _iter(test),
-        gradient_classes=PAPER_FIXED["gradient_classes"] if paper else "predicted",
-    )
-    result["kendall"] = {
-        k: {"mean": v.mean, "std": v.std, "significant": v.significant, "n": v.n}
-        for k, v in corr.items()
-    }
-    bar.update()
-
-    gen = torch.Generator().manual_seed(seed)
-    med, max_w, labels = [], [], []
-    for tokens, lengths, y in test:
-        m, mw = permutation_test(
-            model, tokens, lengths, permutations=cfg["permutations"], generator=gen
-        )
-        keep = lengths >= 2
-        med += m[keep].tolist()
-        max_w += mw[keep].tolist()
-        labels += y[keep].tolist()
-    result["permutation"] = {"median_tvd": _stats(med), "per_instance": med, "max_weight": max_w}
-    bar.update()
-
-    adv_jsd, adv_tvd, adv_maxw = [], [], []
-    adv_gen = torch.Generator().manual_seed(seed)
-    for tokens, lengths, _y in test:
-        if paper:
-            r = adversarial_attention_multi(
-                model,
-                tokens,
-                lengths,
-                k=PAPER_FIXED["adversaries"],
-                steps=cfg["adversarial_steps"],
-                lr=PAPER_FIXED["adversary_lr"],
-                penalty=PAPER_FIXED["adversary_penalty"],
-                epsilon=cfg["epsilon"],
-                select_epsilon=PAPER_FIXED["adversary_select_epsilon"],
-                noise=PAPER_FIXED["adversary_noise"],
-                generator=adv_gen,
-            )
-        else:
-            r = adversarial_attention(
-                model, tokens, lengths, epsilon=cfg["epsilon"], steps=cfg["adversarial_steps"]
-            )
-        w, _ = attention_weights(model, tokens, lengths)
-        adv_jsd += r.max_jsd.tolist()
-        adv_tvd += r.tvd.tolist()
-        adv_maxw += w.max(-1).values.tolist()
-    result["adversarial"] = {
-        "epsilon": cfg["epsilon"],
-        "select_epsilon": PAPER_FIXED["adversary_select_epsilon"] if paper else cfg["epsilon"],
-        "max_jsd": _stats(adv_jsd),
-        "jsd_bound": JSD_MAX,
-        "fraction_above_half_bound": float(np.mean(np.asarray(adv_jsd) > JSD_MAX / 2)),
-        "per_instance": adv_jsd,
-        "max_weight": adv_maxw,
-    }
-    bar.update()
-
-    result["uniform"] = uniform_weights_gap(model, _iter(test))
-    if uniform_run is not None:
-        info, metrics = read_run(uniform_run), read_metrics(uniform_run)
-        if info.get("task") != task.name:
-            raise ValueError(
-                f"uniform_run {str(uniform_run)!r} is a run of task {info.get('task')!r}, "
-                f"not {task.name!r}"
-            )
-        result["uniform"]["trained_uniform"] = {
-            "run": str(uniform_run),
-            "attention": info.get("attention"),
-            "test": metrics.get("test", {}),
-        }
-        result["uniform"]["learned_test"] = read_metrics(run_dir).get("test", {})
-    bar.update()
-
-    embeddings = model.embedding.weight.detach().float()
-    num_classes = int(model.output.out_features)
-
-    def transferred(tokens: Tensor, lengths: Tensor) -> Tensor:
-        return attention_weights(model, tokens, lengths)[0].float()
-
-    sweep = []
-    adversary = None  # the model of the largest lambda: its weights feed the frozen-weight MLP
-    for lam in cfg["lambdas"]:
-        fresh = None
-        if paper:  # W&P train the adversary from scratch: a new model of the same build
-            spec = task.resolve_attention(read_run(run_dir).get("attention") or {})
-            torch.manual_seed(seed)
-            fresh = task.build_model(data, spec).to(dev)
-        r = adversarial_model(
-            model,
-            train,
-            test,
-            lam,
-            epochs=cfg["adversarial_epochs"],
-            lr=cfg["adversarial_lr"],
-            seed=seed,
-            fresh=fresh,
-            divergence=PAPER_FIXED["adversarial_divergence"] if paper else "jsd",
-            patience=PAPER_FIXED["adversarial_patience"] if paper else None,
-            amsgrad=paper,
-        )
-        sweep.append(
-            {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
-        )
-        if adversary is None or lam >= adversary[0]:
-            adversary = (lam, r.model)
-    result["adversarial_models"] = sweep
-    bar.update()
-
-    def adversarial(tokens: Tensor, lengths: Tensor) -> Tensor:
-        assert adversary is not None
-        return attention_weights(adversary[1], tokens, lengths)[0].float()
-
-    mlp_kw: dict[str, Any] = {"epochs": cfg["mlp_epochs"], "lr": cfg["mlp_lr"], "seed": seed}
-    if paper:
-        mlp_kw.update(
-            hidden=PAPER_FIXED["mlp_hidden"],
-            attention_dim=PAPER_FIXED["mlp_attention_dim"],
-            activation=PAPER_FIXED["mlp_activation"],
-            freeze_embeddings=False,
-            amsgrad=True,
-            weight_decay=PAPER_FIXED["mlp_weight_decay"],
-            dev=dev_batches,
-        )
-    result["frozen_weights"] = {
-        name: frozen_weight_diagnostic(embeddings, num_classes, train, test, source, **mlp_kw)
-        for name, source in (
-            ("uniform", "uniform"),
-            ("learned", "learned"),
-            ("transferred", transferred),
-            *((("adversarial", adversarial),) if adversary is not None else ()),
-        )
-    }
-    bar.update()
-
+    result["kendall"] = bar.step(_kendall(s))
+    result["permutation"], labels = bar.step(_permutation(s))
+    result["adversarial"] = bar.step(_adversarial_attention(s))
+    result["uniform"] = bar.step(_uniform(s, uniform_run))
+    result["adversarial_models"], adversary = bar.step(_adversarial_models(s))
+    result["frozen_weights"] = bar.step(_frozen_weights(s, adversary))
     if compare:
-        models = [model] + [load_run(Path(p), device=str(dev))[2].eval() for p in compare]
-        sv = seed_variance(models, test)
-        result["seed_variance"] = {
-            "runs": [str(p) for p in compare],
-            "mean_jsd": sv["mean_jsd"],
-            "mean_tvd": sv["mean_tvd"],
-            "mean_instance_median_jsd": sv["mean_instance_median_jsd"],
-            "jsd": sv["jsd"],
-            "tvd": sv["tvd"],
-            "instance_median_jsd": sv["instance_median_jsd"],
-            "instance_mean_tvd": sv["instance_mean_tvd"],
-        }
-        bar.update()
+        result["seed_variance"] = bar.step(_seed_variance(s, compare))
     bar.close()
+    _write(result, labels, s.run_dir / "explanation", plots)
+    return result
 
-    out_dir = run_dir / "explanation"
+
+def _write(result: dict[str, Any], labels: list[int], out_dir: Path, plots: bool) -> None:
+    """``explanation.json`` (atomically) and, with ``plots``, the PNG plots beside it."""
+    from attnlab.lab.files import write_text
+
     out_dir.mkdir(exist_ok=True)
     if plots:
         result["plots"] = _plots(result, labels, out_dir)
-    tmp = out_dir / "explanation.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1, default=float), encoding="utf-8")
-    tmp.replace(out_dir / "explanation.json")
-    return result
+    write_text(out_dir / "explanation.json", json.dumps(result, indent=1, default=float))
 
 
 def _split_size(task: Any, data: Any, split: str) -> int:
@@ -452,6 +535,8 @@ def _plots(result: dict[str, Any], labels: list[int], out_dir: Path) -> list[str
 
 
 class _bar:
+    """A tqdm bar over the tests, or nothing (``enabled=False``)."""
+
     def __init__(self, enabled: bool, total: int) -> None:
         self._tqdm = None
         if enabled:
@@ -459,9 +544,11 @@ class _bar:
 
             self._tqdm = tqdm(total=total, desc="explanation tests", unit="test")
 
-    def update(self) -> None:
+    def step(self, value: T) -> T:
+        """One test done: advance the bar, pass ``value`` on."""
         if self._tqdm is not None:
             self._tqdm.update(1)
+        return value
 
     def close(self) -> None:
         if self._tqdm is not None:
@@ -522,18 +609,12 @@ def _explain_command():
     ) -> None:
         """Attention-as-explanation tests (Jain & Wallace 2019; Wiegreffe & Pinter 2019) on a
         trained run; writes RUN_DIR/explanation/explanation.json and plots."""
-        from attnlab.cli import _fail
-        from attnlab.lab.training import resolve_device
+        from attnlab.lab.errors import fail
 
         try:  # what was typed: one line, exit 2, before anything is written
-            resolve_device(device)
-            if protocol not in PROTOCOLS:
-                raise ValueError(
-                    f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
-                )
-            count = _instances(max_instances)
+            count = _typed(device, protocol, max_instances)
         except ValueError as err:
-            _fail(str(err))
+            fail(str(err))
         kw: dict[str, Any] = {
             "permutations": permutations,
             "epsilon": epsilon,
@@ -543,24 +624,40 @@ def _explain_command():
         if count != "protocol":
             kw["max_instances"] = count
         if quick:
-            chosen = PROTOCOLS[protocol]["max_instances"] if count == "protocol" else count
-            kw.update(
-                max_instances=64 if chosen is None else min(chosen, 64),
-                permutations=min(permutations or 100, 20),
-                adversarial_steps=40,
-                lambdas=(0.0, 1.0),
-                mlp_epochs=2,
-                adversarial_epochs=2,
-                max_train=256,
-            )
+            kw.update(_quick(protocol, count, permutations))
         try:
             r = explain_run(run_dir, compare=compare, progress=not no_progress, device=device, **kw)
         except ValueError as err:  # also a missing or damaged file of the run (RunFileError)
-            _fail(str(err))
+            fail(str(err))
         click.echo(format_summary(r))
         click.echo(f"written: {Path(run_dir) / 'explanation' / 'explanation.json'}")
 
     return explain_command
+
+
+def _typed(device: str, protocol: str, max_instances: str | None) -> int | str | None:
+    """Check ``--device`` and ``--protocol`` (ValueError naming the option); return the
+    instance count of ``--max-instances`` (see :func:`_instances`)."""
+    from attnlab.lab.training import resolve_device
+
+    resolve_device(device)
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    return _instances(max_instances)
+
+
+def _quick(protocol: str, count: int | str | None, permutations: int | None) -> dict[str, Any]:
+    """``--quick``: small settings (at most 64 test instances and 20 permutations)."""
+    chosen = PROTOCOLS[protocol]["max_instances"] if count == "protocol" else count
+    return {
+        "max_instances": 64 if chosen is None else min(chosen, 64),
+        "permutations": min(permutations or 100, 20),
+        "adversarial_steps": 40,
+        "lambdas": (0.0, 1.0),
+        "mlp_epochs": 2,
+        "adversarial_epochs": 2,
+        "max_train": 256,
+    }
 
 
 def _instances(text: str | None) -> int | str | None:

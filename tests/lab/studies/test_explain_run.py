@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import toy_task  # noqa: F401  (registers the "toy" task)
 
-from attnlab.evaluation.explain_run import explain_command, explain_run
+from attnlab.lab.studies.explanation import explain_command, explain_run
 from attnlab.lab.training import train_run
 
 
@@ -72,7 +72,7 @@ def test_command_and_errors(runs: tuple[Path, Path], tmp_path: Path) -> None:
 
 def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:
     """A split sorted by label must not give a one-class sample."""
-    from attnlab.evaluation.explain_run import task_batches
+    from attnlab.lab.studies.explanation import task_batches
     from attnlab.lab.training import resolve_task
 
     task = resolve_task("toy", {"n_eval": 80})
