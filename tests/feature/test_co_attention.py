@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -270,7 +271,7 @@ def test_alternating_matches_loops(masked):
     if not masked:
         m1 = m2 = None
     mod = randomize(AlternatingCoAttention(3, 4, d_w=5).to(DT))
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     ref = ref_alternating(mod, f1, f2, m1, m2)
     check_against(out, ref)
     for b in range(2):
@@ -287,7 +288,7 @@ def test_interactive_matches_loops(masked):
         m1 = m2 = None
     mod = randomize(InteractiveCoAttention(3, 4).to(DT))
     assert mod.attend1.score.registry_name == "activated-general"  # IAN's score by default
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     ref = ref_interactive(mod, f1, f2, m1, m2)
     check_against(out, ref)
     for b in range(2):
@@ -299,7 +300,9 @@ def test_interactive_matches_loops(masked):
 def test_interactive_score_is_pluggable():
     f1, f2, m1, m2 = inputs(d1=4, d2=4)
     mod = InteractiveCoAttention(4, 4, score="dot").to(DT)
-    check_against(mod(f1, f2, m1, m2), ref_interactive(mod, f1, f2, m1, m2, score="dot"))
+    check_against(
+        mod(f1, f2, mask1=m1, mask2=m2), ref_interactive(mod, f1, f2, m1, m2, score="dot")
+    )
 
 
 @pytest.mark.parametrize(
@@ -314,7 +317,7 @@ def test_parallel_matches_loops(affinity, scores, masked):
         m1 = m2 = None
     kw = {"d_w": 5} if scores == "projected" else {}
     mod = randomize(ParallelCoAttention(3, d2, affinity=affinity, scores=scores, **kw).to(DT))
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     ref = ref_parallel(mod, f1, f2, m1, m2)
     check_against(out, ref)
     # the reported affinity is the formula's, zeroed on padded pairs
@@ -333,7 +336,7 @@ def test_multi_grained_matches_loops(fine2, masked):
     if not masked:
         m1 = m2 = None
     mod = randomize(MultiGrainedCoAttention(3, 3, fine2=fine2).to(DT))
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     check_against(out, ref_mgan(mod, f1, f2, m1, m2), fine=True)
     close(out.output, torch.cat([out.c1, out.c2, out.c1_fine, out.c2_fine], -1))
     assert out.output.shape == (2, 12)
@@ -358,7 +361,7 @@ def test_max_pooled_scores_by_hand():
     mod = ParallelCoAttention(2, 2, scores="max", affinity_act="identity").to(DT)
     with torch.no_grad():
         mod.affinity.W_A.copy_(torch.eye(2))
-    out = mod(K1, K2, m1, m2)
+    out = mod(K1, K2, mask1=m1, mask2=m2)
     z1 = math.exp(2) + math.exp(3)
     close(out.a1[0], [math.exp(2) / z1, math.exp(3) / z1, 0])
     z2 = math.exp(2) + math.exp(3) + math.exp(1)
@@ -438,7 +441,9 @@ def test_gradcheck(name):
     mod = randomize(MECHANISMS[name](2).to(DT), std=0.7)
     f1.requires_grad_(True)
     f2.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda a, b: _all_outputs(mod(a, b, m1, m2)), (f1, f2))
+    assert torch.autograd.gradcheck(
+        lambda a, b: _all_outputs(mod(a, b, mask1=m1, mask2=m2)), (f1, f2)
+    )
 
 
 def test_gradcheck_affinities_including_weights():
@@ -458,11 +463,11 @@ def test_gradcheck_affinities_including_weights():
 def test_padded_positions_get_zero_weight_and_change_nothing(name):
     f1, f2, m1, m2 = inputs(n1=3, n2=4, d1=3, d2=3)
     mod = randomize(MECHANISMS[name](3).to(DT))
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     g1, g2 = f1.clone(), f2.clone()
     g1[~m1] = 1e3  # huge padded values: they would win any max and dominate any sum
     g2[~m2] = -7e2
-    out2 = mod(g1, g2, m1, m2)
+    out2 = mod(g1, g2, mask1=m1, mask2=m2)
     close(out2.output, out.output)
     for a, m in ((out.a1, m1), (out.a2, m2), (out.a1_fine, m1), (out.a2_fine, m2)):
         if a is None:
@@ -479,7 +484,7 @@ def test_fully_padded_input_gives_zero_context_and_finite_grads(name, side):
     mod = randomize(MECHANISMS[name](3).to(DT))
     f1.requires_grad_(True)
     f2.requires_grad_(True)
-    out = mod(f1, f2, m1, m2)
+    out = mod(f1, f2, mask1=m1, mask2=m2)
     c, a = (out.c1, out.a1) if side == 1 else (out.c2, out.a2)
     assert (c[0] == 0).all() and (a[0] == 0).all()
     if out.c1_fine is not None:
@@ -498,7 +503,7 @@ def test_max_scores_without_partner_give_zero_for_both_sides():
     # with max-pooled scores e1_i = max over an empty set: no score, so c1 is zero too
     f1, f2, m1, m2 = inputs(n1=3, n2=4, d1=3, d2=3)
     m2[0] = False
-    out = ParallelCoAttention(3, 3, scores="max").to(DT)(f1, f2, m1, m2)
+    out = ParallelCoAttention(3, 3, scores="max").to(DT)(f1, f2, mask1=m1, mask2=m2)
     assert (out.c1[0] == 0).all() and (out.c2[0] == 0).all()
     assert out.c1[1].abs().sum() > 0
 
@@ -512,7 +517,7 @@ def test_empty_input(name, side):
     f1.requires_grad_(True)
     f2.requires_grad_(True)
     for masks in ((None, None), (m1, m2)):
-        out = mod(f1, f2, *masks)
+        out = mod(f1, f2, mask1=masks[0], mask2=masks[1])
         assert out.a1.shape == (2, n1) and out.a2.shape == (2, n2)
         assert out.c1.shape == (2, 3) and out.c2.shape == (2, 3)
         assert (out.c1 if side == 1 else out.c2).abs().sum() == 0
@@ -634,11 +639,11 @@ def test_options_and_alignment_are_routed_by_name():
     assert mod.attend2.score.W1.weight.shape == (7, 3) and mod.attend2.score.act == "relu"
     sp = ParallelCoAttention(3, 4, align="sparsemax").to(DT)
     f1, f2, m1, m2 = inputs()
-    out = sp(f1 * 5, f2 * 5, m1, m2)
+    out = sp(f1 * 5, f2 * 5, mask1=m1, mask2=m2)
     close(out.a1.sum(-1), torch.ones(2, dtype=DT))
     assert (out.a1 >= 0).all() and (out.a2[~m2] == 0).all()
     hard = ParallelCoAttention(3, 4, align="hard", scores="max").to(DT).eval()
-    out = hard(f1, f2, m1, m2)
+    out = hard(f1, f2, mask1=m1, mask2=m2)
     assert set(L(out.a1.sum(-1))) == {1.0} and "log_prob1" in out.extras
     assert ((out.a1 == 0) | (out.a1 == 1)).all()
 
@@ -660,12 +665,12 @@ def test_registry_entry_and_config_round_trip(name):
     assert entry.formula and entry.source and entry.cost
     built = attnlab.build({"name": name, "kind": "feature", "d1": 3, "d2": 3})
     assert type(built) is NAMES[name]
-    rebuilt = attnlab.build(built.get_config())
+    rebuilt = check_rebuild(built)  # same class, config and parameter shapes
     assert type(rebuilt) is NAMES[name] and rebuilt.get_config() == built.get_config()
     rebuilt.load_state_dict(built.state_dict())
     f1, f2, m1, m2 = inputs(d1=3, d2=3)
     built, rebuilt = built.to(DT), rebuilt.to(DT)
-    close(rebuilt(f1, f2, m1, m2).output, built(f1, f2, m1, m2).output)
+    close(rebuilt(f1, f2, mask1=m1, mask2=m2).output, built(f1, f2, mask1=m1, mask2=m2).output)
     assert built.out_dim == built(f1, f2).output.shape[-1]
 
 

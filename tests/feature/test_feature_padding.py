@@ -37,7 +37,7 @@ M1, M2 = _real([5, 3], 5), _real([4, 2], 4)
 
 
 def _co_call(m, f1, f2):
-    out = m(f1, f2, M1, M2)
+    out = m(f1, f2, mask1=M1, mask2=M2)
     parts = [out.output, out.a1[M1], out.a2[M2]]
     if out.a1_fine is not None:
         parts += [out.a1_fine[M1], out.a2_fine[M2]]
@@ -87,7 +87,7 @@ def test_rotatory_padding_never_matters(cls, padding_invariant):
     ml, mt, mr = _real([5, 2], 5), _real([3, 1], 3), _real([4, 0], 4)
 
     def call(m, left, target, right):
-        return m(left, target, right, ml, mt, mr).output
+        return m(left, target, right, left_mask=ml, target_mask=mt, right_mask=mr).output
 
     padding_invariant(
         m,
@@ -111,7 +111,7 @@ def test_hierarchical_padding_never_matters(encoder, score, padding_invariant):
     )
     padding_invariant(
         m,
-        lambda m, x: m(x, mask, need_weights=True).context,
+        lambda m, x: m(x, mask=mask, need_weights=True).context,
         {"x": _x(1, 3, 3, 4)},
         {"x": ~mask[..., None]},
     )
@@ -143,7 +143,7 @@ def test_attention_via_attention_padding_never_matters(via, words, padding_invar
             q,
             chars,
             words,
-            char_mask=char_mask,
+            mask=char_mask,
             word_mask=word_mask,
             word_offsets=offsets,
             need_weights=True,
@@ -162,7 +162,7 @@ def test_meta_embedding_padding_never_matters(cls, padding_invariant):
     avail[0, 1] = False  # embedding 0 unavailable for a real token
 
     def call(m, e0, e1):
-        out = m([e0, e1], masks=[avail, None], token_mask=token_mask, need_weights=True)
+        out = m([e0, e1], masks=[avail, None], mask=token_mask, need_weights=True)
         return torch.cat([out.context[token_mask].flatten(), out.weights[token_mask].flatten()])
 
     padding_invariant(

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -141,7 +142,7 @@ def test_dme_matches_naive_loops():
 def test_dme_general_queryless_score_and_token_mask():
     model, inputs, masks, avail, vectors = setup_three(seed=1, act="tanh", d_w=2)
     token_mask = torch.tensor([[True, True, True, True], [True, False, True, True]])
-    out = model(inputs, masks=masks, token_mask=token_mask, need_weights=True)
+    out = model(inputs, masks=masks, mask=token_mask, need_weights=True)
     ctx, w = naive_meta(model, vectors, avail & token_mask[..., None], act="tanh")
     torch.testing.assert_close(out.context, ctx, atol=1e-10, rtol=1e-9)
     torch.testing.assert_close(out.weights, w, atol=1e-10, rtol=1e-9)
@@ -234,7 +235,7 @@ def test_tables_trainable_or_frozen():
 def test_cdme_matches_naive_loops():
     model, inputs, masks, avail, vectors = setup_three(seed=4, cls=CDME, lstm_hidden=2)
     token_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
-    out = model(inputs, masks=masks, token_mask=token_mask, need_weights=True)
+    out = model(inputs, masks=masks, mask=token_mask, need_weights=True)
     ctx, w = naive_meta(
         model, vectors, avail & token_mask[..., None], contextual=True, token_mask=token_mask
     )
@@ -262,7 +263,7 @@ def test_cdme_gradcheck():
     x1 = torch.randn(2, 3, 3, generator=g, dtype=D64, requires_grad=True)
     m0 = torch.tensor([[True, False, True], [False, False, True]])
     tm = torch.tensor([[True, True, True], [True, True, False]])
-    f = lambda a, b: model([a, b], masks=[m0, None], token_mask=tm).context  # noqa: E731
+    f = lambda a, b: model([a, b], masks=[m0, None], mask=tm).context  # noqa: E731
     assert torch.autograd.gradcheck(f, (x0, x1))
 
 
@@ -297,7 +298,7 @@ def test_bad_inputs_name_argument_and_shape():
     with pytest.raises(
         ValueError, match=r"token_mask has shape \(2,\), expected bool \[B, n\] = \[1, 2\]"
     ):
-        model([ids, vec], token_mask=torch.ones(2, dtype=torch.bool))
+        model([ids, vec], mask=torch.ones(2, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"inputs\[0\] has dtype torch\.bool"):
         model([ids.bool(), vec])
     with pytest.raises(ValueError, match=r"embeddings\[0\] is str"):
@@ -316,9 +317,8 @@ def test_registry_and_config_roundtrip():
         CDME([(5, 3), (7, 2)], 4, lstm_hidden=3, oov_index=0),
     ):
         cfg = model.get_config()
-        rebuilt = attnlab.build(cfg)
+        rebuilt = check_rebuild(model)  # same class, config and parameter shapes
         assert type(rebuilt) is type(model) and cfg["name"] == model.registry_name
-        assert [p.shape for p in rebuilt.parameters()] == [p.shape for p in model.parameters()]
     built = attnlab.build(
         {"name": "dme", "kind": "feature", "embeddings": [3, (10, 2)], "d_proj": 5}
     )

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -258,7 +259,7 @@ def test_han_two_levels_matches_naive_loops():
     han = HierarchicalAttention(3, levels=2, d_w=4).double()
     x, m = pad_hierarchy(ragged_docs())
     x = x + 5.0 * (~m)[..., None]  # garbage in the padding must not leak
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     ref_ctx, ref_w = naive_han(han, x, m)
     torch.testing.assert_close(out.context, ref_ctx, atol=1e-10, rtol=1e-9)
     assert [w.shape for w in out.weights] == [(3, 3, 4), (3, 3)]
@@ -275,7 +276,7 @@ def test_han_three_levels_matches_naive_loops():
     batch = [[[r(2), r(1)], [r(0)], [r(3), r(2), r(1)]], [[r(1)]]]
     x, m = pad_hierarchy(batch)
     han = HierarchicalAttention(2, levels=3).double()
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     ref_ctx, ref_w = naive_han(han, x, m)
     torch.testing.assert_close(out.context, ref_ctx, atol=1e-10, rtol=1e-9)
     assert [w.shape for w in out.weights] == [x.shape[:-1], x.shape[:-2], x.shape[:-3]]
@@ -293,7 +294,7 @@ def test_han_query_taking_score_uses_learned_query():
         q = han.queries[level]
         return sum(q[i].item() * h[i].item() for i in range(3))
 
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     ref_ctx, ref_w = naive_han(han, x, m, score_fn=dot)
     torch.testing.assert_close(out.context, ref_ctx, atol=1e-10, rtol=1e-9)
     check_weights(out.weights, ref_w, 2)
@@ -308,7 +309,7 @@ def test_han_gradcheck(encoder):
     x, m = pad_hierarchy(docs)
     x = torch.cat([x, torch.randn(1, *x.shape[1:], generator=g, dtype=D64)]).requires_grad_()
     m = torch.cat([m, torch.ones(1, *m.shape[1:], dtype=torch.bool)])
-    assert torch.autograd.gradcheck(lambda t: han(t, m).context, (x,))
+    assert torch.autograd.gradcheck(lambda t: han(t, mask=m).context, (x,))
 
 
 def test_han_empty_units_give_zero_and_finite_grads():
@@ -317,7 +318,7 @@ def test_han_empty_units_give_zero_and_finite_grads():
     x = torch.randn(2, 3, 4, 3, requires_grad=True)
     m = torch.zeros(2, 3, 4, dtype=torch.bool)
     m[0, 1, :2] = True  # doc 0: only sentence 1 has words; doc 1: no words at all
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     assert torch.count_nonzero(out.context[1]) == 0
     assert torch.equal(out.weights[1][0], torch.tensor([0.0, 1.0, 0.0]))
     assert (
@@ -333,7 +334,7 @@ def test_han_empty_units_give_zero_and_finite_grads():
 def test_han_all_documents_empty():
     han = HierarchicalAttention(3, levels=2)
     x, m = pad_hierarchy([[], []], levels=2, d=3)
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     assert out.context.shape == (2, 3) and torch.count_nonzero(out.context) == 0
     assert out.weights[1].shape == (2, 0)
 
@@ -344,10 +345,10 @@ def test_han_batch_equals_per_example(encoder):
     han = HierarchicalAttention(3, levels=2, encoder=encoder, encoder_hidden=2).double()
     docs = [*ragged_docs(7), [torch.randn(1, 3, dtype=D64)] * 4]
     x, m = pad_hierarchy(docs)
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     for b, doc in enumerate(docs):
         xb, mb = pad_hierarchy([doc], levels=2, d=3, dtype=D64)
-        ob = han(xb, mb, need_weights=True)
+        ob = han(xb, mask=mb, need_weights=True)
         torch.testing.assert_close(out.context[b], ob.context[0])
         s, t = mb.shape[1], mb.shape[2]
         torch.testing.assert_close(out.weights[0][b, :s, :t], ob.weights[0][0])
@@ -363,7 +364,7 @@ def test_han_has_no_python_loop_over_the_batch(levels):
     for B in (1, 9):
         calls.clear()
         shape = (B, *([3] * levels))
-        han(torch.randn(*shape, 3), torch.rand(shape) > 0.3)
+        han(torch.randn(*shape, 3), mask=torch.rand(shape) > 0.3)
         assert len(calls) == levels  # one attention call per level, whatever the batch
         assert calls[0] == B * 3 ** (levels - 1)  # level 1 sees every lowest unit at once
 
@@ -379,7 +380,7 @@ def test_han_encoder_factory_and_list():
 
     han = HierarchicalAttention(3, levels=2, encoder=factory)
     assert made == [(1, 3), (2, 4)] and han.out_dim == 5
-    out = han(torch.randn(2, 2, 3, 3), torch.ones(2, 2, 3, dtype=torch.bool))
+    out = han(torch.randn(2, 2, 3, 3), mask=torch.ones(2, 2, 3, dtype=torch.bool))
     assert out.context.shape == (2, 5)
     han = HierarchicalAttention(3, levels=2, encoder=["bigru", None], encoder_hidden=4)
     assert han.dims == [8, 8]
@@ -404,9 +405,9 @@ def test_han_bad_inputs_name_argument_and_shape():
     with pytest.raises(
         ValueError, match=r"mask has shape \(2, 4\), expected \[B, n_1, n_2\] = \[2, 4, 5\]"
     ):
-        han(torch.randn(2, 4, 5, 3), torch.ones(2, 4, dtype=torch.bool))
+        han(torch.randn(2, 4, 5, 3), mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"mask has dtype torch\.float32"):
-        han(torch.randn(2, 4, 5, 3), torch.ones(2, 4, 5))
+        han(torch.randn(2, 4, 5, 3), mask=torch.ones(2, 4, 5))
     with pytest.raises(TypeError, match=r"x has dtype torch\.int64"):
         han(torch.ones(2, 4, 5, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="levels must be an int >= 1"):
@@ -420,7 +421,7 @@ def test_han_bad_inputs_name_argument_and_shape():
 def test_han_pluggable_alignment():
     han = HierarchicalAttention(3, levels=2, align="sparsemax")
     x, m = pad_hierarchy([[torch.randn(4, 3), torch.randn(2, 3)]])
-    out = han(x, m, need_weights=True)
+    out = han(x, mask=m, need_weights=True)
     torch.testing.assert_close(out.weights[0][0].sum(-1), torch.ones(2))
     assert (out.weights[0][~m] == 0).all()
 
@@ -430,9 +431,8 @@ def test_han_registry_and_config_roundtrip():
     han = HierarchicalAttention(4, levels=3, encoder="bigru", encoder_hidden=2, d_w=5)
     cfg = han.get_config()
     assert cfg["name"] == "hierarchical-attention" and cfg["kind"] == "feature"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(han, levels=3)  # same class, config and parameter shapes
     assert isinstance(rebuilt, HierarchicalAttention) and rebuilt.levels == 3
-    assert [p.shape for p in rebuilt.parameters()] == [p.shape for p in han.parameters()]
     assert isinstance(
         attnlab.build({"name": "han", "kind": "feature", "d_in": 2}), HierarchicalAttention
     )
@@ -520,7 +520,7 @@ def test_ava_matches_naive_loops(via, n_q):
     torch.manual_seed(0)
     ava = AttentionViaAttention(3, 2, 2, via=via, d_w=4).double()
     q, chars, words, M, wm, cm = ava_inputs(n_q=n_q)
-    out = ava(q, chars, words, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    out = ava(q, chars, words, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     ctx, a_w, a_c = naive_ava(ava, q, chars, words, M, wm, cm, via=via)
     torch.testing.assert_close(out.context, ctx, atol=1e-10, rtol=1e-9)
     torch.testing.assert_close(out.extras["word_weights"], a_w, atol=1e-10, rtol=1e-9)
@@ -533,7 +533,7 @@ def test_ava_mixture_weight_structure():
     torch.manual_seed(1)
     ava = AttentionViaAttention(3, 2, 2).double()
     q, chars, words, M, wm, cm = ava_inputs(seed=2)
-    out = ava(q, chars, words, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    out = ava(q, chars, words, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     a_w, a_c = out.extras["word_weights"], out.weights
     # each word's characters share exactly the word's weight; spaces / padding get 0
     torch.testing.assert_close(torch.einsum("bwc,bc->bw", M.double(), a_c), a_w)
@@ -546,7 +546,7 @@ def test_ava_key_and_value_projections():
     ava = AttentionViaAttention(3, 2, 2, key_dim=4, value_dim=5).double()
     assert ava.out_dim == 10
     q, chars, words, M, wm, cm = ava_inputs()
-    out = ava(q, chars, words, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    out = ava(q, chars, words, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     assert out.context.shape == (2, 10)
     values = ava.char_attn.value_proj(chars)
     torch.testing.assert_close(
@@ -563,7 +563,7 @@ def test_ava_sparse_char_alignment_matches_naive():
     q, chars, words, M, wm, cm = ava_inputs(seed=4)
     with torch.no_grad():  # large scores so that sparsemax zeros some characters
         ava.char_attn.score.w.mul_(6.0)
-    out = ava(q, chars, words, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    out = ava(q, chars, words, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     ctx, _, a_c = naive_ava(ava, q, chars, words, M, wm, cm, char_norm=naive_sparsemax)
     torch.testing.assert_close(out.weights, a_c, atol=1e-10, rtol=1e-9)
     torch.testing.assert_close(out.context, ctx, atol=1e-10, rtol=1e-9)
@@ -578,8 +578,8 @@ def test_ava_offsets_equal_mask_form():
     M = torch.zeros(2, 3, 7, dtype=torch.bool)
     M[0, 0, :2] = M[0, 1, 2:4] = M[0, 2, 4:] = True
     M[1, 0, :4] = M[1, 1, 4:6] = True
-    a = ava(q, chars, words, char_mask=cm, word_mask=wm, word_offsets=offsets, need_weights=True)
-    b = ava(q, chars, words, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    a = ava(q, chars, words, mask=cm, word_mask=wm, word_offsets=offsets, need_weights=True)
+    b = ava(q, chars, words, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     torch.testing.assert_close(a.context, b.context)
     torch.testing.assert_close(a.weights, b.weights)
 
@@ -620,7 +620,7 @@ def test_char_word_map_errors():
 def test_ava_word_features_built_from_characters():
     ava = AttentionViaAttention(3, 2, via="query").double()
     q, chars, _, M, wm, cm = ava_inputs()
-    out = ava(q, chars, char_mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
+    out = ava(q, chars, mask=cm, word_mask=wm, char_to_word=M, need_weights=True)
     words = torch.zeros(2, 3, 2, dtype=D64)
     for b in range(2):
         for j in range(3):
@@ -637,7 +637,7 @@ def test_ava_gradcheck(via):
     ava = AttentionViaAttention(3, 2, 2, via=via).double()
     q, chars, words, M, wm, cm = ava_inputs(n_q=2)
     ins = tuple(t.clone().requires_grad_() for t in (q, chars, words))
-    f = lambda a, b, c: ava(a, b, c, char_mask=cm, word_mask=wm, char_to_word=M).context  # noqa: E731
+    f = lambda a, b, c: ava(a, b, c, mask=cm, word_mask=wm, char_to_word=M).context  # noqa: E731
     assert torch.autograd.gradcheck(f, ins)
 
 
@@ -690,7 +690,7 @@ def test_ava_bad_inputs_name_argument_and_shape():
     with pytest.raises(
         ValueError, match=r"char_mask has shape \(2, 4\), expected \[B, n_c\] = \[2, 5\]"
     ):
-        ava(q, chars, words, word_offsets=off, char_mask=torch.ones(2, 4, dtype=torch.bool))
+        ava(q, chars, words, word_offsets=off, mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(
         ValueError, match=r"word_offsets has shape \(2, 2\), expected \[B, n_w\] = \[2, 3\]"
     ):
@@ -706,9 +706,8 @@ def test_ava_bad_inputs_name_argument_and_shape():
 def test_ava_registry_and_config_roundtrip():
     assert "attention-via-attention" in attnlab.registry.names("feature")
     ava = AttentionViaAttention(3, 2, 4, d_w=5, via="query")
-    rebuilt = attnlab.build(ava.get_config())
+    rebuilt = check_rebuild(ava, via="query")  # same class, config and parameter shapes
     assert isinstance(rebuilt, AttentionViaAttention) and rebuilt.via == "query"
-    assert [p.shape for p in rebuilt.parameters()] == [p.shape for p in ava.parameters()]
 
 
 # ----------------------------------------------------------------------------- learning
@@ -763,7 +762,7 @@ class _HanModel(nn.Module):
         self.out = nn.Linear(d, 2)
 
     def forward(self, tok, mask):
-        return self.out(self.han(self.emb(tok), mask).context)
+        return self.out(self.han(self.emb(tok), mask=mask).context)
 
 
 class _MeanPoolModel(nn.Module):
@@ -832,7 +831,7 @@ class _AvAModel(nn.Module):
         self.out = nn.Linear(2 * d, 2)
 
     def forward(self, q, chars, wid, offsets, cmask):
-        out = self.ava(self.q(q), self.c(chars), self.w(wid), char_mask=cmask, word_offsets=offsets)
+        out = self.ava(self.q(q), self.c(chars), self.w(wid), mask=cmask, word_offsets=offsets)
         return self.out(out.context)
 
 

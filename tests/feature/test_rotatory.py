@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -72,7 +73,7 @@ def test_matches_naive_rotation(hops, share):
     for p in model.parameters():
         nn.init.normal_(p, std=0.7)
     left, target, right, lm, tm, rm = _inputs()
-    out = model(left, target, right, lm, tm, rm)
+    out = model(left, target, right, left_mask=lm, target_mask=tm, right_mask=rm)
     r_tl = r_tr = _naive_mean(target, tm)
     for s in range(hops):
         rot = model.rotations[s % len(model.rotations)]
@@ -130,7 +131,9 @@ def test_empty_target():
     model = RotatoryAttention(3, 2)
     left, target, right, lm, tm, rm = _inputs()
     tm = torch.zeros_like(tm)
-    out = model(left.float(), target.float(), right.float(), lm, tm, rm)
+    out = model(
+        left.float(), target.float(), right.float(), left_mask=lm, target_mask=tm, right_mask=rm
+    )
     assert torch.isfinite(out.output).all()
     assert torch.equal(out.target_left, torch.zeros(2, 2))
 
@@ -141,7 +144,10 @@ def test_gradcheck():
     left, target, right, lm, tm, rm = _inputs()
     args = [t.clone().requires_grad_() for t in (left, target, right)]
     assert torch.autograd.gradcheck(
-        lambda a, b, c: model(a, b, c, lm, tm, rm).output, args, eps=1e-6, atol=1e-5
+        lambda a, b, c: model(a, b, c, left_mask=lm, target_mask=tm, right_mask=rm).output,
+        args,
+        eps=1e-6,
+        atol=1e-5,
     )
 
 
@@ -150,11 +156,15 @@ def test_pluggable_score_and_registry_roundtrip():
     assert model.rotations[0].left.score.W1.weight.shape == (5, 4)
     cfg = model.get_config()
     assert cfg["name"] == "lcr-rot-hop" and cfg["kind"] == "feature"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(model)  # same class, config and parameter shapes
     rebuilt.load_state_dict(model.state_dict())
     left, target, right, lm, tm, rm = _inputs(d_c=4, d_t=4)
-    a = model(left.float(), target.float(), right.float(), lm, tm, rm).output
-    b = rebuilt(left.float(), target.float(), right.float(), lm, tm, rm).output
+    a = model(
+        left.float(), target.float(), right.float(), left_mask=lm, target_mask=tm, right_mask=rm
+    ).output
+    b = rebuilt(
+        left.float(), target.float(), right.float(), left_mask=lm, target_mask=tm, right_mask=rm
+    ).output
     torch.testing.assert_close(a, b)
     assert isinstance(attnlab.build({"name": "rotatory", "d_c": 4}), RotatoryAttention)
 
@@ -239,7 +249,7 @@ class _RotModel(nn.Module):
     def forward(self, tokens, split):
         feats, target, lm, rm = self.features(tokens, split)
         # the left and right contexts are the sentence with the other side masked out
-        return self.out(self.rot(feats, target, feats, lm, None, rm).output)
+        return self.out(self.rot(feats, target, feats, left_mask=lm, right_mask=rm).output)
 
 
 class _MeanModel(nn.Module):

@@ -10,6 +10,11 @@ context vectors ``c1`` ``[B, d1]`` and ``c2`` ``[B, d2]``, both weight sets ``a1
 to its output model. The features are the keys and the values (``c1 = sum_i a1_i f1_i``);
 project them beforehand if a model needs ``W_K F`` / ``W_V F``.
 
+Call (the library's convention): ``module(query, key, *, mask1=None, mask2=None,
+need_weights=False)`` with ``query`` = ``F1`` and ``key`` = ``F2`` (called ``f1``/``f2`` in
+error messages); ``value`` and the single ``mask`` are not taken. The old form
+``module(f1, f2, mask1, mask2)`` still works for one release with a ``DeprecationWarning``.
+
 | name | what guides the attention over one input | source |
 | --- | --- | --- |
 | ``alternating-co-attention`` (coarse) | query-less over F1 -> c0; F2 with query c0 -> c2; F1 with query c2 -> c1 | Lu et al. 2016 (HieCoAtt) |
@@ -32,19 +37,27 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab.feature._convention import (
+    is_mask,
+    positive_int,
+    reject,
+    take_positional_masks,
+    take_renamed,
+)
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import clear_nonfinite_rows, zero_rows
 from attnlab.masks import fill_value
+from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -64,17 +77,21 @@ __all__ = [
 # ----------------------------------------------------------------------------- output
 
 
-@dataclass
-class CoAttentionOutput:
-    """Result of a co-attention call.
+@dataclass(kw_only=True)
+class CoAttentionOutput(AttentionOutput):
+    """Result of a co-attention call: an :class:`~attnlab.output.AttentionOutput` whose
+    ``context`` is the concatenation the paper feeds to its output model, with both
+    inputs' contexts and weights as fields of their own.
 
     Attributes:
-        output: what the paper feeds to its output model: ``concat(c1, c2)``
-            ``[B, d1 + d2]`` (multi-grained: ``concat(c1, c2, c1_fine, c2_fine)``
-            ``[B, 2 (d1 + d2)]``).
+        context (also ``output``, its old name): ``concat(c1, c2)`` ``[B, d1 + d2]``
+            (multi-grained: ``concat(c1, c2, c1_fine, c2_fine)`` ``[B, 2 (d1 + d2)]``).
+        weights: with ``need_weights=True`` the weights in the same order,
+            ``concat(a1, a2)`` ``[B, n1 + n2]`` (multi-grained: ``concat(a1, a2, a1_fine,
+            a2_fine)`` ``[B, 2 (n1 + n2)]``); else ``None``.
         c1, c2: the context vectors of the two inputs, ``[B, d1]`` and ``[B, d2]``
             (multi-grained: the coarse ones).
-        a1, a2: their attention weights, ``[B, n1]`` and ``[B, n2]``.
+        a1, a2: their attention weights, ``[B, n1]`` and ``[B, n2]`` (always set).
         c1_fine, c2_fine, a1_fine, a2_fine: the fine-grained contexts and weights of
             multi-grained co-attention (``None`` for the other mechanisms).
         extras: intermediate results, e.g. ``"c0"``/``"a0"`` (alternating),
@@ -83,7 +100,6 @@ class CoAttentionOutput:
             stochastic alignment.
     """
 
-    output: Tensor
     c1: Tensor
     c2: Tensor
     a1: Tensor
@@ -92,7 +108,11 @@ class CoAttentionOutput:
     c2_fine: Tensor | None = None
     a1_fine: Tensor | None = None
     a2_fine: Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output(self) -> Tensor:
+        """``context`` under its old name."""
+        return self.context
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -159,12 +179,6 @@ def _clear_padding(
     with ``where`` before anything is computed from them (their finite values are kept, so
     the per-position extras such as the scores of padded positions are unchanged)."""
     return clear_nonfinite_rows(f1, mask1), clear_nonfinite_rows(f2, mask2)
-
-
-def _positive_int(value: object, name: str, owner: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{owner}: {name} must be a positive int, got {value!r}")
-    return value
 
 
 def _takes(kind: str, name: object) -> set[str]:
@@ -327,8 +341,8 @@ class CoAttentionAffinity(nn.Module):
 
     def __init__(self, d1: int, d2: int, form: str = "bilinear", act: str | None = None) -> None:
         super().__init__()
-        d1 = _positive_int(d1, "d1", "CoAttentionAffinity")
-        d2 = _positive_int(d2, "d2", "CoAttentionAffinity")
+        d1 = positive_int(d1, "d1", "CoAttentionAffinity")
+        d2 = positive_int(d2, "d2", "CoAttentionAffinity")
         if form not in ("bilinear", "concat"):
             raise ConfigError(f"affinity must be 'bilinear' or 'concat', got {form!r}")
         self.form = form
@@ -352,6 +366,86 @@ class CoAttentionAffinity(nn.Module):
         return trilinear_affinity(k1, k2, self.w_A, self.act)
 
 
+# ----------------------------------------------------------------------------- the call
+
+
+def _pair_output(
+    c1: Tensor, c2: Tensor, a1: Tensor, a2: Tensor, extras: dict[str, Any]
+) -> CoAttentionOutput:
+    return CoAttentionOutput(torch.cat([c1, c2], dim=-1), c1=c1, c2=c2, a1=a1, a2=a2, extras=extras)
+
+
+def _log_probs(extras: dict[str, Any], outs: dict[str, AttentionOutput]) -> dict[str, Any]:
+    """``extras`` with ``"log_prob<side>"`` for every attention that sampled."""
+    for side, out in outs.items():
+        if out.log_prob is not None:
+            extras["log_prob" + side] = out.log_prob
+    return extras
+
+
+class _CoAttention(Configurable):
+    """The call every co-attention module shares; subclasses define :meth:`attend` on
+    checked inputs whose padding is cleared."""
+
+    def __init__(self, d1: int, d2: int) -> None:
+        super().__init__()
+        self.d1 = positive_int(d1, "d1", type(self).__name__)
+        self.d2 = positive_int(d2, "d2", type(self).__name__)
+
+    @property
+    def out_dim(self) -> int:
+        return self.d1 + self.d2
+
+    def forward(
+        self,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *legacy_masks: Tensor | None,
+        mask: Tensor | None = None,
+        mask1: Tensor | None = None,
+        mask2: Tensor | None = None,
+        need_weights: bool = False,
+        **deprecated_names: Any,
+    ) -> CoAttentionOutput:
+        """Co-attend ``query`` (``F1`` ``[B, n1, d1]``, named ``f1`` in messages) and
+        ``key`` (``F2`` ``[B, n2, d2]``, ``f2``), with the key masks ``mask1=`` ``[B, n1]``
+        and ``mask2=`` ``[B, n2]`` (bool, True = real). The features are their own values,
+        so ``value`` and the single ``mask`` are not taken. ``need_weights=True`` fills
+        ``weights`` (``a1``, ``a2`` are always set).
+
+        Deprecated for one release (``DeprecationWarning``): ``f1=``/``f2=`` and the masks
+        given positionally, ``module(f1, f2, mask1, mask2)``."""
+        owner = type(self).__name__
+        args = take_renamed(
+            owner,
+            deprecated_names,
+            {"f1": "query", "f2": "key"},
+            {"query": query, "key": key, "mask1": mask1, "mask2": mask2},
+        )
+        if legacy_masks or is_mask(value):
+            args = take_positional_masks(owner, value, legacy_masks, ("mask1", "mask2"), args)
+        else:
+            reject(owner, "value", value, "the features are their own values (give F2 as key)")
+        reject(owner, "mask", mask, "give one mask per input, mask1= and mask2=")
+        if args["query"] is None or args["key"] is None:
+            raise TypeError(f"{owner}.forward() needs both inputs: query (F1) and key (F2)")
+        f1, f2, m1, m2 = _check_pair(
+            self, args["query"], args["key"], args["mask1"], args["mask2"], self.d1, self.d2
+        )
+        f1, f2 = _clear_padding(f1, f2, m1, m2)
+        out = self.attend(f1, f2, m1, m2)
+        if need_weights:
+            parts = [out.a1, out.a2, out.a1_fine, out.a2_fine]
+            out.weights = torch.cat([a for a in parts if a is not None], dim=-1)
+        return out
+
+    def attend(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
+    ) -> CoAttentionOutput:
+        raise NotImplementedError
+
+
 # ----------------------------------------------------------------------------- coarse
 
 
@@ -363,7 +457,7 @@ class CoAttentionAffinity(nn.Module):
     cost="three sequential attentions: O(B (2 n1 + n2) d_w (d1 + d2)) time for the additive score",
     aliases=("alternating", "hiecoatt-alternating"),
 )
-class AlternatingCoAttention(Configurable):
+class AlternatingCoAttention(_CoAttention):
     """Alternating co-attention (Lu et al. 2016, HieCoAtt), coarse-grained.
 
     ::
@@ -405,9 +499,7 @@ class AlternatingCoAttention(Configurable):
         align: str | Alignment = "soft",
         **options: Any,
     ) -> None:
-        super().__init__()
-        self.d1 = _positive_int(d1, "d1", "AlternatingCoAttention")
-        self.d2 = _positive_int(d2, "d2", "AlternatingCoAttention")
+        super().__init__(d1, d2)
         for name, value in (("score", score), ("first_score", first_score)):
             if not isinstance(value, str):
                 raise ConfigError(
@@ -430,30 +522,16 @@ class AlternatingCoAttention(Configurable):
         self.attend2 = Attention(score, align, d_q=d1, d_k=d2, **o2)
         self.attend1 = Attention(score, align, d_q=d2, d_k=d1, **o1)
 
-    @property
-    def out_dim(self) -> int:
-        return self.d1 + self.d2
-
-    def forward(
-        self,
-        f1: Tensor,
-        f2: Tensor,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
+    def attend(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
-        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         out0 = self.attend0(None, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(out0.context, f2, mask=mask2, need_weights=True)
         out1 = self.attend1(out2.context, f1, mask=mask1, need_weights=True)
-        extras: dict[str, Any] = {"c0": out0.context, "a0": out0.weights}
-        for key, out in (("log_prob0", out0), ("log_prob2", out2), ("log_prob1", out1)):
-            if out.log_prob is not None:
-                extras[key] = out.log_prob
-        c1, c2 = out1.context, out2.context
-        return CoAttentionOutput(
-            torch.cat([c1, c2], dim=-1), c1, c2, out1.weights, out2.weights, extras=extras
+        extras = _log_probs(
+            {"c0": out0.context, "a0": out0.weights}, {"0": out0, "2": out2, "1": out1}
         )
+        return _pair_output(out1.context, out2.context, out1.weights, out2.weights, extras)
 
 
 @register(
@@ -464,7 +542,7 @@ class AlternatingCoAttention(Configurable):
     cost="two parallel attentions: O(B (n1 + n2) d1 d2) time for the activated general score",
     aliases=("interactive", "ian"),
 )
-class InteractiveCoAttention(Configurable):
+class InteractiveCoAttention(_CoAttention):
     """Interactive co-attention (Ma et al. 2017, IAN), coarse-grained.
 
     ::
@@ -502,9 +580,7 @@ class InteractiveCoAttention(Configurable):
         align: str | Alignment = "soft",
         **options: Any,
     ) -> None:
-        super().__init__()
-        self.d1 = _positive_int(d1, "d1", "InteractiveCoAttention")
-        self.d2 = _positive_int(d2, "d2", "InteractiveCoAttention")
+        super().__init__(d1, d2)
         if not isinstance(score, str):
             raise ConfigError(
                 "InteractiveCoAttention: score must be a registered score name, got "
@@ -514,30 +590,14 @@ class InteractiveCoAttention(Configurable):
         self.attend1 = Attention(score, align, d_q=d2, d_k=d1, **o1)
         self.attend2 = Attention(score, align, d_q=d1, d_k=d2, **o2)
 
-    @property
-    def out_dim(self) -> int:
-        return self.d1 + self.d2
-
-    def forward(
-        self,
-        f1: Tensor,
-        f2: Tensor,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
+    def attend(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
-        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         kbar1, kbar2 = masked_mean(f1, mask1), masked_mean(f2, mask2)
         out1 = self.attend1(kbar2, f1, mask=mask1, need_weights=True)
         out2 = self.attend2(kbar1, f2, mask=mask2, need_weights=True)
-        extras: dict[str, Any] = {"query1": kbar2, "query2": kbar1}
-        for key, out in (("log_prob1", out1), ("log_prob2", out2)):
-            if out.log_prob is not None:
-                extras[key] = out.log_prob
-        c1, c2 = out1.context, out2.context
-        return CoAttentionOutput(
-            torch.cat([c1, c2], dim=-1), c1, c2, out1.weights, out2.weights, extras=extras
-        )
+        extras = _log_probs({"query1": kbar2, "query2": kbar1}, {"1": out1, "2": out2})
+        return _pair_output(out1.context, out2.context, out1.weights, out2.weights, extras)
 
 
 # ----------------------------------------------------------------------------- fine
@@ -551,7 +611,7 @@ class InteractiveCoAttention(Configurable):
     cost="O(B n1 n2 (d + d_w)) time, O(B n1 n2 + B (n1 + n2) d_w) memory; never [B, n1, n2, 3d]",
     aliases=("parallel", "hiecoatt-parallel"),
 )
-class ParallelCoAttention(Configurable):
+class ParallelCoAttention(_CoAttention):
     """Parallel co-attention (Lu et al. 2016; Seo et al. 2017), fine-grained.
 
     Affinity ``A`` ``[B, n1, n2]`` between every pair of keys (:class:`CoAttentionAffinity`):
@@ -609,15 +669,13 @@ class ParallelCoAttention(Configurable):
         align: str | Alignment = "soft",
         **options: Any,
     ) -> None:
-        super().__init__()
-        self.d1 = _positive_int(d1, "d1", "ParallelCoAttention")
-        self.d2 = _positive_int(d2, "d2", "ParallelCoAttention")
+        super().__init__(d1, d2)
         if scores not in ("projected", "max"):
             raise ConfigError(f"scores must be 'projected' or 'max', got {scores!r}")
         self.scores = scores
         self.affinity = CoAttentionAffinity(d1, d2, affinity, affinity_act)
         if scores == "projected":
-            d_w = max(d1, d2) if d_w is None else _positive_int(d_w, "d_w", "ParallelCoAttention")
+            d_w = max(d1, d2) if d_w is None else positive_int(d_w, "d_w", "ParallelCoAttention")
             get_activation(act)
             self.act = act
             self.W1 = nn.Linear(d1, d_w, bias=False)
@@ -634,10 +692,6 @@ class ParallelCoAttention(Configurable):
             else _make_align(align, d2, "ParallelCoAttention", options)
         )
 
-    @property
-    def out_dim(self) -> int:
-        return self.d1 + self.d2
-
     def scores_from_affinity(
         self, A: Tensor, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
@@ -650,15 +704,9 @@ class ParallelCoAttention(Configurable):
         h2 = get_activation(self.act)(A.transpose(1, 2) @ p1 + p2)
         return h1 @ self.w1, h2 @ self.w2, mask1, mask2
 
-    def forward(
-        self,
-        f1: Tensor,
-        f2: Tensor,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
+    def attend(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
-        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
         A = _masked_affinity(self.affinity(f1, f2), mask1, mask2)
         e1, e2, ok1, ok2 = self.scores_from_affinity(A, f1, f2, mask1, mask2)
         a1, al1 = _align_vector(self.align1, e1, ok1, f1)
@@ -668,7 +716,7 @@ class ParallelCoAttention(Configurable):
         extras: dict[str, Any] = {"affinity": A, "e1": e1, "e2": e2}
         _stochastic_extras(extras, al1, "1")
         _stochastic_extras(extras, al2, "2")
-        return CoAttentionOutput(torch.cat([c1, c2], dim=-1), c1, c2, a1, a2, extras=extras)
+        return _pair_output(c1, c2, a1, a2, extras)
 
 
 def _masked_affinity(A: Tensor, mask1: Tensor | None, mask2: Tensor | None) -> Tensor:
@@ -700,7 +748,7 @@ def _stochastic_extras(extras: dict[str, Any], aligned: Aligned, side: str) -> N
     cost="O(B (n1 + n2) d1 d2 + B n1 n2 d) time, O(B n1 n2) memory; never [B, n1, n2, 3d]",
     aliases=("multi-grained", "mgan"),
 )
-class MultiGrainedCoAttention(Configurable):
+class MultiGrainedCoAttention(_CoAttention):
     """Multi-grained co-attention (Fan et al. 2018, MGAN): coarse and fine co-attention
     together, four context vectors.
 
@@ -755,9 +803,7 @@ class MultiGrainedCoAttention(Configurable):
         align: str | Alignment = "soft",
         **options: Any,
     ) -> None:
-        super().__init__()
-        self.d1 = _positive_int(d1, "d1", "MultiGrainedCoAttention")
-        self.d2 = _positive_int(d2, "d2", "MultiGrainedCoAttention")
+        super().__init__(d1, d2)
         if fine2 not in ("max", "row-mean"):
             raise ConfigError(f"fine2 must be 'max' or 'row-mean', got {fine2!r}")
         self.fine2 = fine2
@@ -772,56 +818,57 @@ class MultiGrainedCoAttention(Configurable):
     def out_dim(self) -> int:
         return 2 * (self.d1 + self.d2)
 
-    def forward(
-        self,
-        f1: Tensor,
-        f2: Tensor,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
+    def attend(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None, mask2: Tensor | None
     ) -> CoAttentionOutput:
-        f1, f2, mask1, mask2 = _check_pair(self, f1, f2, mask1, mask2, self.d1, self.d2)
-        f1, f2 = _clear_padding(f1, f2, mask1, mask2)
-        coarse = self.coarse(f1, f2, mask1, mask2)
+        coarse = self.coarse.attend(f1, f2, mask1, mask2)
         extras: dict[str, Any] = {
             "coarse_" + k: v for k, v in coarse.extras.items() if k.startswith("query")
         }
         if self.fine2 == "max":
-            fine = self.fine(f1, f2, mask1, mask2)
-            c1f, c2f, a1f, a2f = fine.c1, fine.c2, fine.a1, fine.a2
+            fine = self.fine.attend(f1, f2, mask1, mask2)
             extras.update(fine.extras)
+            c1f, c2f, a1f, a2f = fine.c1, fine.c2, fine.a1, fine.a2
         else:
-            A = _masked_affinity(self.fine.affinity(f1, f2), mask1, mask2)
-            e1, _, ok1, _ = max_pooled_scores(A, mask1, mask2)
-            a1f, al1 = _align_vector(self.fine.align1, e1, ok1, f1)
-            rows: Aligned = self.fine.align2(
-                A, None if mask2 is None else mask2.unsqueeze(1), keys=f2
-            )
-            P = rows.weights  # [B, n1, n2]
-            if mask1 is not None:
-                P = torch.where(mask1.unsqueeze(2), P, P.new_zeros(()))
-            n_real = (
-                P.new_full((P.shape[0], 1), float(P.shape[1]))
-                if mask1 is None
-                else mask1.sum(1, keepdim=True).to(P.dtype)
-            )
-            a2f = P.sum(1) / n_real.clamp(min=1)
-            c1f = combine_single(a1f.unsqueeze(1), f1).squeeze(1)
-            c2f = combine_single(a2f.unsqueeze(1), f2).squeeze(1)
-            extras.update({"affinity": A, "e1": e1, "fine_rows": P})
-            _stochastic_extras(extras, al1, "1")
+            c1f, c2f, a1f, a2f = self._row_mean(f1, f2, mask1, mask2, extras)
         for key in ("log_prob1", "log_prob2"):
             if key in coarse.extras:
                 extras["coarse_" + key] = coarse.extras[key]
-        output = torch.cat([coarse.c1, coarse.c2, c1f, c2f], dim=-1)
-        return CoAttentionOutput(
-            output,
-            coarse.c1,
-            coarse.c2,
-            coarse.a1,
-            coarse.a2,
+        return replace(
+            coarse,
+            context=torch.cat([coarse.c1, coarse.c2, c1f, c2f], dim=-1),
             c1_fine=c1f,
             c2_fine=c2f,
             a1_fine=a1f,
             a2_fine=a2f,
             extras=extras,
         )
+
+    def _row_mean(
+        self,
+        f1: Tensor,
+        f2: Tensor,
+        mask1: Tensor | None,
+        mask2: Tensor | None,
+        extras: dict[str, Any],
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The fine half with ``fine2="row-mean"``: ``(c1f, c2f, a1f, a2f)``; its
+        intermediate results go into ``extras``."""
+        A = _masked_affinity(self.fine.affinity(f1, f2), mask1, mask2)
+        e1, _, ok1, _ = max_pooled_scores(A, mask1, mask2)
+        a1f, al1 = _align_vector(self.fine.align1, e1, ok1, f1)
+        rows: Aligned = self.fine.align2(A, None if mask2 is None else mask2.unsqueeze(1), keys=f2)
+        P = rows.weights  # [B, n1, n2]
+        if mask1 is not None:
+            P = torch.where(mask1.unsqueeze(2), P, P.new_zeros(()))
+        n_real = (
+            P.new_full((P.shape[0], 1), float(P.shape[1]))
+            if mask1 is None
+            else mask1.sum(1, keepdim=True).to(P.dtype)
+        )
+        a2f = P.sum(1) / n_real.clamp(min=1)
+        c1f = combine_single(a1f.unsqueeze(1), f1).squeeze(1)
+        c2f = combine_single(a2f.unsqueeze(1), f2).squeeze(1)
+        extras.update({"affinity": A, "e1": e1, "fine_rows": P})
+        _stochastic_extras(extras, al1, "1")
+        return c1f, c2f, a1f, a2f

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab.feature._convention import positive_int, reject, take_renamed
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
@@ -34,6 +35,16 @@ __all__ = ["CDME", "DME", "EmbeddingSpec", "MetaEmbedding"]
 #: a pair ``(vocab_size, d_i)`` (a fresh trainable ``nn.Embedding``), a tensor
 #: ``[V_i, d_i]`` (pretrained vectors) or an ``nn.Embedding``.
 EmbeddingSpec = int | tuple[int, int] | list[int] | Tensor | nn.Embedding
+
+
+def _checked_mask(m: object, name: str, B: int, n: int, *, dtype_too: bool = False) -> Tensor:
+    """``m`` as a bool ``[B, n]`` mask, else a ``ValueError`` naming it."""
+    if not isinstance(m, Tensor) or m.dtype != torch.bool or m.shape != (B, n):
+        got = f"{tuple(getattr(m, 'shape', ()))}"
+        if dtype_too:
+            got += f" and dtype {getattr(m, 'dtype', type(m).__name__)}"
+        raise ValueError(f"{name} has shape {got}, expected bool [B, n] = [{B}, {n}]")
+    return m
 
 
 class MetaEmbedding(Configurable):
@@ -58,8 +69,7 @@ class MetaEmbedding(Configurable):
             raise ConfigError("embeddings must be a list with one entry per embedding")
         if len(embeddings) < 1:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one")
-        if isinstance(d_proj, bool) or not isinstance(d_proj, int) or d_proj < 1:
-            raise ConfigError(f"d_proj must be a positive int, got {d_proj!r}")
+        positive_int(d_proj, "d_proj")
         E = len(embeddings)
         if oov_index is None or isinstance(oov_index, int):
             oov = [oov_index] * E
@@ -129,73 +139,18 @@ class MetaEmbedding(Configurable):
         masks: Sequence[Tensor | None] | None,
         token_mask: Tensor | None,
     ) -> tuple[list[Tensor], Tensor, int, int]:
-        if isinstance(inputs, Tensor) or not isinstance(inputs, Sequence):
-            raise TypeError("inputs must be a list with one tensor per embedding")
-        if len(inputs) != self.E:
-            raise ValueError(
-                f"inputs has {len(inputs)} tensors, expected one per embedding ({self.E})"
-            )
-        if masks is not None and (isinstance(masks, Tensor) or len(masks) != self.E):
-            raise ValueError(
-                f"masks must be a list of {self.E} bool tensors [B, n] (or None entries)"
-            )
-        B = n = None
+        """Checked vectors ``[B, n, d_i]`` of every embedding, the availability
+        ``[B, n, E]`` (OOV ids, ``masks`` and ``token_mask`` combined), ``B`` and ``n``."""
+        self._check_lists(inputs, masks)
+        B, n = self._batch_shape(inputs[0])
         vectors: list[Tensor] = []
         avail: list[Tensor] = []
         for i, x in enumerate(inputs):
-            if not isinstance(x, Tensor):
-                raise TypeError(f"inputs[{i}] must be a torch.Tensor, got {type(x).__name__}")
-            if B is None:
-                if x.dim() < 2:
-                    raise ValueError(
-                        f"inputs[{i}] has shape {tuple(x.shape)}, expected [B, n] ids or [B, n, d_{i}] vectors"
-                    )
-                B, n = x.shape[0], x.shape[1]
-            if x.dtype.is_floating_point:
-                if x.shape != (B, n, self.dims[i]):
-                    raise ValueError(
-                        f"inputs[{i}] has shape {tuple(x.shape)}, expected vectors [B, n, d_{i}] = "
-                        f"[{B}, {n}, {self.dims[i]}]"
-                    )
-                vec = x
-                ok = torch.ones(B, n, dtype=torch.bool, device=x.device)
-            elif x.dtype == torch.bool:
-                raise TypeError(
-                    f"inputs[{i}] has dtype torch.bool, expected integer ids or float vectors"
-                )
-            else:
-                if x.shape != (B, n):
-                    raise ValueError(
-                        f"inputs[{i}] has shape {tuple(x.shape)}, expected ids [B, n] = [{B}, {n}]"
-                    )
-                if not self.has_table[i]:
-                    raise ValueError(
-                        f"inputs[{i}] holds ids, but embedding {i} was declared by its size only; "
-                        f"pass vectors [B, n, {self.dims[i]}] or build it with a table"
-                    )
-                table = self.tables[i]
-                V = table.num_embeddings
-                if x.numel() and (bool((x < -1).any()) or bool((x >= V).any())):
-                    bad = x[(x < -1) | (x >= V)][0].item()
-                    raise ValueError(
-                        f"inputs[{i}] holds id {bad}, outside [-1, {V - 1}] (vocabulary size {V} "
-                        f"of embedding {i}; -1 marks an OOV token)"
-                    )
-                ok = x != -1
-                if self.oov_index[i] is not None:
-                    ok = ok & (x != self.oov_index[i])
-                vec = table(x.clamp_min(0))
+            vec, ok = self._one_input(i, x, B, n)
             if masks is not None and masks[i] is not None:
-                mi = masks[i]
-                if not isinstance(mi, Tensor) or mi.dtype != torch.bool or mi.shape != (B, n):
-                    raise ValueError(
-                        f"masks[{i}] has shape {tuple(getattr(mi, 'shape', ()))} and dtype "
-                        f"{getattr(mi, 'dtype', type(mi).__name__)}, expected bool [B, n] = [{B}, {n}]"
-                    )
-                ok = ok & mi
+                ok = ok & _checked_mask(masks[i], f"masks[{i}]", B, n, dtype_too=True)
             vectors.append(vec)
             avail.append(ok)
-        assert B is not None and n is not None
         dtype = vectors[0].dtype
         for i, v in enumerate(vectors):
             check_tensor(v, f"inputs[{i}]")
@@ -204,16 +159,72 @@ class MetaEmbedding(Configurable):
             check_module_dtype(self, v, f"inputs[{i}]")
         A = torch.stack(avail, dim=-1)  # [B, n, E]
         if token_mask is not None:
-            if (
-                not isinstance(token_mask, Tensor)
-                or token_mask.dtype != torch.bool
-                or token_mask.shape != (B, n)
-            ):
-                raise ValueError(
-                    f"token_mask has shape {tuple(getattr(token_mask, 'shape', ()))}, expected bool [B, n] = [{B}, {n}]"
-                )
-            A = A & token_mask[..., None]
+            A = A & _checked_mask(token_mask, "token_mask", B, n)[..., None]
         return vectors, A, B, n
+
+    def _check_lists(self, inputs: object, masks: object) -> None:
+        if isinstance(inputs, Tensor) or not isinstance(inputs, Sequence):
+            raise TypeError("inputs must be a list with one tensor per embedding")
+        if len(inputs) != self.E:
+            raise ValueError(
+                f"inputs has {len(inputs)} tensors, expected one per embedding ({self.E})"
+            )
+        if masks is not None and (
+            isinstance(masks, Tensor) or not isinstance(masks, Sequence) or len(masks) != self.E
+        ):
+            raise ValueError(
+                f"masks must be a list of {self.E} bool tensors [B, n] (or None entries)"
+            )
+
+    @staticmethod
+    def _batch_shape(x: object) -> tuple[int, int]:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"inputs[0] must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 2:
+            raise ValueError(
+                f"inputs[0] has shape {tuple(x.shape)}, expected [B, n] ids or [B, n, d_0] vectors"
+            )
+        return x.shape[0], x.shape[1]
+
+    def _one_input(self, i: int, x: object, B: int, n: int) -> tuple[Tensor, Tensor]:
+        """``(vectors [B, n, d_i], available [B, n])`` of embedding ``i``."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"inputs[{i}] must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype.is_floating_point:
+            if x.shape != (B, n, self.dims[i]):
+                raise ValueError(
+                    f"inputs[{i}] has shape {tuple(x.shape)}, expected vectors [B, n, d_{i}] = "
+                    f"[{B}, {n}, {self.dims[i]}]"
+                )
+            return x, torch.ones(B, n, dtype=torch.bool, device=x.device)
+        if x.dtype == torch.bool:
+            raise TypeError(
+                f"inputs[{i}] has dtype torch.bool, expected integer ids or float vectors"
+            )
+        if x.shape != (B, n):
+            raise ValueError(
+                f"inputs[{i}] has shape {tuple(x.shape)}, expected ids [B, n] = [{B}, {n}]"
+            )
+        return self._look_up_ids(i, x)
+
+    def _look_up_ids(self, i: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.has_table[i]:
+            raise ValueError(
+                f"inputs[{i}] holds ids, but embedding {i} was declared by its size only; "
+                f"pass vectors [B, n, {self.dims[i]}] or build it with a table"
+            )
+        table = self.tables[i]
+        V = table.num_embeddings
+        if x.numel() and (bool((x < -1).any()) or bool((x >= V).any())):
+            bad = x[(x < -1) | (x >= V)][0].item()
+            raise ValueError(
+                f"inputs[{i}] holds id {bad}, outside [-1, {V - 1}] (vocabulary size {V} "
+                f"of embedding {i}; -1 marks an OOV token)"
+            )
+        ok = x != -1
+        if self.oov_index[i] is not None:
+            ok = ok & (x != self.oov_index[i])
+        return table(x.clamp_min(0)), ok
 
     def project(self, vectors: Sequence[Tensor], available: Tensor) -> Tensor:
         """``x_ti = W_i x_i + b_i`` for every embedding, ``[B, n, E, d_proj]``; zero where
@@ -235,28 +246,51 @@ class MetaEmbedding(Configurable):
 
     def forward(
         self,
-        inputs: Sequence[Tensor],
+        query: Sequence[Tensor] | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         *,
+        mask: Tensor | None = None,
         masks: Sequence[Tensor | None] | None = None,
-        token_mask: Tensor | None = None,
         need_weights: bool = False,
+        **deprecated_names: Any,
     ) -> AttentionOutput:
         """Meta-embed a batch of token sequences.
 
         Args:
-            inputs: one tensor per embedding: ids ``[B, n]`` (looked up in that
-                embedding's table; ``-1`` or the embedding's ``oov_index`` = OOV) or
-                looked-up vectors ``[B, n, d_i]``.
+            query: the inputs (named ``inputs`` in messages), one tensor per embedding:
+                ids ``[B, n]`` (looked up in that embedding's table; ``-1`` or the
+                embedding's ``oov_index`` = OOV) or looked-up vectors ``[B, n, d_i]``.
+                The weights are self-attention over the embeddings of each token, so
+                ``key`` and ``value`` are not taken.
+            mask: ``[B, n]`` bool, True at real tokens (padding gets a zero vector);
+                named ``token_mask`` in messages.
             masks: optional per-embedding availability ``[B, n]`` bool (True = the token
                 has this embedding), combined with the OOV ids.
-            token_mask: ``[B, n]`` bool, True at real tokens (padding gets a zero vector).
+
+        Deprecated for one release (``DeprecationWarning``): ``inputs=`` and
+        ``token_mask=``.
 
         Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n, d_proj]``
         and, with ``need_weights=True``, ``weights`` ``[B, n, E]`` (0 for unavailable
         embeddings; all 0 for a token without any). ``extras["available"]`` is the
         ``[B, n, E]`` availability.
         """
-        vectors, A, B, n = self._lookup(inputs, masks, token_mask)
+        owner = type(self).__name__
+        args = take_renamed(
+            owner,
+            deprecated_names,
+            {"inputs": "query", "token_mask": "mask"},
+            {"query": query, "mask": mask},
+        )
+        reject(owner, "key", key, "the embeddings of each token are its own keys")
+        reject(owner, "value", value, "the projected embeddings are the values")
+        if args["query"] is None:
+            raise TypeError(
+                f"{owner}.forward() missing the inputs: query, one tensor per embedding"
+            )
+        token_mask = args["mask"]
+        vectors, A, B, n = self._lookup(args["query"], masks, token_mask)
         xt = self.project(vectors, A)
         keys = self.gate_keys(xt, A, token_mask)
         N = B * n
@@ -313,7 +347,8 @@ class DME(MetaEmbedding):
         **options: passed to the query-less score (``d_w``, ``act`` (default
             ``identity``), ``bias``) via :class:`attnlab.Attention`.
 
-    Shapes: ``forward(inputs, masks=None, token_mask=None)`` with ``inputs[i]`` ids
+    Shapes: ``forward(inputs, *, mask=token_mask, masks=None)`` (``inputs`` is the
+    convention's ``query``) with ``inputs[i]`` ids
     ``[B, n]`` or vectors ``[B, n, d_i]`` -> ``context`` ``[B, n, d']``, ``weights``
     ``[B, n, E]``. Cost: O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory.
     Source: Kiela, Wang & Cho 2018, "Dynamic Meta-Embeddings for Improved Sentence
@@ -384,8 +419,7 @@ class CDME(MetaEmbedding):
         freeze: bool = True,
         **options: Any,
     ) -> None:
-        if isinstance(lstm_hidden, bool) or not isinstance(lstm_hidden, int) or lstm_hidden < 1:
-            raise ConfigError(f"lstm_hidden must be a positive int, got {lstm_hidden!r}")
+        positive_int(lstm_hidden, "lstm_hidden")
         options.setdefault("act", "identity")
         super().__init__(
             embeddings,

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab.feature._convention import reject, take_positional_masks, take_renamed
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import zero_rows
@@ -86,50 +87,8 @@ def pad_hierarchy(
     """
     if not isinstance(batch, list | tuple):
         raise TypeError(f"batch must be a list of documents, got {type(batch).__name__}")
-    leaves: list[tuple[tuple[int, ...], Tensor]] = []
-    sizes: dict[int, int] = {}
-    list_paths: list[tuple[int, ...]] = []
-
-    def walk(node: Any, path: tuple[int, ...]) -> None:
-        if isinstance(node, Tensor):
-            where = "batch" + "".join(f"[{i}]" for i in path)
-            check_tensor(node, where)
-            if node.dim() != 2:
-                raise ValueError(f"{where} has shape {tuple(node.shape)}, expected [n_tokens, d]")
-            leaves.append((path, node))
-            return
-        if not isinstance(node, list | tuple):
-            where = "batch" + "".join(f"[{i}]" for i in path)
-            raise TypeError(f"{where} must be a list or a tensor, got {type(node).__name__}")
-        sizes[len(path)] = max(sizes.get(len(path), 0), len(node))
-        if len(node) == 0:
-            list_paths.append(path)
-        for i, child in enumerate(node):
-            walk(child, (*path, i))
-
-    walk(list(batch), ())
-    depths = {len(p) for p, _ in leaves}
-    if levels is not None:
-        if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
-            raise ValueError(f"levels must be an int >= 1, got {levels!r}")
-        depths.add(levels)
-    if len(depths) > 1:
-        raise ValueError(
-            f"the leaves (token tensors) of batch sit at depths {sorted(depths)}"
-            + (f" but levels={levels}" if levels is not None else "")
-            + "; every leaf must be a [n_tokens, d] tensor at the same nesting depth"
-        )
-    if not depths:
-        raise ValueError(
-            "batch holds no token tensor, so its depth is unknown; pass levels= and d= "
-            "(or give at least one leaf tensor, possibly of shape [0, d])"
-        )
-    depth = depths.pop()  # number of list levels above the leaves, batch included
-    # an empty list where a leaf is expected is an empty leaf
-    for p in list_paths:
-        if len(p) > depth:
-            where = "batch" + "".join(f"[{i}]" for i in p)
-            raise ValueError(f"{where} is nested deeper than the leaves (depth {depth})")
+    leaves, sizes, list_paths = _collect_leaves(batch)
+    depth = _leaf_depth(leaves, list_paths, levels)
     if not leaves:
         if d is None:
             raise ValueError("batch holds no token tensor, so d is unknown; pass d=")
@@ -141,11 +100,82 @@ def pad_hierarchy(
         device = ref.device if device is None else device
     for path, t in leaves:
         if t.shape[1] != d:
-            where = "batch" + "".join(f"[{i}]" for i in path)
-            raise ValueError(f"{where} has shape {tuple(t.shape)}, expected [n_tokens, {d}]")
+            raise ValueError(f"{_where(path)} has shape {tuple(t.shape)}, expected [n_tokens, {d}]")
     lead = [sizes.get(j, 0) for j in range(depth)]
+    return _scatter_leaves(leaves, lead, d, dtype, device)
+
+
+_Leaves = list[tuple[tuple[int, ...], Tensor]]
+
+
+def _where(path: tuple[int, ...]) -> str:
+    return "batch" + "".join(f"[{i}]" for i in path)
+
+
+def _collect_leaves(batch: Sequence[Any]) -> tuple[_Leaves, dict[int, int], list[tuple[int, ...]]]:
+    """Walk the nested lists: the leaves ``(path, tensor)``, the largest list size per
+    depth, and the paths of the empty lists."""
+    leaves: _Leaves = []
+    sizes: dict[int, int] = {}
+    list_paths: list[tuple[int, ...]] = []
+
+    def walk(node: Any, path: tuple[int, ...]) -> None:
+        if isinstance(node, Tensor):
+            check_tensor(node, _where(path))
+            if node.dim() != 2:
+                raise ValueError(
+                    f"{_where(path)} has shape {tuple(node.shape)}, expected [n_tokens, d]"
+                )
+            leaves.append((path, node))
+            return
+        if not isinstance(node, list | tuple):
+            raise TypeError(f"{_where(path)} must be a list or a tensor, got {type(node).__name__}")
+        sizes[len(path)] = max(sizes.get(len(path), 0), len(node))
+        if len(node) == 0:
+            list_paths.append(path)
+        for i, child in enumerate(node):
+            walk(child, (*path, i))
+
+    walk(list(batch), ())
+    return leaves, sizes, list_paths
+
+
+def _leaf_depth(leaves: _Leaves, list_paths: list[tuple[int, ...]], levels: int | None) -> int:
+    """The number of list levels above the leaves (batch included), the same for every
+    leaf (and equal to ``levels`` when given)."""
+    depths = {len(p) for p, _ in leaves}
+    if levels is not None:
+        depths.add(check_int(levels, "levels", error=ValueError))
+    if len(depths) > 1:
+        raise ValueError(
+            f"the leaves (token tensors) of batch sit at depths {sorted(depths)}"
+            + (f" but levels={levels}" if levels is not None else "")
+            + "; every leaf must be a [n_tokens, d] tensor at the same nesting depth"
+        )
+    if not depths:
+        raise ValueError(
+            "batch holds no token tensor, so its depth is unknown; pass levels= and d= "
+            "(or give at least one leaf tensor, possibly of shape [0, d])"
+        )
+    depth = depths.pop()
+    # an empty list where a leaf is expected is an empty leaf
+    for p in list_paths:
+        if len(p) > depth:
+            raise ValueError(f"{_where(p)} is nested deeper than the leaves (depth {depth})")
+    return depth
+
+
+def _scatter_leaves(
+    leaves: _Leaves,
+    lead: list[int],
+    d: int,
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+) -> tuple[Tensor, Tensor]:
+    """The padded ``(x [*lead, n_tok, d], mask [*lead, n_tok])`` from the leaves (one
+    ``index_put``, so gradients flow back into them)."""
     n_tok = max((t.shape[0] for _, t in leaves), default=0)
-    strides = [math.prod(lead[j + 1 :]) for j in range(depth)]
+    strides = [math.prod(lead[j + 1 :]) for j in range(len(lead))]
     units = math.prod(lead)
     x = torch.zeros(units, n_tok, d, dtype=dtype, device=device)
     mask = torch.zeros(units, n_tok, dtype=torch.bool, device=device)
@@ -336,7 +366,8 @@ class HierarchicalAttention(Configurable):
         **options: passed to every level's :class:`attnlab.Attention` (``d_w``, ``act``,
             ``bias``, ``dropout``, ...).
 
-    Shapes: ``forward(x [B, n_1..n_L, d_in], mask [B, n_1..n_L] or None)`` returns
+    Shapes: ``forward(x [B, n_1..n_L, d_in], *, mask=[B, n_1..n_L] or None)`` (``x`` is the
+    convention's ``query``) returns
     :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, d_out]`` and, with
     ``need_weights=True``, ``weights`` -- a list of ``L`` tensors, level 1 ``[B, n_1, ...,
     n_L]``, level 2 ``[B, n_1, ..., n_{L-1}]``, ..., level ``L`` ``[B, n_1]`` (zeros at
@@ -361,10 +392,8 @@ class HierarchicalAttention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
-            raise ConfigError(f"levels must be an int >= 1, got {levels!r}")
-        if isinstance(d_in, bool) or not isinstance(d_in, int) or d_in < 1:
-            raise ConfigError(f"d_in must be a positive int, got {d_in!r}")
+        check_int(levels, "levels")
+        check_int(d_in, "d_in")
         if not isinstance(score, str) or not isinstance(align, str):
             raise ConfigError(
                 "score and align must be registered names (one module per level is built)"
@@ -448,9 +477,33 @@ class HierarchicalAttention(Configurable):
         return mask
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        **deprecated_names: Any,
     ) -> AttentionOutput:
-        """Attend up the hierarchy. See the class docstring for shapes."""
+        """Attend up the hierarchy ``query`` = ``x`` ``[B, n_1, ..., n_L, d_in]`` (named
+        ``x`` in messages) with its token ``mask`` ``[B, n_1, ..., n_L]``. The hierarchy
+        is its own keys and values (each level's query is learned), so ``key`` and
+        ``value`` are not taken (a tensor in the ``key`` slot is read as the mask given
+        positionally, the deprecated form). See the class docstring for the output.
+
+        Deprecated for one release (``DeprecationWarning``): ``x=`` and the mask given
+        positionally, ``module(x, mask)``."""
+        owner = type(self).__name__
+        args = take_renamed(owner, deprecated_names, {"x": "query"}, {"query": query, "mask": mask})
+        if key is not None:  # never a key: the mask given positionally (old form)
+            args = take_positional_masks(owner, key, (), ("mask",), args)
+        reject(owner, "value", value, "the hierarchy is its own values (give it as query)")
+        if args["query"] is None:
+            raise TypeError(f"{owner}.forward() missing the hierarchy: query [B, n_1..n_L, d_in]")
+        return self._attend_up(args["query"], args["mask"], need_weights)
+
+    def _attend_up(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> AttentionOutput:
         m = self._check(x, mask)
         # padding never matters: padded tokens are zeroed (where, not a product) before any
         # encoder sees them
@@ -459,30 +512,15 @@ class HierarchicalAttention(Configurable):
         masks: list[Tensor] = []
         units: list[Tensor] = []
         log_prob: Tensor | None = None
-        B = x.shape[0]
         for level in range(self.levels):
             lead = tuple(h.shape[:-2])
-            n, d = h.shape[-2], h.shape[-1]
-            N = math.prod(lead)
-            hf = h.reshape(N, n, d)
-            mf = m.reshape(N, n)
-            enc = self.encoders[level]
-            hf = enc(hf, mask=mf) if self._enc_mask[level] else enc(hf)
-            if hf.dim() != 3 or hf.shape[:2] != (N, n) or hf.shape[2] != self.dims[level]:
-                raise ValueError(
-                    f"the level-{level + 1} encoder returned shape {tuple(hf.shape)}, expected "
-                    f"[N, n, out_dim] = [{N}, {n}, {self.dims[level]}]"
-                )
-            q = None
-            if self.needs_query:
-                q = self.queries[level].to(hf.dtype).expand(N, -1)
-            out = self.attn[level](q, hf, mask=mf, need_weights=need_weights)
+            out = self._level(level, h, m, need_weights)
             masks.append(m)
             if need_weights:
                 # [N, n] for single-dimensional attention, [N, n, d_v] for multi-dimensional
                 weights.append(out.weights.reshape(*lead, *out.weights.shape[1:]))
             if out.log_prob is not None:  # stochastic alignments: one log-prob per batch row
-                lp = out.log_prob.reshape(B, -1).sum(-1)
+                lp = out.log_prob.reshape(x.shape[0], -1).sum(-1)
                 log_prob = lp if log_prob is None else log_prob + lp
             h = out.context.reshape(*lead, out.context.shape[-1])
             m = m.any(-1)
@@ -494,6 +532,27 @@ class HierarchicalAttention(Configurable):
             log_prob=log_prob,
             extras={"masks": masks, "units": units},
         )
+
+    def _level(self, level: int, h: Tensor, m: Tensor, need_weights: bool) -> AttentionOutput:
+        """Encode and attend over the items of every unit at ``level`` (0-based): ``h``
+        ``[*lead, n, d]``, ``m`` ``[*lead, n]``; the output is on ``[N, n, d]`` rows,
+        ``N = prod(lead)``."""
+        lead = tuple(h.shape[:-2])
+        n, d = h.shape[-2], h.shape[-1]
+        N = math.prod(lead)
+        hf = h.reshape(N, n, d)
+        mf = m.reshape(N, n)
+        enc = self.encoders[level]
+        hf = enc(hf, mask=mf) if self._enc_mask[level] else enc(hf)
+        if hf.dim() != 3 or hf.shape[:2] != (N, n) or hf.shape[2] != self.dims[level]:
+            raise ValueError(
+                f"the level-{level + 1} encoder returned shape {tuple(hf.shape)}, expected "
+                f"[N, n, out_dim] = [{N}, {n}, {self.dims[level]}]"
+            )
+        q = None
+        if self.needs_query:
+            q = self.queries[level].to(hf.dtype).expand(N, -1)
+        return self.attn[level](q, hf, mask=mf, need_weights=need_weights)
 
 
 # ----------------------------------------------------------------------------- via attention
@@ -528,94 +587,11 @@ def char_word_map(
             "give the character -> word mapping as exactly one of word_offsets or char_to_word"
         )
     if char_to_word is not None:
-        if (
-            not isinstance(char_to_word, Tensor)
-            or char_to_word.dtype != torch.bool
-            or char_to_word.dim() != 3
-        ):
-            shape = (
-                tuple(char_to_word.shape)
-                if isinstance(char_to_word, Tensor)
-                else type(char_to_word).__name__
-            )
-            raise ValueError(
-                f"char_to_word has shape/type {shape}, expected a bool tensor [B, n_w, n_c]"
-            )
-        B, n_w, n_c = char_to_word.shape
-        if (
-            (batch is not None and B != batch)
-            or n_c != n_chars
-            or (n_words is not None and n_w != n_words)
-        ):
-            want = [
-                batch if batch is not None else "B",
-                n_words if n_words is not None else "n_w",
-                n_chars,
-            ]
-            raise ValueError(
-                f"char_to_word has shape {tuple(char_to_word.shape)}, expected [B, n_w, n_c] = {want}"
-            )
-        M = char_to_word
+        M = _checked_char_to_word(char_to_word, n_chars, batch, n_words)
     else:
         assert word_offsets is not None
-        if not isinstance(word_offsets, Tensor):
-            raise TypeError(
-                f"word_offsets must be a torch.Tensor, got {type(word_offsets).__name__}"
-            )
-        if word_offsets.dtype.is_floating_point or word_offsets.dtype == torch.bool:
-            raise TypeError(
-                f"word_offsets has dtype {word_offsets.dtype}, expected an integer dtype"
-            )
-        if (
-            word_offsets.dim() != 2
-            or (batch is not None and word_offsets.shape[0] != batch)
-            or (n_words is not None and word_offsets.shape[1] != n_words)
-        ):
-            want = [batch if batch is not None else "B", n_words if n_words is not None else "n_w"]
-            raise ValueError(
-                f"word_offsets has shape {tuple(word_offsets.shape)}, expected [B, n_w] = {want}"
-            )
-        B, n_w = word_offsets.shape
-        n_c = n_chars
-        dev = word_offsets.device
-        real_w = (
-            word_mask if word_mask is not None else torch.ones(B, n_w, dtype=torch.bool, device=dev)
-        )
-        off = word_offsets.long()
-        if bool(((off < 0) | (off > n_c))[real_w].any()):
-            raise ValueError(
-                f"word_offsets holds offsets outside [0, n_c] = [0, {n_c}] for real words"
-            )
-        pos = torch.arange(n_c, device=dev)
-        if char_mask is not None:
-            end = (
-                torch.where(char_mask, pos + 1, torch.zeros_like(pos)).amax(-1)
-                if n_c
-                else torch.zeros(B, dtype=torch.long, device=dev)
-            )
-        else:
-            end = torch.full((B,), n_c, dtype=torch.long, device=dev)
-        big = torch.full_like(off, n_c + 1)
-        start = torch.where(real_w, off, big)
-        # next_j = min(start_{j+1:}, end)
-        shifted = torch.cat([start[:, 1:], big[:, :1]], dim=1)
-        suffix_min = shifted.flip(1).cummin(1).values.flip(1)
-        nxt = torch.minimum(suffix_min, end[:, None])
-        prev = torch.cat(
-            [
-                torch.full_like(start[:, :1], -1),
-                torch.where(real_w, off, torch.full_like(off, -1))[:, :-1],
-            ],
-            1,
-        )
-        prev_max = prev.cummax(1).values
-        if bool((real_w & (off < prev_max)).any()):
-            raise ValueError("word_offsets must not decrease along the real words of a row")
-        M = (
-            real_w[:, :, None]
-            & (pos[None, None, :] >= off[:, :, None])
-            & (pos[None, None, :] < nxt[:, :, None])
-        )
+        _check_word_offsets(word_offsets, batch, n_words)
+        M = _map_from_offsets(word_offsets, n_chars, word_mask, char_mask)
     if word_mask is not None:
         M = M & word_mask[:, :, None]
     if char_mask is not None:
@@ -626,6 +602,100 @@ def char_word_map(
             "char_to_word maps a character to more than one word; every character belongs to at most one word"
         )
     return M
+
+
+def _checked_char_to_word(
+    char_to_word: object, n_chars: int, batch: int | None, n_words: int | None
+) -> Tensor:
+    if (
+        not isinstance(char_to_word, Tensor)
+        or char_to_word.dtype != torch.bool
+        or char_to_word.dim() != 3
+    ):
+        shape = (
+            tuple(char_to_word.shape)
+            if isinstance(char_to_word, Tensor)
+            else type(char_to_word).__name__
+        )
+        raise ValueError(
+            f"char_to_word has shape/type {shape}, expected a bool tensor [B, n_w, n_c]"
+        )
+    B, n_w, n_c = char_to_word.shape
+    if (
+        (batch is not None and B != batch)
+        or n_c != n_chars
+        or (n_words is not None and n_w != n_words)
+    ):
+        want = [
+            batch if batch is not None else "B",
+            n_words if n_words is not None else "n_w",
+            n_chars,
+        ]
+        raise ValueError(
+            f"char_to_word has shape {tuple(char_to_word.shape)}, expected [B, n_w, n_c] = {want}"
+        )
+    return char_to_word
+
+
+def _check_word_offsets(word_offsets: object, batch: int | None, n_words: int | None) -> None:
+    if not isinstance(word_offsets, Tensor):
+        raise TypeError(f"word_offsets must be a torch.Tensor, got {type(word_offsets).__name__}")
+    if word_offsets.dtype.is_floating_point or word_offsets.dtype == torch.bool:
+        raise TypeError(f"word_offsets has dtype {word_offsets.dtype}, expected an integer dtype")
+    if (
+        word_offsets.dim() != 2
+        or (batch is not None and word_offsets.shape[0] != batch)
+        or (n_words is not None and word_offsets.shape[1] != n_words)
+    ):
+        want = [batch if batch is not None else "B", n_words if n_words is not None else "n_w"]
+        raise ValueError(
+            f"word_offsets has shape {tuple(word_offsets.shape)}, expected [B, n_w] = {want}"
+        )
+
+
+def _map_from_offsets(
+    word_offsets: Tensor, n_c: int, word_mask: Tensor | None, char_mask: Tensor | None
+) -> Tensor:
+    """``M`` ``[B, n_w, n_c]`` from the word starts: word ``j`` covers ``[offset_j,
+    next_j)`` (see :func:`char_word_map`)."""
+    B, n_w = word_offsets.shape
+    dev = word_offsets.device
+    real_w = (
+        word_mask if word_mask is not None else torch.ones(B, n_w, dtype=torch.bool, device=dev)
+    )
+    off = word_offsets.long()
+    if bool(((off < 0) | (off > n_c))[real_w].any()):
+        raise ValueError(f"word_offsets holds offsets outside [0, n_c] = [0, {n_c}] for real words")
+    pos = torch.arange(n_c, device=dev)
+    if char_mask is not None:
+        end = (
+            torch.where(char_mask, pos + 1, torch.zeros_like(pos)).amax(-1)
+            if n_c
+            else torch.zeros(B, dtype=torch.long, device=dev)
+        )
+    else:
+        end = torch.full((B,), n_c, dtype=torch.long, device=dev)
+    big = torch.full_like(off, n_c + 1)
+    start = torch.where(real_w, off, big)
+    # next_j = min(start_{j+1:}, end)
+    shifted = torch.cat([start[:, 1:], big[:, :1]], dim=1)
+    suffix_min = shifted.flip(1).cummin(1).values.flip(1)
+    nxt = torch.minimum(suffix_min, end[:, None])
+    prev = torch.cat(
+        [
+            torch.full_like(start[:, :1], -1),
+            torch.where(real_w, off, torch.full_like(off, -1))[:, :-1],
+        ],
+        1,
+    )
+    prev_max = prev.cummax(1).values
+    if bool((real_w & (off < prev_max)).any()):
+        raise ValueError("word_offsets must not decrease along the real words of a row")
+    return (
+        real_w[:, :, None]
+        & (pos[None, None, :] >= off[:, :, None])
+        & (pos[None, None, :] < nxt[:, :, None])
+    )
 
 
 _VIA = ("mixture", "query")
@@ -686,9 +756,10 @@ class AttentionViaAttention(Configurable):
         **options: passed to both :class:`attnlab.Attention` modules (``d_w``, ``act``,
             ``key_dim``, ``value_dim``, ...).
 
-    Shapes: ``q`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``chars`` ``[B, n_c, d_char]``;
-    ``words`` ``[B, n_w, d_word]`` (optional); ``char_mask`` ``[B, n_c]``, ``word_mask``
-    ``[B, n_w]`` bool. Returns :class:`~attnlab.output.AttentionOutput` with ``context``
+    Shapes (called ``forward(q, chars, words=None, *, mask=char_mask, word_mask=...)``,
+    the convention's ``query``, ``key``, ``value`` and ``mask``): ``q`` ``[B, d_q]`` or
+    ``[B, n_q, d_q]``; ``chars`` ``[B, n_c, d_char]``; ``words`` ``[B, n_w, d_word]``
+    (optional); ``char_mask`` ``[B, n_c]``, ``word_mask`` ``[B, n_w]`` bool. Returns :class:`~attnlab.output.AttentionOutput` with ``context``
     ``[B, (n_q,) d_vw + d_vc]`` = ``[c_w; c_c]``; with ``need_weights=True`` ``weights`` is
     the character weights ``[B, (n_q,) n_c]``. ``extras``: ``word_context``,
     ``char_context``, and with ``need_weights`` ``word_weights`` ``[B, (n_q,) n_w]`` and
@@ -783,89 +854,64 @@ class AttentionViaAttention(Configurable):
 
     def forward(
         self,
-        q: Tensor,
-        chars: Tensor,
-        words: Tensor | None = None,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         *,
-        char_mask: Tensor | None = None,
+        mask: Tensor | None = None,
         word_mask: Tensor | None = None,
         word_offsets: Tensor | None = None,
         char_to_word: Tensor | None = None,
         need_weights: bool = False,
+        **deprecated_names: Any,
     ) -> AttentionOutput:
-        """Word attention, then character attention via it. See the class docstring."""
+        """Word attention, then character attention via it.
+
+        The inputs map onto the convention as ``query`` = the character-level query
+        ``q_c`` ``[B, d_q]`` or ``[B, n_q, d_q]`` (named ``q`` in messages), ``key`` = the
+        character features ``[B, n_c, d_char]`` (``chars``), ``value`` = the word features
+        ``[B, n_w, d_word]`` (``words``, optional: the mean of each word's characters
+        without it), ``mask`` = the character mask ``[B, n_c]`` (``char_mask``). Extras:
+        ``word_mask`` ``[B, n_w]`` and the mapping, ``word_offsets`` or ``char_to_word``.
+        See the class docstring for the output.
+
+        Deprecated for one release (``DeprecationWarning``): ``q=``, ``chars=``,
+        ``words=`` and ``char_mask=``."""
+        args = take_renamed(
+            type(self).__name__,
+            deprecated_names,
+            {"q": "query", "chars": "key", "words": "value", "char_mask": "mask"},
+            {"query": query, "key": key, "value": value, "mask": mask},
+        )
+        if args["query"] is None or args["key"] is None:
+            raise TypeError(
+                f"{type(self).__name__}.forward() needs query (q_c) and key (the characters)"
+            )
+        q, chars, words, char_mask = args["query"], args["key"], args["value"], args["mask"]
         B, n_c, n_w = self._check(q, chars, words, char_mask, word_mask)
         # padding never matters: padded characters / words are zeroed (where, not a
         # product) before the projections, the word means and the weighted sums
         chars = zero_rows(chars, char_mask)
         if words is not None:
             words = zero_rows(words, word_mask)
-        have_map = word_offsets is not None or char_to_word is not None
-        M = None
-        if have_map:
-            M = char_word_map(
-                n_chars=n_c,
-                word_offsets=word_offsets,
-                char_to_word=char_to_word,
-                word_mask=word_mask,
-                char_mask=char_mask,
-                batch=B,
-                n_words=n_w,
-            )
-            n_w = M.shape[1]
-        elif self.via == "mixture" or words is None:
-            raise ValueError(
-                "the character -> word mapping is missing: give word_offsets [B, n_w] or "
-                "char_to_word [B, n_w, n_c]"
-                + (
-                    " (via='mixture' needs it)"
-                    if words is not None
-                    else " (words is None, so word features are built from it)"
-                )
-            )
+        M = self._mapping(B, n_c, n_w, words, word_offsets, char_to_word, word_mask, char_mask)
+        n_w = M.shape[1] if M is not None else n_w
         assert n_w is not None
         if words is None:
             assert M is not None
             Mf = M.to(chars.dtype)
             words = (Mf @ chars) / Mf.sum(-1, keepdim=True).clamp_min(1.0)
-        wmask = (
-            word_mask
-            if word_mask is not None
-            else torch.ones(B, n_w, dtype=torch.bool, device=chars.device)
-        )
+        wmask = _ones_if_none(word_mask, B, n_w, chars.device)
         if self.via == "mixture":
             assert M is not None
             wmask = wmask & M.any(-1)
         single = q.dim() == 2
         q3 = q[:, None, :] if single else q
-        n_q = q3.shape[1]
         wout = self.word_attn(q3, words, mask=wmask[:, None, :], need_weights=True)
         c_w, a_w = wout.context, wout.weights  # [B, n_q, d_vw], [B, n_q, n_w]
         q_cat = torch.cat([q3, c_w.to(q3.dtype)], dim=-1)
-        cmask = (
-            char_mask
-            if char_mask is not None
-            else torch.ones(B, n_c, dtype=torch.bool, device=chars.device)
-        )
-        if self.via == "query":
-            cout = self.char_attn(q_cat, chars, mask=cmask[:, None, :], need_weights=True)
-            c_c, a_c = cout.context, cout.weights
-        else:
-            assert M is not None
-            ca = self.char_attn
-            keys = ca.key_proj(chars) if ca.key_proj is not None else chars
-            values = ca.value_proj(chars) if ca.value_proj is not None else chars
-            e = ca.score(q_cat, keys)
-            e = e.expand(B, n_q, n_c) if e.shape[1] != n_q else e
-            if self._segment:
-                a_c = _segment_mixture(e, M, a_w)
-            else:
-                within = ca.align.normalize(
-                    e[:, :, None, :].expand(B, n_q, n_w, n_c), M[:, None, :, :], dim=-1
-                )
-                a_c = (within * a_w[..., None]).sum(2)
-            p = ca.dropout if ca.training else 0.0
-            c_c = combine_single(F.dropout(a_c, p, True) if p > 0 else a_c, values)
+        cmask = _ones_if_none(char_mask, B, n_c, chars.device)
+        c_c, a_c = self._char_step(q_cat, chars, cmask, M, a_w)
         context = torch.cat([c_w, c_c], dim=-1)
         extras: dict[str, Any] = {"word_context": c_w, "char_context": c_c}
         if wout.log_prob is not None:
@@ -877,6 +923,72 @@ class AttentionViaAttention(Configurable):
             extras["word_weights"] = a_w
             extras["char_weights"] = a_c
         return AttentionOutput(context, a_c if need_weights else None, extras=extras)
+
+    def _mapping(
+        self,
+        B: int,
+        n_c: int,
+        n_w: int | None,
+        words: Tensor | None,
+        word_offsets: Tensor | None,
+        char_to_word: Tensor | None,
+        word_mask: Tensor | None,
+        char_mask: Tensor | None,
+    ) -> Tensor | None:
+        """The character -> word map ``M`` ``[B, n_w, n_c]`` (``None`` when not given and
+        not needed: ``via="query"`` with word features)."""
+        if word_offsets is not None or char_to_word is not None:
+            return char_word_map(
+                n_chars=n_c,
+                word_offsets=word_offsets,
+                char_to_word=char_to_word,
+                word_mask=word_mask,
+                char_mask=char_mask,
+                batch=B,
+                n_words=n_w,
+            )
+        if self.via == "mixture" or words is None:
+            raise ValueError(
+                "the character -> word mapping is missing: give word_offsets [B, n_w] or "
+                "char_to_word [B, n_w, n_c]"
+                + (
+                    " (via='mixture' needs it)"
+                    if words is not None
+                    else " (words is None, so word features are built from it)"
+                )
+            )
+        return None
+
+    def _char_step(
+        self, q_cat: Tensor, chars: Tensor, cmask: Tensor, M: Tensor | None, a_w: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The character context ``[B, n_q, d_vc]`` and weights ``[B, n_q, n_c]`` with the
+        query ``[q_c; c_w]``: plain attention (``via="query"``) or the word weights spread
+        over each word's characters (``via="mixture"``)."""
+        if self.via == "query":
+            cout = self.char_attn(q_cat, chars, mask=cmask[:, None, :], need_weights=True)
+            return cout.context, cout.weights
+        assert M is not None
+        B, n_c = cmask.shape
+        n_q, n_w = a_w.shape[1], M.shape[1]
+        ca = self.char_attn
+        keys = ca.key_proj(chars) if ca.key_proj is not None else chars
+        values = ca.value_proj(chars) if ca.value_proj is not None else chars
+        e = ca.score(q_cat, keys)
+        e = e.expand(B, n_q, n_c) if e.shape[1] != n_q else e
+        if self._segment:
+            a_c = _segment_mixture(e, M, a_w)
+        else:
+            within = ca.align.normalize(
+                e[:, :, None, :].expand(B, n_q, n_w, n_c), M[:, None, :, :], dim=-1
+            )
+            a_c = (within * a_w[..., None]).sum(2)
+        p = ca.dropout if ca.training else 0.0
+        return combine_single(F.dropout(a_c, p, True) if p > 0 else a_c, values), a_c
+
+
+def _ones_if_none(mask: Tensor | None, B: int, n: int, device: torch.device) -> Tensor:
+    return mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=device)
 
 
 def _segment_mixture(e: Tensor, M: Tensor, a_w: Tensor) -> Tensor:

@@ -17,6 +17,11 @@ The hop variant repeats the rotation with the new target vectors as queries:
 then ``r_tl^(s+1) = attend(F_t, query r_l^(s+1))`` and ``r_tr^(s+1) = attend(F_t, query
 r_r^(s+1))``; hop 1 is LCR-Rot (``r_tl^(0) = r_tr^(0) = r_t``).
 
+Call (the library's convention, the parts in sentence order): ``module(left, target,
+right, *, left_mask=None, target_mask=None, right_mask=None, need_weights=False)`` --
+``query`` = left, ``key`` = target, ``value`` = right. Masks given positionally still work
+for one release with a ``DeprecationWarning``.
+
 Each ``attend`` is an :class:`attnlab.Attention`; the papers use the activated general
 score ``tanh(h^T W q + b)`` with soft alignment, the default here; any score and alignment
 can be plugged in.
@@ -30,41 +35,49 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab.feature._convention import (
+    is_mask,
+    reject,
+    take_positional_masks,
+    take_renamed,
+)
 from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
 from attnlab.general.attention import Attention
+from attnlab.output import AttentionOutput
 from attnlab.registry import Configurable, register
 
 __all__ = ["LCRRotHop", "RotatoryAttention", "RotatoryOutput", "masked_mean"]
 
 
-@dataclass
-class RotatoryOutput:
-    """Result of rotatory attention.
+@dataclass(kw_only=True)
+class RotatoryOutput(AttentionOutput):
+    """Result of rotatory attention: an :class:`~attnlab.output.AttentionOutput` with the
+    four context vectors and the weights of every hop.
 
     Attributes:
-        output: the final representation ``concat(r_l, r_r, r_tl, r_tr)`` ``[B, 2 d_c + 2 d_t]``
-            (after the last hop).
+        context (also ``output``, its old name): the final representation
+            ``concat(r_l, r_r, r_tl, r_tr)`` ``[B, 2 d_c + 2 d_t]`` (after the last hop).
+        weights: with ``need_weights=True`` the last hop's weights, ``hops[-1]`` (a dict);
+            else ``None``.
         left, right, target_left, target_right: the four context vectors of the last hop.
         hops: one dict per hop with the weights ``"left"`` ``[B, n_l]``, ``"right"``
-            ``[B, n_r]``, ``"target_left"`` and ``"target_right"`` ``[B, n_t]``.
+            ``[B, n_r]``, ``"target_left"`` and ``"target_right"`` ``[B, n_t]`` (always set).
         log_prob: for stochastic alignments (hard, reinforced), the summed log-probability
             ``[B]`` of every attention's sampled choice over all hops, for a REINFORCE
             loss; else ``None``.
     """
 
-    output: Tensor
     left: Tensor
     right: Tensor
     target_left: Tensor
     target_right: Tensor
     hops: list[dict[str, Tensor]] = field(default_factory=list)
-    log_prob: Tensor | None = None
 
     @property
-    def weights(self) -> dict[str, Tensor]:
-        """The weights of the last hop."""
-        return self.hops[-1]
+    def output(self) -> Tensor:
+        """``context`` under its old name."""
+        return self.context
 
 
 def _check_part(x: Tensor, mask: Tensor | None, name: str, batch: int | None, d: int) -> None:
@@ -132,8 +145,7 @@ class LCRRotHop(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if not isinstance(hops, int) or hops < 1:
-            raise ConfigError(f"hops must be an int >= 1, got {hops!r}")
+        check_int(hops, "hops")
         for key in ("value_dim", "out_dim"):
             if options.get(key) is not None:
                 raise ConfigError(
@@ -153,12 +165,70 @@ class LCRRotHop(Configurable):
 
     def forward(
         self,
-        left: Tensor,
-        target: Tensor,
-        right: Tensor,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *legacy_masks: Tensor | None,
+        mask: Tensor | None = None,
         left_mask: Tensor | None = None,
         target_mask: Tensor | None = None,
         right_mask: Tensor | None = None,
+        need_weights: bool = False,
+        **deprecated_names: Any,
+    ) -> RotatoryOutput:
+        """Rotate over the three parts of a sentence, given in sentence order:
+        ``query`` = the left context ``F_l`` ``[B, n_l, d_c]`` (named ``left`` in
+        messages), ``key`` = the target ``F_t`` ``[B, n_t, d_t]`` (``target``), ``value``
+        = the right context ``F_r`` ``[B, n_r, d_c]`` (``right``); one bool mask per part,
+        ``left_mask=``, ``target_mask=``, ``right_mask=`` ``[B, n]`` (True = real). The
+        single ``mask`` is not taken. ``need_weights=True`` fills ``weights`` with the last
+        hop's weights (``hops`` is always set).
+
+        Deprecated for one release (``DeprecationWarning``): ``left=``, ``target=``,
+        ``right=`` and the masks given positionally, ``module(l, t, r, ml, mt, mr)``."""
+        owner = type(self).__name__
+        args = take_renamed(
+            owner,
+            deprecated_names,
+            {"left": "query", "target": "key", "right": "value"},
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "left_mask": left_mask,
+                "target_mask": target_mask,
+                "right_mask": right_mask,
+            },
+        )
+        if legacy_masks:
+            names = ("left_mask", "target_mask", "right_mask")
+            args = take_positional_masks(owner, legacy_masks[0], legacy_masks[1:], names, args)
+        reject(owner, "mask", mask, "give one mask per part: left_mask=, target_mask=, right_mask=")
+        if any(args[k] is None for k in ("query", "key", "value")) or is_mask(args["value"]):
+            raise TypeError(
+                f"{owner}.forward() needs the three parts: query (left), key (target) and "
+                "value (right)"
+            )
+        out = self._rotate(
+            args["query"],
+            args["key"],
+            args["value"],
+            args["left_mask"],
+            args["target_mask"],
+            args["right_mask"],
+        )
+        if need_weights:
+            out.weights = out.hops[-1]  # type: ignore[assignment]
+        return out
+
+    def _rotate(
+        self,
+        left: Tensor,
+        target: Tensor,
+        right: Tensor,
+        left_mask: Tensor | None,
+        target_mask: Tensor | None,
+        right_mask: Tensor | None,
     ) -> RotatoryOutput:
         check_tensor(target, "target")
         B = target.shape[0] if target.dim() == 3 else None
@@ -189,8 +259,15 @@ class LCRRotHop(Configurable):
                     "target_right": out_tr.weights,
                 }
             )
-        output = torch.cat([r_l, r_r, r_tl, r_tr], dim=-1)
-        return RotatoryOutput(output, r_l, r_r, r_tl, r_tr, hops, log_prob)  # type: ignore[arg-type]
+        return RotatoryOutput(
+            torch.cat([r_l, r_r, r_tl, r_tr], dim=-1),
+            log_prob=log_prob,
+            left=r_l,
+            right=r_r,
+            target_left=r_tl,
+            target_right=r_tr,
+            hops=hops,
+        )
 
 
 @register(
