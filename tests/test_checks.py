@@ -25,7 +25,7 @@ from attnlab.feature.multilevel import AttentionViaAttention, HierarchicalAttent
 from attnlab.feature.rotatory import LCRRotHop, RotatoryAttention
 from attnlab.query.attention_over_attention import AttentionOverAttention
 from attnlab.query.capsule import CapsuleAttention, CapsuleRouting
-from attnlab.query.key_value import KeyValueAttention, MultiQueryAttention
+from attnlab.query.key_value import ConcatenatedKeyValueAttention, KeyValueAttention
 from attnlab.query.linformer import LinformerAttention
 from attnlab.query.multi_head import MultiHeadAttention
 from attnlab.query.multi_hop import MultiHopAttention
@@ -71,25 +71,25 @@ CASES: dict[str, Case] = {
         "capsule",
         lambda: CapsuleAttention(D, 3),
         lambda m, i: m(i["r"](B, N, D)),
-        "features",
+        "query",
     ),
     "capsule-routing": (
         "capsule-routing",
         lambda: CapsuleRouting(D, 3),
         lambda m, i: m(i["r"](B, N, D)),
-        "features",
+        "query",
     ),
     "key-value": (
         "key-value",
         lambda: KeyValueAttention(D, D, D, score="general"),
         lambda m, i: m(i["r"](B, 2, D), i["r"](B, N, D), i["r"](B, N, D)),
-        "keys",
+        "key",
     ),
-    "multi-query": (
-        "multi-query",
-        lambda: MultiQueryAttention(D, D, D, num_queries=2, score="general"),
+    "concatenated-key-value": (
+        "concatenated-key-value",
+        lambda: ConcatenatedKeyValueAttention(D, D, D, num_queries=2, score="general"),
         lambda m, i: m(i["r"](B, 2, D), i["r"](B, N, D), i["r"](B, N, D)),
-        "keys",
+        "key",
     ),
     "linformer": (
         "linformer",
@@ -125,7 +125,7 @@ CASES: dict[str, Case] = {
         "multi-hop",
         lambda: MultiHopAttention(D, D),
         lambda m, i: m(i["r"](B, D), i["r"](B, N, D)),
-        "keys",
+        "key",
     ),
     "pointer-network": (
         "pointer-network",
@@ -155,19 +155,19 @@ CASES: dict[str, Case] = {
         "constant-query-self-attention",
         lambda: ConstantQuerySelfAttention(D),
         lambda m, i: m(i["r"](B, N, D)),
-        "features",
+        "query",
     ),
     "learned-query-self-attention": (
         "learned-query-self-attention",
         lambda: LearnedQuerySelfAttention(D),
         lambda m, i: m(i["r"](B, N, D)),
-        "features",
+        "query",
     ),
     "relational-self-attention": (
         "relational-self-attention",
         lambda: RelationalSelfAttention(D),
         lambda m, i: m(i["r"](B, N, D)),
-        "features",
+        "query",
     ),
     "synthesizer": (
         "synthesizer",

@@ -4,23 +4,45 @@ Start with :class:`attnlab.Attention` (the general attention model: any score x 
 alignment x any dimensionality), :mod:`attnlab.functional` (the same as pure functions),
 :mod:`attnlab.masks` (the one mask convention) and :func:`attnlab.build` (build by name
 from a config dict).
+
+Every mechanism of the library core is importable from here as ``attnlab.<Name>`` and from
+its section package: :mod:`attnlab.general` (scores, alignments, dimensionality),
+:mod:`attnlab.feature` (survey section 3.1) and :mod:`attnlab.query` (section 3.3). The
+core imports nothing of the lab (``attnlab.models``, ``attnlab.lab``, ``attnlab.evaluation``,
+``attnlab.data``, ``attnlab.viz``).
 """
 
-from attnlab import functional, masks, registry
+from typing import Any
+
+from attnlab import feature, functional, general, masks, query, registry
 from attnlab._checks import ConfigError
-from attnlab.general import Attention
+from attnlab.feature import *  # noqa: F403
+from attnlab.general import *  # noqa: F403
 from attnlab.output import AttentionOutput
+from attnlab.query import *  # noqa: F403
 from attnlab.registry import build
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attention",
     "AttentionOutput",
     "ConfigError",
     "__version__",
     "build",
+    "feature",
     "functional",
+    "general",
     "masks",
+    "query",
     "registry",
 ]
+__all__ += general.__all__
+__all__ += feature.__all__
+__all__ += query.__all__
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated names of the section packages (``attnlab.MultiQueryAttention``)."""
+    if name in query.DEPRECATED_ALIASES:
+        return getattr(query, name)
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")

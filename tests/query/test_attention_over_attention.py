@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -97,16 +98,17 @@ def test_module_with_general_score_and_sparsemax():
     def general(d, q):
         return sum(float(d[i]) * float(W[i, j]) * float(q[j]) for i in range(4) for j in range(3))
 
-    out = m(D, Q, dm, qm)
+    out = m(D, Q, mask1=dm, mask2=qm)
     _check(out, _naive_aoa(D, Q, dm, qm, general))
     sparse = AttentionOverAttention(align="sparsemax").double()
-    out = sparse(D, D[:, :3], dm, dm[:, :3])
+    out = sparse(D, D[:, :3], mask1=dm, mask2=dm[:, :3])
     assert torch.all(out.s >= 0)
     torch.testing.assert_close(out.alpha.sum(1)[0], torch.ones(3, dtype=torch.float64))
     default = AttentionOverAttention()
     D32, Q32 = D.float(), D[:, :3].float()
     torch.testing.assert_close(
-        default(D32, Q32, dm, dm[:, :3]).s, attention_over_attention(D32, Q32, dm, dm[:, :3]).s
+        default(D32, Q32, mask1=dm, mask2=dm[:, :3]).s,
+        attention_over_attention(D32, Q32, dm, dm[:, :3]).s,
     )
 
 
@@ -166,7 +168,7 @@ def test_gradcheck():
     )
     torch.manual_seed(0)
     m = AttentionOverAttention(4, 4, score="general").double()
-    assert torch.autograd.gradcheck(lambda d, q: m(d, q, dm, qm).beta_bar, args)
+    assert torch.autograd.gradcheck(lambda d, q: m(d, q, mask1=dm, mask2=qm).beta_bar, args)
 
 
 def test_fully_masked_and_empty_inputs():
@@ -220,7 +222,7 @@ def test_registry_roundtrip():
     m = AttentionOverAttention(3, 4, score="general")
     cfg = m.get_config()
     assert cfg["name"] == "attention-over-attention" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m)
     rebuilt.load_state_dict(m.state_dict())
     D, Q = torch.randn(2, 5, 4), torch.randn(2, 3, 3)
     torch.testing.assert_close(m(D, Q).s, rebuilt(D, Q).s)

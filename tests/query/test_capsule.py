@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -80,7 +81,7 @@ def test_capsule_attention_matches_naive_loop(proj):
     m = _randomize(CapsuleAttention(3, 4, **kw))
     assert m._batched is not proj  # both implementations are checked
     F, mask = _inputs()
-    out = m(F, mask)
+    out = m(F, mask=mask)
     ref = _naive_capsules(m, F, mask)
     for (b, c), (w, ctx, p, r, mean) in ref.items():
         t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
@@ -99,7 +100,7 @@ def test_capsule_pluggable_score_owns_parameters():
     assert not m._batched
     W = [cap.score.W2.weight for cap in m.capsules]
     assert W[0] is not W[1] and W[0].shape == (4, 3)
-    out = m(torch.randn(2, 5, 3), torch.ones(2, 5, dtype=torch.bool))
+    out = m(torch.randn(2, 5, 3), mask=torch.ones(2, 5, dtype=torch.bool))
     assert out.probs.shape == (2, 2) and out.weights.shape == (2, 2, 5)
 
 
@@ -220,7 +221,7 @@ def _naive_routing(m, F, mask, iterations):
 def test_routing_matches_naive_loop(iterations, bias):
     m = _randomize(CapsuleRouting(3, 2, d_caps=4, iterations=iterations, bias=bias), std=0.5)
     F, mask = _inputs()
-    out = m(F, mask)
+    out = m(F, mask=mask)
     ref = _naive_routing(m, F, mask, iterations)
     for b, (probs, v, coup) in ref.items():
         torch.testing.assert_close(out.probs[b], torch.tensor(probs, dtype=torch.float64))
@@ -261,14 +262,14 @@ def test_gradcheck():
     ):
         x = F.clone().requires_grad_()
         assert torch.autograd.gradcheck(
-            lambda f, m=m: capsule_loss(m(f, mask), torch.tensor([0, 1, 1]), lam=0.5), [x]
+            lambda f, m=m: capsule_loss(m(f, mask=mask), torch.tensor([0, 1, 1]), lam=0.5), [x]
         )
-        assert torch.autograd.gradcheck(lambda f, m=m: m(f, mask).reconstructions, [x])
+        assert torch.autograd.gradcheck(lambda f, m=m: m(f, mask=mask).reconstructions, [x])
     r = _randomize(CapsuleRouting(3, 2, d_caps=3), std=0.5)
     x = F.clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda f: r(f, mask).capsules, [x])
+    assert torch.autograd.gradcheck(lambda f: r(f, mask=mask).capsules, [x])
     assert torch.autograd.gradcheck(
-        lambda f: margin_loss(r(f, mask).probs, torch.tensor([0, 1, 0])), [x]
+        lambda f: margin_loss(r(f, mask=mask).probs, torch.tensor([0, 1, 0])), [x]
     )
 
 
@@ -277,7 +278,7 @@ def test_masked_and_empty_inputs_are_finite():
     none = torch.zeros(3, 4, dtype=torch.bool)
     for m in (CapsuleAttention(3, 2).double(), CapsuleAttention(3, 2, value_dim=2).double()):
         x = F.clone().requires_grad_()
-        out = m(x, none)
+        out = m(x, mask=none)
         assert torch.equal(out.contexts, torch.zeros_like(out.contexts))
         assert torch.equal(out.weights, torch.zeros_like(out.weights))
         assert torch.equal(out.mean_features, torch.zeros_like(out.mean_features))
@@ -288,7 +289,7 @@ def test_masked_and_empty_inputs_are_finite():
         capsule_loss(out, torch.tensor([[1, 0], [0, 0], [1, 1]])).backward()
     r = CapsuleRouting(3, 2).double()
     x = F.clone().requires_grad_()
-    out = r(x, none)
+    out = r(x, mask=none)
     assert torch.equal(out.capsules, torch.zeros_like(out.capsules))
     margin_loss(out.probs, torch.tensor([0, 1, 0])).backward()
     assert torch.isfinite(x.grad).all()
@@ -309,16 +310,16 @@ def test_bad_input_names_argument_and_shape():
     for m in (CapsuleAttention(3, 2), CapsuleRouting(3, 2)):
         with pytest.raises(
             ValueError,
-            match=r"features has shape \(2, 4, 5\), expected \[B, n, d_k\] = \[B, n, 3\]",
+            match=r"query has shape \(2, 4, 5\), expected \[B, n, d_f\] = \[B, n, 3\]",
         ):
             m(torch.randn(2, 4, 5))
         with pytest.raises(
             ValueError, match=r"mask has shape \(2, 5\), expected \[B, n\] = \[2, 4\]"
         ):
-            m(F, torch.ones(2, 5, dtype=torch.bool))
+            m(F, mask=torch.ones(2, 5, dtype=torch.bool))
         with pytest.raises(TypeError, match=r"mask has dtype torch\.int64"):
-            m(F, torch.ones(2, 4, dtype=torch.long))
-        with pytest.raises(TypeError, match=r"features has dtype torch\.float64"):
+            m(F, mask=torch.ones(2, 4, dtype=torch.long))
+        with pytest.raises(TypeError, match=r"query has dtype torch\.float64"):
             m(F.double())
     with pytest.raises(attnlab.ConfigError, match="num_classes"):
         CapsuleAttention(3, 0)
@@ -332,16 +333,17 @@ def test_registry_roundtrip():
     m = CapsuleAttention(3, 2, key_dim=4, score="general")
     cfg = m.get_config()
     assert cfg["name"] == "capsule" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m)
     rebuilt.load_state_dict(m.state_dict())
     F = torch.randn(2, 5, 3)
     torch.testing.assert_close(m(F).probs, rebuilt(F).probs)
     r = CapsuleRouting(3, 2, d_caps=4, iterations=2)
-    rebuilt = attnlab.build(r.get_config())
+    rebuilt = check_rebuild(r, d_caps=4, iterations=2)
     rebuilt.load_state_dict(r.state_dict())
     torch.testing.assert_close(r(F).probs, rebuilt(F).probs)
     assert isinstance(
-        attnlab.build({"name": "dynamic-routing", "d_k": 3, "num_classes": 2}), CapsuleRouting
+        attnlab.build({"name": "dynamic-routing", "d_features": 3, "num_classes": 2}),
+        CapsuleRouting,
     )
 
 

@@ -2,14 +2,15 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
 from attnlab.query.key_value import (
+    ConcatenatedKeyValueAttention,
     KeyValueAttention,
-    MultiQueryAttention,
+    concatenated_key_value_attention,
     key_value_attention,
-    multi_query_attention,
 )
 
 
@@ -124,16 +125,16 @@ def _naive_multi(Q, K, V, allowed):
 def test_multi_query_matches_naive_concat():
     _, K, V, mask = _inputs()
     Q = torch.randn(3, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    out = multi_query_attention(Q, K, V, mask=mask[:, None, :], need_weights=True)
+    out = concatenated_key_value_attention(Q, K, V, mask=mask[:, None, :], need_weights=True)
     ref_c, ref_w = _naive_multi(Q, K, V, mask.tolist())
     assert out.context.shape == (3, 4 * 2)
     torch.testing.assert_close(out.context, ref_c)  # answer of q_1 first, then q_2, ...
     torch.testing.assert_close(out.weights, ref_w)
-    apart = multi_query_attention(Q, K, V, mask=mask[:, None, :], concat=False)
+    apart = concatenated_key_value_attention(Q, K, V, mask=mask[:, None, :], concat=False)
     assert apart.context.shape == (3, 4, 2)
     torch.testing.assert_close(apart.context.reshape(3, 8), ref_c)
 
-    module = MultiQueryAttention(num_queries=4).double()
+    module = ConcatenatedKeyValueAttention(num_queries=4).double()
     out = module(Q, K, V, mask=mask[:, None, :], need_weights=True)
     torch.testing.assert_close(out.context, ref_c)
     torch.testing.assert_close(out.weights, ref_w)
@@ -149,7 +150,7 @@ def test_gradcheck():
     )
     Q = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, b, c: multi_query_attention(a, b, c, mask=mask[:, None]).context,
+        lambda a, b, c: concatenated_key_value_attention(a, b, c, mask=mask[:, None]).context,
         [Q, args[1], args[2]],
     )
     torch.manual_seed(0)
@@ -174,44 +175,42 @@ def test_fully_masked_and_empty_give_zeros_and_finite_grads():
         assert out.context.shape == (3, 2) and out.weights.shape == (3, 0)
         assert torch.equal(out.context, torch.zeros(3, 2, dtype=torch.float64))
         out.context.sum().backward()
-    out = multi_query_attention(q[:, None], K0, V0)
+    out = concatenated_key_value_attention(q[:, None], K0, V0)
     assert torch.equal(out.context, torch.zeros(3, 2, dtype=torch.float64))
 
 
 def test_bad_input_names_argument_and_shape():
     q, K, V, mask = _inputs()
-    with pytest.raises(ValueError, match=r"keys has shape \(3, 3\), expected \[B, n_k, d_k\]"):
+    with pytest.raises(ValueError, match=r"key has shape \(3, 3\), expected \[B, n_k, d_k\]"):
         key_value_attention(q, K[:, 0], V)
     with pytest.raises(
-        ValueError, match=r"values has shape \(3, 5, 2\), expected \[B, n_k, d_v\] = \[3, 4, d_v\]"
+        ValueError, match=r"value has shape \(3, 5, 2\), expected \[B, n_k, d_v\] = \[3, 4, d_v\]"
     ):
         key_value_attention(q, K, torch.zeros(3, 5, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"query has shape \(2, 3\)"):
         key_value_attention(q[:2], K, V)
-    with pytest.raises(ValueError, match=r"queries has shape \(3, 3\), expected \[3, n_q, d_q\]"):
-        multi_query_attention(q, K, V)
+    with pytest.raises(ValueError, match=r"query has shape \(3, 3\), expected \[3, n_q, d_q\]"):
+        concatenated_key_value_attention(q, K, V)
     with pytest.raises(TypeError, match=r"mask has dtype torch\.float32"):
         key_value_attention(q, K, V, mask=mask.float())
     with pytest.raises(TypeError, match="dtype"):
         key_value_attention(q.float(), K, V)
-    with pytest.raises(TypeError, match=r"keys must be a torch\.Tensor"):
+    with pytest.raises(TypeError, match=r"key must be a torch\.Tensor"):
         key_value_attention(q, [1, 2], V)
     m = KeyValueAttention(3, 3, 2).double()
     with pytest.raises(
-        ValueError, match=r"keys has shape \(3, 4, 5\), expected \[B, n_k, d_k\] = \[B, n_k, 3\]"
+        ValueError, match=r"key has shape \(3, 4, 5\), expected \[B, n_k, d_k\] = \[B, n_k, 3\]"
     ):
         m(q, torch.zeros(3, 4, 5, dtype=torch.float64), V)
-    with pytest.raises(
-        ValueError, match=r"values has shape \(3, 4, 3\), expected .* = \[3, 4, 2\]"
-    ):
+    with pytest.raises(ValueError, match=r"value has shape \(3, 4, 3\), expected .* = \[3, 4, 2\]"):
         m(q, K, torch.zeros(3, 4, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"query has shape \(3, 2\), expected \[3, 3\]"):
         m(q[:, :2], K, V)
-    mq = MultiQueryAttention(num_queries=2)
-    with pytest.raises(ValueError, match=r"queries has shape \(3, 4, 3\).*num_queries = 2"):
+    mq = ConcatenatedKeyValueAttention(num_queries=2)
+    with pytest.raises(ValueError, match=r"query has shape \(3, 4, 3\).*num_queries = 2"):
         mq(torch.zeros(3, 4, 3), K.float(), V.float())
     with pytest.raises(attnlab.ConfigError, match="num_queries"):
-        MultiQueryAttention(num_queries=0)
+        ConcatenatedKeyValueAttention(num_queries=0)
     with pytest.raises(attnlab.ConfigError, match="d_q == d_k"):
         KeyValueAttention(3, 4, score="dot")
 
@@ -221,12 +220,12 @@ def test_registry_roundtrip():
     m = KeyValueAttention(3, 5, 2, score="general")
     cfg = m.get_config()
     assert cfg["name"] == "key-value" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m)
     rebuilt.load_state_dict(m.state_dict())
     q, K, V = torch.randn(2, 3), torch.randn(2, 4, 5), torch.randn(2, 4, 2)
     torch.testing.assert_close(m(q, K, V).context, rebuilt(q, K, V).context)
     mq = attnlab.build({"name": "multi-query", "num_queries": 2, "concat": False})
-    assert isinstance(mq, MultiQueryAttention)
+    assert isinstance(mq, ConcatenatedKeyValueAttention)
     out = mq(torch.randn(2, 2, 5), torch.randn(2, 4, 5), torch.randn(2, 4, 2))
     assert out.context.shape == (2, 2, 2)
     assert isinstance(attnlab.build({"name": "kv"}), KeyValueAttention)
@@ -253,7 +252,7 @@ class _Reader(nn.Module):
         super().__init__()
         self.ek, self.ev = nn.Embedding(N_KEYS, D), nn.Embedding(N_VALS, D)
         self.queries, self.attend = queries, attend
-        self.mq = MultiQueryAttention(D, D, D, num_queries=queries)
+        self.mq = ConcatenatedKeyValueAttention(D, D, D, num_queries=queries)
         self.out = nn.Linear(D, N_VALS)
 
     def forward(self, keys, vals, asked):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 
 import attnlab
 from attnlab import masks
@@ -153,7 +154,7 @@ def test_registry_round_trip():
     m = LinformerAttention(8, 2, max_len=6, proj_len=3, share="key-value")
     cfg = m.get_config()
     assert cfg["name"] == "linformer" and cfg["share"] == "key-value"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m)
     assert isinstance(rebuilt, LinformerAttention) and rebuilt.F is None
 
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -175,7 +176,7 @@ def test_dropout_train_vs_eval_and_registry():
     assert not torch.allclose(a, m(q).context)
     cfg = m.get_config()
     assert cfg["name"] == "multi-head" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m, num_heads=2)
     assert isinstance(rebuilt, MultiHeadAttention) and rebuilt.num_heads == 2
 
 

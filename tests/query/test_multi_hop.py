@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 from torch import nn
 
 import attnlab
@@ -222,7 +223,7 @@ def test_bad_input_names_argument_and_shape():
     m = MultiHopAttention(3, 4, d_v=2)
     q, K, V = torch.randn(2, 3), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
     with pytest.raises(
-        ValueError, match=r"keys has shape \(2, 5, 3\), expected \[B, n_k, d_k\] = \[B, n_k, 4\]"
+        ValueError, match=r"key has shape \(2, 5, 3\), expected \[B, n_k, d_k\] = \[B, n_k, 4\]"
     ):
         m(q, torch.randn(2, 5, 3), V)
     with pytest.raises(
@@ -230,10 +231,10 @@ def test_bad_input_names_argument_and_shape():
     ):
         m(torch.randn(3, 3), K, V)
     with pytest.raises(
-        ValueError, match=r"values has shape \(2, 4, 2\), expected \[B, n_k, d_v\] = \[2, 5, 2\]"
+        ValueError, match=r"value has shape \(2, 4, 2\), expected \[B, n_k, d_v\] = \[2, 5, 2\]"
     ):
         m(q, K, torch.randn(2, 4, 2))
-    with pytest.raises(ValueError, match="values is None"):
+    with pytest.raises(ValueError, match="value is None"):
         m(q, K)
     with pytest.raises(TypeError, match="mask has dtype"):
         m(q, K, V, mask=torch.ones(2, 5))
@@ -255,7 +256,7 @@ def test_registry_roundtrip():
     )
     cfg = m.get_config()
     assert cfg["name"] == "multi-hop" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(m)
     rebuilt.load_state_dict(m.state_dict())
     q, K, V = torch.randn(2, 3), torch.randn(2, 5, 4), torch.randn(2, 5, 2)
     torch.testing.assert_close(m(q, K, V).context, rebuilt(q, K, V).context)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild
 
 import attnlab
 from attnlab._checks import ConfigError
@@ -450,7 +451,7 @@ def test_registry_and_config_roundtrip() -> None:
     model = PointerNetwork(2, 8, eos=True, score="additive", d_w=6, act="tanh")
     cfg = model.get_config()
     assert cfg["name"] == "pointer-network" and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(model)
     assert isinstance(rebuilt, PointerNetwork) and rebuilt.eos
     assert rebuilt.score.w.shape == (6,)
     rebuilt.load_state_dict(model.state_dict())

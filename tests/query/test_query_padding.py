@@ -17,7 +17,7 @@ from attnlab.query.attention_over_attention import (
     attention_over_attention,
 )
 from attnlab.query.capsule import CapsuleAttention, CapsuleRouting
-from attnlab.query.key_value import KeyValueAttention, MultiQueryAttention
+from attnlab.query.key_value import ConcatenatedKeyValueAttention, KeyValueAttention
 from attnlab.query.linformer import LinformerAttention
 from attnlab.query.multi_head import MultiHeadAttention
 from attnlab.query.multi_hop import MultiHopAttention, masked_mean_values
@@ -148,7 +148,7 @@ CROSS = {
         lambda m, q, k, v: m(q, k, v, mask=_cross_mask()).context[Q_REAL],
     ),
     "multi-query": lambda: _cross(
-        MultiQueryAttention(D, D, D, concat=False),
+        ConcatenatedKeyValueAttention(D, D, D, concat=False),
         lambda m, q, k, v: m(q, k, v, mask=_cross_mask()).context[Q_REAL],
     ),
     "multi-hop": lambda: _cross(
@@ -239,7 +239,7 @@ def test_attention_over_attention_padding_never_matters(module, padding_invarian
 
     def call(m, document, query):
         if module:
-            out = m(document, query, REAL, q_real)
+            out = m(document, query, mask1=REAL, mask2=q_real)
         else:
             out = attention_over_attention(document, query, REAL, q_real)
         return torch.cat([out.s[REAL], out.context.flatten()])

@@ -76,17 +76,17 @@ def test_constant_query_matches_naive_loop():
     m = _randomize(ConstantQuerySelfAttention(3, d_w=5)).double()
     F, mask = _inputs()
     for msk in (mask, mask[:, None, :], None):
-        out = m(F, msk, need_weights=True)
+        out = m(F, mask=msk, need_weights=True)
         ref_c, ref_w = _naive_constant(m, F, mask if msk is not None else None)
         torch.testing.assert_close(out.context, ref_c)
         torch.testing.assert_close(out.weights, ref_w)
-    assert torch.equal(m(F, mask).context[2], torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(m(F, mask=mask).context[2], torch.zeros(3, dtype=torch.float64))
 
 
 def test_constant_query_value_projection_and_multi_dim():
     m = _randomize(ConstantQuerySelfAttention(3, value_dim=2)).double()
     F, mask = _inputs()
-    out = m(F, mask, need_weights=True)
+    out = m(F, mask=mask, need_weights=True)
     _, ref_w = _naive_constant(m, F, mask)  # the weights do not depend on the values
     Wv, bv = m.attention.value_proj.weight.detach(), m.attention.value_proj.bias.detach()
     ref = torch.zeros(3, 2, dtype=torch.float64)
@@ -97,7 +97,7 @@ def test_constant_query_value_projection_and_multi_dim():
                 ref[b, i] += float(ref_w[b, l]) * v[i]
     torch.testing.assert_close(out.context, ref)
     multi = ConstantQuerySelfAttention(3, dim="multi").double()
-    out = multi(F, mask, need_weights=True)
+    out = multi(F, mask=mask, need_weights=True)
     assert out.weights.shape == (3, 4, 3)
     torch.testing.assert_close(out.weights.sum(1)[0], torch.ones(3, dtype=torch.float64))
 
@@ -134,7 +134,7 @@ def _naive_learned(m, F, mask):
 def test_learned_queries_match_naive_loop(key_dim):
     m = _randomize(LearnedQuerySelfAttention(3, 2, key_dim=key_dim)).double()
     F, mask = _inputs()
-    out = m(F, mask, need_weights=True)
+    out = m(F, mask=mask, need_weights=True)
     ref_c, ref_w = _naive_learned(m, F, mask)
     assert out.context.shape == (3, 2, 3) and out.weights.shape == (3, 2, 4)
     torch.testing.assert_close(out.context, ref_c)
@@ -144,7 +144,7 @@ def test_learned_queries_match_naive_loop(key_dim):
 def test_single_learned_query_returns_rank_two():
     m = _randomize(LearnedQuerySelfAttention(3, key_dim=4)).double()
     F, mask = _inputs()
-    out = m(F, mask, need_weights=True)
+    out = m(F, mask=mask, need_weights=True)
     ref_c, ref_w = _naive_learned(m, F, mask)
     assert out.context.shape == (3, 3) and out.weights.shape == (3, 4)
     torch.testing.assert_close(out.context, ref_c[:, 0])
@@ -185,7 +185,7 @@ def test_orthogonality_penalty_matches_naive_frobenius_and_gradcheck():
     m = _randomize(LearnedQuerySelfAttention(3, 3, key_dim=4)).double()
     F, mask = _inputs()
     with torch.no_grad():
-        A = m(F, mask, need_weights=True).weights
+        A = m(F, mask=mask, need_weights=True).weights
     got = m.penalty(A, "none")
     for b in range(3):
         valid = [float(A[b, j].sum()) > 0 for j in range(3)]
@@ -270,7 +270,7 @@ def test_relational_matches_naive_loop(causal, update, norm):
         [[bool(pad[b, 0, l]) and (not causal or l <= i) for l in range(4)] for i in range(4)]
         for b in range(3)
     ]
-    out = m(F, pad, causal=causal, need_weights=True)
+    out = m(F, mask=pad, causal=causal, need_weights=True)
     ref, ref_w = _naive_relational(m, F, allowed)
     torch.testing.assert_close(out.context, ref)
     torch.testing.assert_close(out.weights, ref_w)
@@ -283,12 +283,12 @@ def test_relational_full_mask_and_callable_norm():
     m = _randomize(RelationalSelfAttention(3, norm=lambda x: 2 * x)).double()
     F, _ = _inputs()
     full = torch.ones(4, 4, dtype=torch.bool)
-    out = m(F, full)
+    out = m(F, mask=full)
     c = out.extras["attended"]
     torch.testing.assert_close(out.context, 2 * (F + c))
     # a user mask [B, n, n] combined with causal
     user = torch.rand(3, 4, 4, generator=torch.Generator().manual_seed(0)) > 0.3
-    w = m(F, user, causal=True, need_weights=True).weights
+    w = m(F, mask=user, causal=True, need_weights=True).weights
     allowed = user & torch.ones(4, 4, dtype=torch.bool).tril()
     assert torch.equal(w > 0, allowed)
     ln = nn.LayerNorm(3).double()
@@ -355,7 +355,7 @@ def test_gradcheck_all_forms():
             else mask
         )
         x = F.clone().requires_grad_()
-        assert torch.autograd.gradcheck(lambda f, m=m, a=m_arg: m(f, a).context, [x]), m
+        assert torch.autograd.gradcheck(lambda f, m=m, a=m_arg: m(f, mask=a).context, [x]), m
 
 
 def test_fully_masked_and_empty_inputs():
@@ -365,10 +365,10 @@ def test_fully_masked_and_empty_inputs():
         m = m.double()
         x = F.clone().requires_grad_()
         if isinstance(m, RelationalSelfAttention):
-            out = m(x, none[:, None, :], need_weights=True)
+            out = m(x, mask=none[:, None, :], need_weights=True)
             assert torch.equal(out.extras["attended"], torch.zeros_like(out.extras["attended"]))
         else:
-            out = m(x, none, need_weights=True)
+            out = m(x, mask=none, need_weights=True)
             assert torch.equal(out.context, torch.zeros_like(out.context))
         assert torch.equal(out.weights, torch.zeros_like(out.weights))
         out.context.sum().backward()
@@ -390,22 +390,22 @@ def test_bad_input_names_argument_and_shape():
     for m in _all_modules():
         with pytest.raises(
             ValueError,
-            match=r"features has shape \(2, 4, 5\), expected \[B, n, d_f\] = \[B, n, 3\]",
+            match=r"query has shape \(2, 4, 5\), expected \[B, n, d_f\] = \[B, n, 3\]",
         ):
             m(torch.randn(2, 4, 5))
-        with pytest.raises(ValueError, match=r"features has shape \(4, 3\)"):
+        with pytest.raises(ValueError, match=r"query has shape \(4, 3\)"):
             m(F[0])
-        with pytest.raises(TypeError, match=r"features has dtype torch\.float64"):
+        with pytest.raises(TypeError, match=r"query has dtype torch\.float64"):
             m(F.double())
         with pytest.raises(TypeError, match=r"mask has dtype torch\.float32"):
-            m(F, torch.ones(2, 4))
+            m(F, mask=torch.ones(2, 4))
     for m in _all_modules()[:3]:
         with pytest.raises(
             ValueError, match=r"mask has shape \(2, 5\), expected a key mask \[B, n\] = \[2, 4\]"
         ):
-            m(F, torch.ones(2, 5, dtype=torch.bool))
+            m(F, mask=torch.ones(2, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"mask has shape \(2, 4, 5\)"):
-        RelationalSelfAttention(3)(F, torch.ones(2, 4, 5, dtype=torch.bool))
+        RelationalSelfAttention(3)(F, mask=torch.ones(2, 4, 5, dtype=torch.bool))
 
 
 def test_config_errors():
@@ -443,7 +443,9 @@ def test_registry_roundtrip(module, name):
     F = torch.randn(2, 5, 3)
     torch.testing.assert_close(module(F).context, rebuilt(F).context)
     assert type(
-        attnlab.build({"name": name, "kind": "query", "d_k" if "rel" not in name else "d_f": 3})
+        attnlab.build(
+            {"name": name, "kind": "query", "d_features" if "rel" not in name else "d_f": 3}
+        )
     ) is type(module)
 
 

@@ -35,6 +35,7 @@ from attnlab._checks import ConfigError, check_module_dtype, check_same, check_t
 from attnlab.general.alignment import Alignment, masked_softmax
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.scoring import Score, dot_score
+from attnlab.query._convention import positional_masks, renamed_arguments
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -247,8 +248,10 @@ class AttentionOverAttention(Configurable):
             ``sparsemax``, ``entmax15``).
         **options: passed to the score (``d_w``, ``act``, ...).
 
-    Shapes: ``document`` ``[B, n_d, d_k]``; ``query`` ``[B, n_q, d_q]``;
-    ``document_mask`` bool ``[B, n_d]``, ``query_mask`` bool ``[B, n_q]`` (True = real word).
+    Call (the two-input convention, see ``docs/call-convention.md``):
+    ``forward(query, key, *, mask1=None, mask2=None)`` with input 1 ``query`` = the
+    document ``[B, n_d, d_k]``, input 2 ``key`` = the question ``[B, n_q, d_q]``, ``mask1``
+    bool ``[B, n_d]``, ``mask2`` bool ``[B, n_q]`` (True = real word).
     Returns :class:`AoAOutput` (``s`` ``[B, n_d]``, ``alpha``, ``beta`` ``[B, n_d, n_q]``,
     ``beta_bar`` ``[B, n_q]``). Cost O(B n_d n_q d) time, O(B n_d n_q) memory.
     """
@@ -301,13 +304,40 @@ class AttentionOverAttention(Configurable):
 
     def forward(
         self,
-        document: Tensor,
-        query: Tensor,
-        document_mask: Tensor | None = None,
-        query_mask: Tensor | None = None,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        *legacy_masks: Tensor | None,
+        mask1: Tensor | None = None,
+        mask2: Tensor | None = None,
+        **deprecated: Any,
     ) -> AoAOutput:
-        _check_inputs(document, query, document_mask, query_mask, self.d_k, self.d_q)
+        """AoA of the two inputs, in the two-input convention (the order of the paper's
+        call is kept): ``query`` is input 1, the document ``D`` ``[B, n_d, d_k]``; ``key``
+        is input 2, the question ``Q`` ``[B, n_q, d_q]``; ``mask1`` / ``mask2`` are their
+        masks (bool ``[B, n_d]`` / ``[B, n_q]``, True = real word). Messages name the inputs
+        ``document`` and ``query`` (the paper's names). Every attention (``alpha``,
+        ``beta``, ``s``) is part of the :class:`AoAOutput`, so there is no ``need_weights``.
+
+        Deprecated for one release (``DeprecationWarning``): the keywords ``document=``,
+        ``document_mask=``, ``query_mask=`` and the masks given positionally,
+        ``module(D, Q, document_mask, query_mask)``."""
+        owner = type(self).__name__
+        args = renamed_arguments(
+            owner,
+            deprecated,
+            {"document": "query", "document_mask": "mask1", "query_mask": "mask2"},
+            query=query,
+            mask1=mask1,
+            mask2=mask2,
+        )
+        document, question = args["query"], key
+        if legacy_masks:
+            args = positional_masks(owner, legacy_masks, ("mask1", "mask2"), args)
+        if document is None or question is None:
+            raise TypeError(f"{owner}.forward() needs both inputs: query (D) and key (Q)")
+        document_mask, query_mask = args["mask1"], args["mask2"]
+        _check_inputs(document, question, document_mask, query_mask, self.d_k, self.d_q)
         check_module_dtype(self, document, "document")
-        document, query = _clear_padding(document, query, document_mask, query_mask)
-        matching = self.matching(document, query)
+        document, question = _clear_padding(document, question, document_mask, query_mask)
+        matching = self.matching(document, question)
         return _aoa(matching, document, document_mask, query_mask, self.align.normalize)

@@ -33,12 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab._checks import ConfigError, check_int, check_tensor
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
-from attnlab.registry import Configurable, register
+from attnlab.query._convention import (
+    AttentionCall,
+    SequenceAttention,
+    deprecated_attribute,
+    renamed_init_arguments,
+)
+from attnlab.registry import register
 
 __all__ = [
     "CapsuleAttention",
@@ -54,14 +60,6 @@ SQUASH_EPS = 1e-12
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _check_features(features: Tensor, d: int) -> None:
-    check_tensor(features, "features")
-    if features.dim() != 3 or features.shape[2] != d:
-        raise ValueError(
-            f"features has shape {tuple(features.shape)}, expected [B, n, d_k] = [B, n, {d}]"
-        )
 
 
 def _position_mask(mask: Tensor | None, B: int, n: int, device: torch.device) -> Tensor | None:
@@ -80,7 +78,7 @@ def _position_mask(mask: Tensor | None, B: int, n: int, device: torch.device) ->
             "True = real position"
         )
     if mask.device != device:
-        raise ValueError(f"mask is on {mask.device} but features is on {device}")
+        raise ValueError(f"mask is on {mask.device} but query is on {device}")
     return mask.expand(B, n)
 
 
@@ -176,14 +174,15 @@ class CapsuleOutput:
     "capsule",
     formula="e_cl = q_c^T k_l; c_c = sum_l softmax_l(e_c)_l v_l; p_c = sigmoid(w_c^T c_c + b_c); r_c = p_c c_c; L = L_cls + lambda L_rec(r, mean f)",
     source="Wang et al. 2018, Sentiment Analysis by Capsules (RNN-Capsule)",
-    cost="C attentions: O(B C n d) for dot scores (+ O(B C n d_k d) for per-capsule projections)",
+    cost="C attentions: O(B C n d) for dot scores (+ O(B C n d_features d) for per-capsule projections)",
     aliases=("capsule-attention", "rnn-capsule"),
 )
-class CapsuleAttention(Configurable):
+@renamed_init_arguments(d_k="d_features")
+class CapsuleAttention(SequenceAttention):
     """Capsule-based attention: one capsule (query, attention, probability) per class.
 
     Args:
-        d_k: feature size.
+        d_features: feature size (formerly ``d_k``, a deprecated keyword for one release).
         num_classes: ``C``, the number of capsules.
         d_q: size of each capsule query (default: the key size).
         score: any score taking a query (default ``dot``, ``e_cl = q_c^T k_l``); each
@@ -193,8 +192,11 @@ class CapsuleAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ...).
 
-    Shapes: ``features`` ``[B, n, d_k]``; ``mask`` bool ``[B, n]`` (True = real position).
-    Returns :class:`CapsuleOutput` (``probs`` ``[B, C]``, ``contexts`` and
+    Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=True)``: the
+    features ``F`` ``[B, n, d_features]`` are ``query`` (the capsule queries are
+    parameters; ``key`` / ``value`` must be ``None`` or ``F``); ``mask`` bool ``[B, n]``
+    (True = real position). ``need_weights`` defaults to ``True`` here (the weights are part
+    of the capsule output). Returns :class:`CapsuleOutput` (``probs`` ``[B, C]``, ``contexts`` and
     ``reconstructions`` ``[B, C, d_v]``, ``weights`` ``[B, C, n]``). A sequence with no real
     position has zero contexts, so ``p_c = sigmoid(b_c)``.
 
@@ -203,9 +205,12 @@ class CapsuleAttention(Configurable):
     dot-product scores), else one call per capsule.
     """
 
+    self_only = True
+    need_weights_default = True
+
     def __init__(
         self,
-        d_k: int,
+        d_features: int,
         num_classes: int,
         *,
         d_q: int | None = None,
@@ -217,24 +222,23 @@ class CapsuleAttention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ConfigError(f"num_classes must be an int >= 1, got {num_classes!r}")
+        check_int(num_classes, "num_classes")
         if isinstance(score, Score) and num_classes > 1:
             raise ConfigError(
                 "score must be a name: every capsule builds its own score module (a Score "
                 "instance would be shared by all capsules)"
             )
-        key_size = key_dim if key_dim is not None else d_k
+        key_size = key_dim if key_dim is not None else d_features
         d_q = key_size if d_q is None else d_q
-        self.d_k, self.d_q, self.num_classes = d_k, d_q, num_classes
-        self.d_v = value_dim if value_dim is not None else d_k
+        self.d_features, self.d_q, self.num_classes = d_features, d_q, num_classes
+        self.d_v = value_dim if value_dim is not None else d_features
         self.capsules = nn.ModuleList(
             [
                 Attention(
                     score,
                     align,
                     d_q=d_q,
-                    d_k=d_k,
+                    d_k=d_features,
                     key_dim=key_dim,
                     value_dim=value_dim,
                     dropout=dropout,
@@ -256,11 +260,10 @@ class CapsuleAttention(Configurable):
             and not any(p.numel() for p in self.capsules.parameters())
         )
 
-    def forward(
-        self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = True
-    ) -> CapsuleOutput:
-        _check_features(features, self.d_k)
-        check_module_dtype(self, features, "features")
+    d_k = deprecated_attribute("d_k", "d_features")
+
+    def _attend(self, call: AttentionCall) -> CapsuleOutput:
+        features, mask, need_weights = call.query, call.mask, call.need_weights
         B, n = features.shape[:2]
         C = self.num_classes
         pm = _position_mask(mask, B, n, features.device)
@@ -402,15 +405,16 @@ class RoutingOutput:
     "capsule-routing",
     formula="u_(j|i) = W_j u_i; b_ij = 0; T times: c_ij = softmax_j(b_ij), s_j = sum_i c_ij u_(j|i), v_j = squash(s_j), b_ij += u_(j|i) . v_j; p_j = |v_j|",
     source="Sabour et al. 2017, Dynamic Routing Between Capsules",
-    cost="O(B n C d_k d_caps) for the predictions + O(T B n C d_caps) for the routing",
+    cost="O(B n C d_features d_caps) for the predictions + O(T B n C d_caps) for the routing",
     aliases=("dynamic-routing", "routing-by-agreement"),
 )
-class CapsuleRouting(Configurable):
+@renamed_init_arguments(d_k="d_features")
+class CapsuleRouting(SequenceAttention):
     """Dynamic routing between the input positions (primary capsules) and one capsule per
     class (Sabour et al. 2017), the routing variant of capsule-based attention.
 
     Each position ``i`` predicts every class capsule, ``u_(j|i) = W_j u_i`` (``W_j``
-    ``[d_caps, d_k]`` shared over positions, so any length works); the routing logits start
+    ``[d_caps, d_features]`` shared over positions, so any length works); the routing logits start
     at ``b_ij = 0`` and for ``T`` iterations:
 
         c_ij = softmax_j(b_ij)              (coupling: position i spreads over classes)
@@ -424,21 +428,26 @@ class CapsuleRouting(Configurable):
     classes they agree with. Gradients flow through every iteration.
 
     Args:
-        d_k: feature size. num_classes: ``C``. d_caps: size of the class capsules (16).
+        d_features: feature size (formerly ``d_k``, a deprecated keyword for one release).
+        num_classes: ``C``. d_caps: size of the class capsules (16).
         iterations: ``T`` (default 3, as in the paper; 1 = uniform coupling).
         bias: a bias per class capsule in the predictions (``W_j u_i + beta_j``).
 
-    Shapes: ``features`` ``[B, n, d_k]``; ``mask`` bool ``[B, n]`` (True = real position);
+    Call: ``forward(query, key=None, value=None, *, mask=None)``: the features ``F`` ``[B,
+    n, d_features]`` (the primary capsules) are ``query`` (``key`` / ``value`` must be
+    ``None`` or ``F``); ``mask`` bool ``[B, n]`` (True = real position);
     masked positions have ``c_ij = 0`` (they route nothing). Returns
     :class:`RoutingOutput`; a sequence with no real position gives ``v_j = 0``.
 
-    Cost: O(B n C d_k d_caps) time and O(B n C d_caps) memory for the predictions, plus
+    Cost: O(B n C d_features d_caps) time and O(B n C d_caps) memory for the predictions, plus
     O(T B n C d_caps) for the routing iterations.
     """
 
+    self_only = True
+
     def __init__(
         self,
-        d_k: int,
+        d_features: int,
         num_classes: int,
         d_caps: int = 16,
         iterations: int = 3,
@@ -446,19 +455,17 @@ class CapsuleRouting(Configurable):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        for name, value in (("num_classes", num_classes), ("d_caps", d_caps), ("d_k", d_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ConfigError(f"iterations must be an int >= 1, got {iterations!r}")
-        self.d_k, self.num_classes, self.d_caps, self.iterations = (
-            d_k,
-            num_classes,
-            d_caps,
-            iterations,
-        )
-        bound = 1.0 / math.sqrt(d_k)
-        self.W = nn.Parameter(torch.empty(num_classes, d_caps, d_k).uniform_(-bound, bound))
+        for name, value in (
+            ("num_classes", num_classes),
+            ("d_caps", d_caps),
+            ("d_features", d_features),
+            ("iterations", iterations),
+        ):
+            check_int(value, name)
+        self.d_features, self.num_classes = d_features, num_classes
+        self.d_caps, self.iterations = d_caps, iterations
+        bound = 1.0 / math.sqrt(d_features)
+        self.W = nn.Parameter(torch.empty(num_classes, d_caps, d_features).uniform_(-bound, bound))
         self.beta = nn.Parameter(torch.zeros(num_classes, d_caps)) if bias else None
 
     def predictions(self, features: Tensor) -> Tensor:
@@ -466,9 +473,10 @@ class CapsuleRouting(Configurable):
         u = torch.einsum("bnk,cdk->bncd", features, self.W)
         return u + self.beta if self.beta is not None else u
 
-    def forward(self, features: Tensor, mask: Tensor | None = None) -> RoutingOutput:
-        _check_features(features, self.d_k)
-        check_module_dtype(self, features, "features")
+    d_k = deprecated_attribute("d_k", "d_features")
+
+    def _attend(self, call: AttentionCall) -> RoutingOutput:
+        features, mask = call.query, call.mask
         B, n = features.shape[:2]
         pm = _position_mask(mask, B, n, features.device)
         # padding never matters: cleared (where) before the predictions u = W f

@@ -11,8 +11,9 @@ Synthesizer (:mod:`attnlab.query.synthesizer`) are each an attention module usab
 with ``key`` defaulting to ``query`` (self-attention), ``value`` to ``key``, ``mask`` a
 bool tensor broadcastable to ``[B, n_q, n_k]`` (True = may attend) and the output
 ``context`` ``[B, n_q, d_model]``. This module holds the checks and head reshaping they
-share, so that every variant validates its inputs the same way and names the argument,
-its shape and the expected shape in its errors. It registers nothing.
+share; their common ``forward`` (the input checks that name the argument, its shape and
+the expected shape) is :class:`attnlab.query._convention.HeadAttention`. It registers
+nothing.
 
 Each variant class states two capabilities as class attributes (and in its registry
 entry): ``supports_cross`` (it can attend over another sequence ``key``) and
@@ -27,27 +28,16 @@ import torch
 from torch import Tensor
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
-from attnlab.query._convention import check_call
+from attnlab._checks import ConfigError, check_int
 
 __all__ = [
     "check_dropout",
-    "check_module_dtype",
-    "check_positive_int",
     "head_dim_for",
     "head_mask",
     "merge_heads",
     "reduce_weights",
-    "resolve_inputs",
     "split_heads",
 ]
-
-
-def check_positive_int(value: object, name: str, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum`` (``ConfigError`` otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def check_dropout(p: float) -> float:
@@ -58,8 +48,8 @@ def check_dropout(p: float) -> float:
 
 def head_dim_for(d_model: int, num_heads: int, head_dim: int | None) -> int:
     """The per-head size: ``head_dim`` or ``d_model // num_heads`` (which must divide)."""
-    check_positive_int(d_model, "d_model")
-    check_positive_int(num_heads, "num_heads")
+    check_int(d_model, "d_model")
+    check_int(num_heads, "num_heads")
     if head_dim is None:
         if d_model % num_heads:
             raise ConfigError(
@@ -67,37 +57,7 @@ def head_dim_for(d_model: int, num_heads: int, head_dim: int | None) -> int:
                 "pass head_dim explicitly"
             )
         return d_model // num_heads
-    return check_positive_int(head_dim, "head_dim")
-
-
-def resolve_inputs(
-    mechanism: str,
-    query: Tensor,
-    key: Tensor | None,
-    value: Tensor | None,
-    d_model: int,
-    *,
-    self_only: bool,
-) -> tuple[Tensor, Tensor]:
-    """Check ``query`` ``[B, n_q, d_model]`` and return ``(key, value)`` with their
-    defaults (``key = query``, ``value = key``) after checking their shapes, dtypes and
-    devices. ``self_only`` mechanisms (shared-QK or relative self-attention) accept
-    ``key``/``value`` only when they are ``query`` itself."""
-    check_tensor(query, "query")
-    if query.dim() != 3 or query.shape[-1] != d_model:
-        raise ValueError(
-            f"query has shape {tuple(query.shape)}, expected [B, n_q, d_model] = "
-            f"[B, n_q, {d_model}]"
-        )
-    if self_only:
-        for name, t in (("key", key), ("value", value)):
-            if t is not None and t is not query:
-                raise ValueError(
-                    f"{mechanism} is self-attention only: {name} must be None (or the query "
-                    f"itself), got a tensor of shape {tuple(t.shape)}"
-                )
-        return query, query
-    return check_call(query, key, value, d_model=d_model, d_k=d_model, d_v=d_model)
+    return check_int(head_dim, "head_dim")
 
 
 def head_mask(

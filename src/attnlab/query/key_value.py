@@ -1,4 +1,5 @@
-"""Key-value attention and (textbook) multi-query attention (seed 002, TAXONOMY section 4).
+"""Key-value attention and concatenated key-value attention, the textbook "multi-query"
+attention (seed 002, TAXONOMY section 4).
 
 Key-value attention separates what is *matched* from what is *read*: the inputs are pairs
 ``(K, V) = [(k_1, v_1), ..., (k_N, v_N)]``; the query is scored against the keys and the
@@ -6,8 +7,8 @@ weights average the values:
 
     att((K, V), q) = sum_n a_n v_n,   a_n = exp(s(k_n, q)) / sum_j exp(s(k_j, q))
 
-Multi-query attention asks the same key-value memory ``M`` questions at once and
-concatenates the answers:
+Concatenated key-value attention (the textbook's "multi-query attention") asks the same
+key-value memory ``M`` questions at once and concatenates the answers:
 
     att((K, V), Q) = att((K, V), q_1) (+) ... (+) att((K, V), q_M)       ((+) = concat)
 
@@ -17,10 +18,13 @@ Both are thin compositions of the general attention model: the functions call
 notes in seed 002 (Qiu 2020, *Neural Networks and Deep Learning*, chapter 8); key-value
 memories come from Miller et al. 2016.
 
-*Not* Shazeer's multi-query attention: "multi-query" here means several queries over one
-memory with the answers concatenated (the textbook item). Shazeer 2019's multi-query
-attention (one shared key/value head for all query heads) is
-``MultiHeadAttention(..., num_kv_heads=1)`` in :mod:`attnlab.query.multi_head`.
+*Not* Shazeer's multi-query attention: the textbook's "multi-query" means several queries
+over one memory with the answers concatenated, hence the names
+:class:`ConcatenatedKeyValueAttention` / :func:`concatenated_key_value_attention`. Shazeer
+2019's multi-query attention (one shared key/value head for all query heads) is
+``MultiHeadAttention(..., num_kv_heads=1)`` in :mod:`attnlab.query.multi_head`. The old
+names ``MultiQueryAttention`` / ``multi_query_attention`` (and the keywords ``keys=``,
+``values=``, ``queries=``) still work for one release, with a ``DeprecationWarning``.
 
 Cost: O(B n_q n_k d) for dot-product scores (that of the chosen score in general), memory
 O(B n_q n_k) for the weights when they are requested.
@@ -28,54 +32,60 @@ O(B n_q n_k) for the weights when they are requested.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import check_int, check_module_dtype, check_same, check_tensor
 from attnlab.functional import attend
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, register
+from attnlab.query._convention import (
+    AttentionCall,
+    ConventionAttention,
+    deprecated_aliases,
+    renamed_arguments,
+)
+from attnlab.registry import register
 
 __all__ = [
+    "ConcatenatedKeyValueAttention",
     "KeyValueAttention",
-    "MultiQueryAttention",
+    "concatenated_key_value_attention",
     "key_value_attention",
-    "multi_query_attention",
 ]
 
 
 def _check_kv(
     query: Tensor,
-    keys: Tensor,
-    values: Tensor,
+    key: Tensor,
+    value: Tensor,
     query_rank: tuple[int, ...],
     d_q: int | None = None,
     d_k: int | None = None,
     d_v: int | None = None,
-    query_name: str = "query",
 ) -> None:
     """Shapes, dtypes and devices of a key-value call, with the argument names."""
-    check_tensor(keys, "keys")
-    if keys.dim() != 3 or (d_k is not None and keys.shape[2] != d_k):
+    check_tensor(key, "key")
+    if key.dim() != 3 or (d_k is not None and key.shape[2] != d_k):
         raise ValueError(
-            f"keys has shape {tuple(keys.shape)}, expected [B, n_k, d_k] = "
+            f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k] = "
             f"[B, n_k, {d_k if d_k is not None else 'd_k'}]"
         )
-    B, n_k = keys.shape[:2]
-    check_tensor(values, "values")
+    B, n_k = key.shape[:2]
+    check_tensor(value, "value")
     if (
-        values.dim() != 3
-        or values.shape[:2] != (B, n_k)
-        or (d_v is not None and values.shape[2] != d_v)
+        value.dim() != 3
+        or value.shape[:2] != (B, n_k)
+        or (d_v is not None and value.shape[2] != d_v)
     ):
         raise ValueError(
-            f"values has shape {tuple(values.shape)}, expected [B, n_k, d_v] = "
+            f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = "
             f"[{B}, {n_k}, {d_v if d_v is not None else 'd_v'}]"
         )
-    check_same(keys, "keys", values=values)
-    check_tensor(query, query_name)
+    check_same(key, "key", value=value)
+    check_tensor(query, "query")
     dq = d_q if d_q is not None else "d_q"
     layout = " or ".join(f"[{B}, {dq}]" if r == 2 else f"[{B}, n_q, {dq}]" for r in query_rank)
     if (
@@ -84,16 +94,26 @@ def _check_kv(
         or (d_q is not None and query.shape[-1] != d_q)
     ):
         raise ValueError(
-            f"{query_name} has shape {tuple(query.shape)}, expected {layout} ([B, n_q, d_q] "
-            "with the batch size of keys)"
+            f"query has shape {tuple(query.shape)}, expected {layout} ([B, n_q, d_q] "
+            "with the batch size of key)"
         )
-    check_same(keys, "keys", **{query_name: query})
+    check_same(key, "key", query=query)
+
+
+_RENAMES = {"keys": "key", "values": "value", "queries": "query"}
+
+
+def _legacy(owner: str, options: dict[str, Any], **current: Any) -> dict[str, Any]:
+    """Take the deprecated keywords (``keys=``, ``values=``, ``queries=``) out of a
+    function's ``**options`` and map them onto the new names."""
+    legacy = {k: options.pop(k) for k in list(options) if k in _RENAMES}
+    return renamed_arguments(owner, legacy, _RENAMES, **current)
 
 
 def key_value_attention(
-    query: Tensor,
-    keys: Tensor,
-    values: Tensor,
+    query: Tensor | None = None,
+    key: Tensor | None = None,
+    value: Tensor | None = None,
     score: str = "dot",
     *,
     mask: Tensor | None = None,
@@ -104,7 +124,8 @@ def key_value_attention(
 
     Args:
         query: ``[B, d_q]`` (one query) or ``[B, n_q, d_q]`` (each query row separately).
-        keys: ``[B, n_k, d_k]``; values: ``[B, n_k, d_v]`` (paired with the keys).
+        key: ``[B, n_k, d_k]`` (default ``query``); value: ``[B, n_k, d_v]`` (paired with
+            the keys; default ``key``).
         score: any score name of :func:`attnlab.functional.attend` (default ``dot``,
             ``q^T k_n``; ``general`` with ``W=...``, ``additive`` with ``W1, W2, w``, ...).
         mask: bool broadcastable to ``[B, n_q, n_k]`` (``[B, n_k]`` for one query), True =
@@ -115,8 +136,19 @@ def key_value_attention(
     Returns :class:`~attnlab.output.AttentionOutput`, ``context`` ``[B, d_v]`` or
     ``[B, n_q, d_v]``. Cost O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA).
     """
-    _check_kv(query, keys, values, (2, 3))
-    return attend(query, keys, values, score, mask=mask, need_weights=need_weights, **score_params)
+    a = _legacy("key_value_attention", score_params, query=query, key=key, value=value)
+    query, key, value = _defaults(a["query"], a["key"], a["value"])
+    _check_kv(query, key, value, (2, 3))
+    return attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
+
+
+def _defaults(
+    query: Tensor | None, key: Tensor | None, value: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    if query is None:
+        raise TypeError("missing the argument 'query'")
+    key = query if key is None else key
+    return query, key, key if value is None else value
 
 
 def _concat(out: AttentionOutput, concat: bool) -> AttentionOutput:
@@ -126,10 +158,10 @@ def _concat(out: AttentionOutput, concat: bool) -> AttentionOutput:
     return out
 
 
-def multi_query_attention(
-    queries: Tensor,
-    keys: Tensor,
-    values: Tensor,
+def concatenated_key_value_attention(
+    query: Tensor | None = None,
+    key: Tensor | None = None,
+    value: Tensor | None = None,
     score: str = "dot",
     *,
     mask: Tensor | None = None,
@@ -137,11 +169,12 @@ def multi_query_attention(
     need_weights: bool = False,
     **score_params: Any,
 ) -> AttentionOutput:
-    """Multi-query attention ``att((K, V), Q) = concat_m att((K, V), q_m)`` (seed 002).
+    """Concatenated key-value attention (the textbook's multi-query attention)
+    ``att((K, V), Q) = concat_m att((K, V), q_m)`` (seed 002).
 
     Args:
-        queries: ``Q = [q_1..q_M]`` ``[B, M, d_q]``.
-        keys, values, score, mask, **score_params: as in :func:`key_value_attention`
+        query: ``Q = [q_1..q_M]`` ``[B, M, d_q]``.
+        key, value, score, mask, **score_params: as in :func:`key_value_attention`
             (``mask`` broadcastable to ``[B, M, n_k]``; a key mask is ``[B, 1, n_k]``).
         concat: ``True`` (default) returns the concatenation ``[B, M d_v]`` (answer of
             ``q_1`` first); ``False`` keeps the answers apart, ``[B, M, d_v]``.
@@ -149,8 +182,10 @@ def multi_query_attention(
 
     Cost: M key-value attentions in one batched call, O(B M n_k (d_k + d_v)).
     """
-    _check_kv(queries, keys, values, (3,), query_name="queries")
-    out = attend(queries, keys, values, score, mask=mask, need_weights=need_weights, **score_params)
+    a = _legacy("concatenated_key_value_attention", score_params, query=query, key=key, value=value)
+    query, key, value = _defaults(a["query"], a["key"], a["value"])
+    _check_kv(query, key, value, (3,))
+    out = attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
     return _concat(out, concat)
 
 
@@ -162,7 +197,7 @@ def multi_query_attention(
     cost="that of the score: O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA)",
     aliases=("key-value-attention", "kv"),
 )
-class KeyValueAttention(Configurable):
+class KeyValueAttention(ConventionAttention):
     """Key-value attention ``att((K, V), q) = sum_n align(s(k_n, q))_n v_n``: one
     :class:`attnlab.Attention` over separate keys and values.
 
@@ -174,8 +209,8 @@ class KeyValueAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ``act``, ...).
 
-    Shapes: ``query`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``keys`` ``[B, n_k, d_k]``;
-    ``values`` ``[B, n_k, d_v]``; ``mask`` bool broadcastable to ``[B, n_q, n_k]`` (``[B,
+    Shapes: ``query`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``key`` ``[B, n_k, d_k]`` (default
+    ``query``); ``value`` ``[B, n_k, d_v]`` (default ``key``); ``mask`` bool broadcastable to ``[B, n_q, n_k]`` (``[B,
     n_k]`` for one query), True = may attend. Returns
     :class:`~attnlab.output.AttentionOutput`: ``context`` ``[B, d_v]`` / ``[B, n_q, d_v]``.
 
@@ -199,32 +234,39 @@ class KeyValueAttention(Configurable):
             score, align, d_q=d_q, d_k=d_k, d_v=d_v, dropout=dropout, **options
         )
 
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        *,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        a = self.attention
-        _check_kv(query, keys, values, (2, 3), a.d_q, a.d_k, a.d_v)
-        check_module_dtype(self, keys, "keys")
-        return self.attention(query, keys, values, mask=mask, need_weights=need_weights)
+    #: the ranks ``query`` may have: ``[B, d_q]`` or ``[B, n_q, d_q]``
+    query_rank: tuple[int, ...] = (2, 3)
+
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        """The deprecated keywords ``keys=`` / ``values=`` / ``queries=`` (one release)
+        mapped onto ``key`` / ``value`` / ``query``; the defaults and the checks."""
+        owner = type(self).__name__
+        a = _legacy(owner, extras, query=call.query, key=call.key, value=call.value)
+        query, key, value = _defaults(a["query"], a["key"], a["value"])
+        att = self.attention
+        _check_kv(query, key, value, self.query_rank, att.d_q, att.d_k, att.d_v)
+        check_module_dtype(self, key, "key")
+        return replace(call, query=query, key=key, value=value)
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        return self.attention(
+            call.query, call.key, call.value, mask=call.mask, need_weights=call.need_weights
+        )
 
 
 @register(
     "query",
-    "multi-query",
+    "concatenated-key-value",
     formula="att((K, V), Q) = att((K, V), q_1) (+) ... (+) att((K, V), q_M), (+) = concatenation",
     source="Qiu 2020, Neural Networks and Deep Learning",
     cost="M key-value attentions: O(B M n_k (d_k + d_v)) for dot-product scores",
-    aliases=("multi-query-attention",),
+    aliases=("multi-query", "multi-query-attention", "concat-key-value"),
 )
-class MultiQueryAttention(Configurable):
-    """Textbook multi-query attention: ``M`` queries over one key-value memory, answers
-    concatenated, ``att((K, V), Q) = concat_m att((K, V), q_m)`` (seed 002).
+class ConcatenatedKeyValueAttention(KeyValueAttention):
+    """Concatenated key-value attention, the textbook's "multi-query attention": ``M``
+    queries over one key-value memory, answers concatenated, ``att((K, V), Q) = concat_m
+    att((K, V), q_m)`` (seed 002). Formerly ``MultiQueryAttention`` (a deprecated alias for
+    one release): renamed because it is not Shazeer's multi-query attention.
 
     Args:
         d_q, d_k, d_v, score, align, dropout, **options: as in :class:`KeyValueAttention`
@@ -233,8 +275,8 @@ class MultiQueryAttention(Configurable):
             size is ``num_queries * d_v`` (checked at the call).
         concat: ``True`` (default) returns ``[B, M d_v]``; ``False`` keeps ``[B, M, d_v]``.
 
-    Shapes: ``queries`` ``[B, M, d_q]``; ``keys`` ``[B, n_k, d_k]``; ``values``
-    ``[B, n_k, d_v]``; ``mask`` bool broadcastable to ``[B, M, n_k]`` (a key mask is
+    Shapes: ``query`` ``[B, M, d_q]``; ``key`` ``[B, n_k, d_k]`` (default ``query``);
+    ``value`` ``[B, n_k, d_v]`` (default ``key``); ``mask`` bool broadcastable to ``[B, M, n_k]`` (a key mask is
     ``[B, 1, n_k]``). ``weights`` (``need_weights=True``) ``[B, M, n_k]``.
 
     Not Shazeer's multi-query attention (shared key/value heads): that is
@@ -254,33 +296,28 @@ class MultiQueryAttention(Configurable):
         dropout: float = 0.0,
         **options: Any,
     ) -> None:
-        super().__init__()
-        if num_queries is not None and (
-            isinstance(num_queries, bool) or not isinstance(num_queries, int) or num_queries < 1
-        ):
-            raise ConfigError(f"num_queries must be an int >= 1 or None, got {num_queries!r}")
+        super().__init__(d_q, d_k, d_v, score=score, align=align, dropout=dropout, **options)
+        if num_queries is not None:
+            check_int(num_queries, "num_queries")
         self.num_queries = num_queries
         self.concat = bool(concat)
-        self.attention = Attention(
-            score, align, d_q=d_q, d_k=d_k, d_v=d_v, dropout=dropout, **options
-        )
 
-    def forward(
-        self,
-        queries: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        *,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        a = self.attention
-        _check_kv(queries, keys, values, (3,), a.d_q, a.d_k, a.d_v, query_name="queries")
-        check_module_dtype(self, keys, "keys")
-        if self.num_queries is not None and queries.shape[1] != self.num_queries:
+    query_rank = (3,)
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query = call.query
+        if self.num_queries is not None and query.shape[1] != self.num_queries:
             raise ValueError(
-                f"queries has shape {tuple(queries.shape)}, expected [B, M, d_q] with "
+                f"query has shape {tuple(query.shape)}, expected [B, M, d_q] with "
                 f"M = num_queries = {self.num_queries}"
             )
-        out = self.attention(queries, keys, values, mask=mask, need_weights=need_weights)
-        return _concat(out, self.concat)
+        return _concat(super()._attend(call), self.concat)
+
+
+__getattr__ = deprecated_aliases(
+    __name__,
+    {
+        "MultiQueryAttention": lambda: ConcatenatedKeyValueAttention,
+        "multi_query_attention": lambda: concatenated_key_value_attention,
+    },
+)

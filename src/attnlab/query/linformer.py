@@ -43,22 +43,19 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
+from attnlab.query._convention import AttentionCall, HeadAttention
 from attnlab.query.efficient import (
     check_dropout,
-    check_module_dtype,
-    check_positive_int,
-    head_dim_for,
     merge_heads,
     reduce_weights,
-    resolve_inputs,
     split_heads,
 )
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["LinformerAttention"]
 
@@ -74,7 +71,7 @@ _SHARING = ("none", "headwise", "key-value")
     supports_cross=True,
     supports_causal=False,
 )
-class LinformerAttention(Configurable):
+class LinformerAttention(HeadAttention):
     """Linformer multi-head attention with sequence-axis projections of keys and values.
 
     Args:
@@ -107,10 +104,9 @@ class LinformerAttention(Configurable):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        hd = head_dim_for(d_model, num_heads, head_dim)
-        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, hd
-        self.max_len = check_positive_int(max_len, "max_len")
-        self.proj_len = check_positive_int(proj_len, "proj_len")
+        hd = self._init_heads(d_model, num_heads, head_dim)
+        self.max_len = check_int(max_len, "max_len")
+        self.proj_len = check_int(proj_len, "proj_len")
         if share not in _SHARING:
             raise ConfigError(f"share must be one of {_SHARING}, got {share!r}")
         self.share = share
@@ -150,19 +146,9 @@ class LinformerAttention(Configurable):
             m = m[:, :1]
         return m[:, 0, :]  # [B or 1, n_k]
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-    ) -> AttentionOutput:
-        key, value = resolve_inputs("linformer", query, key, value, self.d_model, self_only=False)
-        check_module_dtype(self, query)
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query, key, value, mask = call.query, call.key, call.value, call.mask
+        causal, need_weights, average_weights = call.causal, call.need_weights, call.average_weights
         if causal:
             raise ValueError(
                 "linformer does not support causal=True: each projected position mixes all "

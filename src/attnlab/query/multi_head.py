@@ -27,8 +27,8 @@ from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.planner import Plan, plan_heads
 from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import check_call
-from attnlab.registry import Configurable, register
+from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.registry import register
 
 __all__ = ["MultiHeadAttention"]
 
@@ -41,7 +41,7 @@ __all__ = ["MultiHeadAttention"]
     cost="O(B h n_q n_k d_head) (+ projections O(B (n_q + n_k) d_model^2))",
     aliases=("mha", "multihead"),
 )
-class MultiHeadAttention(Configurable):
+class MultiHeadAttention(HeadAttention):
     """Multi-head attention with any score and alignment per head.
 
     Args:
@@ -87,15 +87,7 @@ class MultiHeadAttention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if num_heads < 1:
-            raise ConfigError(f"num_heads must be >= 1, got {num_heads}")
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ConfigError(
-                    f"d_model={d_model} is not divisible by num_heads={num_heads}; "
-                    "pass head_dim explicitly"
-                )
-            head_dim = d_model // num_heads
+        head_dim = self._init_heads(d_model, num_heads, head_dim)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ConfigError(
@@ -208,20 +200,9 @@ class MultiHeadAttention(Configurable):
         B, n, _ = x.shape
         return x.view(B, n, heads, self.head_dim).transpose(1, 2)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-    ) -> AttentionOutput:
-        key, value = check_call(
-            query, key, value, d_model=self.d_model, d_k=self.d_k, d_v=self.d_v, module=self
-        )
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query, key, value = call.query, call.key, call.value
+        mask, causal, need_weights = call.mask, call.causal, call.need_weights
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         plan = self.plan(
@@ -282,6 +263,6 @@ class MultiHeadAttention(Configurable):
             path = f"per-head:{outs[0].path}"
         context = context.transpose(1, 2).reshape(B, n_q, self.num_heads * self.head_dim)
         output = self.out_proj(context)
-        if weights is not None and average_weights:
+        if weights is not None and call.average_weights:
             weights = weights.mean(1)
         return AttentionOutput(output, weights if need_weights else None, path=path)

@@ -33,13 +33,14 @@ own (S times the parameters).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
 from attnlab.general.attention import Attention
 from attnlab.general.padding import (
     attended_keys,
@@ -49,7 +50,8 @@ from attnlab.general.padding import (
     zero_rows,
 )
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, register
+from attnlab.query._convention import AttentionCall, ConventionAttention, renamed_arguments
+from attnlab.registry import register
 
 __all__ = ["TRANSFORMS", "MultiHopAttention", "masked_mean_values"]
 
@@ -138,7 +140,7 @@ def masked_mean_values(values: Tensor, mask: Tensor | None, n_q: int) -> Tensor:
     cost="S times one attention plus S transforms: O(S B n_q (n_k cost_score + d_q (d_q + d_v)))",
     aliases=("multi-step", "multihop", "stacked-attention"),
 )
-class MultiHopAttention(Configurable):
+class MultiHopAttention(ConventionAttention):
     """Multi-hop attention: ``S`` attention steps, each refining the query with the last
     context (see the module docstring for the recursion and the transforms).
 
@@ -159,8 +161,10 @@ class MultiHopAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ``act``, ...).
 
-    Shapes: ``query`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``keys`` ``[B, n_k, d_k]``;
-    ``values`` ``[B, n_k, d_v]`` (default: the keys); ``mask`` bool broadcastable to
+    Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=True)``
+    (``need_weights`` defaults to ``True`` here: the per-hop weights are part of the
+    result). Shapes: ``query`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``key`` ``[B, n_k, d_k]``
+    (default ``query``); ``value`` ``[B, n_k, d_v]`` (default: the keys); ``mask`` bool broadcastable to
     ``[B, n_q, n_k]`` (``[B, n_k]`` for one query), True = may attend. Returns
     :class:`~attnlab.output.AttentionOutput` with ``context`` ``c^(S)`` ``[B, d_v]`` /
     ``[B, n_q, d_v]``, ``weights`` (every hop, with ``need_weights=True``, the default)
@@ -171,6 +175,8 @@ class MultiHopAttention(Configurable):
     Cost: S hops of the chosen attention (O(B n_q n_k d_w) each for the additive score)
     plus S transforms O(B n_q d_q (d_q + d_v)); the hops are sequential.
     """
+
+    need_weights_default = True
 
     def __init__(
         self,
@@ -189,8 +195,7 @@ class MultiHopAttention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
-            raise ConfigError(f"hops must be an int >= 1, got {hops!r}")
+        check_int(hops, "hops")
         if query_form not in ("state", "concat"):
             raise ConfigError(f"query_form must be 'state' or 'concat', got {query_form!r}")
         d_v = d_k if d_v is None else d_v
@@ -222,50 +227,57 @@ class MultiHopAttention(Configurable):
             self.transforms = transforms
 
     def _check(
-        self, query: Tensor, keys: Tensor, values: Tensor | None
+        self, query: Tensor, key: Tensor, value: Tensor | None
     ) -> tuple[Tensor, bool, Tensor]:
-        check_tensor(keys, "keys")
-        if keys.dim() != 3 or keys.shape[2] != self.d_k:
+        check_tensor(key, "key")
+        if key.dim() != 3 or key.shape[2] != self.d_k:
             raise ValueError(
-                f"keys has shape {tuple(keys.shape)}, expected [B, n_k, d_k] = [B, n_k, {self.d_k}]"
+                f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k] = [B, n_k, {self.d_k}]"
             )
-        B, n_k = keys.shape[:2]
+        B, n_k = key.shape[:2]
         check_tensor(query, "query")
         if query.dim() not in (2, 3) or query.shape[0] != B or query.shape[-1] != self.d_q:
             raise ValueError(
                 f"query has shape {tuple(query.shape)}, expected [B, d_q] = [{B}, {self.d_q}] "
                 f"or [B, n_q, d_q] = [{B}, n_q, {self.d_q}]"
             )
-        if values is None:
+        if value is None:
             if self.d_v != self.d_k:
                 raise ValueError(
-                    f"values is None, so the values are the keys {tuple(keys.shape)}, but this "
-                    f"module has d_v={self.d_v}; pass values [B, n_k, d_v] = [{B}, {n_k}, "
+                    f"value is None, so the values are the keys {tuple(key.shape)}, but this "
+                    f"module has d_v={self.d_v}; pass value [B, n_k, d_v] = [{B}, {n_k}, "
                     f"{self.d_v}]"
                 )
-            values = keys
+            value = key
         else:
-            check_tensor(values, "values")
-            if values.dim() != 3 or values.shape != (B, n_k, self.d_v):
+            check_tensor(value, "value")
+            if value.dim() != 3 or value.shape != (B, n_k, self.d_v):
                 raise ValueError(
-                    f"values has shape {tuple(values.shape)}, expected [B, n_k, d_v] = "
+                    f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = "
                     f"[{B}, {n_k}, {self.d_v}]"
                 )
-        check_same(keys, "keys", query=query, values=values)
-        check_module_dtype(self, keys, "keys")
+        check_same(key, "key", query=query, value=value)
+        check_module_dtype(self, key, "key")
         single = query.dim() == 2
-        return (query.unsqueeze(1) if single else query), single, values
+        return (query.unsqueeze(1) if single else query), single, value
 
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        need_weights: bool = True,
-    ) -> AttentionOutput:
-        q, single, values = self._check(query, keys, values)
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        """The deprecated keywords ``keys=`` / ``values=`` (one release) mapped onto
+        ``key`` / ``value``; ``key`` defaults to ``query``."""
+        legacy = {k: extras.pop(k) for k in ("keys", "values") if k in extras}
+        renames = {"keys": "key", "values": "value"}
+        a = renamed_arguments(type(self).__name__, legacy, renames, key=call.key, value=call.value)
+        if call.query is None:
+            raise TypeError(f"{type(self).__name__}.forward() missing the argument 'query'")
+        keys = call.query if a["key"] is None else a["key"]
+        _, _, values = self._check(call.query, keys, a["value"])
+        return replace(call, key=keys, value=values)
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query, keys, values, mask = call.query, call.key, call.value, call.mask
+        need_weights = call.need_weights
+        single = query.dim() == 2
+        q = query.unsqueeze(1) if single else query
         B, n_q = q.shape[:2]
         n_k = keys.shape[1]
         m = _masks.normalize_mask(mask, B, n_q, n_k, device=keys.device, single_query=single)

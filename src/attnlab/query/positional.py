@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
 from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import check_call
+from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query.efficient import reduce_weights
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -42,18 +43,6 @@ __all__ = [
 ]
 
 
-def _check_positive_int(value: object, name: str, error: type[Exception] = ValueError) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise error(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _check_nonneg_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
-
-
 def _check_base(base: float) -> float:
     if isinstance(base, bool) or not isinstance(base, int | float) or not base > 1:
         raise ConfigError(f"base must be a number > 1, got {base!r}")
@@ -65,7 +54,7 @@ def _positions_for(x: Tensor, positions: Tensor | None, offset: int) -> Tensor:
     tensor (broadcastable to ``x.shape[:-1]``), as float64."""
     n = x.shape[-2]
     if positions is None:
-        _check_nonneg_int(offset, "offset")
+        check_int(offset, "offset", 0, error=ValueError)
         return torch.arange(offset, offset + n, device=x.device, dtype=torch.float64)
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
@@ -91,7 +80,7 @@ def sinusoidal_encoding(positions: Tensor, d: int, base: float = 10000.0) -> Ten
     ``[..., d]`` in float64: column ``c`` with ``i = c // 2`` holds ``sin(p / base^(2i/d))``
     for even ``c`` and ``cos(p / base^(2i/d))`` for odd ``c``. An odd ``d`` ends with a sine
     column whose cosine partner is dropped."""
-    _check_positive_int(d, "d")
+    check_int(d, "d", error=ValueError)
     base = _check_base(base)
     i = torch.arange(d, device=positions.device) // 2
     inv_freq = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 * i.double() / d)
@@ -113,8 +102,8 @@ def sinusoidal_positions(
     cos(p / base^(2i/d))`` for positions ``p = offset, ..., offset + n - 1`` (Vaswani et al.
     2017). Any ``n`` (no maximum length); an odd ``d`` ends with a sine column. Computed in
     float64 and cast to ``dtype`` (default: the default float dtype). Cost O(n d)."""
-    _check_nonneg_int(n, "n")
-    _check_nonneg_int(offset, "offset")
+    check_int(n, "n", 0, error=ValueError)
+    check_int(offset, "offset", 0, error=ValueError)
     pos = torch.arange(offset, offset + n, dtype=torch.float64, device=device)
     return sinusoidal_encoding(pos, d, base).to(dtype or torch.get_default_dtype())
 
@@ -148,7 +137,7 @@ class SinusoidalPositions(Configurable):
         self, d_model: int, base: float = 10000.0, scale: float = 1.0, dropout: float = 0.0
     ) -> None:
         super().__init__()
-        self.d_model = _check_positive_int(d_model, "d_model", ConfigError)
+        self.d_model = check_int(d_model, "d_model")
         self.base = _check_base(base)
         self.scale = float(scale)
         if not 0.0 <= dropout < 1.0:
@@ -207,8 +196,8 @@ class LearnedPositions(Configurable):
         self, max_len: int, d_model: int, init_std: float = 0.02, dropout: float = 0.0
     ) -> None:
         super().__init__()
-        self.max_len = _check_positive_int(max_len, "max_len", ConfigError)
-        self.d_model = _check_positive_int(d_model, "d_model", ConfigError)
+        self.max_len = check_int(max_len, "max_len")
+        self.d_model = check_int(d_model, "d_model")
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
         self.dropout = float(dropout)
@@ -222,7 +211,7 @@ class LearnedPositions(Configurable):
             )
         n = x.shape[-2]
         if positions is None:
-            _check_nonneg_int(offset, "offset")
+            check_int(offset, "offset", 0, error=ValueError)
             if offset + n > self.max_len:
                 raise ValueError(
                     f"x has {n} positions starting at offset {offset}, but LearnedPositions "
@@ -329,7 +318,7 @@ class RotaryPositions(Configurable):
 
     def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = True) -> None:
         super().__init__()
-        self.dim = _check_positive_int(dim, "dim", ConfigError)
+        self.dim = check_int(dim, "dim")
         if dim % 2:
             raise ConfigError(f"dim must be even (RoPE rotates pairs of features), got {dim}")
         self.base = _check_base(base)
@@ -372,13 +361,46 @@ def relative_position_index(
     query ``i`` at key position ``i' = i + n_k - n_q`` (the queries are the last ``n_q``
     positions, as in :func:`attnlab.masks.causal`; ``i' = i`` for self-attention). Indexes
     the ``2k + 1`` rows of the relative embedding tables."""
-    _check_nonneg_int(n_q, "n_q")
-    _check_nonneg_int(n_k, "n_k")
-    _check_nonneg_int(max_distance, "max_distance")
+    check_int(n_q, "n_q", 0, error=ValueError)
+    check_int(n_k, "n_k", 0, error=ValueError)
+    check_int(max_distance, "max_distance", 0, error=ValueError)
     qpos = torch.arange(n_q, device=device) + (n_k - n_q)
     kpos = torch.arange(n_k, device=device)
     rel = (kpos[None, :] - qpos[:, None]).clamp(-max_distance, max_distance)
     return rel + max_distance
+
+
+def _check_relative_inputs(
+    q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None
+) -> int | None:
+    """Check the inputs of :func:`relative_position_attention`; returns ``K`` (``None``
+    without tables)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name)
+        if t.dim() < 2:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [..., n, d]")
+    d, n_k = q.shape[-1], k.shape[-2]
+    if k.shape[-1] != d:
+        raise ValueError(f"k has shape {tuple(k.shape)}, expected [..., n_k, d] with d = {d}")
+    if v.shape[-2] != n_k:
+        raise ValueError(f"v has shape {tuple(v.shape)}, expected [..., n_k, d_v] with n_k = {n_k}")
+    check_same(q, "q", k=k, v=v)
+    K = None
+    for name, table in (("rel_k", rel_k), ("rel_v", rel_v)):
+        if table is not None:
+            check_tensor(table, name)
+            if table.dim() != 2 or table.shape[0] % 2 == 0:
+                raise ValueError(f"{name} has shape {tuple(table.shape)}, expected [2K + 1, d]")
+            if K is not None and table.shape[0] != 2 * K + 1:
+                raise ValueError("rel_k and rel_v must have the same number of rows 2K + 1")
+            K = (table.shape[0] - 1) // 2
+    if rel_k is not None and rel_k.shape[1] != d:
+        raise ValueError(f"rel_k has shape {tuple(rel_k.shape)}, expected [2K + 1, d] with d = {d}")
+    if rel_v is not None and rel_v.shape[1] != v.shape[-1]:
+        raise ValueError(
+            f"rel_v has shape {tuple(rel_v.shape)}, expected [2K + 1, d_v] with d_v = {v.shape[-1]}"
+        )
+    return K
 
 
 def relative_position_attention(
@@ -421,32 +443,9 @@ def relative_position_attention(
     """
     from attnlab.general.alignment import masked_softmax
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(t, name)
-        if t.dim() < 2:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [..., n, d]")
+    K = _check_relative_inputs(q, k, v, rel_k, rel_v)
     d = q.shape[-1]
     n_q, n_k = q.shape[-2], k.shape[-2]
-    if k.shape[-1] != d:
-        raise ValueError(f"k has shape {tuple(k.shape)}, expected [..., n_k, d] with d = {d}")
-    if v.shape[-2] != n_k:
-        raise ValueError(f"v has shape {tuple(v.shape)}, expected [..., n_k, d_v] with n_k = {n_k}")
-    check_same(q, "q", k=k, v=v)
-    K = None
-    for name, table in (("rel_k", rel_k), ("rel_v", rel_v)):
-        if table is not None:
-            check_tensor(table, name)
-            if table.dim() != 2 or table.shape[0] % 2 == 0:
-                raise ValueError(f"{name} has shape {tuple(table.shape)}, expected [2K + 1, d]")
-            if K is not None and table.shape[0] != 2 * K + 1:
-                raise ValueError("rel_k and rel_v must have the same number of rows 2K + 1")
-            K = (table.shape[0] - 1) // 2
-    if rel_k is not None and rel_k.shape[1] != d:
-        raise ValueError(f"rel_k has shape {tuple(rel_k.shape)}, expected [2K + 1, d] with d = {d}")
-    if rel_v is not None and rel_v.shape[1] != v.shape[-1]:
-        raise ValueError(
-            f"rel_v has shape {tuple(rel_v.shape)}, expected [2K + 1, d_v] with d_v = {v.shape[-1]}"
-        )
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     # keys / values no query may attend and rows that attend nothing never matter
     q, k, v = clear_heads(q, k, v, mask)
@@ -482,7 +481,7 @@ def relative_position_attention(
     ),
     aliases=("relative", "shaw"),
 )
-class RelativePositionAttention(Configurable):
+class RelativePositionAttention(HeadAttention):
     """Multi-head self-attention with relative position representations (Shaw et al. 2018).
 
     Per head, with ``q = W_Q x``, ``k = W_K x``, ``v = W_V x`` split into heads of size
@@ -545,17 +544,8 @@ class RelativePositionAttention(Configurable):
         out_dim: int | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int(d_model, "d_model", ConfigError)
-        _check_positive_int(num_heads, "num_heads", ConfigError)
-        if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
-            raise ConfigError(f"max_distance must be a non-negative int, got {max_distance!r}")
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ConfigError(
-                    f"d_model={d_model} is not divisible by num_heads={num_heads}; pass head_dim"
-                )
-            head_dim = d_model // num_heads
-        _check_positive_int(head_dim, "head_dim", ConfigError)
+        head_dim = self._init_heads(d_model, num_heads, head_dim)
+        check_int(max_distance, "max_distance", 0)
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
         entry = get("align", align)
@@ -589,30 +579,12 @@ class RelativePositionAttention(Configurable):
         B, n, _ = x.shape
         return x.view(B, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-    ) -> AttentionOutput:
-        key, value = check_call(
-            query,
-            key,
-            value,
-            d_model=self.d_model,
-            d_k=self.d_k,
-            d_v=self.d_v,
-            module=self,
-        )
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query, key, value, mask = call.query, call.key, call.value, call.mask
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         hmask = _masks.normalize_head_mask(
-            mask, B, self.num_heads, n_q, n_k, device=query.device, causal=causal
+            mask, B, self.num_heads, n_q, n_k, device=query.device, causal=call.causal
         )
         # padding never matters: cleared (where) before the projections
         query, key, value = clear_attention_inputs(
@@ -651,8 +623,6 @@ class RelativePositionAttention(Configurable):
             z = torch.stack([o[0] for o in outs], 1)
             weights = torch.stack([o[1] for o in outs], 1)
         out = self.out_proj(z.transpose(1, 2).reshape(B, n_q, self.num_heads * self.head_dim))
-        if not need_weights:
+        if not call.need_weights:
             return AttentionOutput(out, None, path="explicit")
-        return AttentionOutput(
-            out, weights.mean(1) if average_weights else weights, path="explicit"
-        )
+        return AttentionOutput(out, reduce_weights(weights, call.average_weights), path="explicit")

@@ -50,27 +50,25 @@ Source: N. Kitaev, L. Kaiser, A. Levskaya. Reformer: The Efficient Transformer. 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
+from attnlab.query._convention import AttentionCall, HeadAttention
 from attnlab.query.efficient import (
     check_dropout,
-    check_module_dtype,
-    check_positive_int,
-    head_dim_for,
     merge_heads,
     reduce_weights,
-    resolve_inputs,
     split_heads,
 )
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["LSHAttention", "lsh_buckets"]
 
@@ -105,7 +103,7 @@ def _self_score(dtype: torch.dtype) -> float:
     supports_cross=False,
     supports_causal=True,
 )
-class LSHAttention(Configurable):
+class LSHAttention(HeadAttention):
     """Reformer LSH attention with several hash rounds.
 
     Args:
@@ -145,12 +143,11 @@ class LSHAttention(Configurable):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        hd = head_dim_for(d_model, num_heads, head_dim)
-        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, hd
-        self.bucket_size = check_positive_int(bucket_size, "bucket_size")
-        self.n_hashes = check_positive_int(n_hashes, "n_hashes")
+        hd = self._init_heads(d_model, num_heads, head_dim)
+        self.bucket_size = check_int(bucket_size, "bucket_size")
+        self.n_hashes = check_int(n_hashes, "n_hashes")
         if num_buckets is not None:
-            check_positive_int(num_buckets, "num_buckets")
+            check_int(num_buckets, "num_buckets")
             if num_buckets > 1 and num_buckets % 2:
                 raise ConfigError(
                     f"num_buckets must be 1 or even (angular LSH hashes to [xR; -xR]), "
@@ -186,27 +183,84 @@ class LSHAttention(Configurable):
         rot = torch.randn(shape, generator=generator, device=like.device, dtype=torch.float32)
         return rot.to(like.dtype)
 
+    def _chunk(self, q: Tensor, v: Tensor, buckets: Tensor, nb: int) -> _Chunks:
+        """Sort the positions of every round by (bucket, position), pad them to whole
+        chunks (padded positions hash to an extra last bucket, sorted last) and cut them
+        into chunks that each see themselves and the previous chunk."""
+        B, H, n, _ = q.shape
+        R, c = self.n_hashes, self.bucket_size
+        n_pad = math.ceil(n / c) * c
+        pad = n_pad - n
+        n_chunks = n_pad // c
+        if pad:
+            q, v = F.pad(q, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+            buckets = F.pad(buckets, (0, pad), value=nb)
+        pos = torch.arange(n_pad, device=q.device)
+        order = (buckets * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]
+
+        def gather(x: Tensor) -> Tensor:  # [B, h, n_pad, d] -> [B, h, R, n_pad, d] sorted
+            idx = order[..., None].expand(*order.shape, x.shape[-1])
+            return x[:, :, None].expand(B, H, R, n_pad, x.shape[-1]).gather(3, idx)
+
+        def chunks(x: Tensor) -> Tensor:  # [..., n_pad(, d)] -> [..., nc, c(, d)]
+            return x.reshape(B, H, R, n_chunks, c, *x.shape[4:])
+
+        def look_back(x: Tensor) -> Tensor:  # chunk t sees chunks t-1 and t
+            return torch.cat([x.roll(1, dims=3), x], dim=4)
+
+        sq = gather(q)
+        sk = sq / sq.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # shared QK: normalised
+        sbkt = buckets.gather(-1, order)
+        cq, ck = chunks(sq), look_back(chunks(sk))
+        scores = (cq @ ck.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        return _Chunks(
+            order=order,
+            undo=order.argsort(dim=-1),
+            scores=scores,  # [B, h, R, nc, c, 2c]
+            values=look_back(chunks(gather(v))),
+            qpos=chunks(order)[..., :, None],
+            kpos=look_back(chunks(order))[..., None, :],
+            qbucket=chunks(sbkt)[..., :, None],
+            kbucket=look_back(chunks(sbkt))[..., None, :],
+        )
+
+    def _allowed(self, ch: _Chunks, n: int, m3: Tensor | None, causal: bool) -> Tensor:
+        """Which (query, key) pairs of the chunks may attend: not padding, not the missing
+        chunk before the first, the same bucket (``restrict_to_bucket``), the past
+        (``causal``) and the user's mask."""
+        B, _, _, n_chunks, c, _ = ch.scores.shape
+        qp, kp = ch.qpos, ch.kpos
+        allowed = kp < n  # not padding
+        first = torch.zeros(n_chunks, 2 * c, dtype=torch.bool, device=kp.device)
+        first[0, :c] = True  # the first chunk has no previous chunk
+        allowed = allowed & ~first[:, None, :]
+        if self.restrict_to_bucket:
+            allowed = allowed & (ch.qbucket == ch.kbucket)
+        if causal:
+            allowed = allowed & (kp <= qp)
+        if m3 is None:
+            return allowed
+        pad = ch.order.shape[-1] - n
+        bidx = torch.arange(B, device=kp.device).view(B, 1, 1, 1, 1, 1)
+        if m3.shape[1] == 1:  # a key mask: gathered per key, O(n) extra memory
+            key_ok = F.pad(m3[:, 0, :].expand(B, n), (0, pad), value=False)
+            return allowed & key_ok[bidx, kp]
+        # a full [B, n, n] mask: gathered per (query, key) pair of the chunks
+        mb = F.pad(m3.expand(B, n, n), (0, pad, 0, pad), value=False)
+        return allowed & mb[bidx, qp.expand_as(ch.scores), kp.expand_as(ch.scores)]
+
     # ------------------------------------------------------------------ forward
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-        generator: torch.Generator | None = None,
+    def _attend(
+        self, call: AttentionCall, *, generator: torch.Generator | None = None
     ) -> AttentionOutput:
-        resolve_inputs("reformer", query, key, value, self.d_model, self_only=True)
-        check_module_dtype(self, query)
+        query, mask, causal = call.query, call.mask, call.causal
+        need_weights, average_weights = call.need_weights, call.average_weights
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         B, n, _ = query.shape
         m3 = normalize_mask(mask, B, n, n, device=query.device)
-        H, R, c, dh = self.num_heads, self.n_hashes, self.bucket_size, self.head_dim
+        H, R, dh = self.num_heads, self.n_hashes, self.head_dim
         nb = self.buckets_for(n)
         # NaN / inf in the padded positions (no query may attend them) are cleared (where)
         # before the projections: they can reach neither the outputs nor the gradients
@@ -226,83 +280,50 @@ class LSHAttention(Configurable):
                 out, reduce_weights(w, average_weights), path="lsh", extras=extras
             )
 
-        # pad to whole chunks; padded positions hash to an extra last bucket (sorted last)
-        n_pad = math.ceil(n / c) * c
-        pad = n_pad - n
-        n_chunks = n_pad // c
-        if pad:
-            q_p = F.pad(q, (0, 0, 0, pad))
-            v_p = F.pad(v, (0, 0, 0, pad))
-            b_p = F.pad(buckets, (0, pad), value=nb)
-        else:
-            q_p, v_p, b_p = q, v, buckets
-        pos = torch.arange(n_pad, device=query.device)
-        order = (b_p * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]: sort by (bucket, pos)
-        undo = order.argsort(dim=-1)
-
-        def gather(x: Tensor) -> Tensor:  # [B, h, n_pad, d] -> [B, h, R, n_pad, d] sorted
-            idx = order[..., None].expand(*order.shape, x.shape[-1])
-            return x[:, :, None].expand(B, H, R, n_pad, x.shape[-1]).gather(3, idx)
-
-        sq = gather(q_p)
-        sk = sq / sq.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # shared QK: normalised
-        sv = gather(v_p)
-        spos = order  # original positions in sorted order
-        sbkt = b_p.gather(-1, order)
-
-        def chunks(x: Tensor) -> Tensor:  # [..., n_pad(, d)] -> [..., nc, c(, d)]
-            if x.dim() == 5:
-                return x.reshape(B, H, R, n_chunks, c, x.shape[-1])
-            return x.reshape(B, H, R, n_chunks, c)
-
-        def look_back(x: Tensor) -> Tensor:  # chunk t sees chunks t-1 and t
-            return torch.cat([x.roll(1, dims=3), x], dim=4)
-
-        cq, ck, cv = chunks(sq), look_back(chunks(sk)), look_back(chunks(sv))
-        qpos, kpos = chunks(spos), look_back(chunks(spos))
-        qb, kb = chunks(sbkt), look_back(chunks(sbkt))
-
-        scores = (cq @ ck.transpose(-1, -2)) * (1.0 / math.sqrt(dh))  # [B, h, R, nc, c, 2c]
-        qp, kp = qpos[..., :, None], kpos[..., None, :]
-        allowed = kp < n  # not padding
-        first = torch.zeros(n_chunks, 2 * c, dtype=torch.bool, device=query.device)
-        first[0, :c] = True  # the first chunk has no previous chunk
-        allowed = allowed & ~first[:, None, :]
-        if self.restrict_to_bucket:
-            allowed = allowed & (qb[..., :, None] == kb[..., None, :])
-        if causal:
-            allowed = allowed & (kp <= qp)
-        if m3 is not None:
-            bidx = torch.arange(B, device=query.device).view(B, 1, 1, 1, 1, 1)
-            if m3.shape[1] == 1:  # a key mask: gathered per key, O(n) extra memory
-                key_ok = F.pad(m3[:, 0, :].expand(B, n), (0, pad), value=False)
-                allowed = allowed & key_ok[bidx, kp]
-            else:  # a full [B, n, n] mask: gathered per (query, key) pair of the chunks
-                mb = F.pad(m3.expand(B, n, n), (0, pad, 0, pad), value=False)
-                allowed = allowed & mb[bidx, qp.expand_as(scores), kp.expand_as(scores)]
-        scores = scores.masked_fill(kp == qp, _self_score(scores.dtype))
-
+        ch = self._chunk(q, v, buckets, nb)
+        allowed = self._allowed(ch, n, m3, causal)
+        scores = ch.scores.masked_fill(ch.kpos == ch.qpos, _self_score(ch.scores.dtype))
         a = masked_softmax(scores, allowed)  # per round, per chunk
         lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(-1)  # [B, h, R, nc, c]
         p = self.dropout if self.training else 0.0
-        o = (F.dropout(a, p, True) if p > 0 else a) @ cv  # [B, h, R, nc, c, d]
+        o = (F.dropout(a, p, True) if p > 0 else a) @ ch.values  # [B, h, R, nc, c, d]
 
         # back to the original order, then combine the rounds
+        B, H, R, n_pad = ch.order.shape
         o = o.reshape(B, H, R, n_pad, dh)
-        o = o.gather(3, undo[..., None].expand(B, H, R, n_pad, dh))
-        lse = lse.reshape(B, H, R, n_pad).gather(3, undo)
+        o = o.gather(3, ch.undo[..., None].expand(B, H, R, n_pad, dh))
+        lse = lse.reshape(B, H, R, n_pad).gather(3, ch.undo)
         found = torch.isfinite(lse)
         round_w = masked_softmax(lse.masked_fill(~found, 0.0), found, dim=2)  # over rounds
         context = (round_w[..., None] * o).sum(2)[:, :, :n]  # [B, h, n, d]
         out = self.out_proj(merge_heads(context))
-
         weights = None
         if need_weights:
-            # scatter every round's weights (times its round weight) into [n_pad, n_pad]
-            rw_sorted = round_w.gather(3, order).reshape(B, H, R, n_chunks, c)
-            vals = (a * rw_sorted[..., None]).reshape(B, H, -1)
-            flat = (qp * n_pad + kp).expand_as(a).reshape(B, H, -1)
-            dense = a.new_zeros(B, H, n_pad * n_pad).scatter_add_(2, flat, vals)
-            weights = dense.view(B, H, n_pad, n_pad)[:, :, :n, :n]
-            weights = reduce_weights(weights, average_weights)
+            weights = reduce_weights(_dense_weights(ch, a, round_w, n), average_weights)
         return AttentionOutput(out, weights, path="lsh", extras=extras)
+
+
+@dataclass(frozen=True)
+class _Chunks:
+    """The sorted, chunked view of one call (see :meth:`LSHAttention._chunk`)."""
+
+    order: Tensor  # [B, h, R, n_pad]: sorted position -> original position
+    undo: Tensor  # its inverse permutation
+    scores: Tensor  # [B, h, R, nc, c, 2c]
+    values: Tensor  # [B, h, R, nc, 2c, d]
+    qpos: Tensor  # [B, h, R, nc, c, 1]: original positions of the queries
+    kpos: Tensor  # [B, h, R, nc, 1, 2c]: original positions of the keys
+    qbucket: Tensor
+    kbucket: Tensor
+
+
+def _dense_weights(ch: _Chunks, a: Tensor, round_w: Tensor, n: int) -> Tensor:
+    """Every round's chunk weights (times its round weight) scattered into ``[B, h, n,
+    n]``."""
+    B, H, R, n_pad = ch.order.shape
+    n_chunks, c = a.shape[3], a.shape[4]
+    rw_sorted = round_w.gather(3, ch.order).reshape(B, H, R, n_chunks, c)
+    vals = (a * rw_sorted[..., None]).reshape(B, H, -1)
+    flat = (ch.qpos * n_pad + ch.kpos).expand_as(a).reshape(B, H, -1)
+    dense = a.new_zeros(B, H, n_pad * n_pad).scatter_add_(2, flat, vals)
+    return dense.view(B, H, n_pad, n_pad)[:, :, :n, :n]

@@ -30,13 +30,19 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab._checks import ConfigError, check_int, check_tensor
 from attnlab.general.activations import get_activation
 from attnlab.general.attention import Attention
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows, zero_rows
 from attnlab.general.scoring import Score
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, register
+from attnlab.query._convention import (
+    AttentionCall,
+    SequenceAttention,
+    deprecated_attribute,
+    renamed_init_arguments,
+)
+from attnlab.registry import register
 
 __all__ = [
     "ConstantQuerySelfAttention",
@@ -47,14 +53,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _check_features(features: Tensor, d: int, name: str = "features") -> None:
-    check_tensor(features, name)
-    if features.dim() != 3 or features.shape[2] != d:
-        raise ValueError(
-            f"{name} has shape {tuple(features.shape)}, expected [B, n, d_f] = [B, n, {d}]"
-        )
 
 
 def _key_mask(mask: Tensor | None, B: int, n_q: int, n: int, device: torch.device) -> Tensor | None:
@@ -123,14 +121,16 @@ def orthogonality_penalty(weights: Tensor, reduction: str = "mean") -> Tensor:
     cost="O(B n d_f d_w)",
     aliases=("constant-query", "self-attentive"),
 )
-class ConstantQuerySelfAttention(Configurable):
+@renamed_init_arguments(d_k="d_features")
+class ConstantQuerySelfAttention(SequenceAttention):
     """Self-attention with a constant query: the question ("which class is this
     document?") never changes, so it is folded into the query-less score
     ``e_l = w^T act(W f_l + b)``; ``c = sum_l align(e)_l v_l``.
 
     Args:
-        d_k: size of the features ``f_l``.
-        d_w: hidden size of the score (default ``d_k``); act: its activation (``tanh``);
+        d_features: size of the features ``f_l`` (formerly ``d_k``, a deprecated keyword
+            for one release).
+        d_w: hidden size of the score (default ``d_features``); act: its activation (``tanh``);
             bias: the bias ``b``.
         align: any alignment without a query (default ``soft``; ``sparsemax``,
             ``entmax15``, ``hard``, ``reinforced`` work too; local ones need a query).
@@ -140,18 +140,20 @@ class ConstantQuerySelfAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the alignment (e.g. ``tau`` for hard attention).
 
-    Shapes: ``features`` ``[B, n, d_k]``; ``mask`` bool ``[B, n]`` (True = real position)
-    or ``[B, 1, n]``. Returns :class:`~attnlab.output.AttentionOutput` with ``context``
-    ``[B, d_v]`` and, with ``need_weights``, ``weights`` ``[B, n]`` (``[B, n, d_v]`` for
+    Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=False)``: the
+    sequence ``F`` ``[B, n, d_features]`` is ``query`` (the learned query is inside the
+    score); the scores read ``key`` (default ``F``), the context averages ``value``
+    (default ``key``); ``mask`` bool ``[B, n]`` (True = real position) or ``[B, 1, n]``.
+    Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, d_v]`` and, with ``need_weights``, ``weights`` ``[B, n]`` (``[B, n, d_v]`` for
     ``dim="multi"``). A fully masked or empty sequence gives zero weights and a zero
     context.
 
-    Cost: O(B n d_k d_w) time, O(B n) memory for the weights (``dim="multi"``: O(B n d_v)).
+    Cost: O(B n d_features d_w) time, O(B n) memory for the weights (``dim="multi"``: O(B n d_v)).
     """
 
     def __init__(
         self,
-        d_k: int,
+        d_features: int,
         *,
         d_w: int | None = None,
         act: str = "tanh",
@@ -171,7 +173,7 @@ class ConstantQuerySelfAttention(Configurable):
                     f"{type(score).__name__} needs a query"
                 )
             self.attention = Attention(
-                score, align, dim, d_k=d_k, value_dim=value_dim, dropout=dropout, **options
+                score, align, dim, d_k=d_features, value_dim=value_dim, dropout=dropout, **options
             )
         else:
             if score not in ("queryless", "query-less", "self-attentive", "constant-query"):
@@ -182,7 +184,7 @@ class ConstantQuerySelfAttention(Configurable):
                 "queryless",
                 align,
                 dim,
-                d_k=d_k,
+                d_k=d_features,
                 value_dim=value_dim,
                 dropout=dropout,
                 d_w=d_w,
@@ -190,16 +192,15 @@ class ConstantQuerySelfAttention(Configurable):
                 bias=bias,
                 **options,
             )
-        self.d_k = d_k
+        self.d_features = d_features
 
-    def forward(
-        self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
-    ) -> AttentionOutput:
-        _check_features(features, self.d_k)
-        check_module_dtype(self, features, "features")
-        B, n = features.shape[:2]
-        m = _key_mask(mask, B, 1, n, features.device)
-        return self.attention(None, features, mask=m, need_weights=need_weights)
+    d_k = deprecated_attribute("d_k", "d_features")
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        key, value, mask, need_weights = call.key, call.value, call.mask, call.need_weights
+        B, n = key.shape[:2]
+        m = _key_mask(mask, B, 1, n, key.device)
+        return self.attention(None, key, value, mask=m, need_weights=need_weights)
 
 
 # ----------------------------------------------------------------------------- learned query
@@ -210,13 +211,14 @@ class ConstantQuerySelfAttention(Configurable):
     "learned-query-self-attention",
     formula="K = act(W_1 F) (or F); e_jl = score(q_j, k_l) for trainable q_1..q_r; a_j = align(e_j); c_j = sum_l a_jl v_l; penalty ||A A^T - I||_F^2",
     source="Lin et al. 2017, A Structured Self-attentive Sentence Embedding",
-    cost="O(B r n d_k) for dot scores (+ O(B n d_k d_a) for the key projection)",
+    cost="O(B r n d_k) for dot scores (+ O(B n d_features d_a) for the key projection)",
     aliases=("learned-query", "structured-self-attention"),
 )
-class LearnedQuerySelfAttention(Configurable):
+@renamed_init_arguments(d_k="d_features")
+class LearnedQuerySelfAttention(SequenceAttention):
     """Self-attention with one or several trainable queries ``q_1..q_r`` (Lin et al. 2017).
 
-    ``K = act(W_1 F)`` when ``key_dim`` is given (``W_1`` ``[key_dim, d_k]``, no bias),
+    ``K = act(W_1 F)`` when ``key_dim`` is given (``W_1`` ``[key_dim, d_features]``, no bias),
     else ``K = F``; ``e_jl = score(q_j, k_l)``; ``a_j = align(e_j)``; ``c_j = sum_l a_jl
     v_l`` with ``V = F`` (or ``W_V F``). With ``key_dim = d_a``, the default ``dot`` score and
     ``act = tanh`` this is exactly Lin et al.'s ``A = softmax(W_s2 tanh(W_s1 H^T))``,
@@ -224,7 +226,8 @@ class LearnedQuerySelfAttention(Configurable):
     ``loss + coef * module.penalty(out.weights)`` (:func:`orthogonality_penalty`).
 
     Args:
-        d_k: size of the features.
+        d_features: size of the features (formerly ``d_k``, a deprecated keyword for one
+            release).
         num_queries: ``r`` (default 1).
         d_q: size of each query (default: the key size).
         score: any score taking a query (default ``dot``); align: any alignment
@@ -235,18 +238,21 @@ class LearnedQuerySelfAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ...).
 
-    Shapes: ``features`` ``[B, n, d_k]``; ``mask`` bool ``[B, n]`` (True = real position)
-    or broadcastable to ``[B, r, n]``. Returns :class:`~attnlab.output.AttentionOutput`:
+    Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=False)``: the
+    sequence ``F`` ``[B, n, d_features]`` is ``query`` (the queries ``q_1..q_r`` are
+    parameters); the keys are computed from ``key`` (default ``F``), the context averages
+    ``value`` (default ``key``); ``mask`` bool ``[B, n]`` (True = real position) or
+    broadcastable to ``[B, r, n]``. Returns :class:`~attnlab.output.AttentionOutput`:
     ``context`` ``[B, r, d_v]`` (``[B, d_v]`` when ``r = 1``), ``weights`` ``[B, r, n]``
     (``[B, n]``). ``out.context.flatten(1)`` is Lin et al.'s sentence embedding.
 
-    Cost: O(B r n d) for dot-product scores (SDPA path) plus O(B n d_k d_a) for the key
+    Cost: O(B r n d) for dot-product scores (SDPA path) plus O(B n d_features d_a) for the key
     projection; memory O(B r n) for the weights.
     """
 
     def __init__(
         self,
-        d_k: int,
+        d_features: int,
         num_queries: int = 1,
         *,
         d_q: int | None = None,
@@ -259,17 +265,15 @@ class LearnedQuerySelfAttention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if isinstance(num_queries, bool) or not isinstance(num_queries, int) or num_queries < 1:
-            raise ConfigError(f"num_queries must be an int >= 1, got {num_queries!r}")
-        self.d_k, self.num_queries = d_k, num_queries
+        self.d_features, self.num_queries = d_features, check_int(num_queries, "num_queries")
         if key_dim is not None:
-            self.key_proj: nn.Linear | None = nn.Linear(d_k, key_dim, bias=False)
+            self.key_proj: nn.Linear | None = nn.Linear(d_features, key_dim, bias=False)
             self.key_act = key_act
             get_activation(key_act)
         else:
             self.key_proj = None
             self.key_act = key_act
-        key_size = key_dim if key_dim is not None else d_k
+        key_size = key_dim if key_dim is not None else d_features
         d_q = key_size if d_q is None else d_q
         self.d_q = d_q
         self.attention = Attention(
@@ -277,7 +281,7 @@ class LearnedQuerySelfAttention(Configurable):
             align,
             d_q=d_q,
             d_k=key_size,
-            d_v=d_k,
+            d_v=d_features,
             value_dim=value_dim,
             dropout=dropout,
             **options,
@@ -301,25 +305,27 @@ class LearnedQuerySelfAttention(Configurable):
         (:func:`orthogonality_penalty`)."""
         return orthogonality_penalty(weights, reduction)
 
-    def forward(
-        self, features: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
-    ) -> AttentionOutput:
-        _check_features(features, self.d_k)
-        check_module_dtype(self, features, "features")
-        B, n = features.shape[:2]
+    d_k = deprecated_attribute("d_k", "d_features")
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        key, value, mask, need_weights = call.key, call.value, call.mask, call.need_weights
+        B, n = key.shape[:2]
         r = self.num_queries
-        m = _key_mask(mask, B, r, n, features.device)
+        m = _key_mask(mask, B, r, n, key.device)
         if m is not None:
             # padding never matters: cleared (where) before the key projection, whose
             # weight gradient would multiply it
-            features = zero_rows(features, attended_keys(m))
+            keep = attended_keys(m)
+            cleared = zero_rows(key, keep)
+            value = cleared if value is key else zero_rows(value, keep)
+            key = cleared
         if r == 1:
             q = self.queries.expand(B, self.d_q)
             if m is not None:
                 m = m.expand(B, 1, n)
         else:
             q = self.queries.unsqueeze(0).expand(B, r, self.d_q)
-        return self.attention(q, self.keys(features), features, mask=m, need_weights=need_weights)
+        return self.attention(q, self.keys(key), value, mask=m, need_weights=need_weights)
 
 
 # ----------------------------------------------------------------------------- relational
@@ -338,7 +344,7 @@ _NORMS = ("layernorm", "none")
     supports_cross=False,
     supports_causal=True,
 )
-class RelationalSelfAttention(Configurable):
+class RelationalSelfAttention(SequenceAttention):
     """Relational self-attention: every position queries all positions.
 
     ``Q = W_Q F``, ``K = W_K F``, ``V = W_V F``; ``c_i = sum_l align(score(q_i, k_l))_l
@@ -360,7 +366,10 @@ class RelationalSelfAttention(Configurable):
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ``D``, ...).
 
-    Shapes: ``features`` ``[B, n, d_f]``; ``mask`` bool broadcastable to ``[B, n, n]``
+    Call: ``forward(query, key=None, value=None, *, mask=None, causal=False,
+    need_weights=False)``: the features ``F`` ``[B, n, d_f]`` are ``query`` (self-attention
+    only: ``key`` / ``value`` must be ``None`` or ``F``); ``mask`` bool broadcastable to
+    ``[B, n, n]``
     (True = position i may attend to position l; a padding mask is ``[B, 1, n]``, e.g.
     ``attnlab.masks.from_lengths(lengths)``; a 2-D mask is ``[n, n]``); ``causal=True``
     adds the causal mask (position i attends to l <= i). Returns
@@ -374,12 +383,12 @@ class RelationalSelfAttention(Configurable):
     projections; the fused SDPA path keeps memory at O(B n d) when no weights are asked.
 
     Inside :class:`attnlab.query.transformer.TransformerEncoderLayer` (which adds the
-    residual and the norm itself) use ``update="replace"``; the call convention
-    ``forward(x, mask=..., causal=..., need_weights=...)`` is the layer's.
+    residual and the norm itself) use ``update="replace"``.
     """
 
     supports_cross = False  # self-attention only: no separate key sequence
     supports_causal = True
+    self_only = True
 
     def __init__(
         self,
@@ -406,6 +415,7 @@ class RelationalSelfAttention(Configurable):
                 f"d_v={d_v}, d_f={d_f} (use update='replace' or d_v=d_f)"
             )
         self.d_f, self.d_qk, self.d_v, self.update = d_f, d_qk, d_v, update
+        self.d_features = d_f
         self.query_proj = nn.Linear(d_f, d_qk)
         self.attention = Attention(
             score,
@@ -433,16 +443,8 @@ class RelationalSelfAttention(Configurable):
         else:
             raise ConfigError(f"norm must be 'layernorm', 'none', None or a callable, got {norm!r}")
 
-    def forward(
-        self,
-        features: Tensor,
-        mask: Tensor | None = None,
-        *,
-        causal: bool = False,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        _check_features(features, self.d_f)
-        check_module_dtype(self, features, "features")
+    def _attend(self, call: AttentionCall, *, causal: bool = False) -> AttentionOutput:
+        features, mask, need_weights = call.query, call.mask, call.need_weights
         B, n = features.shape[:2]
         m = _masks.normalize_mask(mask, B, n, n, device=features.device)
         if causal:

@@ -49,22 +49,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.output import AttentionOutput
+from attnlab.query._convention import AttentionCall, HeadAttention
 from attnlab.query.efficient import (
     check_dropout,
-    check_module_dtype,
-    check_positive_int,
-    head_dim_for,
     head_mask,
     merge_heads,
     reduce_weights,
-    resolve_inputs,
     split_heads,
 )
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["MODES", "SynthesizerAttention", "default_factors"]
 
@@ -91,7 +88,7 @@ def default_factors(n: int) -> tuple[int, int]:
     supports_cross=True,
     supports_causal=True,
 )
-class SynthesizerAttention(Configurable):
+class SynthesizerAttention(HeadAttention):
     """Synthesizer multi-head attention (dense, random and the factorised forms).
 
     Args:
@@ -135,9 +132,8 @@ class SynthesizerAttention(Configurable):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        hd = head_dim_for(d_model, num_heads, head_dim)
-        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, hd
-        self.max_len = check_positive_int(max_len, "max_len")
+        hd = self._init_heads(d_model, num_heads, head_dim)
+        self.max_len = check_int(max_len, "max_len")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
@@ -149,7 +145,7 @@ class SynthesizerAttention(Configurable):
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
 
         if mode in ("dense", "factorized-dense"):
-            self.hidden = check_positive_int(hd if hidden is None else hidden, "hidden")
+            self.hidden = check_int(hd if hidden is None else hidden, "hidden")
             self.w1 = nn.Linear(d_model, H * self.hidden)
             bound = 1.0 / math.sqrt(self.hidden)
             if mode == "dense":
@@ -157,8 +153,8 @@ class SynthesizerAttention(Configurable):
                 self.b2 = nn.Parameter(torch.zeros(H, L))
             else:
                 a, b = default_factors(L) if factors is None else tuple(factors)
-                check_positive_int(a, "factors[0]")
-                check_positive_int(b, "factors[1]")
+                check_int(a, "factors[0]")
+                check_int(b, "factors[1]")
                 if a * b != L:
                     raise ConfigError(
                         f"factors={factors!r}: a * b must equal max_len={L}, got {a * b}"
@@ -171,7 +167,7 @@ class SynthesizerAttention(Configurable):
         elif mode == "random":
             self._random("R", (H, L, L), trainable_random, std=(0.02, 1.0))
         else:
-            check_positive_int(rank, "rank")
+            check_int(rank, "rank")
             self.rank = rank
             # N(0, 1/sqrt(rank)) factors: R1 R2^T has entries of std rank^(-1/2)
             s = rank**-0.5
@@ -209,19 +205,9 @@ class SynthesizerAttention(Configurable):
         Bf = torch.einsum("bnhe,hce->bhnc", hid, self.wb) + self.bb[None, :, None, :]
         return (A[..., :, None] * Bf[..., None, :]).flatten(-2)[..., :n_k]
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-    ) -> AttentionOutput:
-        key, value = resolve_inputs("synthesizer", query, key, value, self.d_model, self_only=False)
-        check_module_dtype(self, query)
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        query, key, value, mask = call.query, call.key, call.value, call.mask
+        causal, need_weights, average_weights = call.causal, call.need_weights, call.average_weights
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         if n_k > self.max_len:

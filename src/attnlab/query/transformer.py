@@ -45,16 +45,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.output import AttentionOutput
-from attnlab.query.efficient import check_dropout, check_positive_int
+from attnlab.query.efficient import check_dropout
 from attnlab.query.multi_head import MultiHeadAttention
 from attnlab.registry import Configurable, build, get, register
 
@@ -145,8 +145,8 @@ class _Layer(Configurable):
         bias: bool,
         n_norms: int,
     ) -> None:
-        self.d_model = check_positive_int(d_model, "d_model")
-        check_positive_int(dim_feedforward, "dim_feedforward")
+        self.d_model = check_int(d_model, "d_model")
+        check_int(dim_feedforward, "dim_feedforward")
         self.norm_first = bool(norm_first)
         self.activation = _activation(activation)
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
@@ -254,19 +254,13 @@ class TransformerEncoderLayer(_Layer):
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> TransformerEncoderLayer:
         """The equivalent layer (batch-first, same weights) of a
         ``torch.nn.TransformerEncoderLayer`` with a ReLU or GELU activation."""
-        if not isinstance(layer, nn.TransformerEncoderLayer):
-            raise TypeError(
-                f"layer must be a torch.nn.TransformerEncoderLayer, got {type(layer).__name__}"
-            )
-        attn = MultiHeadAttention.from_torch(layer.self_attn)
-        out = cls(
-            layer.linear1.in_features,
-            attention=attn,
-            **_torch_layer_options(layer),
+        return _from_torch(
+            cls,
+            layer,
+            nn.TransformerEncoderLayer,
+            2,
+            lambda t: {"attention": MultiHeadAttention.from_torch(t.self_attn)},
         )
-        _copy_common(out, layer, 2)
-        out.train(layer.training)
-        return out
 
     def forward(
         self,
@@ -376,19 +370,16 @@ class TransformerDecoderLayer(_Layer):
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> TransformerDecoderLayer:
         """The equivalent layer (batch-first, same weights) of a
         ``torch.nn.TransformerDecoderLayer``."""
-        if not isinstance(layer, nn.TransformerDecoderLayer):
-            raise TypeError(
-                f"layer must be a torch.nn.TransformerDecoderLayer, got {type(layer).__name__}"
-            )
-        out = cls(
-            layer.linear1.in_features,
-            attention=MultiHeadAttention.from_torch(layer.self_attn),
-            cross_attention=MultiHeadAttention.from_torch(layer.multihead_attn),
-            **_torch_layer_options(layer),
+        return _from_torch(
+            cls,
+            layer,
+            nn.TransformerDecoderLayer,
+            3,
+            lambda t: {
+                "attention": MultiHeadAttention.from_torch(t.self_attn),
+                "cross_attention": MultiHeadAttention.from_torch(t.multihead_attn),
+            },
         )
-        _copy_common(out, layer, 3)
-        out.train(layer.training)
-        return out
 
     def forward(
         self,
@@ -483,3 +474,23 @@ def _copy_common(ours: _Layer, theirs: nn.Module, n_norms: int) -> None:
             dst.weight.copy_(src.weight)
             if src.bias is not None:
                 dst.bias.copy_(src.bias)
+
+
+_L = TypeVar("_L", bound=_Layer)
+
+
+def _from_torch(
+    cls: type[_L],
+    layer: nn.Module,
+    expected: type[nn.Module],
+    norms: int,
+    attentions: Callable[[Any], dict[str, nn.Module]],
+) -> _L:
+    """The layer ``cls`` equivalent to the PyTorch layer ``layer`` (of type ``expected``,
+    with ``norms`` LayerNorms): same options, same weights, batch-first."""
+    if not isinstance(layer, expected):
+        raise TypeError(f"layer must be a torch.nn.{expected.__name__}, got {type(layer).__name__}")
+    out = cls(layer.linear1.in_features, **attentions(layer), **_torch_layer_options(layer))
+    _copy_common(out, layer, norms)
+    out.train(layer.training)
+    return out

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import check_same, check_tensor
+from attnlab._checks import check_int, check_same, check_tensor
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import (
     attended_keys,
@@ -65,18 +65,15 @@ from attnlab.general.padding import (
     zero_rows,
 )
 from attnlab.output import AttentionOutput
+from attnlab.query._convention import AttentionCall, HeadAttention
 from attnlab.query.efficient import (
     check_dropout,
-    check_module_dtype,
-    check_positive_int,
-    head_dim_for,
     head_mask,
     merge_heads,
     reduce_weights,
-    resolve_inputs,
     split_heads,
 )
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["TransformerXLAttention", "rel_shift", "sinusoid_encoding"]
 
@@ -127,7 +124,7 @@ def rel_shift(x: Tensor, n_k: int) -> Tensor:
     supports_cross=False,
     supports_causal=True,
 )
-class TransformerXLAttention(Configurable):
+class TransformerXLAttention(HeadAttention):
     """Transformer-XL multi-head attention: relative positions and a segment memory.
 
     Args:
@@ -162,9 +159,8 @@ class TransformerXLAttention(Configurable):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        hd = head_dim_for(d_model, num_heads, head_dim)
-        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, hd
-        self.mem_len = check_positive_int(mem_len, "mem_len", minimum=0)
+        hd = self._init_heads(d_model, num_heads, head_dim)
+        self.mem_len = check_int(mem_len, "mem_len", minimum=0)
         self.dropout = check_dropout(dropout)
         inner = num_heads * hd
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
@@ -208,20 +204,9 @@ class TransformerXLAttention(Configurable):
             mask = torch.cat([ones, mask], dim=-1)
         return head_mask(mask, B, n, M + n, device, causal=causal)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
-        average_weights: bool = True,
-        memory: Tensor | None = None,
-    ) -> AttentionOutput:
-        resolve_inputs("transformer-xl", query, key, value, self.d_model, self_only=True)
-        check_module_dtype(self, query)
+    def _attend(self, call: AttentionCall, *, memory: Tensor | None = None) -> AttentionOutput:
+        query, mask, causal = call.query, call.mask, call.causal
+        need_weights, average_weights = call.need_weights, call.average_weights
         mem = self._memory(memory, query)
         B, n, _ = query.shape
         h = query if mem is None else torch.cat([mem, query], dim=1)  # h~ = [SG(m); x]
