@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import functional as AF
+from attnlab import registry
 
 B, N_Q, N_K, D_Q, D_K, D_V, D_W = 2, 3, 4, 3, 3, 2, 5
 
@@ -119,16 +120,15 @@ def _naive_attend(name, q, k, v, p, mask=None):
     return torch.tensor(ctx, dtype=torch.float64), torch.tensor(wts, dtype=torch.float64)
 
 
+# Every registered score of the library runs here (the parametrisation comes from the
+# registry); _params and _naive_score hold each one's parameters and textbook formula.
+# A score with an extra input (location-aware: the previous weights) has its own tests.
 SCORES = [
-    "dot",
-    "scaled-dot",
-    "general",
-    "biased-general",
-    "activated-general",
-    "cosine",
-    "additive",
-    "queryless",
+    e.name
+    for e in registry.entries("score")
+    if e.cls.__module__.startswith("attnlab.") and not getattr(e.cls, "uses_prev_weights", False)
 ]
+QUERY_SCORES = [n for n in SCORES if registry.get("score", n).cls.needs_query]
 DOT_TYPE = {"dot", "scaled-dot", "general", "biased-general", "cosine"}
 
 
@@ -165,7 +165,7 @@ def test_fully_masked_row_is_zero_in_attend():
     q, k, v = _inputs()
     mask = _mask()
     assert not mask[1, 0].any()
-    for name in SCORES[:-1]:
+    for name in QUERY_SCORES:
         q_ = q.clone().requires_grad_()
         out = AF.attend(q_, k, v, name, mask=mask, need_weights=True, **_params(name))
         assert torch.equal(out.context[1, 0], torch.zeros(D_V, dtype=torch.float64)), name
@@ -244,7 +244,7 @@ def test_attend_need_weights_false_gives_none_and_same_context():
 def test_attend_single_query():
     q, k, v = _inputs()
     mask = torch.tensor([[True, True, False, True], [False, True, True, True]])  # [B, n_k]
-    for name in SCORES[:-1]:
+    for name in QUERY_SCORES:
         p = _params(name)
         out = AF.attend(q[:, 0], k, v, name, mask=mask, need_weights=True, **p)
         assert out.context.shape == (B, D_V)
@@ -267,7 +267,7 @@ def test_attend_empty_key_set():
     q, _, _ = _inputs()
     k = torch.zeros(B, 0, D_K, dtype=torch.float64)
     v = torch.zeros(B, 0, D_V, dtype=torch.float64, requires_grad=True)
-    for name in SCORES[:-1]:
+    for name in QUERY_SCORES:
         q_ = q.clone().requires_grad_()
         out = AF.attend(q_, k, v, name, need_weights=True, **_params(name))
         assert torch.equal(out.context, torch.zeros(B, N_Q, D_V, dtype=torch.float64)), name

@@ -14,26 +14,28 @@ import torch
 import attnlab
 from attnlab import Attention, ConfigError, masks
 
-SCORES = [
-    "dot",
-    "scaled-dot",
-    "general",
-    "biased-general",
-    "activated-general",
-    "cosine",
-    "additive",
-    "queryless",
-]
-ALIGNS = ["soft", "hard", "local-m", "local-p", "reinforced", "sparsemax", "entmax15"]
-DIMS = ["single", "multi"]
-VECTOR_SCORES = {"additive", "queryless"}
-PER_FEATURE_ALIGNS = {"soft", "sparsemax", "entmax15"}
-LOCAL = {"local-m", "local-p"}
+
+def _library(kind: str) -> list[attnlab.registry.Entry]:
+    """The library's own registered mechanisms of one kind (not the plugins that tests
+    register for a while)."""
+    return [e for e in attnlab.registry.entries(kind) if e.cls.__module__.startswith("attnlab.")]
+
+
+# The combinations come from the registry: a newly registered score or alignment runs in
+# every test below without being named here. A score with an input the combination tests
+# do not give (location-aware: the previous step's weights) is tested on its own.
+SCORES = [e.name for e in _library("score") if not getattr(e.cls, "uses_prev_weights", False)]
+ALIGNS = [e.name for e in _library("align")]
+DIMS = [e.name for e in _library("dim")]
+VECTOR_SCORES = {e.name for e in _library("score") if e.cls.supports_vector}
+QUERYLESS = {e.name for e in _library("score") if not e.cls.needs_query}
+PER_FEATURE_ALIGNS = {e.name for e in _library("align") if e.cls.supports_multi}
+LOCAL = {e.name for e in _library("align") if e.cls.local}
 
 
 def _valid(score: str, align: str, dim: str) -> bool:
     """The rules of the general model, written out independently of the code."""
-    if align in LOCAL and score == "queryless":
+    if align in LOCAL and score in QUERYLESS:
         return False
     if dim == "multi":
         return score in VECTOR_SCORES and align in PER_FEATURE_ALIGNS
@@ -49,9 +51,21 @@ B, N_Q, N_K, D = 2, 4, 6, 4
 
 
 def test_the_registry_holds_these_components():
-    assert set(attnlab.registry.names("score")) >= set(SCORES)
-    assert set(attnlab.registry.names("align")) >= set(ALIGNS)
-    assert len(VALID) == 7 * 7 + 5 + 2 * 3  # 7 query scores, queryless without local, multi
+    survey_scores = {"dot", "scaled-dot", "general", "biased-general", "activated-general"}
+    survey_scores |= {"cosine", "additive", "queryless"}
+    survey_aligns = {"soft", "hard", "local-m", "local-p", "reinforced", "sparsemax", "entmax15"}
+    assert set(SCORES) >= survey_scores
+    assert set(ALIGNS) >= survey_aligns
+    assert set(DIMS) == {"single", "multi"}
+    assert VECTOR_SCORES >= {"additive", "queryless"} and "queryless" in QUERYLESS
+    assert PER_FEATURE_ALIGNS >= {"soft", "sparsemax", "entmax15"}
+    assert LOCAL == {"local-m", "local-p"}
+    # the query scores with every alignment, the query-less ones without the local
+    # alignments, and the vector scores with the per-feature alignments (multi)
+    n_query = len(SCORES) - len(QUERYLESS)
+    n_single = n_query * len(ALIGNS) + len(QUERYLESS) * (len(ALIGNS) - len(LOCAL))
+    assert len(VALID) == n_single + len(VECTOR_SCORES) * len(PER_FEATURE_ALIGNS)
+    assert len(VALID) >= 7 * 7 + 5 + 2 * 3  # 7 query scores, queryless without local, multi
 
 
 def _pair(score, align, dim, seed=0, **kw):
@@ -77,7 +91,7 @@ def _inputs(seed=1, n_q=N_Q, n_k=N_K, dtype=torch.float32, grad=False):
 
 def _mask(case: str, score: str):
     """Mask cases; the query-less score has one (constant) query, so n_q = 1 for it."""
-    n_q = 1 if score == "queryless" else N_Q
+    n_q = 1 if score in QUERYLESS else N_Q
     if case == "none":
         return None
     if case == "padding":
@@ -87,7 +101,7 @@ def _mask(case: str, score: str):
     if case == "fully-masked-row":
         # causal, plus key padding (batch element 1 has 2 keys), plus a first query that
         # may attend to nothing; for the query-less score batch element 1 has no key
-        if score == "queryless":
+        if score in QUERYLESS:
             return masks.from_lengths(torch.tensor([N_K, 0]))
         m = masks.combine(masks.causal(n_q, N_K), masks.from_lengths(torch.tensor([N_K, 2])))
         m = m.clone()
@@ -98,7 +112,7 @@ def _mask(case: str, score: str):
 
 def _empty_rows(mask, score):
     """[B, n_q] bool: rows without any allowed key."""
-    n_q = 1 if score == "queryless" else N_Q
+    n_q = 1 if score in QUERYLESS else N_Q
     if mask is None:
         return torch.zeros(B, n_q, dtype=torch.bool)
     m3 = mask if mask.dim() == 3 else mask[None]  # a 2-D mask is [n_q, n_k]
@@ -116,7 +130,7 @@ def test_every_valid_combination_builds_and_runs(score, align, dim):
     for mode in ("train", "eval"):
         getattr(attn, mode)()
         out = attn(q, k, v, need_weights=True)
-        n_q_shape = () if score == "queryless" else (N_Q,)
+        n_q_shape = () if score in QUERYLESS else (N_Q,)
         assert out.context.shape == (B, *n_q_shape, D)
         w_shape = (B, *n_q_shape, N_K) + ((D,) if dim == "multi" else ())
         assert out.weights.shape == w_shape
@@ -234,7 +248,7 @@ def test_auto_path_agrees_with_explicit(score, align, dim, case):
 
     # rows with nothing to attend to: zero context, zero weights, never NaN
     empty = _empty_rows(mask, score)
-    if score == "queryless":
+    if score in QUERYLESS:
         empty = empty[:, 0]
     for out in (a, b):
         assert torch.isfinite(out.context).all()
@@ -253,7 +267,7 @@ def test_auto_path_agrees_with_explicit(score, align, dim, case):
             continue
         assert torch.isfinite(tf.grad).all()
         torch.testing.assert_close(tf.grad, ts.grad, rtol=1e-4, atol=1e-5)
-    if qf.grad is not None and score != "queryless" and empty.any():
+    if qf.grad is not None and score not in QUERYLESS and empty.any():
         assert (qf.grad[empty] == 0).all()
     for (name, pf), ps in zip(fast.named_parameters(), slow.parameters(), strict=True):
         if pf.grad is not None:
@@ -646,7 +660,7 @@ def test_empty_key_set(score, align, dim, mode):
     attn = getattr(Attention(score, align, dim, d_q=D, d_k=D), mode)()
     q, k, v = _inputs(n_k=0, grad=True)
     out = attn(q, k, v, need_weights=True)
-    n_q_shape = () if score == "queryless" else (N_Q,)
+    n_q_shape = () if score in QUERYLESS else (N_Q,)
     assert out.path == "explicit"
     assert torch.equal(out.context, torch.zeros(B, *n_q_shape, D))
     assert out.weights.shape == (B, *n_q_shape, 0) + ((D,) if dim == "multi" else ())
@@ -678,8 +692,8 @@ def test_nan_in_a_key_poisons_only_its_batch_element(score, align, dim, path):
 
 @pytest.mark.parametrize(
     ("score", "align", "dim"),
-    [c for c in VALID if c[0] != "queryless"],
-    ids=[ids(c) for c in VALID if c[0] != "queryless"],
+    [c for c in VALID if c[0] not in QUERYLESS],
+    ids=[ids(c) for c in VALID if c[0] not in QUERYLESS],
 )
 def test_nan_in_a_query_poisons_only_its_row(score, align, dim):
     torch.manual_seed(0)

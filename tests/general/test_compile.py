@@ -14,7 +14,7 @@ import torch._dynamo
 from torch import nn
 
 from attnlab import Attention
-from tests.general.test_attention import VALID
+from tests.general.test_attention import QUERYLESS, VALID
 from tests.test_checks import CASES, _inputs
 
 B, N_Q, N_K, D = 2, 3, 5, 4
@@ -49,7 +49,7 @@ def _breaks(fn: Any, *args: Any, **kwargs: Any) -> tuple[int, list[str]]:
 def _attention_case(score: str, align: str, dim: str, masked: bool, **kw: Any):
     torch.manual_seed(0)
     module = Attention(score, align, dim, d_q=D, d_k=D, **kw).eval()
-    n_q = 1 if score == "queryless" else N_Q
+    n_q = 1 if score in QUERYLESS else N_Q
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, n, D, generator=g) for n in (n_q, N_K, N_K))
     kwargs: dict[str, Any] = {}
@@ -58,7 +58,7 @@ def _attention_case(score: str, align: str, dim: str, masked: bool, **kw: Any):
         mask[0, :, 3:] = False
         mask[1, 0, :] = False
         kwargs["mask"] = mask
-    return module, (None if score == "queryless" else q, k, v), kwargs
+    return module, (None if score in QUERYLESS else q, k, v), kwargs
 
 
 def _check_attention(module: nn.Module, args: tuple, kwargs: dict) -> None:

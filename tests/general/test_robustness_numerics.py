@@ -19,7 +19,7 @@ import copy
 
 import pytest
 import torch
-from test_attention import N_K, N_Q, VALID, B, D, _inputs, _mask, ids
+from test_attention import N_K, N_Q, QUERYLESS, VALID, B, D, _inputs, _mask, ids
 
 from attnlab import Attention, functional, masks
 from attnlab.general.alignment import masked_softmax
@@ -257,7 +257,7 @@ def _padding_mask(score: str) -> torch.Tensor:
     """Key padding (batch element 1 has 3 keys) and, with real queries, padded query rows
     (batch element 1 has 2 queries): those rows may attend nothing."""
     keys = masks.from_lengths(torch.tensor([N_K, 3]))
-    if score == "queryless":
+    if score in QUERYLESS:
         return keys
     rows = torch.arange(N_Q)[None, :] < torch.tensor([N_Q, 2])[:, None]
     return keys & rows[:, :, None]

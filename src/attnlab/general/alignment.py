@@ -22,14 +22,15 @@ and mechanism-specific ``extras``); the functions return the weights tensor.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor, softmax_dtype
+from attnlab._checks import ConfigError, broadcasts_to, check_tensor, softmax_dtype
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.masks import fill_value
@@ -79,11 +80,7 @@ def _check_scores(e: Tensor, mask: Tensor | None) -> None:
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
-        try:
-            ok = torch.broadcast_shapes(mask.shape, e.shape) == e.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(mask.shape, e.shape):
             raise ValueError(
                 f"mask has shape {tuple(mask.shape)}, which does not broadcast to the scores "
                 f"e {tuple(e.shape)}"
@@ -274,11 +271,7 @@ def _per_choice(x: Tensor, log_prob: Tensor, name: str) -> Tensor:
         x = torch.as_tensor(x, dtype=log_prob.dtype, device=log_prob.device)
     if 0 < x.dim() < log_prob.dim() and tuple(x.shape) == tuple(log_prob.shape[: x.dim()]):
         x = x.reshape(*x.shape, *([1] * (log_prob.dim() - x.dim())))
-    try:
-        ok = torch.broadcast_shapes(x.shape, log_prob.shape) == log_prob.shape
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(x.shape, log_prob.shape):
         raise ValueError(
             f"{name} has shape {tuple(x.shape)}, which does not broadcast to log_prob "
             f"{tuple(log_prob.shape)} (use [B] or [B, 1] for a per-example {name})"
@@ -306,17 +299,38 @@ class Alignment(Configurable):
     ``query`` (``[B, n_q, d_q]``) is used by local-p, ``keys`` by reinforced attention,
     ``positions`` by local-m; the others ignore them. ``stochastic`` alignments expose a
     ``log_prob``; ``local`` ones expose ``centers()`` and ``D`` so the general module can
-    compute only the window.
+    compute only the window. ``function`` is the functional twin (exported as
+    ``attnlab.functional.<its __name__>``), or ``None`` for an alignment without one.
     """
 
     stochastic: bool = False
     local: bool = False
     supports_multi: bool = False
+    function: ClassVar[Callable[..., Any] | None] = None
 
     def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
         """Deterministic normalisation along ``dim`` (used per feature by
         multi-dimensional attention). Only defined where ``supports_multi``."""
         raise NotImplementedError(f"{type(self).__name__} has no per-feature form")
+
+
+class _Normalizing(Alignment):
+    """A deterministic alignment that normalises the scores over the keys with
+    ``_normalize(e, mask, dim)``; it also applies per feature (multi-dimensional
+    attention)."""
+
+    supports_multi = True
+    _normalize: ClassVar[Callable[[Tensor, Tensor | None, int], Tensor]]
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
+        return self._normalize(e, mask, dim)
+
+    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
+        _check_scores(e, mask)
+        return Aligned(self._normalize(e, mask, -1))
 
 
 @register(
@@ -327,20 +341,12 @@ class Alignment(Configurable):
     cost="O(B n_q n_k)",
     aliases=("global", "softmax"),
 )
-class SoftAlign(Alignment):
+class SoftAlign(_Normalizing):
     """Soft / global alignment: the masked softmax over the keys (Bahdanau et al. 2015).
     Shapes: ``e`` ``[B, n_q, n_k]`` -> weights ``[B, n_q, n_k]``. Cost O(B n_q n_k)."""
 
-    supports_multi = True
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
-        return masked_softmax(e, mask, dim)
-
-    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
-        return Aligned(soft_align(e, mask))
+    function = staticmethod(soft_align)
+    _normalize = staticmethod(masked_softmax)
 
 
 @register(
@@ -350,21 +356,12 @@ class SoftAlign(Alignment):
     source="Martins & Astudillo 2016, From Softmax to Sparsemax",
     cost="O(B n_q n_k log n_k)",
 )
-class SparsemaxAlign(Alignment):
+class SparsemaxAlign(_Normalizing):
     """Sparsemax alignment: weights with exact zeros (Martins & Astudillo 2016).
     Shapes as soft alignment. Cost O(B n_q n_k log n_k) (a sort per row)."""
 
-    supports_multi = True
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
-        return sparsemax(e, mask, dim)
-
-    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
-        _check_scores(e, mask)
-        return Aligned(sparsemax(e, mask))
+    function = staticmethod(sparsemax)
+    _normalize = staticmethod(sparsemax)
 
 
 @register(
@@ -375,21 +372,12 @@ class SparsemaxAlign(Alignment):
     cost="O(B n_q n_k log n_k)",
     aliases=("entmax-1.5", "entmax"),
 )
-class Entmax15Align(Alignment):
+class Entmax15Align(_Normalizing):
     """1.5-entmax alignment (Peters et al. 2019): sparse, smoother than sparsemax.
     Shapes as soft alignment. Cost O(B n_q n_k log n_k)."""
 
-    supports_multi = True
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def normalize(self, e: Tensor, mask: Tensor | None, dim: int = -1) -> Tensor:
-        return entmax15(e, mask, dim)
-
-    def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
-        _check_scores(e, mask)
-        return Aligned(entmax15(e, mask))
+    function = staticmethod(entmax15)
+    _normalize = staticmethod(entmax15)
 
 
 @register(
@@ -413,6 +401,7 @@ class HardAlign(Alignment):
     """
 
     stochastic = True
+    function = staticmethod(hard_align)
 
     def __init__(
         self, estimator: str = "reinforce", eval_mode: str = "argmax", tau: float = 1.0
@@ -463,6 +452,7 @@ def _positions_for(positions: Tensor | None, batch: int, n_q: int, like: Tensor)
 
 class _LocalAlign(Alignment):
     local = True
+    function = staticmethod(local_align)
 
     def __init__(self, D: int, gaussian: bool) -> None:
         super().__init__()
@@ -473,17 +463,13 @@ class _LocalAlign(Alignment):
         self.D = D
         self.gaussian = gaussian
 
-    def centers(
-        self,
-        *,
-        query: Tensor | None,
-        batch: int,
-        n_q: int,
-        n_k: int,
-        mask: Tensor | None,
-        positions: Tensor | None,
-        like: Tensor,
-    ) -> Tensor:
+    def centers(self, **inputs: Any) -> Tensor:
+        """The window centres ``p`` ``[B, n_q]`` (float32 for half-precision keys).
+
+        Called with the keywords ``query`` (``[B, n_q, d_q]`` or ``None``), ``batch``,
+        ``n_q``, ``n_k``, ``mask`` (``[B or 1, n_q or 1, n_k]`` or ``None``), ``positions``
+        (``positions`` of ``forward``) and ``like`` (the keys); a subclass names those it
+        reads and takes the others as ``**_``."""
         raise NotImplementedError
 
     def forward(
@@ -535,15 +521,7 @@ class LocalMAlign(_LocalAlign):
         super().__init__(D, gaussian)
 
     def centers(
-        self,
-        *,
-        query: Tensor | None,
-        batch: int,
-        n_q: int,
-        n_k: int,
-        mask: Tensor | None,
-        positions: Tensor | None,
-        like: Tensor,
+        self, *, batch: int, n_q: int, positions: Tensor | None, like: Tensor, **_: Any
     ) -> Tensor:
         return _positions_for(positions, batch, n_q, like)
 
@@ -586,8 +564,8 @@ class LocalPAlign(_LocalAlign):
         n_q: int,
         n_k: int,
         mask: Tensor | None,
-        positions: Tensor | None,
         like: Tensor,
+        **_: Any,
     ) -> Tensor:
         if query is None:
             raise ValueError("local-p alignment needs the query to predict its window centre")

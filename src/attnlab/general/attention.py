@@ -28,7 +28,8 @@ takes and why; every output records it in
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -81,12 +82,7 @@ def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor 
         return _bad_rows_traceable(e, mask, dim)
     if bool(torch.isfinite(e.detach().sum())):  # cheap screen: NaN or inf make it non-finite
         return e, None
-    x = e.detach()
-    if mask is not None:
-        x = x.masked_fill(~mask, float("-inf"))
-    bad = ~torch.isfinite(x.amax(dim, keepdim=True))  # amax propagates NaN
-    if mask is not None:
-        bad = bad & mask.any(dim, keepdim=True)  # a fully masked row is not bad: zeros
+    bad = _bad_row_mask(e, mask, dim)
     if not bool(bad.any()):
         return e, None
     return e.masked_fill(bad, 0.0), bad
@@ -94,13 +90,18 @@ def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor 
 
 def _bad_rows_traceable(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor]:
     """:func:`_bad_rows` without a data-dependent branch (for :func:`torch.compile`)."""
+    bad = _bad_row_mask(e, mask, dim)
+    return e.masked_fill(bad, 0.0), bad
+
+
+def _bad_row_mask(e: Tensor, mask: Tensor | None, dim: int) -> Tensor:
     x = e.detach()
     if mask is not None:
         x = x.masked_fill(~mask, float("-inf"))
-    bad = ~torch.isfinite(x.amax(dim, keepdim=True))
+    bad = ~torch.isfinite(x.amax(dim, keepdim=True))  # amax propagates NaN
     if mask is not None:
-        bad = bad & mask.any(dim, keepdim=True)
-    return e.masked_fill(bad, 0.0), bad
+        bad = bad & mask.any(dim, keepdim=True)  # a fully masked row is not bad: zeros
+    return bad
 
 
 def _nan_or_none(centers: Tensor) -> Tensor | None:
@@ -112,6 +113,96 @@ def _nan_or_none(centers: Tensor) -> Tensor | None:
 
 def _fill_nan(x: Tensor, bad: Tensor | None) -> Tensor:
     return x if bad is None else x.masked_fill(bad, float("nan"))
+
+
+class _Call(NamedTuple):
+    """One call of :class:`Attention` after validation, clearing and the projections."""
+
+    q: Tensor | None  # [B, n_q, d_q]; None for a query-less score
+    keys: Tensor  # [B, n_k, d_k']
+    values: Tensor  # [B, n_k, d_v']
+    mask: Tensor | None  # [B or 1, n_q or 1, n_k]
+    need_weights: bool
+    dropout_p: float  # 0 outside training
+    positions: Tensor | None
+    score_kw: dict[str, Any]  # extra score inputs (the previous weights)
+
+
+#: what a path returns: ``(context, weights, log_prob, extras)``
+_Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
+
+
+def _dropout(a: Tensor, p: float) -> Tensor:
+    return F.dropout(a, p, True) if p > 0 else a
+
+
+def _output(
+    context: Tensor,
+    weights: Tensor | None,
+    log_prob: Tensor | None,
+    path: str,
+    extras: dict[str, Any],
+    single: bool,
+) -> AttentionOutput:
+    """The output, without the query axis for a single query."""
+    if single:
+        context = context.squeeze(1)
+        weights = weights.squeeze(1) if weights is not None else None
+        if log_prob is not None and log_prob.dim() == 2:
+            log_prob = log_prob.squeeze(1)
+        if "centers" in extras:
+            extras["centers"] = extras["centers"].squeeze(1)
+    return AttentionOutput(context, weights, log_prob, path, extras)
+
+
+def _check_settings(dim: str, path: str, dropout: float) -> None:
+    if dim not in _DIMS:
+        raise ConfigError(f"dim must be 'single' or 'multi', got {dim!r}")
+    if path not in ("auto", "explicit", "triton"):
+        raise ConfigError(
+            f"path must be 'auto' or 'explicit' (or 'triton' for the Triton kernels), got {path!r}"
+        )
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """The score and alignment an :class:`Attention` is asked for, the registered classes
+    of those given by name, and the options routed to them by constructor signature."""
+
+    score: str | Score
+    align: str | Alignment
+    score_cls: type | None
+    align_cls: type | None
+    score_takes: set[str]
+    align_takes: set[str]
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, score: str | Score, align: str | Alignment, options: dict[str, Any]) -> _Parts:
+        score_cls = get("score", score).cls if isinstance(score, str) else None
+        align_cls = get("align", align).cls if isinstance(align, str) else None
+        score_takes = _params(score_cls) if score_cls else set()
+        align_takes = _params(align_cls) if align_cls else set()
+        parts = cls(score, align, score_cls, align_cls, score_takes, align_takes, options)
+        unknown = [o for o in options if o not in parts.score_takes | parts.align_takes]
+        if unknown:
+            raise TypeError(
+                f"Attention got unknown options {unknown}: the score "
+                f"{score!r} takes {sorted(parts.score_takes - {'d_q', 'd_k', 'out_dim'})}, the "
+                f"alignment {align!r} takes {sorted(parts.align_takes - {'d_q', 'd_k'})}"
+            )
+        return parts
+
+    def kwargs(self, takes: set[str], d_q: int | None, d_k: int | None) -> dict[str, Any]:
+        """The options a constructor taking ``takes`` accepts, with ``d_q`` and ``d_k``
+        (the key size) where it takes them and they were not given as options."""
+        kw = {o: v for o, v in self.options.items() if o in takes}
+        for name, size in (("d_q", d_q), ("d_k", d_k)):
+            if name in takes:
+                kw.setdefault(name, size)
+        return kw
 
 
 @register(
@@ -212,104 +303,98 @@ class Attention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        if dim not in _DIMS:
-            raise ConfigError(f"dim must be 'single' or 'multi', got {dim!r}")
-        if path not in ("auto", "explicit", "triton"):
-            raise ConfigError(
-                f"path must be 'auto' or 'explicit' (or 'triton' for the Triton kernels), "
-                f"got {path!r}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        _check_settings(dim, path, dropout)
         self.multi = _DIMS[dim]
         self.path_mode = path
         self.dropout = float(dropout)
         self.d_q = d_q
         self.d_k = d_k
         self.d_v = d_v if d_v is not None else d_k
-        if key_dim is not None and d_k is None:
+        key_size, value_size = self._build_projections(key_dim, value_dim)
+        parts = _Parts.of(score, align, options)
+        self.score = self._build_score(parts, d_q, key_size, value_size)
+        self._check_vector()
+        self.align = self._build_align(parts, d_q, key_size)
+        self._score_name = getattr(self.score, "registry_name", type(self.score).__name__)
+        self._align_name = getattr(self.align, "registry_name", type(self.align).__name__)
+        self._check_combination()
+        self._caps = capabilities(self.score, self.align, self.multi)
+        if path == "triton":
+            self._check_triton_config()
+
+    def _build_projections(
+        self, key_dim: int | None, value_dim: int | None
+    ) -> tuple[int | None, int | None]:
+        """The optional ``W_K``, ``W_V``; returns the key and value sizes after them."""
+        if key_dim is not None and self.d_k is None:
             raise ConfigError("key_dim needs d_k to build W_K")
         if value_dim is not None and self.d_v is None:
             raise ConfigError("value_dim needs d_v (or d_k) to build W_V")
-        self.key_proj = nn.Linear(d_k, key_dim) if key_dim is not None else None
+        self.key_proj = nn.Linear(self.d_k, key_dim) if key_dim is not None else None
         self.value_proj = nn.Linear(self.d_v, value_dim) if value_dim is not None else None
-        key_size = key_dim if key_dim is not None else d_k
-        value_size = value_dim if value_dim is not None else self.d_v
+        key_size = key_dim if key_dim is not None else self.d_k
+        return key_size, value_dim if value_dim is not None else self.d_v
 
-        score_cls = get("score", score).cls if isinstance(score, str) else None
-        align_cls = get("align", align).cls if isinstance(align, str) else None
-        score_takes = _params(score_cls) if score_cls else set()
-        align_takes = _params(align_cls) if align_cls else set()
-        unknown = [o for o in options if o not in score_takes | align_takes]
-        if unknown:
-            raise TypeError(
-                f"Attention got unknown options {unknown}: the score "
-                f"{score!r} takes {sorted(score_takes - {'d_q', 'd_k', 'out_dim'})}, the "
-                f"alignment {align!r} takes {sorted(align_takes - {'d_q', 'd_k'})}"
-            )
-
-        if score_cls is not None:
-            kw = {o: v for o, v in options.items() if o in score_takes}
-            if "d_q" in score_takes:
-                kw.setdefault("d_q", d_q)
-            if "d_k" in score_takes:
-                kw.setdefault("d_k", key_size)
-            if self.multi:
-                if "out_dim" not in score_takes:
-                    raise ConfigError(
-                        f"multi-dimensional attention needs a vector score; score {score!r} "
-                        "gives one number per key (use 'additive' or 'queryless')"
-                    )
-                if value_size is None:
-                    raise ConfigError(
-                        "multi-dimensional attention needs d_v (or d_k) for its vector score"
-                    )
-                kw["out_dim"] = value_size
-            self.score = score_cls(**kw)
-        else:
-            if not isinstance(score, Score):
+    def _build_score(
+        self, parts: _Parts, d_q: int | None, key_size: int | None, value_size: int | None
+    ) -> Score:
+        """The score module: built by name (with its options, and ``out_dim = d_v`` for a
+        vector score), or the module given."""
+        if parts.score_cls is None:
+            if not isinstance(parts.score, Score):
                 raise ConfigError(
-                    f"score must be a name or a Score module, got {type(score).__name__}"
+                    f"score must be a name or a Score module, got {type(parts.score).__name__}"
                 )
-            self.score = score
-        if self.multi and not getattr(self.score, "vector", False):
+            return parts.score
+        kw = parts.kwargs(parts.score_takes, d_q, key_size)
+        if self.multi:
+            if "out_dim" not in parts.score_takes:
+                raise ConfigError(
+                    f"multi-dimensional attention needs a vector score; score {parts.score!r} "
+                    "gives one number per key (use 'additive' or 'queryless')"
+                )
+            if value_size is None:
+                raise ConfigError(
+                    "multi-dimensional attention needs d_v (or d_k) for its vector score"
+                )
+            kw["out_dim"] = value_size
+        return parts.score_cls(**kw)
+
+    def _build_align(self, parts: _Parts, d_q: int | None, key_size: int | None) -> Alignment:
+        """The alignment module: built by name (with its options), or the module given."""
+        if parts.align_cls is None:
+            if not isinstance(parts.align, Alignment):
+                raise ConfigError(
+                    f"align must be a name or an Alignment module, got {type(parts.align).__name__}"
+                )
+            return parts.align
+        return parts.align_cls(**parts.kwargs(parts.align_takes, d_q, key_size))
+
+    def _check_vector(self) -> None:
+        """A vector score (one score per value feature) exactly with ``dim="multi"``."""
+        vector = getattr(self.score, "vector", False)
+        if self.multi and not vector:
             raise ConfigError(
                 "multi-dimensional attention needs a vector score (a Score module built with "
                 f"out_dim=d_v); {type(self.score).__name__} returns one number per key"
             )
-        if not self.multi and getattr(self.score, "vector", False):
+        if not self.multi and vector:
             raise ConfigError("a vector score needs dim='multi'")
 
-        if align_cls is not None:
-            kw = {o: v for o, v in options.items() if o in align_takes}
-            if "d_q" in align_takes:
-                kw.setdefault("d_q", d_q)
-            if "d_k" in align_takes:
-                kw.setdefault("d_k", key_size)
-            self.align = align_cls(**kw)
-        else:
-            if not isinstance(align, Alignment):
-                raise ConfigError(
-                    f"align must be a name or an Alignment module, got {type(align).__name__}"
-                )
-            self.align = align
-
-        name_s = getattr(self.score, "registry_name", type(self.score).__name__)
-        name_a = getattr(self.align, "registry_name", type(self.align).__name__)
+    def _check_combination(self) -> None:
+        """Refuse, at construction, an alignment that does not fit the score or the
+        dimensionality."""
         if self.multi and not self.align.supports_multi:
             raise ConfigError(
-                f"alignment {name_a!r} cannot be applied per feature, so it does not combine "
-                "with dim='multi' (use soft, sparsemax or entmax15)"
+                f"alignment {self._align_name!r} cannot be applied per feature, so it does not "
+                "combine with dim='multi' (use soft, sparsemax or entmax15)"
             )
         if self.align.local and not self.score.needs_query:
             raise ConfigError(
-                f"local alignment {name_a!r} places a window per query, but score {name_s!r} "
-                "is query-less (one constant query); use a score that takes the query"
+                f"local alignment {self._align_name!r} places a window per query, but score "
+                f"{self._score_name!r} is query-less (one constant query); use a score that "
+                "takes the query"
             )
-        self._score_name, self._align_name = name_s, name_a
-        self._caps = capabilities(self.score, self.align, self.multi)
-        if path == "triton":
-            self._check_triton_config()
 
     def _check_triton_config(self) -> None:
         """``path="triton"``: refuse, at construction, what the kernels cannot compute."""
@@ -453,139 +538,181 @@ class Attention(Configurable):
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
         path = self.plan(need_weights, n_k, device=k.device, dtype=k.dtype, head_dim=head_dim).path
-        p = self.dropout if self.training else 0.0
-        log_prob = None
-        extras: dict[str, Any] = {}
+        call = _Call(
+            q3,
+            keys,
+            values,
+            mask3,
+            need_weights,
+            self.dropout if self.training else 0.0,
+            positions,
+            score_kw,
+        )
+        context, weights, log_prob, extras = self._run(path, call)
+        return _output(context, weights if need_weights else None, log_prob, path, extras, single)
 
+    def _run(self, path: str, call: _Call) -> _Result:
+        """``(context, weights, log_prob, extras)`` of the call on ``path``."""
         if path == "sdpa":
-            assert q3 is not None
-            q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
-            context, weights = _sdpa_attend(  # inputs cleared above
-                q2, k2, values, scale, mask3, p, need_weights, clear=False
+            return self._run_sdpa(call)
+        if path == "lean-multi":
+            return self._run_lean_multi(call)
+        if path == "triton":
+            return self._run_triton(call)
+        if path == "local-flex":
+            return self._run_local_flex(call)
+        if path == "local-window":
+            return self._run_local_window(call)
+        return self._run_explicit(call, lean=path == "lean-additive")
+
+    def _run_sdpa(self, call: _Call) -> _Result:
+        assert call.q is not None
+        q2, k2, scale = self.score.dot_form(call.q, call.keys)  # type: ignore[misc]
+        context, weights = _sdpa_attend(  # inputs cleared in forward
+            q2, k2, call.values, scale, call.mask, call.dropout_p, call.need_weights, clear=False
+        )
+        return context, weights, None, {}
+
+    def _lean_inputs(self, call: _Call) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+        """``(W1 q + b, W2 k, w or W_d, b_d, values)`` for the lean and Triton kernels,
+        float32 for half inputs."""
+        assert call.q is not None and isinstance(self.score, AdditiveScore)
+        q1, k2 = self.score.lean_parts(call.q, call.keys)
+        w, b_d = self.score.work_params()
+        return q1, k2, w, b_d, call.values.to(q1.dtype)
+
+    def _run_lean_multi(self, call: _Call) -> _Result:
+        q1, k2, W_d, b_d, vals = self._lean_inputs(call)
+        act = self.score.act  # type: ignore[union-attr]
+        context = multi_dim_attend_lean(q1, k2, W_d, b_d, vals, call.mask, act)
+        return context.to(call.values.dtype), None, None, {}
+
+    def _run_triton(self, call: _Call) -> _Result:
+        q1, k2, w, b_d, vals = self._lean_inputs(call)
+        act, need = self.score.act, call.need_weights  # type: ignore[union-attr]
+        if self.multi:
+            context, weights = flash_multi_dim_attention(
+                q1, k2, w, b_d, vals, call.mask, act, need_weights=need
             )
-        elif path == "lean-multi":
-            assert q3 is not None and isinstance(self.score, AdditiveScore)
-            q1, k2 = self.score.lean_parts(q3, keys)  # float32 for half inputs
-            W_d, b_d = self.score.work_params()
-            context = multi_dim_attend_lean(
-                q1, k2, W_d, b_d, values.to(q1.dtype), mask3, self.score.act
-            ).to(values.dtype)
-            weights = None
-        elif path == "triton":
-            assert q3 is not None and isinstance(self.score, AdditiveScore)
-            q1, k2 = self.score.lean_parts(q3, keys)  # float32 for half inputs
-            w, b_d = self.score.work_params()
-            vals = values.to(q1.dtype)
-            if self.multi:
-                context, weights = flash_multi_dim_attention(
-                    q1, k2, w, b_d, vals, mask3, self.score.act, need_weights=need_weights
-                )
-            else:
-                context, weights = flash_additive_attention(
-                    q1, k2, w, vals, mask3, self.score.act, need_weights=need_weights
-                )
-            context = context.to(values.dtype)
-            weights = None if weights is None else weights.to(values.dtype)
-        elif path == "local-flex":
-            assert q3 is not None
-            centers = self.align.centers(
-                query=q3, batch=B, n_q=n_q, n_k=n_k, mask=mask3, positions=positions, like=keys
-            )
-            q2, k2, scale = self.score.dot_form(q3, keys)  # type: ignore[misc]
-            context = local_flex_attend(
-                q2,
-                k2,
-                values,
-                scale,
-                centers,
-                self.align.D,
-                mask3,
-                self.align.gaussian,
-                # local-m without positions: the window is |i - l| <= D, the same every call
-                static_window=positions is None and self._caps.centres_are_positions,
-            )
-            weights = None
-            extras["centers"] = centers
-        elif path == "local-window":
-            assert q3 is not None
-            centers = self.align.centers(
-                query=q3, batch=B, n_q=n_q, n_k=n_k, mask=mask3, positions=positions, like=keys
-            )
-            score_fn, q_in, k_in = self.score, q3, keys
-            if isinstance(self.score, AdditiveScore) and not self.score.vector:
-                # project every key once (W2 k), not once per window slot
-                q_in, k_in = self.score.lean_parts(q3, keys)
-                (w, _), act = self.score.work_params(), self.score.act
-                score_fn = lambda qq, kk: additive_score_lean(qq, kk, w, act)  # noqa: E731
-            context, weights, _ = local_window_attend(
-                score_fn,
-                q_in,
-                k_in,
-                values,
-                centers,
-                self.align.D,
-                mask3,
-                self.align.gaussian,
-                need_weights,
-                dropout_p=p,
-            )
-            if weights is not None:
-                # a NaN centre (e.g. from a NaN query) has no window: its whole row is NaN,
-                # as on the explicit path
-                weights = _fill_nan(weights, _nan_or_none(centers))
-            extras["centers"] = centers
         else:
-            if path == "lean-additive":
-                e = self.score(q3, keys)
-            else:
-                e = self.score.explicit(q3, keys, **score_kw)
-            if n_k == 0:
-                # nothing to attend to: zero weights [B, n_q, 0(, d_v)] and a zero context,
-                # still connected to the inputs so that backward() works
-                weights = (e * 0).to(values.dtype)
-                combine = combine_multi if self.multi else combine_single
-                context = combine(weights, values)
-                if self.align.stochastic:
-                    lp_shape = (B,) if isinstance(self.align, ReinforcedAlign) else (B, n_q)
-                    log_prob = values.new_zeros(lp_shape)
-            elif self.multi:
-                m4 = mask3.unsqueeze(-1) if mask3 is not None else None
-                e, bad = _bad_rows(e, m4, dim=2)
-                a = self.align.normalize(e, m4, dim=2)
-                # the scores and the alignment are in float32 for half inputs; the weighted
-                # sum runs in the values' dtype
-                weights = a = _fill_nan(a, bad).to(values.dtype)
-                context = combine_multi(F.dropout(a, p, True) if p > 0 else a, values)
-            else:
-                # local alignments mask everything outside the window, NaN included
-                e, bad = (e, None) if self.align.local else _bad_rows(e, mask3, dim=-1)
-                # the alignment sees finite keys (reinforced attention samples from them);
-                # the rows without a finite score maximum are set to NaN below
-                keys_a = keys if bad is None else torch.nan_to_num(keys, 0.0, 0.0, 0.0)
-                aligned: Aligned = self.align(e, mask3, query=q3, keys=keys_a, positions=positions)
-                # the scores and the alignment are in float32 for half inputs; the weighted
-                # sum (and what is returned) is in the values' dtype
-                weights = a = _fill_nan(aligned.weights, bad).to(values.dtype)
-                log_prob = aligned.log_prob
-                extras.update(aligned.extras)
-                if log_prob is not None:
-                    log_prob = log_prob.to(values.dtype)
-                if isinstance(extras.get("probs"), Tensor):
-                    extras["probs"] = extras["probs"].to(values.dtype)
-                if bad is not None:
-                    if log_prob is not None and log_prob.shape == bad.shape[:-1]:
-                        log_prob = _fill_nan(log_prob, bad.squeeze(-1))
-                    if isinstance(extras.get("probs"), Tensor):
-                        extras["probs"] = _fill_nan(extras["probs"], bad)
-                context = combine_single(F.dropout(a, p, True) if p > 0 else a, values)
-        if not need_weights:
-            weights = None
-        if single:
-            context = context.squeeze(1)
-            if weights is not None:
-                weights = weights.squeeze(1)
-            if log_prob is not None and log_prob.dim() == 2:
-                log_prob = log_prob.squeeze(1)
-            if "centers" in extras:
-                extras["centers"] = extras["centers"].squeeze(1)
-        return AttentionOutput(context, weights, log_prob, path, extras)
+            context, weights = flash_additive_attention(
+                q1, k2, w, vals, call.mask, act, need_weights=need
+            )
+        dtype = call.values.dtype
+        return context.to(dtype), None if weights is None else weights.to(dtype), None, {}
+
+    def _centers(self, call: _Call) -> Tensor:
+        """The window centres ``[B, n_q]`` of a local alignment."""
+        B, n_q, _ = call.q.shape  # type: ignore[union-attr]
+        return self.align.centers(  # type: ignore[operator]
+            query=call.q,
+            batch=B,
+            n_q=n_q,
+            n_k=call.keys.shape[1],
+            mask=call.mask,
+            positions=call.positions,
+            like=call.keys,
+        )
+
+    def _run_local_flex(self, call: _Call) -> _Result:
+        centers = self._centers(call)
+        q2, k2, scale = self.score.dot_form(call.q, call.keys)  # type: ignore[misc,arg-type]
+        # local-m without positions: the window is |i - l| <= D, the same every call
+        static = call.positions is None and self._caps.centres_are_positions
+        context = local_flex_attend(
+            q2,
+            k2,
+            call.values,
+            scale,
+            centers,
+            self.align.D,
+            call.mask,  # type: ignore[arg-type]
+            self.align.gaussian,
+            static_window=static,  # type: ignore[arg-type]
+        )
+        return context, None, None, {"centers": centers}
+
+    def _run_local_window(self, call: _Call) -> _Result:
+        assert call.q is not None
+        centers = self._centers(call)
+        score_fn, q_in, k_in = self.score, call.q, call.keys
+        if isinstance(self.score, AdditiveScore) and not self.score.vector:
+            # project every key once (W2 k), not once per window slot
+            q_in, k_in = self.score.lean_parts(call.q, call.keys)
+            (w, _), act = self.score.work_params(), self.score.act
+            score_fn = lambda qq, kk: additive_score_lean(qq, kk, w, act)  # noqa: E731
+        context, weights, _ = local_window_attend(
+            score_fn,
+            q_in,
+            k_in,
+            call.values,
+            centers,
+            self.align.D,
+            call.mask,  # type: ignore[arg-type]
+            self.align.gaussian,
+            call.need_weights,
+            dropout_p=call.dropout_p,  # type: ignore[arg-type]
+        )
+        if weights is not None:
+            # a NaN centre (e.g. from a NaN query) has no window: its whole row is NaN,
+            # as on the explicit path
+            weights = _fill_nan(weights, _nan_or_none(centers))
+        return context, weights, None, {"centers": centers}
+
+    def _run_explicit(self, call: _Call, lean: bool) -> _Result:
+        """The scores (from the chunked kernel for ``lean``), the alignment and the
+        weighted sum, each step materialised."""
+        if lean:
+            e = self.score(call.q, call.keys)
+        else:
+            e = self.score.explicit(call.q, call.keys, **call.score_kw)
+        if call.keys.shape[1] == 0:
+            return self._nothing_to_attend(call, e)
+        if self.multi:
+            return self._align_per_feature(call, e)
+        return self._align(call, e)
+
+    def _nothing_to_attend(self, call: _Call, e: Tensor) -> _Result:
+        """``n_k = 0``: zero weights ``[B, n_q, 0(, d_v)]`` and a zero context, still
+        connected to the inputs so that ``backward()`` works."""
+        weights = (e * 0).to(call.values.dtype)
+        combine = combine_multi if self.multi else combine_single
+        log_prob = None
+        if self.align.stochastic:
+            B, n_q = e.shape[:2]
+            lp_shape = (B,) if isinstance(self.align, ReinforcedAlign) else (B, n_q)
+            log_prob = call.values.new_zeros(lp_shape)
+        return combine(weights, call.values), weights, log_prob, {}
+
+    def _align_per_feature(self, call: _Call, e: Tensor) -> _Result:
+        """Multi-dimensional: the alignment normalises every feature's scores over the keys."""
+        m4 = call.mask.unsqueeze(-1) if call.mask is not None else None
+        e, bad = _bad_rows(e, m4, dim=2)
+        # the scores and the alignment are in float32 for half inputs; the weighted sum runs
+        # in the values' dtype
+        a = _fill_nan(self.align.normalize(e, m4, dim=2), bad).to(call.values.dtype)
+        context = combine_multi(_dropout(a, call.dropout_p), call.values)
+        return context, a, None, {}
+
+    def _align(self, call: _Call, e: Tensor) -> _Result:
+        """Single-dimensional: the alignment module on the scores, then the weighted sum."""
+        # local alignments mask everything outside the window, NaN included
+        e, bad = (e, None) if self.align.local else _bad_rows(e, call.mask, dim=-1)
+        # the alignment sees finite keys (reinforced attention samples from them); the rows
+        # without a finite score maximum are set to NaN below
+        keys = call.keys if bad is None else torch.nan_to_num(call.keys, 0.0, 0.0, 0.0)
+        aligned: Aligned = self.align(
+            e, call.mask, query=call.q, keys=keys, positions=call.positions
+        )
+        # the scores and the alignment are in float32 for half inputs; the weighted sum (and
+        # what is returned) is in the values' dtype
+        dtype = call.values.dtype
+        a = _fill_nan(aligned.weights, bad).to(dtype)
+        log_prob = aligned.log_prob.to(dtype) if aligned.log_prob is not None else None
+        extras = dict(aligned.extras)
+        if isinstance(extras.get("probs"), Tensor):
+            extras["probs"] = _fill_nan(extras["probs"].to(dtype), bad)
+        if bad is not None and log_prob is not None and log_prob.shape == bad.shape[:-1]:
+            log_prob = _fill_nan(log_prob, bad.squeeze(-1))
+        context = combine_single(_dropout(a, call.dropout_p), call.values)
+        return context, a, log_prob, extras

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 from torch import Tensor
 
 from attnlab._checks import check_same, check_tensor
@@ -34,6 +37,17 @@ def _check_values(v: Tensor, B: int, n_k: int, d_v: int | None) -> None:
         )
 
 
+def _check_per_feature(x: Tensor, name: str, v: Tensor) -> None:
+    """``x`` (scores or weights) ``[B, n_q, n_k, d_v]`` and the values ``v`` ``[B, n_k,
+    d_v]`` that go with it, of one dtype and device."""
+    check_tensor(x, name)
+    if x.dim() != 4:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected [B, n_q, n_k, d_v]")
+    B, _, n_k, d_v = x.shape
+    _check_values(v, B, n_k, d_v)
+    check_same(x, name, v=v)
+
+
 def combine_single(weights: Tensor, v: Tensor) -> Tensor:
     """``c = sum_l a_l v_l``: weights ``[B, n_q, n_k]``, v ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``.
     Cost O(B n_q n_k d_v)."""
@@ -48,12 +62,7 @@ def combine_single(weights: Tensor, v: Tensor) -> Tensor:
 def combine_multi(weights: Tensor, v: Tensor) -> Tensor:
     """``c_i = sum_l a_{l,i} v_{l,i}``: weights ``[B, n_q, n_k, d_v]``, v ``[B, n_k, d_v]``
     -> ``[B, n_q, d_v]``. Cost O(B n_q n_k d_v) time and memory."""
-    check_tensor(weights, "weights")
-    if weights.dim() != 4:
-        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected [B, n_q, n_k, d_v]")
-    B, _, n_k, d_v = weights.shape
-    _check_values(v, B, n_k, d_v)
-    check_same(weights, "weights", v=v)
+    _check_per_feature(weights, "weights", v)
     return (weights * v.unsqueeze(1)).sum(2)
 
 
@@ -74,12 +83,8 @@ def multi_dimensional_attend(
     O(B n_q n_k d_v); :func:`attnlab.general.fused.multi_dim_attend_lean`
     computes the context of DiSAN's additive vector score without that tensor.
     """
-    check_tensor(scores, "scores")
-    if scores.dim() != 4:
-        raise ValueError(f"scores has shape {tuple(scores.shape)}, expected [B, n_q, n_k, d_v]")
-    B, n_q, n_k, d_v = scores.shape
-    _check_values(v, B, n_k, d_v)
-    check_same(scores, "scores", v=v)
+    _check_per_feature(scores, "scores", v)
+    B, n_q, n_k, _ = scores.shape
     # the mask must broadcast to [B, n_q, n_k] *without* enlarging it
     m3 = normalize_mask(mask, B, n_q, n_k, device=scores.device, name="mask")
     m4 = m3.unsqueeze(-1) if m3 is not None else None
@@ -90,6 +95,21 @@ def multi_dimensional_attend(
     return AttentionOutput(combine_multi(weights, v), weights, path="explicit")
 
 
+class _Dimensionality(Configurable):
+    """A registered dimensionality: ``forward(weights, v)`` combines the values with its
+    functional twin ``function`` (``combine_single`` or ``combine_multi``); ``multi``
+    says whether the weights have a feature axis."""
+
+    multi: bool = False
+    function: ClassVar[Callable[[Tensor, Tensor], Tensor]]
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, weights: Tensor, v: Tensor) -> Tensor:
+        return self.function(weights, v)
+
+
 @register(
     "dim",
     "single",
@@ -98,17 +118,12 @@ def multi_dimensional_attend(
     cost="O(B n_q n_k d_v)",
     aliases=("single-dimensional", "scalar"),
 )
-class SingleDimensional(Configurable):
+class SingleDimensional(_Dimensionality):
     """Single-dimensional attention: one scalar weight per key, ``c = sum_l a_l v_l``.
     Shapes: weights ``[B, n_q, n_k]``, ``v`` ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``."""
 
     multi = False
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def forward(self, weights: Tensor, v: Tensor) -> Tensor:
-        return combine_single(weights, v)
+    function = staticmethod(combine_single)
 
 
 @register(
@@ -119,15 +134,10 @@ class SingleDimensional(Configurable):
     cost="time O(B n_q n_k d_w d_v), memory O(B n_q d_v) (fused kernel)",
     aliases=("multi-dimensional", "vector", "feature-wise"),
 )
-class MultiDimensional(Configurable):
+class MultiDimensional(_Dimensionality):
     """Multi-dimensional (feature-wise) attention (Shen et al. 2018, DiSAN): weights
     ``[B, n_q, n_k, d_v]``, ``c_i = sum_l a_{l,i} v_{l,i}``. Requires a vector score
     (``additive`` or ``queryless`` built with ``out_dim = d_v``)."""
 
     multi = True
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def forward(self, weights: Tensor, v: Tensor) -> Tensor:
-        return combine_multi(weights, v)
+    function = staticmethod(combine_multi)

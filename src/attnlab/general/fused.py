@@ -484,6 +484,37 @@ class _AdditiveState:
     gw: Tensor | None
 
 
+def _reduce_hidden_grad(gu: Tensor, gq: Tensor | None, gk: Tensor | None, tile: Tile) -> None:
+    """Add a tile's gradient ``gu`` ``[B_tile, rows, n_k, d_w]`` with respect to the hidden
+    pre-activation to the query gradient (sum over keys) and the key gradient (over rows)."""
+    b0, b1, i0, i1 = tile
+    if gq is not None:
+        torch.sum(gu, 2, out=gq[b0:b1, i0:i1])
+    if gk is not None:
+        gk[b0:b1] += gu.sum(1)
+
+
+def _scale_(factor: Tensor | float, *xs: Tensor | None) -> None:
+    for x in xs:
+        if x is not None:
+            x.mul_(factor)
+
+
+def _additive_identity_backward(
+    q1: Tensor, k2: Tensor, wc: Tensor, g: Tensor, needs: tuple[bool, bool, bool]
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of ``w . (q1 + k2)``: no tiles, the sum splits."""
+    need_q, need_k, need_w = needs
+    ct = wc.dtype
+    gi, gj = g.sum(2), g.sum(1)  # [B, n_q], [B, n_k]
+    gq = gi[:, :, None] * wc if need_q else None
+    gk = gj[:, :, None] * wc if need_k else None
+    gw = None
+    if need_w:
+        gw = torch.einsum("bi,bid->d", gi, q1.to(ct)) + torch.einsum("bj,bjd->d", gj, k2.to(ct))
+    return gq, gk, gw
+
+
 def _additive_backward(
     q1: Tensor,
     k2: Tensor,
@@ -498,17 +529,11 @@ def _additive_backward(
     ct = _compute_dtype(q1.dtype)
     wc = w.to(ct)
     g = grad_e.to(ct).contiguous()
+    if act.name == "identity":
+        gq, gk, gw = _additive_identity_backward(q1, k2, wc, g, needs)
+        return _cast(gq, q1), _cast(gk, k2), _cast(gw, w)
     need_q, need_k, need_w = needs
     dev = q1.device
-    if act.name == "identity":
-        gi, gj = g.sum(2), g.sum(1)  # [B, n_q], [B, n_k]
-        gq = gi[:, :, None] * wc if need_q else None
-        gk = gj[:, :, None] * wc if need_k else None
-        gw = None
-        if need_w:
-            gw = torch.einsum("bi,bid->d", gi, q1.to(ct)) + torch.einsum("bj,bjd->d", gj, k2.to(ct))
-        return _cast(gq, q1), _cast(gk, k2), _cast(gw, w)
-
     hidden = _Hidden.of(q1, k2, act, ct)
     gq = torch.zeros(B, n_q, d_w, dtype=ct, device=dev) if need_q else None
     need_u = need_q or need_k
@@ -535,19 +560,13 @@ def _additive_backward(
             gu = act.derivative_(t)
             assert gu is not None  # identity is handled above
             gu.mul_(g_t[..., None])  # w and the derivative's scale are applied at the end
-        if gq is not None:
-            torch.sum(gu, 2, out=gq[b0:b1, i0:i1])
-        if st.gk is not None:
-            st.gk[b0:b1] += gu.sum(1)
+        _reduce_hidden_grad(gu, gq, st.gk, tile)
 
     states = _run_tiles(tiles, workers, job, state)
     gk = _sum_states([st.gk for st in states])
     gw = _sum_states([st.gw for st in states])
     if act.name is not None:
-        factor = act.deriv_scale * wc
-        for x in (gq, gk):
-            if x is not None:
-                x.mul_(factor)
+        _scale_(act.deriv_scale * wc, gq, gk)
         if gw is not None and act.name == "tanh":  # w . tanh = (2 w) . s - sum(w)
             gw.mul_(2.0).sub_(g.sum())
     return _cast(gq, q1), _cast(gk, k2), _cast(gw, w)
@@ -778,6 +797,53 @@ class _MultiDimState:
     gv: Tensor | None
 
 
+def _multi_dim_state(
+    plan: _MultiDimPlan, act: _Act, needs: tuple[bool, bool, bool, bool], n_k: int
+) -> _MultiDimState:
+    """One worker's workspaces and gradient accumulators for the backward pass."""
+    need_q, need_k, need_W, need_v = needs
+    like = plan.hidden.qf
+    B, d_w, d_v = like.shape[0], like.shape[2], plan.v.shape[2]
+    need_u = need_q or need_k
+
+    def zeros(*shape: int) -> Tensor:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    return _MultiDimState(
+        ubuf=_workspace(plan.tiles, n_k * d_w, like),
+        ebuf=_workspace(plan.tiles, n_k * d_v, like),
+        dbuf=_workspace(plan.tiles, n_k * d_v, like) if need_u or need_W else None,
+        gbuf=_workspace(plan.tiles, n_k * d_w, like) if need_u and act.name else None,
+        gk=zeros(B, n_k, d_w) if need_k else None,
+        gW=zeros(d_w, d_v) if need_W else None,
+        gv=zeros(B, n_k, d_v) if need_v else None,
+    )
+
+
+def _multi_dim_hidden_grad(
+    plan: _MultiDimPlan,
+    act: _Act,
+    st: _MultiDimState,
+    ge: Tensor,
+    t_graph: Tensor,
+    u: Tensor | None,
+) -> Tensor:
+    """The gradient with respect to a tile's pre-activation, from the gradient of its
+    scores ``ge`` ``[rows * n_k, d_v]`` (``u``: the leaf of a checkpointed activation)."""
+    t = t_graph.detach()
+    if u is not None:  # checkpointed activation
+        gt = torch.mm(ge, plan.w_eff.t()).view(t.shape)
+        (gu,) = torch.autograd.grad(t_graph, u, gt)
+        return gu
+    assert st.gbuf is not None
+    gu = torch.mm(ge, plan.w_eff.t(), out=_mat(st.gbuf[: t.numel()].view(t.shape)))
+    gu = gu.view(t.shape)
+    deriv = act.derivative_(t)
+    if deriv is not None:
+        gu.mul_(deriv)
+    return gu
+
+
 def _multi_dim_backward(
     q1: Tensor,
     k2: Tensor,
@@ -793,31 +859,14 @@ def _multi_dim_backward(
     needs: tuple[bool, bool, bool, bool],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     B, n_q, d_w = q1.shape
-    n_k, d_v = v.shape[1], v.shape[2]
-    need_q, need_k, need_W, need_v = needs
+    n_k = v.shape[1]
+    need_q, need_k = needs[0], needs[1]
     plan = _multi_dim_plan(q1, k2, W_d, v, mask, act, chunk)
-    like = plan.hidden.qf
-    ct, dev = like.dtype, like.device
+    ct, dev = plan.hidden.qf.dtype, plan.hidden.qf.device
     # the softmax weights are a = 2^(e2 - shift) / den: fold 1/den into the incoming gradient
     h = grad_c.to(ct) / den.masked_fill(den == 0, 1.0)
     gq = torch.zeros(B, n_q, d_w, dtype=ct, device=dev) if need_q else None
     need_u = need_q or need_k
-    need_e = need_u or need_W
-    tiles = plan.tiles
-
-    def state() -> _MultiDimState:
-        def zeros(*shape: int) -> Tensor:
-            return torch.zeros(shape, dtype=ct, device=dev)
-
-        return _MultiDimState(
-            ubuf=_workspace(tiles, n_k * d_w, like),
-            ebuf=_workspace(tiles, n_k * d_v, like),
-            dbuf=_workspace(tiles, n_k * d_v, like) if need_e else None,
-            gbuf=_workspace(tiles, n_k * d_w, like) if need_u and act.name else None,
-            gk=zeros(B, n_k, d_w) if need_k else None,
-            gW=zeros(d_w, d_v) if need_W else None,
-            gv=zeros(B, n_k, d_v) if need_v else None,
-        )
 
     def job(tile: Tile, st: _MultiDimState) -> None:
         b0, b1, i0, i1 = tile
@@ -827,40 +876,26 @@ def _multi_dim_backward(
         q.mul_(h[b0:b1, i0:i1, None])  # q = a * grad_c
         if st.gv is not None:
             st.gv[b0:b1] += q.sum(1)
-        if not need_e:
+        if st.dbuf is None:  # neither the scores' inputs nor W_d need a gradient
             return
-        assert st.dbuf is not None
         diff = st.dbuf[: q.numel()].view(q.shape)
         torch.sub(plan.v[b0:b1, None], ctx_out[b0:b1, i0:i1, None], out=diff)
         ge = _mat(q.mul_(diff))  # gradient of the scores: a * g * (v_j - c_i)
         if st.gW is not None:
             st.gW.addmm_(_mat(t).t(), ge)
-        if not need_u:
-            return
-        if u is not None:  # checkpointed activation
-            gt = torch.mm(ge, plan.w_eff.t()).view(t.shape)
-            (gu,) = torch.autograd.grad(t_graph, u, gt)
-        else:
-            assert st.gbuf is not None
-            gu = torch.mm(ge, plan.w_eff.t(), out=_mat(st.gbuf[: t.numel()].view(t.shape)))
-            gu = gu.view(t.shape)
-            deriv = act.derivative_(t)
-            if deriv is not None:
-                gu.mul_(deriv)
-        if gq is not None:
-            torch.sum(gu, 2, out=gq[b0:b1, i0:i1])
-        if st.gk is not None:
-            st.gk[b0:b1] += gu.sum(1)
+        if need_u:
+            gu = _multi_dim_hidden_grad(plan, act, st, ge, t_graph, u)
+            _reduce_hidden_grad(gu, gq, st.gk, tile)
 
-    states = _run_tiles(tiles, plan.workers, job, state)
+    states = _run_tiles(
+        plan.tiles, plan.workers, job, lambda: _multi_dim_state(plan, act, needs, n_k)
+    )
     gk = _sum_states([st.gk for st in states])
     gW = _sum_states([st.gW for st in states])
     gv = _sum_states([st.gv for st in states])
     # gu is the gradient with respect to the tile's pre-activation, act.scale * (q1 + k2)
     if act.scale != 1.0:
-        for x in (gq, gk):
-            if x is not None:
-                x.mul_(act.scale)
+        _scale_(act.scale, gq, gk)
     if gW is not None and act.name == "tanh":
         # e = (2 s - 1) @ W_d: dW_d = 2 s^T ge - 1^T ge, and 1^T ge = 0 (shift invariance)
         gW.mul_(2.0)
@@ -957,8 +992,29 @@ def multi_dim_attend_lean(
     amp = _autocast_device(q1)
     if amp is not None:  # as torch.nn layers: every input in the autocast dtype
         q1, k2, W_d, b_d, v = _to_autocast_dtype(amp, q1, k2, W_d, b_d, v)
+    q1, k2, W_d, b_d, v = _check_multi_dim(q1, k2, W_d, b_d, v)
+    B, n_q, _ = q1.shape
+    mask = normalize_mask(mask, B, n_q, k2.shape[1], device=q1.device, name="mask")
+    # padded keys / values and fully masked query rows may hold anything (NaN, inf): the
+    # kernel multiplies zero weights by the values, so clear them first
+    q1c, k2, v = clear_attention_inputs(q1, k2, v, mask)
+    assert q1c is not None
+    spec = _resolve_act(act)
+    chunk = _check_chunk(chunk_elems)
+    # the kernels pick their own precision (float32 for half inputs): autocast off inside
+    with torch.autocast(q1.device.type, enabled=False):
+        if torch.compiler.is_compiling():
+            return _multi_dim_traceable(q1c, k2, W_d, v, mask, spec)
+        return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, chunk)
+
+
+def _check_multi_dim(
+    q1: object, k2: object, W_d: object, b_d: object, v: object
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
+    """The inputs of :func:`multi_dim_attend_lean`, checked: tensors of ``q1``'s dtype and
+    device with the shapes of its docstring."""
     q1, k2 = _check_qk(q1, k2)
-    B, n_q, d_w = q1.shape
+    B, _, d_w = q1.shape
     n_k = k2.shape[1]
     W_d = _check_tensor(W_d, "W_d", q1)
     if W_d.dim() != 2 or W_d.shape[0] != d_w:
@@ -971,32 +1027,16 @@ def multi_dim_attend_lean(
     v = _check_tensor(v, "v", q1)
     if v.dim() != 3 or tuple(v.shape) != (B, n_k, d_v):
         raise _shape_error("v", v, "[B, n_k, d_v]", [B, n_k, d_v])
-    mask = normalize_mask(mask, B, n_q, n_k, device=q1.device, name="mask")
-    # padded keys / values and fully masked query rows may hold anything (NaN, inf): the
-    # kernel multiplies zero weights by the values, so clear them first
-    q1c, k2, v = clear_attention_inputs(q1, k2, v, mask)
-    assert q1c is not None
-    spec = _resolve_act(act)
-    chunk = _check_chunk(chunk_elems)
-    # the kernels pick their own precision (float32 for half inputs): autocast off inside
-    with torch.autocast(q1.device.type, enabled=False):
-        if torch.compiler.is_compiling():
-            return _multi_dim_traceable(q1c, k2, W_d, b_d, v, mask, spec)
-        return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, chunk)
+    return q1, k2, W_d, b_d, v
 
 
 def _multi_dim_traceable(
-    q1: Tensor,
-    k2: Tensor,
-    W_d: Tensor,
-    b_d: Tensor | None,
-    v: Tensor,
-    mask: Tensor | None,
-    act: _Act,
+    q1: Tensor, k2: Tensor, W_d: Tensor, v: Tensor, mask: Tensor | None, act: _Act
 ) -> Tensor:
     """:func:`multi_dim_attend_lean` as plain tensor ops, for :func:`torch.compile` (one
     graph: no worker threads, no host synchronisation). The softmax over the keys runs in
-    float32 for half-precision inputs; a query row without an allowed key gets zeros."""
+    float32 for half-precision inputs; a query row without an allowed key gets zeros.
+    (``b_d`` cancels in the softmax: it is no input here.)"""
     ct = _compute_dtype(q1.dtype)
     hidden = act.fn(q1.to(ct)[:, :, None, :] + k2.to(ct)[:, None, :, :])  # [B, n_q, n_k, d_w]
     e = torch.matmul(hidden, W_d.to(ct))  # [B, n_q, n_k, d_v]; b_d cancels in the softmax

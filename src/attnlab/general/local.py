@@ -30,6 +30,26 @@ def _gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     return x.gather(1, flat).reshape(B, n_q, W, x.shape[-1])
 
 
+def _window_slots(
+    p: Tensor, D: int, n_k: int, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``W = 2D + 1`` slots of the windows around the centres ``p`` ``[B, n_q]``:
+    their key indices clamped into range, their distances ``l - p`` (in ``p``'s dtype) and
+    whether they hold an existing, allowed key within ``D`` of the centre, each
+    ``[B, n_q, W]``."""
+    B, n_q = p.shape
+    offsets = torch.arange(2 * D + 1, device=p.device)
+    start = torch.ceil(p.detach() - D).to(torch.long)
+    idx = start.unsqueeze(-1) + offsets  # [B, n_q, W]
+    dist = idx.to(p.dtype) - p.unsqueeze(-1)
+    valid = (dist.abs() <= D) & (idx >= 0) & (idx < n_k)
+    safe = idx.clamp(0, max(n_k - 1, 0))
+    if mask is not None:
+        full = torch.broadcast_to(mask, (B, n_q, n_k))
+        valid = valid & full.gather(2, safe)
+    return safe, dist, valid
+
+
 def local_window_attend(
     score: Callable[[Tensor, Tensor], Tensor],
     q: Tensor,
@@ -80,16 +100,7 @@ def local_window_attend(
     # positions, softmax and Gaussian in float32 for half inputs (a bf16 centre would be
     # rounded to a multiple of 0.5 beyond position 128)
     work = softmax_dtype(q.dtype)
-    offsets = torch.arange(W, device=q.device)
-    p = center.to(work)
-    start = torch.ceil(p.detach() - D).to(torch.long)
-    idx = start.unsqueeze(-1) + offsets  # [B, n_q, W]
-    dist = idx.to(work) - p.unsqueeze(-1)
-    valid = (dist.abs() <= D) & (idx >= 0) & (idx < n_k)
-    safe = idx.clamp(0, max(n_k - 1, 0))
-    if mask is not None:
-        full = torch.broadcast_to(mask, (B, n_q, n_k))
-        valid = valid & full.gather(2, safe)
+    safe, dist, valid = _window_slots(center.to(work), D, n_k, mask)
     # invalid slots read an appended zero row (where, not a zero weight times the key:
     # 0 * NaN = NaN), and a query with an empty window is cleared the same way
     slot = torch.where(valid, safe, n_k)

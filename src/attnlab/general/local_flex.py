@@ -68,37 +68,14 @@ def local_flex_attend(
 
     Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype.
     """
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+    from torch.nn.attention.flex_attention import AuxRequest
 
-    B, n_q, _ = q.shape
-    n_k = k.shape[1]
     if compiled is None:
         compiled = q.device.type == "cuda"
     p = centers.to(torch.float32)
-    p_const = p.detach()
-    full = None if mask is None else torch.broadcast_to(mask, (B, n_q, n_k))
-
-    def window(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        inside = (ki - p_const[b, qi]).abs() <= D
-        return inside if full is None else inside & full[b, qi, ki]
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
-        if static_window and mask is None:
-            key = ("window", n_q, n_k, D, str(q.device))
-            if key not in _COMPILED:
-
-                def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-                    return (ki - qi).abs() <= D
-
-                _COMPILED[key] = create_block_mask(band, None, None, n_q, n_k, device=q.device)
-            block = _COMPILED[key]
-        else:
-            # data-dependent centres: built per call, on CUDA without materialising
-            # [B, n_q, n_k] (compiled)
-            block = create_block_mask(
-                window, B, None, n_q, n_k, device=q.device, _compile=q.device.type == "cuda"
-            )
+        block = _block_mask(p.detach(), k.shape[1], D, mask, static_window)
         flex = _flex(compiled)
         q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
         out1, aux1 = flex(
@@ -106,24 +83,64 @@ def local_flex_attend(
         )
         lse1 = aux1.lse  # [B, 1, n_q], float32
         if gaussian:
-            inv = 1.0 / (2 * (D / 2) ** 2)
-
-            def gauss(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-                return score - (ki - p[b, qi]) ** 2 * inv
-
-            out2, aux2 = flex(
-                q4,
-                k4,
-                v4,
-                score_mod=gauss,
-                block_mask=block,
-                scale=scale,
-                return_aux=AuxRequest(lse=True),
-            )
-            factor = torch.exp(aux2.lse - lse1)
-            ctx = out2.to(torch.float32) * factor.unsqueeze(-1)
+            ctx = _gaussian_pass(flex, q4, k4, v4, block, scale, p, D, lse1)
         else:
             ctx = out1.to(torch.float32)
     empty = (lse1 == float("-inf")).unsqueeze(-1)  # a window with no allowed key
     ctx = torch.where(empty, ctx.new_zeros(()), ctx)
     return ctx.squeeze(1).to(v.dtype)
+
+
+def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window: bool) -> Any:
+    """FlexAttention's block mask of the windows ``|l - p_i| <= D`` (``p`` ``[B, n_q]``,
+    detached) and ``mask``; with ``static_window`` (and no mask) the band ``|i - l| <= D``,
+    built once per size and device and cached."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, n_q = p.shape
+    if static_window and mask is None:
+        key = ("window", n_q, n_k, D, str(p.device))
+        if key not in _COMPILED:
+
+            def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+                return (ki - qi).abs() <= D
+
+            _COMPILED[key] = create_block_mask(band, None, None, n_q, n_k, device=p.device)
+        return _COMPILED[key]
+    full = None if mask is None else torch.broadcast_to(mask, (B, n_q, n_k))
+
+    def window(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        inside = (ki - p[b, qi]).abs() <= D
+        return inside if full is None else inside & full[b, qi, ki]
+
+    # data-dependent centres: built per call, on CUDA without materialising [B, n_q, n_k]
+    # (compiled)
+    cuda = p.device.type == "cuda"
+    return create_block_mask(window, B, None, n_q, n_k, device=p.device, _compile=cuda)
+
+
+def _gaussian_pass(
+    flex: Any,
+    q4: Tensor,
+    k4: Tensor,
+    v4: Tensor,
+    block: Any,
+    scale: float,
+    p: Tensor,
+    D: int,
+    lse1: Tensor,
+) -> Tensor:
+    """Local-p: the second pass, with the score ``e_l - (l - p)^2 / (2 sigma^2)``, rescaled
+    by ``exp(lse_2 - lse_1)`` to the softmax of the first pass times the Gaussian (float32)."""
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    inv = 1.0 / (2 * (D / 2) ** 2)
+
+    def gauss(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        return score - (ki - p[b, qi]) ** 2 * inv
+
+    out2, aux2 = flex(
+        q4, k4, v4, score_mod=gauss, block_mask=block, scale=scale, return_aux=AuxRequest(lse=True)
+    )
+    factor = torch.exp(aux2.lse - lse1)
+    return out2.to(torch.float32) * factor.unsqueeze(-1)

@@ -161,6 +161,7 @@ class LocationAwareScore(Score):
     """
 
     uses_prev_weights = True
+    function = staticmethod(location_aware_score)
 
     def __init__(
         self,

@@ -22,13 +22,15 @@ prints its reason.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
-from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_available
-from attnlab.general.scoring import AdditiveScore, QuerylessScore, Score
+from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name
+from attnlab.general.scoring import AdditiveScore, Score
 
 __all__ = [
     "Capabilities",
@@ -97,22 +99,31 @@ def flex_available() -> bool:
     return True
 
 
+#: Whether the ``triton`` package is installed: looked up once per process (the planner
+#: asks on every CUDA call). A module attribute, so that tests can replace it.
+triton_available = functools.cache(flash_additive.triton_available)
+
+
 def _is_dot(score_cls: type) -> bool:
     return getattr(score_cls, "dot_form", None) is not Score.dot_form
 
 
+def _has_function_dot_form(score_cls: type) -> bool:
+    form = getattr(score_cls, "function_dot_form", None)
+    return form is not None and form is not Score.function_dot_form
+
+
 def score_class_capabilities(score_cls: type, align: str = "soft") -> Capabilities:
     """Capabilities of a registered score class with a named alignment and single
-    dimensionality (what :func:`attnlab.functional.attend` runs: soft alignment)."""
-    from attnlab.general.scoring import AdditiveScore, QuerylessScore
-
+    dimensionality (what :func:`attnlab.functional.attend` runs: soft alignment). The
+    score counts as a dot product when its functional twin has a ``function_dot_form``."""
     name = getattr(score_cls, "registry_name", score_cls.__name__)
     return Capabilities(
         score=name,
         align=align,
-        dot=_is_dot(score_cls),
+        dot=_has_function_dot_form(score_cls),
         additive=issubclass(score_cls, AdditiveScore),
-        queryless=issubclass(score_cls, QuerylessScore),
+        queryless=not getattr(score_cls, "needs_query", True),
         prev_weights=bool(getattr(score_cls, "uses_prev_weights", False)),
         soft=align == "soft",
         local=False,
@@ -131,7 +142,7 @@ def capabilities(score: torch.nn.Module, align: torch.nn.Module, multi: bool) ->
         align=name_a,
         dot=_is_dot(type(score)),
         additive=additive,
-        queryless=isinstance(score, QuerylessScore),
+        queryless=not getattr(score, "needs_query", True),
         prev_weights=bool(getattr(score, "uses_prev_weights", False)),
         soft=name_a == "soft",
         local=local,
@@ -157,6 +168,32 @@ def _triton_fits(caps: Capabilities, device: torch.device, dtype: torch.dtype | 
     )
 
 
+@dataclass(frozen=True)
+class _Call:
+    """What the planner reads of one call besides the capabilities."""
+
+    device: torch.device
+    dtype: torch.dtype | None
+    need_weights: bool
+    dropout: bool
+    head_dim: int | None
+
+    def fits_triton(self, caps: Capabilities) -> bool:
+        return _triton_fits(caps, self.device, self.dtype)
+
+    def fits_flex(self) -> bool:
+        """FlexAttention's sliding window: CUDA, no weights, no dropout, a dtype and a head
+        size its kernels take."""
+        return (
+            self.device.type == "cuda"
+            and not self.need_weights
+            and not self.dropout
+            and (self.dtype is None or self.dtype in FLEX_DTYPES)
+            and (self.head_dim is None or self.head_dim >= FLEX_MIN_DIM)
+            and flex_available()
+        )
+
+
 def plan_attention(
     caps: Capabilities,
     *,
@@ -180,7 +217,20 @@ def plan_attention(
         head_dim: the smaller of the key and value sizes of the call (``None``: unknown);
             FlexAttention's CUDA kernels need at least ``FLEX_MIN_DIM``.
     """
+    forced = _forced_plan(caps, mode, n_k, need_weights)
+    if forced is not None:
+        return forced
     dev = torch.device(device) if device is not None else torch.device("cpu")
+    call = _Call(dev, dtype, need_weights, dropout, head_dim)
+    if caps.local:
+        return _plan_local(caps, call)
+    if caps.multi:
+        return _plan_multi(caps, call)
+    return _plan_single(caps, call)
+
+
+def _forced_plan(caps: Capabilities, mode: str, n_k: int | None, need_weights: bool) -> Plan | None:
+    """The plans that the mode, an empty key set or the score decide alone (else ``None``)."""
     if mode == "explicit":
         return Plan("explicit", "path='explicit' was requested")
     if n_k == 0:
@@ -196,78 +246,81 @@ def plan_attention(
             "path='triton' was requested: FlashAttention-style Triton kernels (online "
             f"softmax over key tiles, nothing n_q x n_k in memory){extra}",
         )
+    return None
+
+
+def _plan_local(caps: Capabilities, call: _Call) -> Plan:
+    """local-m / local-p: FlexAttention's sliding window, else the gathered window."""
     a, s = caps.align, caps.score
-    if caps.local:
-        if (
-            caps.dot
-            and dev.type == "cuda"
-            and not need_weights
-            and not dropout
-            and (dtype is None or dtype in FLEX_DTYPES)
-            and (head_dim is None or head_dim >= FLEX_MIN_DIM)
-            and flex_available()
-        ):
-            extra = (
-                ", then the Gaussian factor in a second pass with the log-sum-exp of the first"
-                if a == "local-p"
-                else ""
-            )
-            return Plan(
-                "local-flex",
-                f"{a} with the dot-product score {s!r} on CUDA: FlexAttention with a "
-                f"sliding-window block mask over the 2D+1 = {caps.window} keys{extra}",
-            )
-        return Plan(
-            "local-window",
-            f"{a} scores only the 2D+1 = {caps.window} keys of each window "
-            "(O(n_q D), not O(n_q n_k)) on " + dev.type,
+    if caps.dot and call.fits_flex():
+        extra = (
+            ", then the Gaussian factor in a second pass with the log-sum-exp of the first"
+            if a == "local-p"
+            else ""
         )
-    if caps.multi:
-        if caps.additive and caps.soft:
-            if need_weights:
-                return Plan(
-                    "explicit",
-                    "need_weights=True materialises the [B, n_q, n_k, d_v] weights, so the "
-                    "fused multi-dimensional kernel cannot be used",
-                )
-            if dropout:
-                return Plan(
-                    "explicit", "dropout on multi-dimensional weights needs them materialised"
-                )
-            if _triton_fits(caps, dev, dtype):
-                return Plan("triton", f"multi-dimensional additive attention {_TRITON_REASON}")
-            return Plan(
-                "lean-multi",
-                "multi-dimensional additive attention runs in a fused chunked kernel that "
-                "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]",
-            )
+        return Plan(
+            "local-flex",
+            f"{a} with the dot-product score {s!r} on CUDA: FlexAttention with a "
+            f"sliding-window block mask over the 2D+1 = {caps.window} keys{extra}",
+        )
+    return Plan(
+        "local-window",
+        f"{a} scores only the 2D+1 = {caps.window} keys of each window "
+        "(O(n_q D), not O(n_q n_k)) on " + call.device.type,
+    )
+
+
+def _plan_multi(caps: Capabilities, call: _Call) -> Plan:
+    """Multi-dimensional attention: the fused kernels for the additive vector score."""
+    if not (caps.additive and caps.soft):
         if caps.queryless:
             return Plan(
                 "explicit", "a query-less vector score has n_q = 1: [B, 1, n_k, d_v] is small"
             )
         return Plan(
-            "explicit", f"alignment {a!r} is applied per feature on the materialised scores"
+            "explicit",
+            f"alignment {caps.align!r} is applied per feature on the materialised scores",
         )
+    if call.need_weights:
+        return Plan(
+            "explicit",
+            "need_weights=True materialises the [B, n_q, n_k, d_v] weights, so the "
+            "fused multi-dimensional kernel cannot be used",
+        )
+    if call.dropout:
+        return Plan("explicit", "dropout on multi-dimensional weights needs them materialised")
+    if call.fits_triton(caps):
+        return Plan("triton", f"multi-dimensional additive attention {_TRITON_REASON}")
+    return Plan(
+        "lean-multi",
+        "multi-dimensional additive attention runs in a fused chunked kernel that "
+        "never holds [B, n_q, n_k, d_w] or [B, n_q, n_k, d_v]",
+    )
+
+
+def _plan_single(caps: Capabilities, call: _Call) -> Plan:
+    """Single-dimensional, not local: SDPA for dot products, the additive kernels."""
+    a, s = caps.align, caps.score
     if caps.soft and caps.dot:
+        layout = (
+            "layout [B, H, n, d] (flash / cuDNN / efficient kernels)"
+            if sdpa_four_d(call.device)
+            else "layout [B, n, d] (the CPU math kernel)"
+        )
         return Plan(
             "sdpa",
             f"score {s!r} is a scaled dot product after transforming the query, and the "
-            "alignment is soft: PyTorch's fused scaled_dot_product_attention on the "
-            + (
-                "layout [B, H, n, d] (flash / cuDNN / efficient kernels)"
-                if sdpa_four_d(dev)
-                else "layout [B, n, d] (the CPU math kernel)"
-            ),
+            "alignment is soft: PyTorch's fused scaled_dot_product_attention on the " + layout,
         )
-    if caps.additive:
-        if caps.soft and not need_weights and not dropout and _triton_fits(caps, dev, dtype):
-            return Plan("triton", f"additive attention with soft alignment {_TRITON_REASON}")
-        return Plan(
-            "lean-additive",
-            "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
-            f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow",
-        )
-    return Plan("explicit", f"score {s!r} with alignment {a!r} has no fused kernel")
+    if not caps.additive:
+        return Plan("explicit", f"score {s!r} with alignment {a!r} has no fused kernel")
+    if caps.soft and not call.need_weights and not call.dropout and call.fits_triton(caps):
+        return Plan("triton", f"additive attention with soft alignment {_TRITON_REASON}")
+    return Plan(
+        "lean-additive",
+        "additive scores come from the chunked kernel (memory O(B n_q n_k), never "
+        f"[B, n_q, n_k, d_w]); alignment {a!r} and the weighted sum follow",
+    )
 
 
 def plan_heads(

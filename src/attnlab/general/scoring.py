@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -292,17 +293,39 @@ def queryless_score(
 class Score(Configurable):
     """Base class of score modules: ``forward(q, k) -> e``.
 
-    Class attributes describe the score to the general attention module:
-    ``needs_query`` (False for query-less scores), ``vector`` (True when the module was
-    built to return vector scores ``[B, n_q, n_k, d_v]`` for multi-dimensional attention).
+    Class attributes describe the score to the general attention module and to
+    :mod:`attnlab.functional`:
+
+    * ``needs_query`` (False for query-less scores);
+    * ``same_dims`` (True when the score compares ``q`` with ``k_l`` directly, so that it
+      needs ``d_q == d_k``);
+    * ``function``: the functional twin, ``function(q, k, **params) -> e`` (for a
+      query-less score ``function(k, **params)``), with the parameters as explicit
+      arguments. It is exported as ``attnlab.functional.<its __name__>`` and is what
+      :func:`attnlab.functional.attend` runs; ``None`` for a score without one;
+    * ``function_dot_form(q, k, **params)``: the functional twin's ``(q', k', scale)``
+      when the score is a scaled dot product (then ``attend`` runs it on the fused SDPA
+      kernel), else ``None``.
+
+    ``vector`` (an instance attribute) is True when the module was built to return vector
+    scores ``[B, n_q, n_k, d_v]`` for multi-dimensional attention.
     """
 
     needs_query: bool = True
     supports_vector: bool = False
+    same_dims: bool = False
+    function: ClassVar[Callable[..., Tensor] | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         self.vector = False
+
+    @staticmethod
+    def function_dot_form(
+        q: Tensor, k: Tensor, **params: Tensor
+    ) -> tuple[Tensor, Tensor, float] | None:
+        """``(q', k', scale)`` of the functional twin with explicit parameters, or ``None``."""
+        return None
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float] | None:
         """``(q', k', scale)`` with ``score(q, k_l) = scale * q'^T k'_l``, or ``None``."""
@@ -314,9 +337,22 @@ class Score(Configurable):
 
 
 class _DotFamily(Score):
+    """Scores that compare ``q`` with ``k_l`` directly (``d_q == d_k``): a dot product of
+    the (normalised) vectors times a scale."""
+
+    same_dims = True
+
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__()
+        _check_equal_dims(self, d_q, d_k)
+
+    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        _require_same_dim(q, k, type(self).__name__)
+        return self.function_dot_form(q, k)  # type: ignore[return-value]
+
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         q3, single = _prepare(q, k)
-        q2, k2, scale = self.dot_form(q3, k)  # type: ignore[misc]
+        q2, k2, scale = self.dot_form(q3, k)
         e = _pairwise(q2, k2)
         return _finish(e * scale if scale != 1.0 else e, single)
 
@@ -336,12 +372,13 @@ class DotScore(_DotFamily):
     Cost: O(B n_q n_k d) time; with soft alignment it runs on the fused SDPA kernel.
     """
 
-    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
-        super().__init__()
-        _check_equal_dims(self, d_q, d_k)
+    function = staticmethod(dot_score)
 
-    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        _require_same_dim(q, k, type(self).__name__)
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
+
+    @staticmethod
+    def function_dot_form(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         return q, k, 1.0
 
 
@@ -360,12 +397,13 @@ class ScaledDotScore(_DotFamily):
     Cost: O(B n_q n_k d); with soft alignment it runs on the fused SDPA kernel.
     """
 
-    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
-        super().__init__()
-        _check_equal_dims(self, d_q, d_k)
+    function = staticmethod(scaled_dot_score)
 
-    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        _require_same_dim(q, k, type(self).__name__)
+    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
+        super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
+
+    @staticmethod
+    def function_dot_form(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         d = k.shape[-1]
         return q, k, 1.0 / math.sqrt(d) if d else 1.0
 
@@ -387,11 +425,12 @@ class CosineScore(_DotFamily):
     Cost: O(B (n_q + n_k) d) to normalise, then O(B n_q n_k d); SDPA with soft alignment.
     """
 
+    function = staticmethod(cosine_score)
+
     def __init__(
         self, d_q: int | None = None, d_k: int | None = None, temperature: float = 1.0
     ) -> None:
-        super().__init__()
-        _check_equal_dims(self, d_q, d_k)
+        super().__init__(d_q, d_k)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature = float(temperature)
@@ -404,6 +443,10 @@ class CosineScore(_DotFamily):
         kn = F.normalize(_work(k), dim=-1, eps=COSINE_EPS).to(k.dtype)
         return qn, kn, 1.0 / self.temperature
 
+    @staticmethod
+    def function_dot_form(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        return F.normalize(q, dim=-1, eps=COSINE_EPS), F.normalize(k, dim=-1, eps=COSINE_EPS), 1.0
+
 
 def _check_equal_dims(module: Score, d_q: int | None, d_k: int | None) -> None:
     if d_q is not None and d_k is not None and d_q != d_k:
@@ -411,6 +454,13 @@ def _check_equal_dims(module: Score, d_q: int | None, d_k: int | None) -> None:
             f"{type(module).__name__} compares q and k directly, so it needs d_q == d_k; "
             f"got d_q={d_q}, d_k={d_k} (use 'general' or 'additive', or project the keys)"
         )
+
+
+def _query_form(
+    q: Tensor, k: Tensor, W: Tensor, b: Tensor | None = None
+) -> tuple[Tensor, Tensor, float]:
+    """The dot form ``(W q + b, k, 1)`` of the (biased) general score's function."""
+    return F.linear(q, W, b), k, 1.0
 
 
 def _need(value: int | None, name: str, module: str) -> int:
@@ -437,11 +487,14 @@ class GeneralScore(Score):
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
     """
 
+    function = staticmethod(general_score)
+    function_dot_form = staticmethod(_query_form)
+    _bias = False
+
     def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
         super().__init__()
-        self.W = nn.Linear(
-            _need(d_q, "d_q", "GeneralScore"), _need(d_k, "d_k", "GeneralScore"), bias=False
-        )
+        name = type(self).__name__
+        self.W = nn.Linear(_need(d_q, "d_q", name), _need(d_k, "d_k", name), bias=self._bias)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return general_score(q, k, self.W.weight)
@@ -458,24 +511,20 @@ class GeneralScore(Score):
     source="Sordoni et al. 2016, Iterative Alternating Neural Attention for Machine Reading",
     cost="O(B n_q d_q d_k + B n_q n_k d_k)",
 )
-class BiasedGeneralScore(Score):
+class BiasedGeneralScore(GeneralScore):
     """Biased general score ``e_l = k_l^T (W q + b)``, ``W`` ``[d_k, d_q]``, ``b`` ``[d_k]``
     (Sordoni et al. 2016). Runs on SDPA with soft alignment (transformed query).
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
     """
 
+    function = staticmethod(biased_general_score)
+    _bias = True
+
     def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
-        super().__init__()
-        self.W = nn.Linear(
-            _need(d_q, "d_q", "BiasedGeneralScore"), _need(d_k, "d_k", "BiasedGeneralScore")
-        )
+        super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return biased_general_score(q, k, self.W.weight, self.W.bias)
-
-    def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
-        # W q in float32, rounded once to the input dtype for the fused kernel
-        return _linear(q, self.W.weight, self.W.bias).to(q.dtype), k, 1.0
 
 
 @register(
@@ -490,6 +539,8 @@ class ActivatedGeneralScore(Score):
     (Ma et al. 2017). The activation makes it a non-dot score: explicit path.
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
     """
+
+    function = staticmethod(activated_general_score)
 
     def __init__(
         self, d_q: int | None = None, d_k: int | None = None, act: str | Activation = "tanh"
@@ -544,6 +595,8 @@ class AdditiveScore(_AdditiveBase):
     ``[B, n_q, n_k, d_v]``). Cost: time O(B n_q n_k d_w); the forward pass uses the
     chunked kernel and holds O(B n_q n_k) memory, never the ``[B, n_q, n_k, d_w]`` tensor.
     """
+
+    function = staticmethod(additive_score)
 
     def __init__(
         self,
@@ -609,6 +662,7 @@ class QuerylessScore(_AdditiveBase):
     """
 
     needs_query = False
+    function = staticmethod(queryless_score)
 
     def __init__(
         self,
@@ -630,15 +684,3 @@ class QuerylessScore(_AdditiveBase):
     def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
         e = queryless_score(k, self.W.weight, self.w, self.W.bias, self.act)
         return e + _work(self.b_d) if self.vector else e
-
-
-SCORE_FUNCTIONS: dict[str, Callable[..., Tensor]] = {
-    "dot": dot_score,
-    "scaled-dot": scaled_dot_score,
-    "general": general_score,
-    "biased-general": biased_general_score,
-    "activated-general": activated_general_score,
-    "cosine": cosine_score,
-    "additive": additive_score,
-    "queryless": queryless_score,
-}

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from attnlab._checks import check_tensor, softmax_dtype
+from attnlab._checks import broadcasts_to, check_tensor, softmax_dtype
 
 __all__ = ["entmax15", "sparsemax"]
 
@@ -96,11 +96,7 @@ def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
             raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = allowed)")
         if mask.device != e.device:
             raise ValueError(f"mask is on {mask.device} but e is on {e.device}")
-        try:
-            ok = torch.broadcast_shapes(mask.shape, e.shape) == e.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(mask.shape, e.shape):
             raise ValueError(
                 f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
                 f"e {tuple(e.shape)}"
