@@ -8,7 +8,7 @@ import torch
 from tiny_tasks import tiny_task
 
 from attnlab._checks import ConfigError
-from attnlab.lab.batching import BUCKET_POOL, batch_order
+from attnlab.lab.batching import BUCKET_POOL, batch_order, pad_ids, token_batch
 from attnlab.lab.config import check_option_values
 
 
@@ -120,3 +120,18 @@ def test_bad_bucket_values():
         next(task.batches(data, "train", 2, shuffle=True, generator=torch.Generator()))
     with pytest.raises(ConfigError, match="option bucket must be true or false"):
         check_option_values(type(task), {"bucket": 1})
+
+
+def test_pad_ids():
+    tokens, lengths = pad_ids([[3, 4], [], [5]])
+    assert tokens.tolist() == [[3, 4], [0, 0], [5, 0]]
+    assert lengths.tolist() == [2, 0, 1]
+    assert pad_ids([[]])[0].shape == (1, 1)
+    assert pad_ids([[1], []], pad=7)[0].tolist() == [[1], [7]]
+
+
+def test_token_batch():
+    batch = token_batch([[3, 4], [], [5, 6, 7]], [2, 1], pad=9)
+    assert list(batch) == ["tokens", "lengths", "index"]
+    assert batch["tokens"].tolist() == [[5, 6, 7], [9, 9, 9]]
+    assert batch["lengths"].tolist() == [3, 0] and batch["index"].tolist() == [2, 1]

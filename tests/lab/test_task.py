@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import pytest
+import torch
 
 from attnlab._checks import ConfigError
-from attnlab.lab.task import AttentionExample, spec_label, spec_slug
+from attnlab.lab.batching import batch_order
+from attnlab.lab.task import AttentionExample, Task, TaskData, spec_label, spec_slug
 from attnlab.lab.tasks.sentiment import SentimentTask
 
 
@@ -47,3 +51,87 @@ def test_attention_example_checks_and_round_trip() -> None:
         AttentionExample("t", ["q"], ["a"], [[1.0]], kind="video")
     with pytest.raises(ValueError, match="row 0 has 1 entries"):
         AttentionExample("t", ["q"], ["a", "b"], [[1.0]])
+
+
+class _Lines(Task):
+    """A task whose examples are lists of ints; ``bucket`` optional."""
+
+    defaults: ClassVar[dict[str, Any]] = {
+        "bucket": False,
+        "size": 3,
+        "kind": "a",
+        "train_size": 4,
+        "dev_size": 2,
+        "test_size": 1,
+    }
+
+    def load_data(self) -> TaskData:
+        return self.generated_data(
+            lambda count, offset: [[offset] * (i + 1) for i in range(count)], {}
+        )
+
+    def build_model(self, data, attention):
+        raise NotImplementedError
+
+    def make_batch(self, data, part, idx):
+        return {"index": idx, "lengths": [len(part[i]) for i in idx]}
+
+    def example_size(self, part, i):
+        return len(part[i])
+
+    def loss(self, model, batch):
+        raise NotImplementedError
+
+    def evaluate(self, model, data, split):
+        return {}
+
+
+def test_batches_skeleton_orders_then_makes_each_batch() -> None:
+    task = _Lines(train_size=7, dev_size=2, test_size=1)
+    data = task.load_data()
+    assert [len(data.train), len(data.dev), len(data.test)] == [7, 2, 1]
+    assert data.dev == [[1], [1, 1]] and data.test == [[2]]  # offsets 0, 1, 2
+    plain = [b["index"] for b in task.batches(data, "train", 3)]
+    assert plain == [[0, 1, 2], [3, 4, 5], [6]]
+    gen = torch.Generator().manual_seed(0)
+    shuffled = [b["index"] for b in task.batches(data, "train", 3, shuffle=True, generator=gen)]
+    assert shuffled == list(
+        batch_order(7, 3, True, torch.Generator().manual_seed(0))
+    )  # the order of attnlab.lab.batching
+    bucketed = _Lines(bucket=True, train_size=7, dev_size=2, test_size=1)
+    gen = torch.Generator().manual_seed(0)
+    batches = list(bucketed.batches(data, "train", 3, shuffle=True, generator=gen))
+    for b in batches:  # sorted by length within the pool
+        assert b["lengths"] == sorted(b["lengths"])
+    with pytest.raises(ConfigError, match="option bucket must be true or false"):
+        next(_Lines(bucket="yes").batches(data, "train", 3, shuffle=True))
+
+
+def test_a_task_without_make_batch_says_so() -> None:
+    class NoBatches(_Lines):
+        make_batch = Task.make_batch
+
+    task = NoBatches(train_size=2, dev_size=1, test_size=1)
+    with pytest.raises(NotImplementedError, match="NoBatches implements neither batches nor"):
+        next(task.batches(task.load_data(), "train", 2))
+
+
+def test_option_checks() -> None:
+    task = _Lines(size=0)
+    with pytest.raises(ConfigError, match="option size must be an int >= 1, got 0"):
+        task.check_int_options("size")
+    _Lines(size=2).check_int_options("size", minimum=2)
+    with pytest.raises(ConfigError, match="option size must be an int >= 3, got 2"):
+        _Lines(size=2).check_int_options("size", minimum=3)
+    _Lines().check_option_choice("kind", ("a", "b"))
+    with pytest.raises(ConfigError, match=r"option kind must be one of \('a', 'b'\), got 'c'"):
+        _Lines(kind="c").check_option_choice("kind", ("a", "b"))
+
+
+def test_optional_int_options() -> None:
+    task = _Lines(size=None)
+    task.check_int_options("size", optional=True)
+    with pytest.raises(ConfigError, match="option size must be an int >= 1, got None"):
+        task.check_int_options("size")
+    with pytest.raises(ConfigError, match="option size must be an int >= 1 or None, got 0"):
+        _Lines(size=0).check_int_options("size", optional=True)

@@ -162,7 +162,7 @@ def test_two_levels_equal_hierarchical_attention_with_two_levels():
     tokens, wl, sl, mask = batch()
     out = model(tokens, word_lengths=wl, sentence_lengths=sl)
     x = model.embedding(tokens) * mask[..., None]
-    ref = han(x, mask, need_weights=True)
+    ref = han(x, mask=mask, need_weights=True)
     torch.testing.assert_close(out.document, ref.context)
     torch.testing.assert_close(out.word_weights, ref.weights[0])
     torch.testing.assert_close(out.sentence_weights, ref.weights[1])

@@ -14,6 +14,10 @@ and the order of the batches stay random from epoch to epoch. Jain & Wallace's t
 code sorts each epoch by length with a little noise for the same reason.
 
 Cost: ``O(n log n)`` per epoch for the sorts, nothing per example beyond that.
+
+:func:`pad_ids` pads the token ids of a batch into one ``[B, n]`` tensor (with their
+lengths), the collation every text task shares; :func:`token_batch` makes the batch of
+``tokens``, ``lengths`` and ``index`` of one split's examples.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
+from torch import Tensor
 
 from attnlab._checks import ConfigError
 
-__all__ = ["BUCKET_POOL", "batch_order", "check_bucket"]
+__all__ = ["BUCKET_POOL", "batch_order", "check_bucket", "pad_ids", "token_batch"]
 
 #: Batches per pool that length bucketing sorts together: larger pools give tighter
 #: lengths per batch, smaller ones more random company.
@@ -74,3 +79,21 @@ def batch_order(
         batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
     for b in torch.randperm(len(batches), generator=generator).tolist():
         yield batches[b]
+
+
+def pad_ids(ids: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """The token ids ``ids`` (one sequence per example) as a ``[B, n]`` long tensor padded
+    with ``pad`` (``n`` the longest length, at least 1) and their lengths ``[B]``."""
+    n = max([1, *(len(x) for x in ids)])
+    tokens = torch.full((len(ids), n), pad, dtype=torch.long)
+    for i, x in enumerate(ids):
+        if x:
+            tokens[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+    return tokens, torch.tensor([len(x) for x in ids], dtype=torch.long)
+
+
+def token_batch(ids: Sequence[Sequence[int]], idx: list[int], pad: int = 0) -> dict[str, Tensor]:
+    """The batch of the examples ``idx`` of a split whose token ids are ``ids``: ``tokens``
+    ``[B, n]`` and ``lengths`` ``[B]`` (:func:`pad_ids`) and ``index`` ``[B]`` (``idx``)."""
+    tokens, lengths = pad_ids([ids[i] for i in idx], pad)
+    return {"tokens": tokens, "lengths": lengths, "index": torch.tensor(idx, dtype=torch.long)}

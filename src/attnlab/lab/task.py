@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
+from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.registry import register
 
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "ppl", "aer", "hamming", "wer", "cer")
@@ -246,7 +247,6 @@ class Task(abc.ABC):
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
         """The task model with the attention given by ``attention`` (a spec dict)."""
 
-    @abc.abstractmethod
     def batches(
         self,
         data: TaskData,
@@ -257,7 +257,42 @@ class Task(abc.ABC):
         generator: torch.Generator | None = None,
     ) -> Iterator[Batch]:
         """Mini-batches of one split as dicts of tensors (on the CPU; the trainer moves every
-        tensor value to the device)."""
+        tensor value to the device).
+
+        The skeleton every task shares: the example indices of each batch come from
+        :meth:`batch_indices` (shuffled from ``generator`` or in order, length-bucketed
+        with the option ``bucket``), and :meth:`make_batch` pads those examples into
+        tensors. A task implements :meth:`make_batch` (and :meth:`example_size` if it
+        buckets), or overrides this method."""
+        part = data.split(split)
+        for idx in self.batch_indices(part, batch_size, shuffle=shuffle, generator=generator):
+            yield self.make_batch(data, part, idx)
+
+    def batch_indices(
+        self,
+        part: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[list[int]]:
+        """The example indices of each batch of the split ``part``
+        (:func:`attnlab.lab.batching.batch_order`; with the option ``bucket``, where the
+        task has one, sorted by :meth:`example_size` within pools)."""
+        bucket = check_bucket(self.options["bucket"]) if "bucket" in self.options else False
+        sizes = [self.example_size(part, i) for i in range(len(part))] if bucket else None
+        return batch_order(len(part), batch_size, shuffle, generator, lengths=sizes, bucket=bucket)
+
+    def make_batch(self, data: TaskData, part: Any, idx: list[int]) -> Batch:
+        """The batch of the examples ``idx`` of the split ``part`` (see :meth:`batches`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither batches nor make_batch"
+        )
+
+    def example_size(self, part: Any, i: int) -> Any:
+        """What padding example ``i`` of ``part`` costs (its length, or a tuple of lengths
+        compared in order), for length bucketing."""
+        return 0
 
     @abc.abstractmethod
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
@@ -278,6 +313,41 @@ class Task(abc.ABC):
         return []
 
     # ------------------------------------------------------------------ helpers
+
+    def check_int_options(self, *names: str, minimum: int = 1, optional: bool = False) -> None:
+        """Each option ``names`` an int ``>= minimum`` (or None where ``optional``):
+        ``ConfigError`` "option NAME must be an int >= MIN[ or None], got V"."""
+        for name in names:
+            value = self.options[name]
+            if optional and value is None:
+                continue
+            try:
+                check_int(value, f"option {name}", minimum)
+            except ConfigError as error:
+                if not optional:
+                    raise
+                raise ConfigError(
+                    f"option {name} must be an int >= {minimum} or None, got {value!r}"
+                ) from error
+
+    def check_option_choice(self, name: str, choices: tuple[Any, ...]) -> None:
+        """The option ``name`` one of ``choices`` (``ConfigError`` "option NAME must be one
+        of CHOICES, got V")."""
+        value = self.options[name]
+        if value not in choices:
+            raise ConfigError(f"option {name} must be one of {choices}, got {value!r}")
+
+    def generated_data(self, make: Callable[[int, int], Any], info: dict[str, Any]) -> TaskData:
+        """The three splits of a task whose data is generated: ``make(size, offset)`` with
+        the options ``train_size``, ``dev_size``, ``test_size`` and the offsets 0, 1, 2 (added
+        to the data seed, so that the splits differ)."""
+        o = self.options
+        return TaskData(
+            make(int(o["train_size"]), 0),
+            make(int(o["dev_size"]), 1),
+            make(int(o["test_size"]), 2),
+            info,
+        )
 
     def model_attention(self, spec: Mapping[str, Any]) -> str | dict[str, Any]:
         """The ``attention`` argument of the task model for a resolved spec: a baseline

@@ -37,6 +37,9 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
+from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._inputs import check_dropout, check_index, check_sizes
+from attnlab.models._pooling import uniform_context
 from attnlab.registry import Configurable, register
 
 __all__ = ["Caption", "CaptionerOutput", "ShowAttendTell", "grid_cnn", "image_tensor"]
@@ -159,23 +162,13 @@ class ShowAttendTell(Configurable):
         eos_idx: int = 2,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-            ("image_size", image_size),
-            ("grid", grid),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        check_sizes(vocab_size=vocab_size, embed_dim=embed_dim, hidden_size=hidden_size)
+        check_sizes(image_size=image_size, grid=grid)
+        check_dropout(dropout)
         if not 0.0 <= expected_mix <= 1.0:
             raise ConfigError(f"expected_mix must be in [0, 1], got {expected_mix}")
         self.expected_mix = float(expected_mix)
-        for name, idx in (("pad_idx", pad_idx), ("bos_idx", bos_idx), ("eos_idx", eos_idx)):
-            if not 0 <= idx < vocab_size:
-                raise ConfigError(f"{name}={idx} is outside [0, vocab_size) = [0, {vocab_size})")
+        check_index(vocab_size, pad_idx=pad_idx, bos_idx=bos_idx, eos_idx=eos_idx)
         self.vocab_size, self.image_size, self.grid = vocab_size, image_size, grid
         self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx
         d = self.d = hidden_size
@@ -193,32 +186,8 @@ class ShowAttendTell(Configurable):
         self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(d, vocab_size)
 
-        self.uniform = False
         self.attention: Attention | None
-        if attention is None:
-            spec: dict[str, Any] = {}
-        elif isinstance(attention, str):
-            named = {"mean": {"mean": True}, "uniform": {"uniform": True}}
-            spec = named.get(attention, {"score": attention})
-        elif isinstance(attention, dict):
-            spec = dict(attention)
-        else:
-            raise ConfigError(
-                f"attention must be None, a score name, a dict spec, 'mean' or 'uniform', got "
-                f"{type(attention).__name__}"
-            )
-        if spec.pop("name", None) is not None:
-            raise ConfigError(
-                "the model's attention dict takes score=/align=, not name= (presets are the "
-                "task's business)"
-            )
-        if spec.pop("mean", False):
-            self.attention = None
-        else:
-            self.uniform = bool(spec.pop("uniform", False))
-            score = spec.pop("score", "additive")
-            align = spec.pop("align", "soft")
-            self.attention = Attention(score, align, d_q=d, d_k=d, **spec)
+        self.attention, self.uniform = decoder_attention(attention, d, "additive")
         self.location = self.attention is not None and bool(
             getattr(self.attention.score, "uses_prev_weights", False)
         )
@@ -248,10 +217,7 @@ class ShowAttendTell(Configurable):
         if self.attention is None or self.uniform:
             B, R = regions.shape[:2]
             w = regions.new_full((B, R), 1.0 / R)
-            values = regions
-            if self.attention is not None and self.attention.value_proj is not None:
-                values = self.attention.value_proj(values)
-            return combine_single(w[:, None, :], values).squeeze(1), w, None
+            return uniform_context(self.attention, w, regions), w, None
         extra = {"prev_weights": state["prev"]} if self.location else {}
         out = self.attention(state["h"], regions, need_weights=True, **extra)
         probs = out.extras.get("probs")
@@ -295,20 +261,15 @@ class ShowAttendTell(Configurable):
             raise ValueError(
                 f"tokens_in has {tokens_in.shape[0]} rows but there are {regions.shape[0]} images"
             )
-        state = self.init_state(regions)
-        logits, weights, log_probs = [], [], []
-        for t in range(tokens_in.shape[1]):
-            lg, state, w, lp = self.step(tokens_in[:, t], state, regions)
-            logits.append(lg)
-            weights.append(w)
-            if lp is not None:
-                log_probs.append(lp)
-        B, R = regions.shape[:2]
-        if not logits:
-            empty = regions.new_zeros(B, 0, self.vocab_size)
-            return CaptionerOutput(empty, regions.new_zeros(B, 0, R))
-        log_prob = torch.stack(log_probs, 1) if log_probs else None
-        return CaptionerOutput(torch.stack(logits, 1), torch.stack(weights, 1), log_prob)
+        logits, weights, log_prob = teacher_forcing(
+            lambda y, state: self.step(y, state, regions),
+            self.init_state(regions),
+            tokens_in,
+            regions,
+            self.vocab_size,
+            regions.shape[1],
+        )
+        return CaptionerOutput(logits, weights, log_prob)
 
     @torch.no_grad()
     def greedy(self, images: Tensor, max_len: int = 20) -> Caption:

@@ -36,8 +36,9 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.feature.multilevel import HierarchicalAttention, MaskedRNN, hierarchy_mask
-from attnlab.general.dimensionality import combine_single
-from attnlab.models.sentence import _embedding_shape
+from attnlab.models._embedding import init_text_model
+from attnlab.models._inputs import check_choice, check_ids, check_lengths, check_mask
+from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
@@ -211,33 +212,14 @@ class DocumentClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
-        embed_dim = 200 if embed_dim is None else embed_dim
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_classes", num_classes),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        embed_dim = init_text_model(
+            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
+            default_dim=200, encoder=("encoder", encoder, ENCODERS),
+            num_classes=num_classes, hidden_size=hidden_size,
+        )  # fmt: skip
         sentence_encoder = encoder if sentence_encoder is None else sentence_encoder
-        for name, value in (("encoder", encoder), ("sentence_encoder", sentence_encoder)):
-            if value not in ENCODERS:
-                raise ConfigError(f"{name} must be one of {ENCODERS}, got {value!r}")
-
-        self.vocab_size, self.num_classes = int(vocab_size), int(num_classes)
-        self.padding_idx = padding_idx
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
-        if matrix is not None:
-            with torch.no_grad():
-                self.embedding.weight.copy_(matrix)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
-        self.dropout = nn.Dropout(dropout)
+        check_choice("sentence_encoder", sentence_encoder, ENCODERS)
+        self.num_classes = int(num_classes)
 
         self.word_encoder = self._make_encoder(encoder, embed_dim, hidden_size)
         d_word = int(getattr(self.word_encoder, "out_dim", embed_dim))
@@ -310,12 +292,8 @@ class DocumentClassifier(Configurable):
         (0 = words, 1 = sentences): (context ``[N, d_c]``, weights, log_prob)."""
         han = self.word_attention if level == 0 else self.sentence_attention
         if han is None or self._uniform[level]:
-            w = mask.to(h.dtype)
-            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
-            values = h
-            if han is not None and han.attn[0].value_proj is not None:
-                values = han.attn[0].value_proj(h)
-            pooled = combine_single(w[:, None, :], values).squeeze(1)
+            w = uniform_weights(mask, h.dtype)
+            pooled = uniform_context(None if han is None else han.attn[0], w, h)
             return pooled, (None if han is None else w), None
         out = self._attend(han, h, mask)
         return out.context, out.weights, out.log_prob
@@ -335,70 +313,23 @@ class DocumentClassifier(Configurable):
         word_lengths: Tensor | None,
         sentence_lengths: Tensor | None,
     ) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor [B, S, W], got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(
-                f"tokens has dtype {tokens.dtype} and shape {tuple(tokens.shape)}, expected an "
-                "integer (torch.long) tensor [B, S, W] of token ids"
-            )
-        if tokens.dim() != 3:
-            raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, S, W]")
+        check_ids(tokens, self.vocab_size, layout="[B, S, W]")
         B, S, W = tokens.shape
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
-                f"{int(tokens.max())}], outside [0, vocab_size) = [0, {self.vocab_size})"
-            )
         if mask is not None and (word_lengths is not None or sentence_lengths is not None):
             raise ValueError("give mask or word_lengths/sentence_lengths, not both")
         if mask is not None:
-            if not isinstance(mask, Tensor):
-                raise TypeError(f"mask must be a torch.Tensor [B, S, W], got {type(mask).__name__}")
-            if mask.dtype != torch.bool:
-                raise TypeError(
-                    f"mask has dtype {mask.dtype} and shape {tuple(mask.shape)}, expected "
-                    f"torch.bool [B, S, W] = [{B}, {S}, {W}] (True = real word)"
-                )
-            if tuple(mask.shape) != (B, S, W):
-                raise ValueError(
-                    f"mask has shape {tuple(mask.shape)}, expected [B, S, W] = [{B}, {S}, {W}]"
-                )
-            return mask.to(tokens.device)
+            return check_mask(mask, (B, S, W), device=tokens.device)
         if word_lengths is None and sentence_lengths is None:
             return torch.ones(B, S, W, dtype=torch.bool, device=tokens.device)
         if word_lengths is None:
             raise ValueError("sentence_lengths needs word_lengths [B, S] too")
-        wl = self._int_tensor(word_lengths, "word_lengths", (B, S), f"[B, S] = [{B}, {S}]")
-        if wl.numel() and (int(wl.min()) < 0 or int(wl.max()) > W):
-            raise ValueError(
-                f"word_lengths (shape {tuple(wl.shape)}) holds values in [{int(wl.min())}, "
-                f"{int(wl.max())}], outside [0, W] = [0, {W}] for tokens of shape "
-                f"{tuple(tokens.shape)}"
+        wl = check_lengths(word_lengths, (B, S), ("W", W), name="word_lengths", tokens=tokens)
+        sl = torch.full((B,), S, dtype=torch.long)
+        if sentence_lengths is not None:
+            sl = check_lengths(
+                sentence_lengths, (B,), ("S", S), name="sentence_lengths", tokens=tokens
             )
-        if sentence_lengths is None:
-            sl = torch.full((B,), S, dtype=torch.long)
-        else:
-            sl = self._int_tensor(sentence_lengths, "sentence_lengths", (B,), f"[B] = [{B}]")
-            if sl.numel() and (int(sl.min()) < 0 or int(sl.max()) > S):
-                raise ValueError(
-                    f"sentence_lengths (shape {tuple(sl.shape)}) holds values in "
-                    f"[{int(sl.min())}, {int(sl.max())}], outside [0, S] = [0, {S}] for "
-                    f"tokens of shape {tuple(tokens.shape)}"
-                )
         return hierarchy_mask([sl.cpu(), wl.cpu()], sizes=[S, W]).to(tokens.device)
-
-    @staticmethod
-    def _int_tensor(value: Any, name: str, shape: tuple[int, ...], layout: str) -> Tensor:
-        t = value if isinstance(value, Tensor) else torch.as_tensor(value)
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(
-                f"{name} has dtype {t.dtype} and shape {tuple(t.shape)}, expected an integer "
-                f"tensor {layout}"
-            )
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {layout}")
-        return t.long()
 
     # ------------------------------------------------------------------ forward
 

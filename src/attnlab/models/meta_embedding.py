@@ -39,8 +39,9 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.feature.meta_embedding import CDME, DME
 from attnlab.feature.multilevel import MaskedRNN
-from attnlab.models.multilabel import check_token_inputs
-from attnlab.models.sentence import SentenceClassifier, _as_matrix
+from attnlab.models._embedding import as_matrix
+from attnlab.models._inputs import check_choice, check_dropout, check_sizes, token_mask
+from attnlab.models.sentence import SentenceClassifier
 from attnlab.registry import Configurable, register
 
 __all__ = ["MetaEmbeddingClassifier", "MetaEmbeddingOutput"]
@@ -87,10 +88,26 @@ def _table(spec: Any, i: int, freeze: bool, padding_idx: int | None) -> tuple[nn
         pad = padding_idx if padding_idx is not None and padding_idx < V else None
         return nn.Embedding(V, d, padding_idx=pad), None
     try:
-        matrix = _as_matrix(spec)
+        matrix = as_matrix(spec)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"embeddings[{i}]: {error}; or give a pair (vocab_size, d_i)") from None
     return nn.Embedding.from_pretrained(matrix, freeze=freeze), found
+
+
+def _availability(founds: Sequence[Any], V: int) -> Tensor:
+    """The ``[E, V]`` bool mask of the words each table knows (all of them where its
+    ``found`` is None)."""
+    avail = torch.ones(len(founds), V, dtype=torch.bool)
+    for i, found in enumerate(founds):
+        if found is None:
+            continue
+        f = torch.as_tensor(np.asarray(found), dtype=torch.bool)
+        if tuple(f.shape) != (V,):
+            raise ConfigError(
+                f"available[{i}] has shape {tuple(f.shape)}, expected [vocab_size] = [{V}]"
+            )
+        avail[i] = f
+    return avail
 
 
 @register(
@@ -172,67 +189,30 @@ class MetaEmbeddingClassifier(Configurable):
             raise ConfigError("embeddings must be a list with one table per embedding")
         if not embeddings:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one table")
-        for name, value in (
-            ("num_classes", num_classes),
-            ("d_proj", d_proj),
-            ("hidden_size", hidden_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if encoder not in ("lstm", "gru"):
-            raise ConfigError(f"encoder must be 'lstm' or 'gru', got {encoder!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        check_sizes(num_classes=num_classes, d_proj=d_proj, hidden_size=hidden_size)
+        check_choice("encoder", encoder, ("lstm", "gru"))
+        check_dropout(dropout)
 
-        tables, founds = [], []
-        for i, spec in enumerate(embeddings):
-            table, found = _table(spec, i, freeze_embeddings, padding_idx)
-            tables.append(table)
-            founds.append(found)
+        pairs = [
+            _table(spec, i, freeze_embeddings, padding_idx) for i, spec in enumerate(embeddings)
+        ]
+        tables = [table for table, _ in pairs]
         sizes = {t.num_embeddings for t in tables}
         if len(sizes) != 1:
             raise ConfigError(
                 "every table must be indexed by the same token ids; their vocabulary sizes "
                 f"differ: {[t.num_embeddings for t in tables]}"
             )
-        V = self.vocab_size = sizes.pop()
+        self.vocab_size = sizes.pop()
         E = self.E = len(tables)
         self.names = list(names) if names is not None else [f"table{i}" for i in range(E)]
         if len(self.names) != E:
             raise ConfigError(f"names has {len(self.names)} entries, expected {E}")
-        if available is not None:
-            if len(available) != E:
-                raise ConfigError(f"available has {len(available)} entries, expected {E}")
-            founds = list(available)
-        avail = torch.ones(E, V, dtype=torch.bool)
-        for i, found in enumerate(founds):
-            if found is None:
-                continue
-            f = torch.as_tensor(np.asarray(found), dtype=torch.bool)
-            if tuple(f.shape) != (V,):
-                raise ConfigError(
-                    f"available[{i}] has shape {tuple(f.shape)}, expected [vocab_size] = [{V}]"
-                )
-            avail[i] = f
-        self.register_buffer("available", avail)
-
-        # ---- the meta-embedding attention
-        if isinstance(meta, str):
-            spec: dict[str, Any] = {"meta": meta}
-        elif isinstance(meta, dict):
-            spec = dict(meta)
-        else:
-            raise ConfigError(f"meta must be a name or a dict spec, got {type(meta).__name__}")
-        method = spec.pop("meta", "dme")
-        self.uniform = bool(spec.pop("uniform", False))
-        if method == "uniform":
-            method, self.uniform = "dme", True
-        if method not in (*METHODS, "mean", "concat"):
-            raise ConfigError(
-                f"meta must be one of 'dme', 'cdme', 'mean', 'uniform', 'concat', got {method!r}"
-            )
-        if method in ("mean", "concat") and (spec or self.uniform):
-            raise ConfigError(f"meta={method!r} takes no options, got {sorted(spec)}")
+        founds = [found for _, found in pairs] if available is None else list(available)
+        if len(founds) != E:
+            raise ConfigError(f"available has {len(founds)} entries, expected {E}")
+        self.register_buffer("available", _availability(founds, self.vocab_size))
+        method, spec = self._meta_spec(meta)
         self.method = method
         self.d_proj = d_proj
         self.meta: DME | CDME | None = None
@@ -260,6 +240,26 @@ class MetaEmbeddingClassifier(Configurable):
             dropout=dropout,
         )
 
+    def _meta_spec(self, meta: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(the meta-embedding method, its options) of a spec; sets ``uniform``."""
+        if isinstance(meta, str):
+            spec: dict[str, Any] = {"meta": meta}
+        elif isinstance(meta, dict):
+            spec = dict(meta)
+        else:
+            raise ConfigError(f"meta must be a name or a dict spec, got {type(meta).__name__}")
+        method = spec.pop("meta", "dme")
+        self.uniform = bool(spec.pop("uniform", False))
+        if method == "uniform":
+            method, self.uniform = "dme", True
+        if method not in (*METHODS, "mean", "concat"):
+            raise ConfigError(
+                f"meta must be one of 'dme', 'cdme', 'mean', 'uniform', 'concat', got {method!r}"
+            )
+        if method in ("mean", "concat") and (spec or self.uniform):
+            raise ConfigError(f"meta={method!r} takes no options, got {sorted(spec)}")
+        return method, spec
+
     # ------------------------------------------------------------------ parts
 
     def embed(self, tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
@@ -270,7 +270,7 @@ class MetaEmbeddingClassifier(Configurable):
             out = self.meta(
                 [tokens] * self.E,
                 masks=[A[..., i] for i in range(self.E)],
-                token_mask=mask,
+                mask=mask,
                 need_weights=True,
             )
             return out.context, out.weights, A
@@ -291,7 +291,7 @@ class MetaEmbeddingClassifier(Configurable):
         self, tokens: Tensor, lengths: Tensor | None = None, mask: Tensor | None = None
     ) -> MetaEmbeddingOutput:
         """Classify ``tokens`` ``[B, n]`` (see the class docstring)."""
-        m = check_token_inputs(tokens, lengths, mask, self.vocab_size)
+        m = token_mask(tokens, lengths, mask, vocab_size=self.vocab_size)
         x, weights, A = self.embed(tokens, m)
         x = self.dropout(x) * m.unsqueeze(-1).to(x.dtype)
         hidden = self.encoder(x, m)

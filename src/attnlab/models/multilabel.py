@@ -51,10 +51,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab import masks as _masks
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.feature.multilevel import MaskedRNN
-from attnlab.models.sentence import _embedding_shape
+from attnlab.models._embedding import init_text_model
+from attnlab.models._inputs import check_choice, token_mask
+from attnlab.models._pooling import uniform_weights
 from attnlab.query.capsule import (
     CapsuleAttention,
     CapsuleRouting,
@@ -64,7 +65,7 @@ from attnlab.query.capsule import (
 )
 from attnlab.registry import Configurable, register
 
-__all__ = ["CapsuleClassifier", "MultiLabelOutput", "check_token_inputs"]
+__all__ = ["CapsuleClassifier", "MultiLabelOutput"]
 
 BASELINES = ("mean", "uniform")
 _ROUTING_NAMES = ("routing", "capsule", "capsule-routing", "dynamic-routing")
@@ -104,70 +105,11 @@ class MultiLabelOutput:
         return self.probs > threshold
 
 
-def check_token_inputs(
-    tokens: Tensor, lengths: Tensor | None, mask: Tensor | None, vocab_size: int
-) -> Tensor:
-    """Validate ``tokens`` ``[B, n]`` (ids in ``[0, vocab_size)``) and ``lengths`` ``[B]``
-    or ``mask`` ``[B, n]`` bool; return the ``[B, n]`` bool mask of the real tokens."""
-    if not isinstance(tokens, Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor [B, n], got {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise TypeError(
-            f"tokens has dtype {tokens.dtype} and shape {tuple(tokens.shape)}, expected an "
-            "integer (torch.long) tensor [B, n] of token ids"
-        )
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, n]")
-    B, n = tokens.shape
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(
-            f"tokens (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
-            f"{int(tokens.max())}], outside [0, vocab_size) = [0, {vocab_size})"
-        )
-    if lengths is not None and mask is not None:
-        raise ValueError("give lengths or mask, not both")
-    if lengths is not None:
-        if not isinstance(lengths, Tensor):
-            lengths = torch.as_tensor(lengths)
-        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-            raise TypeError(
-                f"lengths has dtype {lengths.dtype} and shape {tuple(lengths.shape)}, "
-                f"expected an integer tensor [B] = [{B}]"
-            )
-        if tuple(lengths.shape) != (B,):
-            raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
-        if B and (int(lengths.min()) < 0 or int(lengths.max()) > n):
-            raise ValueError(
-                f"lengths (shape {tuple(lengths.shape)}) holds values in "
-                f"[{int(lengths.min())}, {int(lengths.max())}], outside [0, n] = [0, {n}] "
-                f"for tokens of shape {tuple(tokens.shape)}"
-            )
-        return _masks.from_lengths(lengths.to(tokens.device), n)[:, 0, :]
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a torch.Tensor [B, n], got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(
-                f"mask has dtype {mask.dtype} and shape {tuple(mask.shape)}, expected "
-                f"torch.bool [B, n] = [{B}, {n}] (True = real token)"
-            )
-        if tuple(mask.shape) != (B, n):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected [B, n] = [{B}, {n}]")
-        return mask.to(tokens.device)
-    return torch.ones(B, n, dtype=torch.bool, device=tokens.device)
-
-
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``x`` ``[B, n, ...]`` over the real positions of ``mask`` ``[B, n]`` (0 if none)."""
     w = mask.to(x.dtype)
     w = w / w.sum(1, keepdim=True).clamp(min=1.0)
     return (w.reshape(*w.shape, *([1] * (x.dim() - 2))) * x).sum(1)
-
-
-def _int_option(name: str, value: Any, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 @register(
@@ -247,109 +189,84 @@ class CapsuleClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
-        embed_dim = 100 if embed_dim is None else embed_dim
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_labels", num_labels),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-        ):
-            _int_option(name, value)
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        if encoder not in ("lstm", "gru"):
-            raise ConfigError(f"encoder must be 'lstm' or 'gru', got {encoder!r}")
-        if loss not in (None, "margin", "bce"):
-            raise ConfigError(f"loss must be 'margin', 'bce' or None, got {loss!r}")
+        embed_dim = init_text_model(
+            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
+            default_dim=100, encoder=("encoder", encoder, ("lstm", "gru")),
+            num_labels=num_labels, hidden_size=hidden_size,
+        )  # fmt: skip
+        check_choice("loss", loss, (None, "margin", "bce"))
         if reconstruction < 0:
             raise ConfigError(f"reconstruction must be >= 0, got {reconstruction}")
-
-        self.vocab_size, self.num_labels = int(vocab_size), int(num_labels)
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
-        if matrix is not None:
-            with torch.no_grad():
-                self.embedding.weight.copy_(matrix)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
-        self.dropout = nn.Dropout(dropout)
+        self.num_labels = int(num_labels)
         self.encoder = MaskedRNN(embed_dim, hidden_size, cell=encoder, bidirectional=True)
-        d_h = self.d_h = self.encoder.out_dim
+        self.d_h = self.encoder.out_dim
 
-        # ---- the attention
-        routing_opts = {
-            "d_caps": d_caps,
-            "iterations": iterations,
-            "orphan": orphan,
-            "primary_dim": primary_dim,
-        }
-        self.uniform = False
-        self.head: str
         self.routing: CapsuleRouting | None = None
         self.capsule_attention: CapsuleAttention | None = None
         self.primary: nn.Linear | None = None
         self.linear: nn.Linear | None = None
-        if isinstance(attention, str):
-            if attention == "mean":
-                self.head = "mean"
-            elif attention in (*_ROUTING_NAMES, "uniform"):
-                self.head = "routing"
-                self.uniform = attention == "uniform"
-            elif attention in ("capsule-attention", "rnn-capsule"):
-                self.head = "attention"
-                attn_spec: dict[str, Any] = {}
-            else:
-                raise ConfigError(
-                    "attention must be 'routing', 'capsule-attention', 'mean', 'uniform' or a "
-                    f"dict spec, got {attention!r}"
-                )
-        elif isinstance(attention, dict):
-            spec = dict(attention)
-            self.uniform = bool(spec.pop("uniform", False))
-            routing = bool(spec.pop("routing", False)) or any(k in spec for k in _ROUTING_KEYS)
-            if routing:
-                self.head = "routing"
-                unknown = sorted(set(spec) - set(_ROUTING_KEYS))
-                if unknown:
-                    raise ConfigError(
-                        f"routing takes the options {', '.join(_ROUTING_KEYS)}; got {unknown}"
-                    )
-                routing_opts.update(spec)
-            else:
-                self.head = "attention"
-                attn_spec = spec
-        else:
-            raise ConfigError(
-                f"attention must be a name or a dict spec, got {type(attention).__name__}"
-            )
-
+        self.orphan = False
+        self.head, options = self._head_spec(attention)
         if self.head == "routing":
-            pd = routing_opts["primary_dim"]
-            d_in = d_h
-            if pd is not None:
-                d_in = _int_option("primary_dim", pd)
-                self.primary = nn.Linear(d_h, d_in)
-            self.orphan = bool(routing_opts["orphan"])
-            self.routing = CapsuleRouting(
-                d_in,
-                num_labels + int(self.orphan),
-                _int_option("d_caps", routing_opts["d_caps"]),
-                _int_option("iterations", routing_opts["iterations"]),
-                bias=bool(routing_opts.get("bias", False)),
-            )
+            routing = {"d_caps": d_caps, "iterations": iterations, "orphan": orphan}
+            self._build_routing({"primary_dim": primary_dim, **routing, **options})
             self.loss_name = loss or "margin"
         elif self.head == "attention":
-            self.orphan = False
-            self.capsule_attention = CapsuleAttention(d_h, num_labels, **attn_spec)
+            self.capsule_attention = CapsuleAttention(self.d_h, self.num_labels, **options)
             self.loss_name = loss or "bce"
         else:
-            self.orphan = False
-            self.linear = nn.Linear(d_h, num_labels)
+            self.linear = nn.Linear(self.d_h, self.num_labels)
             self.loss_name = loss or "bce"
         if self.loss_name == "margin" and self.head != "routing":
             raise ConfigError("loss='margin' needs the routing head (capsule lengths)")
         self.reconstruction = float(reconstruction)
+
+    def _build_routing(self, opts: dict[str, Any]) -> None:
+        """The routing head: the optional primary-capsule layer and the routing itself."""
+        d_in = self.d_h
+        if opts["primary_dim"] is not None:
+            d_in = check_int(opts["primary_dim"], "primary_dim")
+            self.primary = nn.Linear(self.d_h, d_in)
+        self.orphan = bool(opts["orphan"])
+        self.routing = CapsuleRouting(
+            d_in,
+            self.num_labels + int(self.orphan),
+            check_int(opts["d_caps"], "d_caps"),
+            check_int(opts["iterations"], "iterations"),
+            bias=bool(opts.get("bias", False)),
+        )
+
+    def _head_spec(self, attention: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """(the head -- "routing", "attention" or "mean" --, its options) of an attention
+        spec; sets ``uniform``."""
+        self.uniform = False
+        if isinstance(attention, str):
+            if attention == "mean":
+                return "mean", {}
+            if attention in (*_ROUTING_NAMES, "uniform"):
+                self.uniform = attention == "uniform"
+                return "routing", {}
+            if attention in ("capsule-attention", "rnn-capsule"):
+                return "attention", {}
+            raise ConfigError(
+                "attention must be 'routing', 'capsule-attention', 'mean', 'uniform' or a "
+                f"dict spec, got {attention!r}"
+            )
+        if not isinstance(attention, dict):
+            raise ConfigError(
+                f"attention must be a name or a dict spec, got {type(attention).__name__}"
+            )
+        spec = dict(attention)
+        self.uniform = bool(spec.pop("uniform", False))
+        routing = bool(spec.pop("routing", False)) or any(k in spec for k in _ROUTING_KEYS)
+        if not routing:
+            return "attention", spec
+        unknown = sorted(set(spec) - set(_ROUTING_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"routing takes the options {', '.join(_ROUTING_KEYS)}; got {unknown}"
+            )
+        return "routing", spec
 
     # ------------------------------------------------------------------ parts
 
@@ -370,11 +287,10 @@ class CapsuleClassifier(Configurable):
             s = _masked_mean(u, mask)[:, :L]
             sq = (s * s).sum(-1)
             probs, v = sq / (1 + sq), squash(s)
-            w = mask.to(hidden.dtype)
-            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
+            w = uniform_weights(mask, hidden.dtype)
             weights = w[:, None, :].expand(-1, L, -1)
         else:
-            out = self.routing(primary, mask)
+            out = self.routing(primary, mask=mask)
             probs, v, weights = out.probs[:, :L], out.capsules[:, :L], out.weights[:, :L]
         p = probs.clamp(PROB_EPS, 1 - PROB_EPS)
         logits = torch.log(p) - torch.log1p(-p)
@@ -384,8 +300,7 @@ class CapsuleClassifier(Configurable):
         caps = self.capsule_attention
         assert caps is not None
         if self.uniform:
-            w = mask.to(hidden.dtype)
-            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
+            w = uniform_weights(mask, hidden.dtype)
             contexts = []
             for capsule in caps.capsules:
                 values = capsule.value_proj(hidden) if capsule.value_proj is not None else hidden
@@ -394,7 +309,7 @@ class CapsuleClassifier(Configurable):
             logits = (ctx * caps.prob_weight).sum(-1) + caps.prob_bias
             weights = w[:, None, :].expand(-1, self.num_labels, -1)
             return MultiLabelOutput(torch.sigmoid(logits), logits, weights, hidden, ctx)
-        out = caps(hidden, mask, need_weights=True)
+        out = caps(hidden, mask=mask, need_weights=True)
         return MultiLabelOutput(out.probs, out.logits, out.weights, hidden, out.contexts, out)
 
     def classify(self, hidden: Tensor, mask: Tensor) -> MultiLabelOutput:
@@ -411,7 +326,7 @@ class CapsuleClassifier(Configurable):
         self, tokens: Tensor, lengths: Tensor | None = None, mask: Tensor | None = None
     ) -> MultiLabelOutput:
         """Label probabilities of ``tokens`` ``[B, n]`` (see the class docstring)."""
-        m = check_token_inputs(tokens, lengths, mask, self.vocab_size)
+        m = token_mask(tokens, lengths, mask, vocab_size=self.vocab_size)
         return self.classify(self.encode(tokens, m), m)
 
     def loss(self, output: MultiLabelOutput, targets: Tensor) -> Tensor:

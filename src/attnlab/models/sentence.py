@@ -33,15 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab import masks as _masks
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
+from attnlab.models._embedding import init_text_model
+from attnlab.models._inputs import token_mask
+from attnlab.models._pooling import uniform_weights
 from attnlab.output import AttentionOutput
 from attnlab.query.self_attention import LearnedQuerySelfAttention
 from attnlab.registry import Configurable, get, register
@@ -73,45 +74,6 @@ class SentenceOutput:
     pooled: Tensor
     hidden: Tensor
     log_prob: Tensor | None = None
-
-
-def _as_matrix(embeddings: Any) -> Tensor:
-    """A float32 ``[V, d]`` tensor from a tensor, an array or ``attnlab.data.Embeddings``."""
-    matrix = getattr(embeddings, "matrix", embeddings)
-    if isinstance(matrix, np.ndarray):
-        matrix = torch.from_numpy(np.array(matrix, dtype=np.float32, copy=True))
-    if not isinstance(matrix, Tensor):
-        raise TypeError(
-            "embeddings must be a [V, d] tensor, a numpy array or attnlab.data.Embeddings, "
-            f"got {type(embeddings).__name__}"
-        )
-    if matrix.dim() != 2 or not matrix.dtype.is_floating_point:
-        raise ValueError(
-            f"embeddings has shape {tuple(matrix.shape)} and dtype {matrix.dtype}, expected a "
-            "float matrix [vocab_size, embed_dim]"
-        )
-    return matrix.detach().to(torch.float32).clone()
-
-
-def _embedding_shape(
-    embeddings: Any, vocab_size: int | None, embed_dim: int | None
-) -> tuple[Tensor | None, int, int | None]:
-    """The pretrained matrix (or None) and the vocabulary size and embedding size it implies,
-    checked against the ones given; shared by the task models' constructors."""
-    matrix = _as_matrix(embeddings) if embeddings is not None else None
-    if matrix is not None:
-        if vocab_size is not None and vocab_size != matrix.shape[0]:
-            raise ConfigError(
-                f"vocab_size={vocab_size} but embeddings has shape {tuple(matrix.shape)}"
-            )
-        if embed_dim is not None and embed_dim != matrix.shape[1]:
-            raise ConfigError(
-                f"embed_dim={embed_dim} but embeddings has shape {tuple(matrix.shape)}"
-            )
-        vocab_size, embed_dim = matrix.shape
-    if vocab_size is None:
-        raise ConfigError("give vocab_size or a pretrained embeddings matrix")
-    return matrix, vocab_size, embed_dim
 
 
 @register(
@@ -185,32 +147,25 @@ class SentenceClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
-        embed_dim = 300 if embed_dim is None else embed_dim
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_classes", num_classes),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        if encoder not in ENCODERS:
-            raise ConfigError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        embed_dim = init_text_model(
+            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
+            default_dim=300, encoder=("encoder", encoder, ENCODERS),
+            num_classes=num_classes, hidden_size=hidden_size,
+        )  # fmt: skip
+        self.num_classes, self.encoder_name = int(num_classes), encoder
+        self.d_h = self._make_encoder(encoder, embed_dim, hidden_size, kernel_sizes)
+        self.attention: nn.Module | None = self._make_attention(
+            attention, attention_dim or hidden_size
+        )
+        self.d_c = self._pooled_size()
+        self.output = nn.Linear(self.d_c, num_classes)
 
-        self.vocab_size, self.num_classes = int(vocab_size), int(num_classes)
-        self.padding_idx, self.encoder_name = padding_idx, encoder
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
-        if matrix is not None:
-            with torch.no_grad():
-                self.embedding.weight.copy_(matrix)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
-        self.dropout = nn.Dropout(dropout)
+    # ------------------------------------------------------------------ parts
 
+    def _make_encoder(
+        self, encoder: str, embed_dim: int, hidden_size: int, kernel_sizes: Sequence[int]
+    ) -> int:
+        """Build the encoder; return its state size ``d_h``."""
         if encoder == "bilstm":
             self.lstm = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=True)
             d_h = 2 * hidden_size
@@ -227,11 +182,13 @@ class SentenceClassifier(Configurable):
         else:
             self.projection = nn.Linear(embed_dim, hidden_size)
             d_h = hidden_size
-        self.d_h = d_h
+        return d_h
 
+    def _make_attention(self, attention: Any, d_w: int) -> nn.Module | None:
+        """The pooling attention of a spec (None for the mean and max baselines); sets
+        ``uniform`` and ``pooling``."""
         self.uniform = False
         self.pooling = "attention"  # or "mean" / "max" for the baselines without attention
-        self.attention: nn.Module | None
         if isinstance(attention, nn.Module):
             if isinstance(attention, Attention) and attention.score.needs_query:
                 raise ConfigError(
@@ -239,39 +196,32 @@ class SentenceClassifier(Configurable):
                     "its own; pass a dict spec (a trainable query is added) or wrap it in "
                     "attnlab.query.self_attention.LearnedQuerySelfAttention"
                 )
-            self.attention = attention
-        elif isinstance(attention, str):
+            return attention
+        if isinstance(attention, str):
             if attention in ("mean", "max"):
-                self.attention = None
                 self.pooling = attention
-            elif attention in ("tanh", "additive", "uniform", *_QUERYLESS):
+                return None
+            if attention in ("tanh", "additive", "uniform", *_QUERYLESS):
                 self.uniform = attention == "uniform"
-                self.attention = Attention("queryless", d_k=d_h, d_w=attention_dim or hidden_size)
-            else:
-                raise ConfigError(
-                    f"attention must be 'tanh', 'mean', 'uniform', a dict spec or a module, "
-                    f"got {attention!r}"
-                )
-        elif isinstance(attention, dict):
-            spec = dict(attention)
-            self.uniform = bool(spec.pop("uniform", False))
-            score = spec.pop("score", "queryless")
-            align = spec.pop("align", "soft")
-            if isinstance(score, str) and score in _QUERYLESS:
-                spec.setdefault("d_w", attention_dim or hidden_size)
-                self.attention = Attention("queryless", align, d_k=d_h, **spec)
-            elif isinstance(score, str) and not get("score", score).cls.needs_query:
-                self.attention = Attention(score, align, d_k=d_h, **spec)
-            else:
-                self.attention = LearnedQuerySelfAttention(d_h, score=score, align=align, **spec)
-        else:
+                return Attention("queryless", d_k=self.d_h, d_w=d_w)
+            raise ConfigError(
+                f"attention must be 'tanh', 'mean', 'uniform', a dict spec or a module, "
+                f"got {attention!r}"
+            )
+        if not isinstance(attention, dict):
             raise ConfigError(
                 f"attention must be a name, a dict spec or a module, got {type(attention).__name__}"
             )
-        self.d_c = self._pooled_size()
-        self.output = nn.Linear(self.d_c, num_classes)
-
-    # ------------------------------------------------------------------ parts
+        spec = dict(attention)
+        self.uniform = bool(spec.pop("uniform", False))
+        score = spec.pop("score", "queryless")
+        align = spec.pop("align", "soft")
+        if isinstance(score, str) and score in _QUERYLESS:
+            spec.setdefault("d_w", d_w)
+            return Attention("queryless", align, d_k=self.d_h, **spec)
+        if isinstance(score, str) and not get("score", score).cls.needs_query:
+            return Attention(score, align, d_k=self.d_h, **spec)
+        return LearnedQuerySelfAttention(self.d_h, score=score, align=align, **spec)
 
     def _pooled_size(self) -> int:
         if self.attention is None:
@@ -291,7 +241,7 @@ class SentenceClassifier(Configurable):
         assert self.attention is not None
         if isinstance(self.attention, Attention):
             return self.attention(None, hidden, mask=mask[:, None, :], need_weights=True)
-        return self.attention(hidden, mask, need_weights=True)
+        return self.attention(hidden, mask=mask, need_weights=True)
 
     def _values(self, hidden: Tensor) -> Tensor:
         """The vectors the attention sums (its value projection of the states, if any)."""
@@ -301,61 +251,8 @@ class SentenceClassifier(Configurable):
         return proj(hidden) if proj is not None else hidden
 
     def _check_inputs(self, tokens: Tensor, lengths: Tensor | None, mask: Tensor | None) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor [B, n], got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(
-                f"tokens has dtype {tokens.dtype} and shape {tuple(tokens.shape)}, expected an "
-                "integer (torch.long) tensor [B, n] of token ids"
-            )
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, n]")
-        B, n = tokens.shape
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
-                f"{int(tokens.max())}], outside [0, vocab_size) = [0, {self.vocab_size})"
-            )
-        if lengths is not None and mask is not None:
-            raise ValueError("give lengths or mask, not both")
-        if lengths is not None:
-            if not isinstance(lengths, Tensor):
-                lengths = torch.as_tensor(lengths)
-            if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-                raise TypeError(
-                    f"lengths has dtype {lengths.dtype} and shape {tuple(lengths.shape)}, "
-                    f"expected an integer tensor [B] = [{B}]"
-                )
-            if tuple(lengths.shape) != (B,):
-                raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
-            if B and (int(lengths.min()) < 0 or int(lengths.max()) > n):
-                raise ValueError(
-                    f"lengths (shape {tuple(lengths.shape)}) holds values in "
-                    f"[{int(lengths.min())}, {int(lengths.max())}], outside [0, n] = [0, {n}] "
-                    f"for tokens of shape {tuple(tokens.shape)}"
-                )
-            return _masks.from_lengths(lengths.to(tokens.device), n)[:, 0, :]
-        if mask is not None:
-            if not isinstance(mask, Tensor):
-                raise TypeError(f"mask must be a torch.Tensor [B, n], got {type(mask).__name__}")
-            if mask.dtype != torch.bool:
-                raise TypeError(
-                    f"mask has dtype {mask.dtype} and shape {tuple(mask.shape)}, expected "
-                    f"torch.bool [B, n] = [{B}, {n}] (True = real token)"
-                )
-            if tuple(mask.shape) != (B, n):
-                raise ValueError(
-                    f"mask has shape {tuple(mask.shape)}, expected [B, n] = [{B}, {n}]"
-                )
-            if self.encoder_name == "bilstm":
-                prefix = _masks.from_lengths(mask.sum(1), n)[:, 0, :]
-                if not torch.equal(prefix, mask):
-                    raise ValueError(
-                        f"mask (shape {tuple(mask.shape)}) is not a prefix mask (real tokens "
-                        "first); the BiLSTM encoder needs one: pass lengths instead"
-                    )
-            return mask.to(tokens.device)
-        return torch.ones(B, n, dtype=torch.bool, device=tokens.device)
+        prefix = "the BiLSTM encoder" if self.encoder_name == "bilstm" else None
+        return token_mask(tokens, lengths, mask, vocab_size=self.vocab_size, prefix=prefix)
 
     def encode(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """Encoder states ``h`` ``[B, n, d_h]`` (zero on padding) of checked inputs."""
@@ -397,8 +294,7 @@ class SentenceClassifier(Configurable):
             logits = self.output(self.dropout(pooled))
             return SentenceOutput(logits, None, pooled, hidden, None)
         if self.attention is None or self.uniform:
-            w = mask.to(hidden.dtype)
-            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
+            w = uniform_weights(mask, hidden.dtype)
             values = hidden if self.attention is None else self._values(hidden)
             pooled = combine_single(w[:, None, :], values).squeeze(1)
             weights = None if self.attention is None else w

@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.feature.rotatory import LCRRotHop, masked_mean
-from attnlab.general.dimensionality import combine_single
-from attnlab.masks import from_lengths
-from attnlab.models.sentence import _embedding_shape
+from attnlab.models._embedding import init_text_model
+from attnlab.models._inputs import token_mask
+from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.registry import Configurable, register
 
 __all__ = ["PARTS", "TargetOutput", "TargetSentimentClassifier"]
@@ -165,32 +165,12 @@ class TargetSentimentClassifier(Configurable):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        matrix, vocab_size, embed_dim = _embedding_shape(embeddings, vocab_size, embed_dim)
-        embed_dim = 300 if embed_dim is None else embed_dim
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_classes", num_classes),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-            ("hops", hops),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        if encoder not in ENCODERS:
-            raise ConfigError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
-
-        self.vocab_size, self.num_classes = int(vocab_size), int(num_classes)
-        self.padding_idx = padding_idx
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
-        if matrix is not None:
-            with torch.no_grad():
-                self.embedding.weight.copy_(matrix)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
-        self.dropout = nn.Dropout(dropout)
+        embed_dim = init_text_model(
+            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
+            default_dim=300, encoder=("encoder", encoder, ENCODERS),
+            num_classes=num_classes, hidden_size=hidden_size, hops=hops,
+        )  # fmt: skip
+        self.num_classes = int(num_classes)
         cell, bidirectional = _RNN[encoder]
         self.encoders = nn.ModuleDict(
             {p: MaskedRNN(embed_dim, hidden_size, cell, bidirectional) for p in PARTS}
@@ -199,37 +179,39 @@ class TargetSentimentClassifier(Configurable):
         self.d_h = d_h
 
         self.uniform = False
-        self.rotatory: LCRRotHop | None
-        if isinstance(attention, str):
-            if attention == "mean":
-                self.rotatory = None
-            elif attention in (*_DEFAULT_NAMES, "uniform"):
-                self.uniform = attention == "uniform"
-                n_hops = 1 if attention == "lcr-rot" else hops
-                self.rotatory = LCRRotHop(d_h, d_h, hops=n_hops, share_weights=share_weights)
-            else:
-                raise ConfigError(
-                    "attention must be 'lcr-rot-hop', 'lcr-rot', 'mean', 'uniform' or a dict "
-                    f"spec, got {attention!r}"
-                )
-        elif isinstance(attention, dict):
-            spec = dict(attention)
-            self.uniform = bool(spec.pop("uniform", False))
-            score = spec.pop("score", "activated-general")
-            align = spec.pop("align", "soft")
-            n_hops = spec.pop("hops", hops)
-            shared = spec.pop("share_weights", share_weights)
-            self.rotatory = LCRRotHop(
-                d_h, d_h, hops=n_hops, share_weights=shared, score=score, align=align, **spec
-            )
-        else:
-            raise ConfigError(
-                f"attention must be a name or a dict spec, got {type(attention).__name__}"
-            )
+        self.rotatory: LCRRotHop | None = self._make_attention(attention, hops, share_weights)
         self.out_dim = 4 * d_h if self.rotatory is None else self._rotatory_size()
         self.output = nn.Linear(self.out_dim, num_classes)
 
     # ------------------------------------------------------------------ parts
+
+    def _make_attention(self, attention: Any, hops: int, share_weights: bool) -> LCRRotHop | None:
+        """The rotatory attention of a spec (None for the mean baseline); sets ``uniform``."""
+        d_h = self.d_h
+        if isinstance(attention, str):
+            if attention == "mean":
+                return None
+            if attention in (*_DEFAULT_NAMES, "uniform"):
+                self.uniform = attention == "uniform"
+                n_hops = 1 if attention == "lcr-rot" else hops
+                return LCRRotHop(d_h, d_h, hops=n_hops, share_weights=share_weights)
+            raise ConfigError(
+                "attention must be 'lcr-rot-hop', 'lcr-rot', 'mean', 'uniform' or a dict "
+                f"spec, got {attention!r}"
+            )
+        if not isinstance(attention, dict):
+            raise ConfigError(
+                f"attention must be a name or a dict spec, got {type(attention).__name__}"
+            )
+        spec = dict(attention)
+        self.uniform = bool(spec.pop("uniform", False))
+        score = spec.pop("score", "activated-general")
+        align = spec.pop("align", "soft")
+        n_hops = spec.pop("hops", hops)
+        shared = spec.pop("share_weights", share_weights)
+        return LCRRotHop(
+            d_h, d_h, hops=n_hops, share_weights=shared, score=score, align=align, **spec
+        )
 
     def _rotatory_size(self) -> int:
         assert self.rotatory is not None
@@ -244,52 +226,7 @@ class TargetSentimentClassifier(Configurable):
         return int(out.output.shape[-1])
 
     def _check_part(self, name: str, tokens: Any, lengths: Any, mask: Any, B: int | None) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor [B, n], got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(
-                f"{name} has dtype {tokens.dtype} and shape {tuple(tokens.shape)}, expected an "
-                "integer (torch.long) tensor [B, n] of token ids"
-            )
-        if tokens.dim() != 2 or (B is not None and tokens.shape[0] != B):
-            want = "[B, n]" if B is None else f"[B, n] = [{B}, n]"
-            raise ValueError(f"{name} has shape {tuple(tokens.shape)}, expected {want}")
-        B, n = tokens.shape
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"{name} (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
-                f"{int(tokens.max())}], outside [0, vocab_size) = [0, {self.vocab_size})"
-            )
-        if lengths is not None and mask is not None:
-            raise ValueError(f"give {name}_lengths or {name}_mask, not both")
-        if lengths is not None:
-            t = lengths if isinstance(lengths, Tensor) else torch.as_tensor(lengths)
-            if t.dtype.is_floating_point or t.dtype == torch.bool:
-                raise TypeError(
-                    f"{name}_lengths has dtype {t.dtype} and shape {tuple(t.shape)}, expected "
-                    f"an integer tensor [B] = [{B}]"
-                )
-            if tuple(t.shape) != (B,):
-                raise ValueError(f"{name}_lengths has shape {tuple(t.shape)}, expected [B] = [{B}]")
-            if B and (int(t.min()) < 0 or int(t.max()) > n):
-                raise ValueError(
-                    f"{name}_lengths (shape {tuple(t.shape)}) holds values in "
-                    f"[{int(t.min())}, {int(t.max())}], outside [0, n] = [0, {n}] for {name} "
-                    f"of shape {tuple(tokens.shape)}"
-                )
-            return from_lengths(t.to(tokens.device), n)[:, 0, :]
-        if mask is not None:
-            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-                raise TypeError(
-                    f"{name}_mask must be a torch.bool tensor [B, n] = [{B}, {n}], got "
-                    f"{getattr(mask, 'dtype', type(mask).__name__)}"
-                )
-            if tuple(mask.shape) != (B, n):
-                raise ValueError(
-                    f"{name}_mask has shape {tuple(mask.shape)}, expected [B, n] = [{B}, {n}]"
-                )
-            return mask.to(tokens.device)
-        return torch.ones(B, n, dtype=torch.bool, device=tokens.device)
+        return token_mask(tokens, lengths, mask, vocab_size=self.vocab_size, part=name, batch=B)
 
     # ------------------------------------------------------------------ forward
 
@@ -336,7 +273,7 @@ class TargetSentimentClassifier(Configurable):
         elif self.uniform:
             rep, hops = self._uniform(hl, ht, hr, ml, mt, mr)
         else:
-            out = self.rotatory(hl, ht, hr, ml, mt, mr)
+            out = self.rotatory(hl, ht, hr, left_mask=ml, target_mask=mt, right_mask=mr)
             rep, hops = out.output, out.hops
         logits = self.output(self.dropout(rep))
         return TargetOutput(logits, rep, hops, h, masks)
@@ -348,11 +285,7 @@ class TargetSentimentClassifier(Configurable):
         (each of the four attentions pools its own values)."""
         assert self.rotatory is not None
 
-        def uniform(m: Tensor, dtype: torch.dtype) -> Tensor:
-            w = m.to(dtype)
-            return w / w.sum(1, keepdim=True).clamp(min=1.0)
-
-        wl, wt, wr = uniform(ml, hl.dtype), uniform(mt, ht.dtype), uniform(mr, hr.dtype)
+        wl, wt, wr = (uniform_weights(m, h.dtype) for m, h in ((ml, hl), (mt, ht), (mr, hr)))
         hops, contexts = [], []
         for s in range(self.rotatory.hops):
             rot = self.rotatory.rotations[s % len(self.rotatory.rotations)]
@@ -363,7 +296,6 @@ class TargetSentimentClassifier(Configurable):
                 (rot.target_left, wt, ht),
                 (rot.target_right, wt, ht),
             ):
-                values = attn.value_proj(feats) if attn.value_proj is not None else feats
-                contexts.append(combine_single(w[:, None, :], values).squeeze(1))
+                contexts.append(uniform_context(attn, w, feats))
             hops.append({"left": wl, "right": wr, "target_left": wt, "target_right": wt})
         return torch.cat(contexts, dim=-1), hops

@@ -43,7 +43,16 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab._checks import ConfigError
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
-from attnlab.general.dimensionality import combine_single
+from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._inputs import (
+    check_choice,
+    check_dropout,
+    check_ids,
+    check_index,
+    check_lengths,
+    check_sizes,
+)
+from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.registry import Configurable, register
 
 __all__ = [
@@ -148,25 +157,16 @@ class Seq2SeqTranslator(Configurable):
         eos_idx: int = 3,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("src_vocab_size", src_vocab_size),
-            ("tgt_vocab_size", tgt_vocab_size),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        check_sizes(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
+        check_sizes(embed_dim=embed_dim, hidden_size=hidden_size)
         if hidden_size % 2:
             raise ConfigError(f"hidden_size must be even (d/2 per direction), got {hidden_size}")
-        if style not in STYLES:
-            raise ConfigError(f"style must be one of {STYLES}, got {style!r}")
-        if rnn not in ("lstm", "gru"):
-            raise ConfigError(f"rnn must be 'lstm' or 'gru', got {rnn!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        for name, idx in (("pad_idx", pad_idx), ("bos_idx", bos_idx), ("eos_idx", eos_idx)):
-            if not 0 <= idx < tgt_vocab_size:
-                raise ConfigError(f"{name}={idx} is outside [0, {tgt_vocab_size})")
+        check_choice("style", style, STYLES)
+        check_choice("rnn", rnn, ("lstm", "gru"))
+        check_dropout(dropout)
+        check_index(
+            tgt_vocab_size, "tgt_vocab_size", pad_idx=pad_idx, bos_idx=bos_idx, eos_idx=eos_idx
+        )
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx
         self.style, self.rnn_type = style, rnn
@@ -179,36 +179,8 @@ class Seq2SeqTranslator(Configurable):
         self.encoder = cell(embed_dim, d // 2, batch_first=True, bidirectional=True)
         self.bridge = nn.Linear(d, d)
         self.dropout = nn.Dropout(dropout)
-
-        # the attention
-        self.uniform = False
         self.attention: Attention | None
-        spec: dict[str, Any]
-        if attention is None:
-            spec = {}
-        elif isinstance(attention, str):
-            if attention == "mean":
-                spec = {"mean": True}
-            elif attention == "uniform":
-                spec = {"uniform": True}
-            else:
-                spec = {"score": attention}
-        elif isinstance(attention, dict):
-            spec = dict(attention)
-        else:
-            raise ConfigError(
-                f"attention must be None, a score name, a dict spec, 'mean' or 'uniform', got "
-                f"{type(attention).__name__}"
-            )
-        if spec.pop("mean", False):
-            self.attention = None
-        else:
-            self.uniform = bool(spec.pop("uniform", False))
-            score = spec.pop("score", _DEFAULT_SCORE[style])
-            align = spec.pop("align", "soft")
-            if score in ("additive", "concat", "bahdanau", "mlp"):
-                spec.setdefault("d_w", d)
-            self.attention = Attention(score, align, d_q=d, d_k=d, **spec)
+        self.attention, self.uniform = decoder_attention(attention, d, _DEFAULT_SCORE[style], d_w=d)
         # local-m centres the window of output step t on p_t = t
         self.local_m = self.attention is not None and isinstance(self.attention.align, LocalMAlign)
 
@@ -223,26 +195,13 @@ class Seq2SeqTranslator(Configurable):
     # ------------------------------------------------------------------ encoder
 
     def _check(self, src: Tensor, src_lengths: Tensor | None) -> Tensor:
-        if not isinstance(src, Tensor) or src.dtype.is_floating_point or src.dtype == torch.bool:
-            raise TypeError(f"src must be an integer tensor [B, S] of token ids, got {src!r}")
-        if src.dim() != 2:
-            raise ValueError(f"src has shape {tuple(src.shape)}, expected [B, S]")
+        check_ids(src, self.src_vocab_size, name="src", layout="[B, S]")
         B, S = src.shape
-        if src.numel() and (int(src.min()) < 0 or int(src.max()) >= self.src_vocab_size):
-            raise ValueError(
-                f"src (shape {tuple(src.shape)}) holds ids outside [0, {self.src_vocab_size})"
-            )
         if src_lengths is None:
             return torch.full((B,), S, dtype=torch.long, device=src.device)
-        lengths = torch.as_tensor(src_lengths, device=src.device)
-        if lengths.dtype.is_floating_point or tuple(lengths.shape) != (B,):
-            raise ValueError(
-                f"src_lengths has shape {tuple(lengths.shape)} and dtype {lengths.dtype}, "
-                f"expected integers [B] = [{B}]"
-            )
-        if B and (int(lengths.min()) < 0 or int(lengths.max()) > S):
-            raise ValueError(f"src_lengths must lie in [0, S] = [0, {S}]")
-        return lengths.long()
+        return check_lengths(
+            src_lengths, (B,), ("S", S), name="src_lengths", tokens=src, tokens_name="src"
+        )
 
     def encode(self, src: Tensor, src_lengths: Tensor | None = None) -> Encoded:
         """Encoder states ``[B, S, d]`` (zero on padding), the mask and ``s_0``."""
@@ -279,12 +238,8 @@ class Seq2SeqTranslator(Configurable):
         """Context ``[N, d]``, weights ``[N, S]`` and log_prob of one decoder step."""
         mask = enc.mask
         if self.attention is None or self.uniform:
-            w = mask.to(enc.states.dtype)
-            w = w / w.sum(1, keepdim=True).clamp(min=1.0)
-            values = enc.states
-            if self.attention is not None and self.attention.value_proj is not None:
-                values = self.attention.value_proj(values)
-            return combine_single(w[:, None, :], values).squeeze(1), w, None
+            w = uniform_weights(mask, enc.states.dtype)
+            return uniform_context(self.attention, w, enc.states), w, None
         positions = step.to(enc.states.dtype)[:, None] if self.local_m else None
         out = self.attention(query, enc.states, mask=mask, need_weights=True, positions=positions)
         return out.context, out.weights, out.log_prob
@@ -330,21 +285,15 @@ class Seq2SeqTranslator(Configurable):
                 f"tgt_in has shape {tuple(tgt_in.shape)}, expected [B, T] with B = "
                 f"{enc.states.shape[0]}"
             )
-        state = self.init_state(enc)
-        logits, weights, log_probs = [], [], []
-        for t in range(tgt_in.shape[1]):
-            lg, state, w, lp = self.decode_step(tgt_in[:, t], state, enc)
-            logits.append(lg)
-            weights.append(w)
-            if lp is not None:
-                log_probs.append(lp)
-        B, S = enc.mask.shape
-        if not logits:
-            return TranslatorOutput(
-                enc.states.new_zeros(B, 0, self.tgt_vocab_size), enc.states.new_zeros(B, 0, S)
-            )
-        log_prob = torch.stack(log_probs, 1).sum(1) if log_probs else None
-        return TranslatorOutput(torch.stack(logits, 1), torch.stack(weights, 1), log_prob)
+        logits, weights, log_prob = teacher_forcing(
+            lambda y, state: self.decode_step(y, state, enc),
+            self.init_state(enc),
+            tgt_in,
+            enc.states,
+            self.tgt_vocab_size,
+            enc.mask.shape[1],
+        )
+        return TranslatorOutput(logits, weights, None if log_prob is None else log_prob.sum(1))
 
     def forward(self, src: Tensor, src_lengths: Tensor | None, tgt_in: Tensor) -> TranslatorOutput:
         """Teacher forcing: logits ``[B, T, V]`` and weights ``[B, T, S]``."""

@@ -52,8 +52,16 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
+from attnlab.models._inputs import (
+    check_choice,
+    check_dropout,
+    check_index,
+    check_sizes,
+    token_mask,
+)
+from attnlab.models._pooling import uniform_weights
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["CO_ATTENTIONS", "VQAModel", "VQAOutput"]
@@ -92,12 +100,6 @@ class VQAOutput:
     words: Tensor
     log_prob: Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 @register(
@@ -159,30 +161,20 @@ class VQAModel(Configurable):
         padding_idx: int | None = 0,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_answers", num_answers),
-            ("embed_dim", embed_dim),
-            ("hidden_size", hidden_size),
-            ("image_size", image_size),
-            ("grid", grid),
-        ):
-            _positive(name, value)
-        if encoder not in ENCODERS:
-            raise ConfigError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        check_sizes(vocab_size=vocab_size, num_answers=num_answers, embed_dim=embed_dim)
+        check_sizes(hidden_size=hidden_size, image_size=image_size, grid=grid)
+        check_choice("encoder", encoder, ENCODERS)
         ratio = image_size // grid
         if image_size % grid or ratio < 2 or ratio & (ratio - 1):
             raise ConfigError(
                 f"image_size / grid must be a power of 2 >= 2, got image_size={image_size}, "
                 f"grid={grid}"
             )
-        widths = [_positive("channels", c) for c in channels]
+        widths = [check_int(c, "channels") for c in channels]
         if not widths:
             raise ConfigError("channels must hold at least one width")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ConfigError(f"padding_idx={padding_idx} is outside [0, {vocab_size})")
+        check_dropout(dropout)
+        check_index(vocab_size, padding_idx=padding_idx)
 
         self.vocab_size, self.num_answers = vocab_size, num_answers
         self.image_size, self.grid = image_size, grid
@@ -267,47 +259,15 @@ class VQAModel(Configurable):
     def _check_tokens(
         self, tokens: Tensor, lengths: Tensor | None, mask: Tensor | None, batch: int
     ) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor [B, n], got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(
-                f"tokens has dtype {tokens.dtype}, expected an integer tensor [B, n] of word ids"
-            )
-        if tokens.dim() != 2 or tokens.shape[0] != batch:
-            raise ValueError(
-                f"tokens has shape {tuple(tokens.shape)}, expected [B, n] with B = {batch} "
-                "(the number of images)"
-            )
-        B, n = tokens.shape
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(
-                f"tokens holds ids in [{int(tokens.min())}, {int(tokens.max())}], outside "
-                f"[0, vocab_size) = [0, {self.vocab_size})"
-            )
-        if lengths is not None and mask is not None:
-            raise ValueError("give lengths or mask, not both")
-        positions = torch.arange(n, device=tokens.device)[None, :]
-        if lengths is not None:
-            lengths = torch.as_tensor(lengths, device=tokens.device)
-            if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-                raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer tensor")
-            if tuple(lengths.shape) != (B,):
-                raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
-            if B and (int(lengths.min()) < 0 or int(lengths.max()) > n):
-                raise ValueError(f"lengths must lie in [0, n] = [0, {n}], got {lengths.tolist()}")
-            return positions < lengths[:, None]
-        if mask is not None:
-            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-                what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-                raise TypeError(f"mask is {what}, expected a torch.bool tensor [B, n] = [{B}, {n}]")
-            if tuple(mask.shape) != (B, n):
-                raise ValueError(
-                    f"mask has shape {tuple(mask.shape)}, expected [B, n] = [{B}, {n}]"
-                )
-            if not torch.equal(positions < mask.sum(1, keepdim=True), mask):
-                raise ValueError("mask must be a prefix mask (real words first): pass lengths")
-            return mask
-        return torch.ones(B, n, dtype=torch.bool, device=tokens.device)
+        return token_mask(
+            tokens,
+            lengths,
+            mask,
+            vocab_size=self.vocab_size,
+            batch=batch,
+            batch_of="the number of images",
+            prefix="the question encoder",
+        )
 
     @staticmethod
     def _check_index(index: Tensor, m: int) -> Tensor:
@@ -374,12 +334,11 @@ class VQAModel(Configurable):
         Q = self.encode_question(tokens, m)
         log_prob, extras = None, {}
         if self.co_attention is None or self.uniform:
-            wq = m.to(Q.dtype)
-            wq = wq / wq.sum(1, keepdim=True).clamp(min=1.0)
+            wq = uniform_weights(m, Q.dtype)
             wv = V.new_full(V.shape[:2], 1.0 / V.shape[1])
             pooled = torch.cat([masked_mean(Q, m), V.mean(1)], -1)
         else:
-            out: CoAttentionOutput = self.co_attention(Q, V, m, None)
+            out: CoAttentionOutput = self.co_attention(Q, V, mask1=m, mask2=None)
             wq, wv = out.a1, out.a2
             pooled = torch.cat([out.c1, out.c2], -1)
             extras = dict(out.extras)

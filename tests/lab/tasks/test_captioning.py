@@ -4,14 +4,12 @@ the mean-pooling baseline fails."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
+from task_harness import check_deterministic, check_train_run, run_spec, spec_id
 
 from attnlab._checks import ConfigError
-from attnlab.lab.task import AttentionExample
 from attnlab.lab.tasks.captioning import CaptioningTask
 from attnlab.models.captioner import ShowAttendTell
 
@@ -30,36 +28,28 @@ SPECS = [{}, *({"name": p} for p in CaptioningTask.presets), {"name": "mean"}, {
 SPECS.append({"score": "additive", "d_w": 3, "align": "sparsemax"})
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
 def test_every_preset_and_baseline(spec) -> None:
     task = CaptioningTask(**TINY)
     data = task.load_data()
-    torch.manual_seed(0)
-    model = task.build_model(data, task.resolve_attention(spec))
-    assert isinstance(model, ShowAttendTell)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for batch in task.batches(data, "train", 8, shuffle=True, generator=torch.Generator()):
-        loss = task.loss(model, batch)
-        assert loss.dim() == 0 and torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        metrics = task.evaluate(model, data, "test")
-        examples = task.attention_examples(model, data, n=3)
+    _, metrics, examples = run_spec(
+        task, data, spec, 8, model_type=ShowAttendTell, generator_seed=None, n=3
+    )
     assert set(task.metrics) <= set(metrics)
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["caption_accuracy"] <= 1
     assert 0 <= metrics["iou"] <= 1
     assert len(examples) == 3
     for ex in examples:
-        assert isinstance(ex, AttentionExample) and ex.kind == "image" and ex.grid == (4, 4)
+        assert ex.kind == "image" and ex.grid == (4, 4)
         assert "and" not in ex.rows and len(ex.cols) == 16
         assert len(ex.rows) == len([w for w in ex.prediction.split() if w != "and"])
         for row in ex.weights:
             assert sum(row) == pytest.approx(1.0, abs=1e-4)
-        assert AttentionExample.from_json(json.loads(json.dumps(ex.to_json()))) == ex
+
+
+def test_one_seed_one_model() -> None:
+    task = CaptioningTask(**TINY)
+    check_deterministic(task, task.load_data(), {"name": "soft"}, 8)
 
 
 def test_data_captions_and_word_objects() -> None:
@@ -110,18 +100,13 @@ def test_scales_and_options() -> None:
 
 
 def test_train_run_end_to_end(tmp_path) -> None:
-    from attnlab.lab.training import train_run
-
     task = CaptioningTask(epochs=2, **TINY)
     for spec in ({"name": "soft"}, {"name": "mean"}):
-        out = tmp_path / spec["name"]
-        result = train_run(task, spec, seed=0, out_dir=out, progress=False, num_threads=1)
-        assert json.loads((out / "run.json").read_text())["status"] == "done"
-        metrics = json.loads((out / "metrics.json").read_text())
-        assert metrics["primary"] == "bleu" and set(task.metrics) <= set(metrics["test"])
-        examples = json.loads((out / "examples.json").read_text())
-        assert examples and examples[0]["kind"] == "image" and examples[0]["image"]
-        assert result.metrics["test"] == metrics["test"]
+        _, examples = check_train_run(
+            task, spec, tmp_path / spec["name"], num_threads=1, primary="bleu",
+            metric_names=task.metrics, example_kind="image",
+        )  # fmt: skip
+        assert examples[0]["image"]
 
 
 def _learn(spec: dict, seed: int, steps: int = 150) -> tuple[float, float, float]:

@@ -14,6 +14,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from task_harness import (
+    build,
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    evaluate_and_draw,
+    run_spec,
+    train_steps,
+)
 
 from attnlab._checks import ConfigError
 from attnlab.data import MissingDataError
@@ -96,24 +105,16 @@ def _check_examples(examples, data, n):
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: json.dumps(s))
 def test_every_preset_and_baseline_on_tiny_data(spec):
-    torch.manual_seed(0)
     task = DocumentTask(embeddings="learned", embed_dim=6, hidden_size=3, batch_size=2)
     data = _tiny_data()
-    model = task.build_model(data, task.resolve_attention(spec))
-    assert isinstance(model, DocumentClassifier)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    for batch in task.batches(data, "train", 2, shuffle=True, generator=g):
-        loss = task.loss(model, batch)
-        assert loss.dim() == 0 and torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    metrics = task.evaluate(model, data, "test")
-    assert list(metrics) == ["accuracy", "f1"]
-    assert all(0.0 <= v <= 1.0 for v in metrics.values())
-    _check_examples(task.attention_examples(model, data, n=5), data, 5)
+    _, metrics, examples = run_spec(task, data, spec, 2, model_type=DocumentClassifier, n=5)
+    check_metrics(metrics, ["accuracy", "f1"])
+    _check_examples(examples, data, 5)
+
+
+def test_one_seed_one_model():
+    task = DocumentTask(embeddings="learned", embed_dim=6, hidden_size=3, batch_size=2)
+    check_deterministic(task, _tiny_data(), {"name": "han"}, 2)
 
 
 def test_baselines_build_the_right_model():
@@ -226,42 +227,24 @@ def test_real_data_loads_with_the_limits(real):
 @pytest.mark.parametrize("spec", SPECS[:7], ids=lambda s: json.dumps(s))
 def test_real_data_every_preset_trains_and_evaluates(real, spec):
     task, data = real
-    torch.manual_seed(0)
-    model = task.build_model(data, task.resolve_attention(spec))
+    model = build(task, data, spec)
     assert not model.embedding.weight.requires_grad  # GloVe, frozen by default
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _, batch in zip(range(2), task.batches(data, "train", 4), strict=False):
-        loss = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert torch.isfinite(loss)
-    model.eval()
-    for split in ("dev", "test"):
-        metrics = task.evaluate(model, data, split)
-        assert list(metrics) == ["accuracy", "f1"]
-        assert all(0.0 <= v <= 1.0 for v in metrics.values())
-    examples = task.attention_examples(model, data, n=3)
+    train_steps(task, data, model, 4, steps=2, shuffle=False)
+    metrics, examples = evaluate_and_draw(task, model, data, "dev", n=3)
+    check_metrics(metrics, ["accuracy", "f1"])
+    metrics, examples = evaluate_and_draw(task, model, data, "test", n=3)
+    check_metrics(metrics, ["accuracy", "f1"])
     _check_examples(examples, data, 3)
     assert examples[0].extra["document_id"].startswith("amazon-")
     assert len(examples[0].extra["sentence_scores"]) == len(data.test.tokens[0])
 
 
 def test_real_data_end_to_end_train_run(real, tmp_path):
-    from attnlab.lab.training import train_run
-
-    result = train_run(
-        "document",
-        {"name": "han"},
-        seed=0,
-        options=TINY,
-        out_dir=tmp_path / "run",
-        progress=False,
-    )
+    result, examples = check_train_run(
+        "document", {"name": "han"}, tmp_path / "run", options=TINY, task_name="document",
+        primary="accuracy", metric_names={"accuracy", "f1"},
+    )  # fmt: skip
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["primary"] == "accuracy" and set(metrics["test"]) == {"accuracy", "f1"}
+    assert set(metrics["test"]) == {"accuracy", "f1"}
     assert 0.0 <= result.test["accuracy"] <= 1.0
-    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
     assert examples and "sentence_weights" in examples[0]["extra"]
-    run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run["status"] == "done" and run["task"] == "document"

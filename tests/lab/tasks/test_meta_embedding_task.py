@@ -10,19 +10,17 @@ options, every preset and baseline, and ``train_run``.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
+from task_harness import check_deterministic, check_train_run, load_or_skip, run_spec, train_steps
 
 from attnlab._checks import ConfigError
-from attnlab.data._common import MissingDataError
 from attnlab.data.glove import WordVectors
 from attnlab.lab.task import AttentionExample, TaskData
 from attnlab.lab.tasks.meta_embedding import MetaEmbeddingTask, parse_tables
 from attnlab.lab.tasks.multilabel import EncodedSplit
-from attnlab.lab.training import train_run
 from attnlab.models.meta_embedding import MetaEmbeddingOutput
 from attnlab.registry import get
 
@@ -75,18 +73,7 @@ class GeneratedMeta(MetaEmbeddingTask):
 
 
 def few_steps(task, data, model, steps=2):
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    gen = torch.Generator().manual_seed(0)
-    losses = []
-    for i, batch in enumerate(task.batches(data, "train", 16, shuffle=True, generator=gen)):
-        if i == steps:
-            break
-        loss = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses and all(math.isfinite(x) for x in losses)
+    train_steps(task, data, model, 16, steps=steps)
 
 
 def check_metrics(metrics):
@@ -147,15 +134,16 @@ def test_vocabulary_and_availability():
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_every_preset_and_baseline_on_generated_data(spec):
-    torch.manual_seed(0)
     task = GeneratedMeta(**TINY)
     data = task.load_data()
-    model = task.build_model(data, task.resolve_attention(spec))
-    few_steps(task, data, model)
-    model.eval()
-    with torch.no_grad():
-        check_metrics(task.evaluate(model, data, "dev"))
-        check_examples(task.attention_examples(model, data), data)
+    _, metrics, examples = run_spec(task, data, spec, 16, steps=2, split="dev")
+    check_metrics(metrics)
+    check_examples(examples, data)
+
+
+def test_one_seed_one_model():
+    task = GeneratedMeta(**TINY)
+    check_deterministic(task, task.load_data(), {}, 16)
 
 
 class FixedModel(torch.nn.Module):
@@ -198,25 +186,17 @@ def test_bad_specs():
 
 
 def test_train_run_end_to_end_on_generated_data(tmp_path):
-    result = train_run(
-        GeneratedMeta(**TINY), {"name": "cdme"}, seed=0,
-        options={"epochs": 2, "batch_size": 16}, out_dir=tmp_path / "run", progress=False,
+    result, examples = check_train_run(
+        GeneratedMeta(**TINY), {"name": "cdme"}, tmp_path / "run",
+        options={"epochs": 2, "batch_size": 16}, epochs=2,
     )  # fmt: skip
     check_metrics(result.metrics["test"])
-    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
     assert examples and examples[0]["rows"] == ["a", "b"]
 
 
 # ----------------------------------------------------------------------------- real data
 
 REAL = {**TINY, "max_train": 64, "max_eval": 32}
-
-
-def load_or_skip(task):
-    try:
-        return task.load_data()
-    except MissingDataError as error:
-        pytest.skip(str(error))
 
 
 def test_real_data_every_preset_and_baseline():
@@ -226,21 +206,15 @@ def test_real_data_every_preset_and_baseline():
     assert [m.shape[1] for m in data.info["matrices"]] == [50, 300]
     assert all(c > 0.8 for c in data.info["coverage"].values()), data.info["coverage"]
     for spec in SPECS:
-        torch.manual_seed(0)
-        model = task.build_model(data, task.resolve_attention(spec))
-        few_steps(task, data, model, steps=1)
-        model.eval()
-        with torch.no_grad():
-            check_metrics(task.evaluate(model, data, "dev"))
-            check_examples(task.attention_examples(model, data), data)
+        _, metrics, examples = run_spec(task, data, spec, 16, steps=1, split="dev")
+        check_metrics(metrics)
+        check_examples(examples, data)
 
 
 def test_real_data_train_run(tmp_path):
     load_or_skip(MetaEmbeddingTask(**REAL))
-    result = train_run(
-        "meta-embedding", "mean", seed=0, options={**REAL, "epochs": 1},
-        out_dir=tmp_path / "run", progress=False,
+    result, _ = check_train_run(
+        "meta-embedding", "mean", tmp_path / "run", options={**REAL, "epochs": 1},
+        task_name="meta-embedding",
     )  # fmt: skip
     check_metrics(result.metrics["test"])
-    run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run["status"] == "done" and run["task"] == "meta-embedding"

@@ -9,17 +9,15 @@ debtags file are missing): tiny options, every preset and baseline, and ``train_
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
+from task_harness import check_deterministic, check_train_run, load_or_skip, run_spec, train_steps
 
 from attnlab._checks import ConfigError
-from attnlab.data._common import MissingDataError
 from attnlab.lab.task import AttentionExample, TaskData
-from attnlab.lab.tasks.multilabel import EncodedSplit, MultiLabelTask, pad_batch, subsample
-from attnlab.lab.training import train_run
+from attnlab.lab.tasks.multilabel import EncodedSplit, MultiLabelTask, subsample
 from attnlab.models.multilabel import MultiLabelOutput
 from attnlab.registry import get
 
@@ -63,18 +61,7 @@ class GeneratedMultiLabel(MultiLabelTask):
 
 
 def few_steps(task, data, model, steps=2):
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    gen = torch.Generator().manual_seed(0)
-    losses = []
-    for i, batch in enumerate(task.batches(data, "train", 16, shuffle=True, generator=gen)):
-        if i == steps:
-            break
-        loss = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses and all(math.isfinite(x) for x in losses)
+    train_steps(task, data, model, 16, steps=steps)
 
 
 def check_metrics(metrics):
@@ -124,16 +111,17 @@ def test_prepare_encodes_and_batches():
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_every_preset_and_baseline_on_generated_data(spec):
-    torch.manual_seed(0)
     task = GeneratedMultiLabel(**TINY)
     data = task.load_data()
-    model = task.build_model(data, task.resolve_attention(spec))
-    few_steps(task, data, model)
-    model.eval()
-    with torch.no_grad():
-        check_metrics(task.evaluate(model, data, "dev"))
-        check_examples(task.attention_examples(model, data), data)
+    model, metrics, examples = run_spec(task, data, spec, 16, steps=2, split="dev")
+    check_metrics(metrics)
+    check_examples(examples, data)
     assert not model.training
+
+
+def test_one_seed_one_model():
+    task = GeneratedMultiLabel(**TINY)
+    check_deterministic(task, task.load_data(), {}, 16)
 
 
 class FixedModel(torch.nn.Module):
@@ -181,10 +169,6 @@ def test_bad_options_and_specs():
 
 
 def test_helpers():
-    tokens, lengths = pad_batch([[3, 4], [], [5]])
-    assert tokens.tolist() == [[3, 4], [0, 0], [5, 0]]
-    assert lengths.tolist() == [2, 0, 1]
-    assert pad_batch([[]])[0].shape == (1, 1)
     pick = subsample(100, 10, 3)
     assert pick == sorted(pick) and len(set(pick)) == 10 and pick == subsample(100, 10, 3)
     assert subsample(5, None, 0) == [0, 1, 2, 3, 4]
@@ -192,28 +176,19 @@ def test_helpers():
 
 def test_train_run_end_to_end_on_generated_data(tmp_path):
     task = GeneratedMultiLabel(**TINY)
-    result = train_run(
-        task, {"name": "routing"}, seed=0, options={"epochs": 2, "batch_size": 16},
-        out_dir=tmp_path / "run", progress=False,
+    result, _ = check_train_run(
+        task, {"name": "routing"}, tmp_path / "run", options={"epochs": 2, "batch_size": 16},
+        primary="micro_f1", epochs=2, example_kind="matrix",
     )  # fmt: skip
     check_metrics(result.metrics["test"])
     assert result.metrics["primary"] == "micro_f1"
     for name in ("run.json", "metrics.json", "history.json", "cost.json", "examples.json"):
         assert (tmp_path / "run" / name).is_file()
-    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
-    assert examples and examples[0]["kind"] == "matrix"
 
 
 # ----------------------------------------------------------------------------- real data
 
 REAL = {**TINY, "glove": True, "max_train": 64, "max_eval": 32, "min_freq": 1}
-
-
-def load_or_skip(task):
-    try:
-        return task.load_data()
-    except MissingDataError as error:
-        pytest.skip(str(error))
 
 
 def test_real_data_every_preset_and_baseline():
@@ -223,21 +198,15 @@ def test_real_data_every_preset_and_baseline():
     assert data.info["embeddings"].shape == (len(data.info["vocab"]), 50)
     assert data.info["num_labels"] >= 10
     for spec in SPECS:
-        torch.manual_seed(0)
-        model = task.build_model(data, task.resolve_attention(spec))
-        few_steps(task, data, model, steps=1)
-        model.eval()
-        with torch.no_grad():
-            check_metrics(task.evaluate(model, data, "dev"))
-            check_examples(task.attention_examples(model, data), data)
+        _, metrics, examples = run_spec(task, data, spec, 16, steps=1, split="dev")
+        check_metrics(metrics)
+        check_examples(examples, data)
 
 
 def test_real_data_train_run(tmp_path):
     load_or_skip(MultiLabelTask(**REAL))
-    result = train_run(
-        "multilabel", "mean", seed=0, options={**REAL, "epochs": 1},
-        out_dir=tmp_path / "run", progress=False,
+    result, _ = check_train_run(
+        "multilabel", "mean", tmp_path / "run", options={**REAL, "epochs": 1},
+        task_name="multilabel",
     )  # fmt: skip
     check_metrics(result.metrics["test"])
-    run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run["status"] == "done" and run["task"] == "multilabel"

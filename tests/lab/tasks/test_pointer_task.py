@@ -3,13 +3,11 @@ metrics, the examples, and an end-to-end train_run per problem."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from task_harness import check_deterministic, check_metrics, check_train_run, run_spec, spec_id
 
 from attnlab._checks import ConfigError
-from attnlab.lab.task import AttentionExample
 from attnlab.lab.tasks.pointer import PointerTask
 from attnlab.models.pointer import PointerNetworkModel
 
@@ -19,36 +17,29 @@ TINY = {"train_size": 16, "dev_size": 6, "test_size": 5, "hidden_size": 6, "batc
 
 
 @pytest.mark.parametrize("problem", ["sort", "hull"])
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
 def test_every_preset_and_baseline(problem, spec):
     task = PointerTask(problem=problem, n=6, min_points=4, **TINY)
     data = task.load_data()
-    torch.manual_seed(0)
-    model = task.build_model(data, task.resolve_attention(spec))
-    assert isinstance(model, PointerNetworkModel)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for batch in task.batches(data, "train", 8, shuffle=True, generator=torch.Generator()):
-        loss = task.loss(model, batch)
-        assert loss.dim() == 0 and torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        metrics = task.evaluate(model, data, "test")
-        examples = task.attention_examples(model, data, n=3)
+    _, metrics, examples = run_spec(
+        task, data, spec, 8, model_type=PointerNetworkModel, generator_seed=None, n=3
+    )
     assert tuple(m for m in metrics if m in task.metrics) == task.metrics
-    assert all(0.0 <= metrics[m] <= 1.0 for m in task.metrics)
+    check_metrics(metrics, task.metrics, exact=False)
     assert len(examples) == 3
     for b, ex in enumerate(examples):
-        assert isinstance(ex, AttentionExample) and ex.kind == "matrix"
+        assert ex.kind == "matrix"
         m = int(data.test.lengths[b])
         assert len(ex.cols) == m + (problem == "hull")
         assert len(ex.rows) == len(ex.prediction.split())
         for row in ex.weights:
             assert sum(row) == pytest.approx(1.0, abs=1e-4) and min(row) >= 0
-        assert AttentionExample.from_json(json.loads(json.dumps(ex.to_json()))) == ex
+
+
+@pytest.mark.parametrize("problem", ["sort", "hull"])
+def test_one_seed_one_model(problem):
+    task = PointerTask(problem=problem, n=6, min_points=4, **TINY)
+    check_deterministic(task, task.load_data(), {"name": "additive"}, 8)
 
 
 def test_metrics_per_problem():
@@ -110,18 +101,11 @@ def test_options():
 
 @pytest.mark.parametrize("problem", ["sort", "hull"])
 def test_train_run_end_to_end(problem, tmp_path):
-    training = pytest.importorskip("attnlab.lab.training")
+    pytest.importorskip("attnlab.lab.training")
     task = PointerTask(problem=problem, n=6, epochs=2, **TINY)
     for spec in ({"name": "additive"}, {"name": "mean"}):
-        out = tmp_path / spec["name"]
-        result = training.train_run(task, spec, seed=0, out_dir=out, progress=False, num_threads=1)
-        run = json.loads((out / "run.json").read_text())
-        assert run["status"] == "done" and run["task"] == "pointer"
-        metrics = json.loads((out / "metrics.json").read_text())
-        assert metrics["primary"] == "sequence_accuracy"
-        assert set(task.metrics) <= set(metrics["test"])
-        history = json.loads((out / "history.json").read_text())
-        assert len(history) == 2
-        examples = json.loads((out / "examples.json").read_text())
-        assert examples and examples[0]["kind"] == "matrix"
-        assert result.metrics["test"] == metrics["test"]
+        check_train_run(
+            task, spec, tmp_path / spec["name"], num_threads=1, task_name="pointer",
+            primary="sequence_accuracy", metric_names=task.metrics, epochs=2,
+            example_kind="matrix",
+        )  # fmt: skip

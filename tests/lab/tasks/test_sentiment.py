@@ -15,11 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from task_harness import (
+    build,
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    evaluate_and_draw,
+)
 
 from attnlab._checks import ConfigError
 from attnlab.data import MissingDataError
 from attnlab.data.vocab import Vocab
-from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.sentiment import (
     SentenceData,
     SentimentTask,
@@ -83,7 +90,7 @@ def test_every_preset_and_baseline_on_tiny_data(encoder, spec):
     task = _tiny_task(encoder=encoder)
     data = _tiny_data()
     torch.manual_seed(0)
-    model = task.build_model(data, task.resolve_attention(spec))
+    model = build(task, data, spec)
     batches = list(task.batches(data, "train", 4))
     assert [b["tokens"].shape[0] for b in batches] == [4, 2]
     assert batches[0]["tokens"].shape[1] == 3  # padded to the longest of the batch
@@ -93,20 +100,21 @@ def test_every_preset_and_baseline_on_tiny_data(encoder, spec):
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
     assert model.output.weight.grad is not None
-    model.eval()
-    with torch.no_grad():
-        metrics = task.evaluate(model, data, "test")
-        examples = task.attention_examples(model, data, n=3)
+    metrics, examples = evaluate_and_draw(task, model, data, "test", n=3)
     assert set(metrics) == {"accuracy", "f1", "roc_auc"}
-    assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    check_metrics(metrics)
     assert len(examples) == 3
     for i, ex in enumerate(examples):
-        assert isinstance(ex, AttentionExample) and ex.kind == "tokens"
+        assert ex.kind == "tokens"
         assert ex.cols == list(data.test.tokens[i])  # the real words, also unknown ones
         assert ex.rows == ["attention"]
         assert sum(ex.weights[0]) == pytest.approx(1.0, abs=1e-5)
         assert ex.label in ("negative", "positive")
         assert ex.prediction in ("negative", "positive")
+
+
+def test_one_seed_one_model():
+    check_deterministic(_tiny_task(encoder="bilstm"), _tiny_data(), {"name": "tanh"}, 4)
 
 
 def test_uniform_and_mean_baselines_pool_the_same_average():
@@ -250,9 +258,10 @@ def test_user_csv_end_to_end(tmp_path):
     assert len(data.train) + len(data.dev) + len(data.test) == 30
     assert data.info["label_names"] == ("neg", "pos")
     assert max(len(t) for t in data.train.tokens) <= 4
-    result = train_run(
-        "sentiment", "tanh", options=options, out_dir=tmp_path / "run", progress=False
-    )
+    result, _ = check_train_run(
+        "sentiment", "tanh", tmp_path / "run", options=options, task_name="sentiment",
+        primary="accuracy", epochs=2, example_kind="tokens",
+    )  # fmt: skip
     assert set(result.metrics["test"]) == {"accuracy", "f1", "roc_auc"}
     run = json.loads((result.run_dir / "run.json").read_text())
     assert run["task_options"]["path"] == str(path)

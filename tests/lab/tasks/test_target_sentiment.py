@@ -12,7 +12,15 @@ import json
 import math
 
 import pytest
-import torch
+from task_harness import (
+    build,
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    evaluate_and_draw,
+    run_spec,
+    train_steps,
+)
 
 from attnlab._checks import ConfigError
 from attnlab.data import MissingDataError
@@ -89,26 +97,18 @@ def _check_examples(examples, data, n, hops):
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: json.dumps(s))
 def test_every_preset_and_baseline_on_tiny_data(spec):
-    torch.manual_seed(0)
     task = TargetSentimentTask(embeddings="learned", embed_dim=6, hidden_size=3)
     data = _tiny_data()
+    _, metrics, examples = run_spec(task, data, spec, 3, model_type=TargetSentimentClassifier, n=4)
+    check_metrics(metrics, ["accuracy", "f1"])
     resolved = task.resolve_attention(spec)
-    model = task.build_model(data, resolved)
-    assert isinstance(model, TargetSentimentClassifier)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    for batch in task.batches(data, "train", 3, shuffle=True, generator=g):
-        loss = task.loss(model, batch)
-        assert loss.dim() == 0 and torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    metrics = task.evaluate(model, data, "test")
-    assert list(metrics) == ["accuracy", "f1"]
-    assert all(0.0 <= v <= 1.0 for v in metrics.values())
     hops = 1 if spec.get("name") == "mean" else resolved.get("hops", 3)
-    _check_examples(task.attention_examples(model, data, n=4), data, 4, hops)
+    _check_examples(examples, data, 4, hops)
+
+
+def test_one_seed_one_model():
+    task = TargetSentimentTask(embeddings="learned", embed_dim=6, hidden_size=3)
+    check_deterministic(task, _tiny_data(), {"name": "lcr-rot"}, 3)
 
 
 def test_presets_and_baselines_build_the_right_model():
@@ -182,40 +182,22 @@ def test_real_data_loads_with_the_limits(real):
 @pytest.mark.parametrize("spec", SPECS[:7], ids=lambda s: json.dumps(s))
 def test_real_data_every_preset_trains_and_evaluates(real, spec):
     task, data = real
-    torch.manual_seed(0)
     resolved = task.resolve_attention(spec)
-    model = task.build_model(data, resolved)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _, batch in zip(range(2), task.batches(data, "train", 8), strict=False):
-        loss = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert torch.isfinite(loss)
-    model.eval()
+    model = build(task, data, spec)
+    train_steps(task, data, model, 8, steps=2, shuffle=False)
     for split in ("dev", "test"):
-        metrics = task.evaluate(model, data, split)
-        assert list(metrics) == ["accuracy", "f1"]
-        assert all(0.0 <= v <= 1.0 for v in metrics.values())
+        metrics, examples = evaluate_and_draw(task, model, data, split, n=3)
+        check_metrics(metrics, ["accuracy", "f1"])
     hops = 1 if spec.get("name") == "mean" else resolved.get("hops", 3)
-    _check_examples(task.attention_examples(model, data, n=3), data, 3, hops)
+    _check_examples(examples, data, 3, hops)
 
 
 def test_real_data_end_to_end_train_run(real, tmp_path):
-    from attnlab.lab.training import train_run
-
-    result = train_run(
-        "target-sentiment",
-        {"name": "lcr-rot"},
-        seed=0,
-        options=TINY,
-        out_dir=tmp_path / "run",
-        progress=False,
-    )
+    result, examples = check_train_run(
+        "target-sentiment", {"name": "lcr-rot"}, tmp_path / "run", options=TINY,
+        task_name="target-sentiment", primary="accuracy",
+    )  # fmt: skip
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["primary"] == "accuracy" and set(metrics["test"]) == {"accuracy", "f1"}
+    assert set(metrics["test"]) == {"accuracy", "f1"}
     assert 0.0 <= result.test["accuracy"] <= 1.0
-    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
     assert examples and len(examples[0]["extra"]["hops"]) == 1
-    run = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert run["status"] == "done" and run["task"] == "target-sentiment"

@@ -3,15 +3,15 @@ needed), the real Bible data when installed, and one end-to-end ``train_run``.""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
+from task_harness import check_deterministic, check_train_run, evaluate_and_draw
 
 from attnlab.data import MissingDataError
 from attnlab.data.pharaoh import Alignment
-from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.translation import (
     BOS,
     EOS,
@@ -93,19 +93,16 @@ def test_every_preset_trains_evaluates_and_draws(tiny, spec) -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
-    model.eval()
-    metrics = task.evaluate(model, data, "dev")
+    metrics, examples = evaluate_and_draw(task, model, data, "dev", n=3)
     assert list(metrics)[: len(task.metrics)] == list(task.metrics)
     assert 0.0 <= metrics["bleu"] <= 100.0
     assert 1.0 <= metrics["perplexity"] < math.inf
     assert 0.0 <= metrics["accuracy"] <= 1.0
-    examples = task.attention_examples(model, data, n=3)
     assert len(examples) == 3
     for ex in examples:
-        assert isinstance(ex, AttentionExample) and ex.kind == "matrix"
+        assert ex.kind == "matrix"
         assert ex.cols == list(data.test.source[examples.index(ex)])
         assert len(ex.weights) == len(ex.rows) > 0
-        AttentionExample.from_json(json.loads(json.dumps(ex.to_json())))
 
 
 def test_model_options_follow_presets_and_baselines(tiny) -> None:
@@ -179,21 +176,18 @@ def test_real_bible_data_tiny() -> None:
 
 
 def test_train_run_end_to_end(tmp_path) -> None:
-    training = pytest.importorskip("attnlab.lab.training")
-    result = training.train_run(
-        "translation",
-        {"name": "bahdanau"},
-        seed=0,
-        options={**TINY, "epochs": 1},
-        out_dir=tmp_path / "run",
-        progress=False,
-    )
+    pytest.importorskip("attnlab.lab.training")
+    result, _ = check_train_run(
+        "translation", {"name": "bahdanau"}, tmp_path / "run", options={**TINY, "epochs": 1},
+        task_name="translation", primary="bleu", metric_names=TranslationTask.metrics,
+        epochs=1, example_kind="matrix",
+    )  # fmt: skip
     assert result is not None
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["primary"] == "bleu"
-    assert set(TranslationTask.metrics) <= set(metrics["test"])
-    examples = json.loads((tmp_path / "run" / "examples.json").read_text())
-    assert examples and examples[0]["kind"] == "matrix"
+
+
+def test_one_seed_one_model(tiny) -> None:
+    task, data = tiny
+    check_deterministic(task, data, {"name": "bahdanau"}, 8)
 
 
 # ----------------------------------------------------------------------------- supervision

@@ -9,11 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from task_harness import check_deterministic, check_metrics, check_train_run, run_spec, spec_id
 
 from attnlab._checks import ConfigError
 from attnlab.data import MissingDataError
 from attnlab.data.vocab import Vocab
-from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.vqa import VQAData, VQATask, vqa_batches, vqa_metrics
 from attnlab.models.vqa import VQAModel
 
@@ -58,28 +59,16 @@ def data():
     return TaskData(tiny_split(4, 0, vocab), tiny_split(2, 1, vocab), tiny_split(3, 2, vocab), info)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
 def test_every_preset_and_baseline(task, data, spec):
-    torch.manual_seed(0)
-    model = task.build_model(data, task.resolve_attention(spec))
-    assert isinstance(model, VQAModel)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for batch in task.batches(data, "train", 4, shuffle=True, generator=torch.Generator()):
-        loss = task.loss(model, batch)
-        assert loss.dim() == 0 and torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        metrics = task.evaluate(model, data, "dev")
-        examples = task.attention_examples(model, data, n=2)
+    _, metrics, examples = run_spec(
+        task, data, spec, 4, model_type=VQAModel, generator_seed=None, split="dev", n=2
+    )
     assert list(metrics)[:2] == list(task.metrics)
-    assert all(0.0 <= metrics[m] <= 1.0 for m in task.metrics)
+    check_metrics(metrics, task.metrics, exact=False)
     assert len(examples) == 2
     for ex in examples:
-        assert isinstance(ex, AttentionExample) and ex.kind == "image" and ex.grid == (4, 4)
+        assert ex.kind == "image" and ex.grid == (4, 4)
         assert len(ex.cols) == 16 and len(ex.weights) == 1
         assert sum(ex.weights[0]) == pytest.approx(1.0, abs=1e-4)
         assert np.asarray(ex.image).shape == (16, 16, 3)
@@ -88,9 +77,12 @@ def test_every_preset_and_baseline(task, data, spec):
         assert len(ex.extra["word_weights"]) == n_words
         assert ex.extra["question"] == " ".join(ex.extra["words"])
         assert ex.label in data.info["answers"] and ex.prediction in data.info["answers"]
-        assert AttentionExample.from_json(json.loads(json.dumps(ex.to_json()))) == ex
     # the examples are the first question of each of the first test images
     assert [ex.title.split(":")[0] for ex in examples] == ["test #0", "test #3"]
+
+
+def test_one_seed_one_model(task, data):
+    check_deterministic(task, data, {}, 4)
 
 
 def test_batches_group_images(data):
@@ -149,17 +141,15 @@ def test_real_data_limits(real):
 
 
 def test_real_train_run(real, tmp_path):
-    training = pytest.importorskip("attnlab.lab.training")
+    pytest.importorskip("attnlab.lab.training")
     task, _ = real
     for spec in ({"name": "parallel"}, {"name": "mean"}):
         out = tmp_path / spec["name"]
-        result = training.train_run(task, spec, seed=0, out_dir=out, progress=False, num_threads=1)
-        run = json.loads((out / "run.json").read_text())
-        assert run["status"] == "done" and run["task"] == "vqa"
+        _, examples = check_train_run(
+            task, spec, out, num_threads=1, task_name="vqa", primary="accuracy",
+            example_kind="image",
+        )  # fmt: skip
         metrics = json.loads((out / "metrics.json").read_text())
-        assert metrics["primary"] == "accuracy"
         assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
-        examples = json.loads((out / "examples.json").read_text())
-        assert examples and examples[0]["kind"] == "image" and examples[0]["grid"] == [8, 8]
+        assert examples[0]["grid"] == [8, 8]
         assert len(examples[0]["weights"][0]) == 64
-        assert result.metrics["test"] == metrics["test"]

@@ -38,7 +38,7 @@ LSTM); options given explicitly override the scale's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,8 +52,8 @@ from attnlab.data.scenes import COLORS, JOIN, SHAPES, make_scenes
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.iou import attention_iou
 from attnlab.evaluation.meteor import meteor_or_nan
-from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import add_reinforce
 from attnlab.models.captioner import ShowAttendTell
 
 __all__ = ["SCALES", "CaptionData", "CaptioningTask"]
@@ -116,12 +116,6 @@ class CaptionData:
         return int(self.images.shape[0])
 
 
-def _int_option(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"option {name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 @register_task(
     "captioning",
     formula="a = CNN(image) [g x g cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; "
@@ -175,7 +169,7 @@ class CaptioningTask(Task):
             raise ConfigError(f"option scale must be one of {sorted(SCALES)}, got {scale!r}")
         super().__init__(**{**SCALES[scale], **options})
         o = self.options
-        for name in (
+        self.check_int_options(
             "image_size",
             "grid",
             "object_size",
@@ -183,12 +177,13 @@ class CaptioningTask(Task):
             "shapes",
             "embed_dim",
             "hidden_size",
-        ):
-            _int_option(name, o[name], 1)
-        for name in ("train_size", "dev_size", "test_size"):
-            _int_option(name, o[name], 1)
-        lo = _int_option("min_objects", o["min_objects"], 1)
-        hi = _int_option("max_objects", o["max_objects"], 1)
+            "train_size",
+            "dev_size",
+            "test_size",
+            "min_objects",
+            "max_objects",
+        )
+        lo, hi = o["min_objects"], o["max_objects"]
         if hi < lo:
             raise ConfigError(f"option max_objects={hi} must be >= min_objects={lo}")
         if not 2 <= o["colors"] <= len(COLORS):
@@ -238,34 +233,17 @@ class CaptioningTask(Task):
             )
 
         info = {"vocab": vocab, "max_len": 3 * int(o["max_objects"]) - 1}
-        return TaskData(
-            make(int(o["train_size"]), 0),
-            make(int(o["dev_size"]), 1),
-            make(int(o["test_size"]), 2),
-            info,
-        )
+        return self.generated_data(make, info)
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: CaptionData = data.split(split)
-        N = len(part)
-        order = torch.randperm(N, generator=generator) if shuffle else torch.arange(N)
-        for start in range(0, N, batch_size):
-            idx = order[start : start + batch_size]
-            width = int((part.targets[idx] != IGNORE).sum(1).max())
-            yield {
-                "images": part.images[idx],
-                "tokens_in": part.tokens_in[idx, :width],
-                "targets": part.targets[idx, :width],
-                "index": idx,
-            }
+    def make_batch(self, data: TaskData, part: CaptionData, idx: list[int]) -> dict[str, Tensor]:
+        index = torch.tensor(idx, dtype=torch.long)
+        width = int((part.targets[index] != IGNORE).sum(1).max())
+        return {
+            "images": part.images[index],
+            "tokens_in": part.tokens_in[index, :width],
+            "targets": part.targets[index, :width],
+            "index": index,
+        }
 
     # ------------------------------------------------------------------ model
 
@@ -298,13 +276,8 @@ class CaptioningTask(Task):
         )
         per_caption = (ce * valid).sum(1)
         loss = per_caption.sum() / valid.sum().clamp(min=1)
-        if out.log_prob is not None:
-            reward = -per_caption.detach()
-            log_prob = (out.log_prob * valid).sum(1)
-            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
-                log_prob, reward, reward.mean()
-            )
-        return loss
+        log_prob = None if out.log_prob is None else (out.log_prob * valid).sum(1)
+        return add_reinforce(loss, log_prob, per_caption, float(self.options["reinforce_weight"]))
 
     def captions(self, model: nn.Module, data: TaskData, split: str) -> list[list[str]]:
         """The greedy captions of one split, as words."""

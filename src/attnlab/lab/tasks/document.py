@@ -25,8 +25,7 @@ softmax), ``han-sparsemax``, ``han-entmax``, ``han-multi`` (multi-dimensional), 
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,9 +37,16 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.general.alignment import reinforce_loss
-from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import (
+    accuracy_and_f1,
+    add_reinforce,
+    first_test_predictions,
+    limited_splits,
+    predict_classes,
+    sentence_example,
+    text_classifier_kwargs,
+)
 from attnlab.models.document import DocumentClassifier
 
 __all__ = ["DocumentData", "DocumentTask", "accuracy_f1", "glove_vocab"]
@@ -67,20 +73,7 @@ def accuracy_f1(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[
     """Accuracy and macro F1 over all ``num_classes`` classes (scikit-learn; a class that
     is never predicted nor present counts with F1 0 -- ``zero_division=0``). NaN for an
     empty split."""
-    from sklearn.metrics import accuracy_score, f1_score
-
-    labels = np.asarray(labels, dtype=np.int64)
-    pred = np.asarray(pred, dtype=np.int64)
-    if len(labels) == 0:
-        return {"accuracy": float("nan"), "f1": float("nan")}
-    return {
-        "accuracy": float(accuracy_score(labels, pred)),
-        "f1": float(
-            f1_score(
-                labels, pred, average="macro", labels=list(range(num_classes)), zero_division=0
-            )
-        ),
-    }
+    return accuracy_and_f1(labels, pred, range(num_classes))
 
 
 def glove_vocab(train_tokens: list[list[str]], other_tokens: list[list[str]], min_freq: int):
@@ -196,16 +189,11 @@ class DocumentTask(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        if o["source"] not in SOURCES:
-            raise ConfigError(f"option source must be one of {SOURCES}, got {o['source']!r}")
-        if o["embeddings"] not in ("glove", "learned"):
-            raise ConfigError(
-                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
-            )
-        for name in ("max_train", "max_eval", "max_sentences", "max_words"):
-            v = o[name]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        self.check_option_choice("source", SOURCES)
+        self.check_option_choice("embeddings", ("glove", "learned"))
+        self.check_int_options(
+            *("max_train", "max_eval", "max_sentences", "max_words"), optional=True
+        )
         if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
             raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
 
@@ -232,13 +220,7 @@ class DocumentTask(Task):
 
     def load_data(self) -> TaskData:
         o = self.options
-        train = self._documents("train")
-        if o["max_train"] is not None and len(train) > o["max_train"]:
-            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
-            train = [train[i] for i in keep]
-        dev, test = self._documents("dev"), self._documents("test")
-        if o["max_eval"] is not None:
-            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        train, dev, test = limited_splits(self, self._documents)
         train_sents = [list(s) for d in train for s in d[0]]
         info: dict[str, Any] = {
             "label_names": ("negative", "positive"),
@@ -266,63 +248,38 @@ class DocumentTask(Task):
 
         return TaskData(encode(train), encode(dev), encode(test), info)
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: DocumentData = data.split(split)
-        n = len(part)
-        bucket = check_bucket(self.options["bucket"])
+    def example_size(self, part: DocumentData, i: int) -> tuple[int, int]:
         # a document pads to [sentences, longest sentence]: sort by both
-        sizes = (
-            [(len(d), max((len(s) for s in d), default=0)) for d in part.ids] if bucket else None
-        )
+        doc = part.ids[i]
+        return (len(doc), max((len(s) for s in doc), default=0))
+
+    def make_batch(self, data: TaskData, part: DocumentData, idx: list[int]) -> dict[str, Tensor]:
         pad = data.info["vocab"].pad_index or 0
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            docs = [part.ids[i] for i in idx]
-            S = max(max((len(d) for d in docs), default=0), 1)
-            W = max(max((len(s) for d in docs for s in d), default=0), 1)
-            tokens = torch.full((len(idx), S, W), pad, dtype=torch.long)
-            word_lengths = torch.zeros(len(idx), S, dtype=torch.long)
-            for row, doc in enumerate(docs):
-                for j, sent in enumerate(doc):
-                    if sent:
-                        tokens[row, j, : len(sent)] = torch.tensor(sent, dtype=torch.long)
-                    word_lengths[row, j] = len(sent)
-            yield {
-                "tokens": tokens,
-                "word_lengths": word_lengths,
-                "sentence_lengths": torch.tensor([len(d) for d in docs], dtype=torch.long),
-                "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
-                "index": torch.tensor(idx, dtype=torch.long),
-            }
+        docs = [part.ids[i] for i in idx]
+        S = max(max((len(d) for d in docs), default=0), 1)
+        W = max(max((len(s) for d in docs for s in d), default=0), 1)
+        tokens = torch.full((len(idx), S, W), pad, dtype=torch.long)
+        word_lengths = torch.zeros(len(idx), S, dtype=torch.long)
+        for row, doc in enumerate(docs):
+            for j, sent in enumerate(doc):
+                if sent:
+                    tokens[row, j, : len(sent)] = torch.tensor(sent, dtype=torch.long)
+                word_lengths[row, j] = len(sent)
+        return {
+            "tokens": tokens,
+            "word_lengths": word_lengths,
+            "sentence_lengths": torch.tensor([len(d) for d in docs], dtype=torch.long),
+            "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
+            "index": torch.tensor(idx, dtype=torch.long),
+        }
 
     # ------------------------------------------------------------------ model
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
-        o = self.options
-        vocab: Vocab = data.info["vocab"]
-        kwargs: dict[str, Any] = {
-            "num_classes": data.info["num_classes"],
-            "padding_idx": vocab.pad_index,
-            "freeze_embeddings": bool(o["freeze_embeddings"]),
-            "encoder": o["encoder"],
-            "hidden_size": int(o["hidden_size"]),
-            "attention_dim": o["attention_dim"],
-            "dropout": float(o["dropout"]),
-            "attention": self.model_attention(self.resolve_attention(attention)),
-        }
-        if data.info.get("embeddings") is not None:
-            kwargs["embeddings"] = data.info["embeddings"]
-        else:
-            kwargs["vocab_size"] = len(vocab)
-            kwargs["embed_dim"] = int(o["embed_dim"])
-        return DocumentClassifier(**kwargs)
+        kwargs = text_classifier_kwargs(
+            self, data, self.model_attention(self.resolve_attention(attention))
+        )
+        return DocumentClassifier(**kwargs, attention_dim=self.options["attention_dim"])
 
     # ------------------------------------------------------------------ training
 
@@ -337,27 +294,13 @@ class DocumentTask(Task):
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = self._forward(model, batch)
         ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        loss = ce.mean()
-        if out.log_prob is not None:
-            reward = -ce.detach()
-            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
-                out.log_prob, reward, reward.mean()
-            )
-        return loss
+        return add_reinforce(ce.mean(), out.log_prob, ce, float(self.options["reinforce_weight"]))
 
     def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        device = next(model.parameters()).device
-        preds, labels = [], []
-        with torch.no_grad():
-            for batch in self.batches(data, split, int(self.options["batch_size"])):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                preds.append(self._forward(model, batch).logits.argmax(-1).cpu())
-                labels.append(batch["labels"].cpu())
-        if not preds:
-            return accuracy_f1(np.zeros(0), np.zeros(0), data.info["num_classes"])
-        return accuracy_f1(
-            torch.cat(labels).numpy(), torch.cat(preds).numpy(), data.info["num_classes"]
+        labels, pred = predict_classes(
+            self, model, data, split, int(self.options["batch_size"]), self._forward
         )
+        return accuracy_f1(labels, pred, data.info["num_classes"])
 
     def attention_examples(
         self, model: nn.Module, data: TaskData, n: int = 4
@@ -370,18 +313,13 @@ class DocumentTask(Task):
         ratings, -4..4) and ``sentence_starts`` (where each sentence begins in ``cols``).
         Mean pooling shows its implicit weights ``1/n``; multi-dimensional attention the
         mean over the features."""
-        part: DocumentData = data.test
-        n = min(n, len(part))
-        if n == 0:
+        shown = first_test_predictions(self, model, data, n, self._forward)
+        if shown is None:
             return []
-        device = next(model.parameters()).device
-        batch = {k: v.to(device) for k, v in next(self.batches(data, "test", n)).items()}
-        with torch.no_grad():
-            out = self._forward(model, batch)
-        names = data.info["label_names"]
-        pred = out.logits.argmax(-1).tolist()
+        out, gold, pred = shown
+        part: DocumentData = data.test
         examples = []
-        for row in range(n):
+        for row in range(len(gold)):
             sentences = [list(s) for s in part.tokens[row]]
             notes = []
             if out.sentence_weights is None:
@@ -423,15 +361,13 @@ class DocumentTask(Task):
             if notes:
                 extra["note"] = "; ".join(notes)
             examples.append(
-                AttentionExample(
-                    title=f"test #{row} ({part.doc_ids[row]})",
-                    rows=["attention"],
-                    cols=cols,
-                    weights=[flat],
-                    label=names[part.labels[row]],
-                    prediction=names[pred[row]],
-                    kind="tokens",
-                    extra=extra,
+                sentence_example(
+                    f"test #{row} ({part.doc_ids[row]})",
+                    cols,
+                    flat,
+                    gold[row],
+                    pred[row],
+                    extra,
                 )
             )
         return examples

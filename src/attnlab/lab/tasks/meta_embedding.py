@@ -25,7 +25,7 @@ Metrics: accuracy (selection) and the F1 of the ``fresh`` class (scikit-learn).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -35,12 +35,11 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.data.vocab import Vocab
-from attnlab.lab.batching import batch_order, check_bucket
+from attnlab.lab.batching import pad_ids, token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import named_attention
 from attnlab.lab.tasks.multilabel import (
     EncodedSplit,
-    _check_int,
-    pad_batch,
     subsample,
     tokenize,
 )
@@ -158,7 +157,7 @@ class MetaEmbeddingTask(Task):
         key = (*(o[k] for k in names), tables)
         if key in _CACHE:
             return _CACHE[key]
-        _check_int(o, "max_len", "min_freq")
+        self.check_int_options("max_len", "min_freq")
         ds = load_rotten_tomatoes()
         splits = {}
         for name in ("train", "dev", "test"):
@@ -228,21 +227,7 @@ class MetaEmbeddingTask(Task):
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
         o = self.options
-        spec = dict(attention or self.default_attention)
-        name = spec.pop("name", None)
-        if name in ("mean", "uniform"):
-            if spec:
-                raise ConfigError(f"the baseline {name!r} takes no options, got {sorted(spec)}")
-            meta: Any = name
-        elif name is not None:
-            if name not in self.presets:
-                raise ConfigError(
-                    f"task 'meta-embedding' has no attention preset {name!r}; presets: "
-                    f"{', '.join(sorted(self.presets))}, baselines: mean, uniform"
-                )
-            meta = {**self.presets[name], **spec}
-        else:
-            meta = spec or dict(self.default_attention)
+        meta = named_attention(self, attention)
         return MetaEmbeddingClassifier(
             [torch.from_numpy(m) for m in data.info["matrices"]],
             len(data.info["label_names"]),
@@ -259,27 +244,12 @@ class MetaEmbeddingTask(Task):
 
     # ------------------------------------------------------------------ batches
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        part: EncodedSplit = data.split(split)
-        bucket = check_bucket(self.options["bucket"])
-        sizes = [len(ids) for ids in part.ids] if bucket else None
-        n = len(part)
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            tokens, lengths = pad_batch([part.ids[i] for i in idx])
-            yield {
-                "tokens": tokens,
-                "lengths": lengths,
-                "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
-                "index": torch.tensor(idx, dtype=torch.long),
-            }
+    def example_size(self, part: EncodedSplit, i: int) -> int:
+        return len(part.ids[i])
+
+    def make_batch(self, data: TaskData, part: EncodedSplit, idx: list[int]) -> dict[str, Any]:
+        labels = torch.tensor([part.labels[i] for i in idx], dtype=torch.long)
+        return {**token_batch(part.ids, idx), "labels": labels}
 
     def loss(self, model: nn.Module, batch: Mapping[str, Any]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])
@@ -321,7 +291,7 @@ class MetaEmbeddingTask(Task):
         device = next(model.parameters()).device
         try:
             with torch.no_grad():
-                tokens, lengths = pad_batch([part.ids[i] for i in chosen])
+                tokens, lengths = pad_ids([part.ids[i] for i in chosen])
                 out = model(tokens.to(device), lengths.to(device))
         finally:
             model.train(was)

@@ -24,7 +24,7 @@ scikit-learn.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,11 +34,12 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.lab.batching import batch_order, check_bucket
+from attnlab.lab.batching import pad_ids, token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import named_attention
 from attnlab.models.multilabel import CapsuleClassifier
 
-__all__ = ["EncodedSplit", "MultiLabelTask", "pad_batch", "subsample"]
+__all__ = ["EncodedSplit", "MultiLabelTask", "subsample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,23 +75,6 @@ def subsample(n: int, limit: int | None, seed: int) -> list[int]:
 
 def tokenize(text: str, max_len: int) -> tuple[str, ...]:
     return tuple(simple_tokenize(text, lower=True)[:max_len])
-
-
-def pad_batch(ids: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tensor]:
-    """``[B, n]`` long token ids (padded with ``pad``; ``n >= 1``) and ``[B]`` lengths."""
-    n = max([1, *(len(x) for x in ids)])
-    tokens = torch.full((len(ids), n), pad, dtype=torch.long)
-    for i, x in enumerate(ids):
-        if x:
-            tokens[i, : len(x)] = torch.tensor(x, dtype=torch.long)
-    return tokens, torch.tensor([len(x) for x in ids], dtype=torch.long)
-
-
-def _check_int(options: Mapping[str, Any], *names: str, low: int = 1) -> None:
-    for name in names:
-        value = options[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"option {name} must be an int >= {low}, got {value!r}")
 
 
 _CACHE: dict[tuple, TaskData] = {}
@@ -175,7 +159,7 @@ class MultiLabelTask(Task):
         key = tuple(o[k] for k in (*names, "glove", "embed_dim", "data_seed"))
         if key in _CACHE:
             return _CACHE[key]
-        _check_int(o, "max_len", "min_count", "min_freq", "embed_dim")
+        self.check_int_options("max_len", "min_count", "min_freq", "embed_dim")
         ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
         splits = {}
         for name in ("train", "dev", "test"):
@@ -237,21 +221,7 @@ class MultiLabelTask(Task):
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
         o = self.options
-        spec = dict(attention or self.default_attention)
-        name = spec.pop("name", None)
-        if name in ("mean", "uniform"):
-            if spec:
-                raise ConfigError(f"the baseline {name!r} takes no options, got {sorted(spec)}")
-            att: Any = name
-        elif name is not None:
-            att = {**self.presets[name], **spec} if name in self.presets else None
-            if att is None:
-                raise ConfigError(
-                    f"task 'multilabel' has no attention preset {name!r}; presets: "
-                    f"{', '.join(sorted(self.presets))}, baselines: mean, uniform"
-                )
-        else:
-            att = spec or dict(self.default_attention)
+        att = named_attention(self, attention)
         matrix = data.info.get("embeddings")
         vocab = data.info["vocab"]
         return CapsuleClassifier(
@@ -272,31 +242,14 @@ class MultiLabelTask(Task):
 
     # ------------------------------------------------------------------ batches
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        part: EncodedSplit = data.split(split)
-        L = data.info["num_labels"]
-        bucket = check_bucket(self.options["bucket"])
-        sizes = [len(ids) for ids in part.ids] if bucket else None
-        n = len(part)
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            tokens, lengths = pad_batch([part.ids[i] for i in idx])
-            targets = torch.zeros(len(idx), L)
-            for row, i in enumerate(idx):
-                targets[row, list(part.labels[i])] = 1.0
-            yield {
-                "tokens": tokens,
-                "lengths": lengths,
-                "targets": targets,
-                "index": torch.tensor(idx, dtype=torch.long),
-            }
+    def example_size(self, part: EncodedSplit, i: int) -> int:
+        return len(part.ids[i])
+
+    def make_batch(self, data: TaskData, part: EncodedSplit, idx: list[int]) -> dict[str, Any]:
+        targets = torch.zeros(len(idx), data.info["num_labels"])
+        for row, i in enumerate(idx):
+            targets[row, list(part.labels[i])] = 1.0
+        return {**token_batch(part.ids, idx), "targets": targets}
 
     def loss(self, model: nn.Module, batch: Mapping[str, Any]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])
@@ -349,7 +302,7 @@ class MultiLabelTask(Task):
         device = next(model.parameters()).device
         try:
             with torch.no_grad():
-                tokens, lengths = pad_batch([part.ids[i] for i in chosen])
+                tokens, lengths = pad_ids([part.ids[i] for i in chosen])
                 out = model(tokens.to(device), lengths.to(device))
         finally:
             model.train(was)

@@ -26,7 +26,7 @@ polygon / area of the true hull, 0 for a non-simple polygon).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -61,12 +61,6 @@ class PointerData:
 
     def as_dict(self) -> dict[str, Tensor]:
         return {"x": self.x, "targets": self.targets, "lengths": self.lengths}
-
-
-def _int_option(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"option {name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 @register_task(
@@ -142,16 +136,14 @@ class PointerTask(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        if o["problem"] not in ("sort", "hull"):
-            raise ConfigError(f"option problem must be 'sort' or 'hull', got {o['problem']!r}")
-        n = _int_option("n", o["n"], 1 if o["problem"] == "sort" else 3)
+        self.check_option_choice("problem", ("sort", "hull"))
+        self.check_int_options("n", minimum=1 if o["problem"] == "sort" else 3)
+        n = o["n"]
         if o["problem"] == "hull":
-            m = _int_option("min_points", o["min_points"], 3)
-            if m > n:
-                raise ConfigError(f"option min_points={m} must be <= n={n}")
-        for name in ("train_size", "dev_size", "test_size"):
-            _int_option(name, o[name], 1)
-        _int_option("hidden_size", o["hidden_size"], 1)
+            self.check_int_options("min_points", minimum=3)
+            if o["min_points"] > n:
+                raise ConfigError(f"option min_points={o['min_points']} must be <= n={n}")
+        self.check_int_options("train_size", "dev_size", "test_size", "hidden_size")
         self.metrics = (
             ("sequence_accuracy", "token_accuracy", "area_coverage")
             if o["problem"] == "hull"
@@ -174,35 +166,18 @@ class PointerTask(Task):
             "d_in": 1 if problem == "sort" else 2,
             "eos": problem == "hull",
         }
-        return TaskData(
-            make(int(o["train_size"]), 0),
-            make(int(o["dev_size"]), 1),
-            make(int(o["test_size"]), 2),
-            info,
-        )
+        return self.generated_data(make, info)
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: PointerData = data.split(split)
-        N = len(part)
-        order = torch.randperm(N, generator=generator) if shuffle else torch.arange(N)
-        for start in range(0, N, batch_size):
-            idx = order[start : start + batch_size]
-            targets = part.targets[idx]
-            width = int((targets != IGNORE_INDEX).sum(1).max()) if len(idx) else 0
-            yield {
-                "x": part.x[idx],
-                "targets": targets[:, :width],
-                "lengths": part.lengths[idx],
-                "index": idx,
-            }
+    def make_batch(self, data: TaskData, part: PointerData, idx: list[int]) -> dict[str, Tensor]:
+        index = torch.tensor(idx, dtype=torch.long)
+        targets = part.targets[index]
+        width = int((targets != IGNORE_INDEX).sum(1).max()) if len(idx) else 0
+        return {
+            "x": part.x[index],
+            "targets": targets[:, :width],
+            "lengths": part.lengths[index],
+            "index": index,
+        }
 
     # ------------------------------------------------------------------ model
 

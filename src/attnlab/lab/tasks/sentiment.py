@@ -26,8 +26,7 @@ Attention presets: ``tanh`` (default; additive query-less ``e_t = w^T tanh(W h_t
 from __future__ import annotations
 
 import os
-import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,9 +39,15 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError, simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.general.alignment import reinforce_loss
-from attnlab.lab.batching import batch_order, check_bucket
+from attnlab.lab.batching import token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import (
+    add_reinforce,
+    first_test_batch,
+    limited_splits,
+    sentence_example,
+    text_classifier_kwargs,
+)
 from attnlab.models.sentence import SentenceClassifier
 
 __all__ = [
@@ -240,18 +245,11 @@ class SentimentTask(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        if o["data"] not in DATA_CHOICES:
-            raise ConfigError(f"option data must be one of {DATA_CHOICES}, got {o['data']!r}")
-        if o["embeddings"] not in ("glove", "learned"):
-            raise ConfigError(
-                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
-            )
+        self.check_option_choice("data", DATA_CHOICES)
+        self.check_option_choice("embeddings", ("glove", "learned"))
         if o["data"] == "csv" and not o["path"]:
             raise ConfigError("data=csv needs the option path=<your .csv/.tsv/.jsonl file>")
-        for name in ("max_train", "max_eval", "max_len"):
-            v = o[name]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        self.check_int_options(*("max_train", "max_eval", "max_len"), optional=True)
         if o["length_filter"] not in (None, "jain-wallace"):
             raise ConfigError(
                 f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
@@ -320,13 +318,7 @@ class SentimentTask(Task):
                 rows = [(t[: o["max_len"]], y) for t, y in rows]
             return rows
 
-        train = tokens_of("train")
-        if o["max_train"] is not None and len(train) > o["max_train"]:
-            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
-            train = [train[i] for i in keep]
-        dev, test = tokens_of("dev"), tokens_of("test")
-        if o["max_eval"] is not None:
-            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        train, dev, test = limited_splits(self, tokens_of)
         vocab = Vocab.from_corpus((t for t, _ in train), min_freq=o["min_freq"])
 
         def encode(rows: list[tuple[tuple[str, ...], int]]) -> SentenceData:
@@ -351,70 +343,32 @@ class SentimentTask(Task):
             info["coverage"] = emb.coverage
         return TaskData(encode(train), encode(dev), encode(test), info)
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: SentenceData = data.split(split)
-        n = len(part)
-        bucket = check_bucket(self.options["bucket"])
-        sizes = [len(ids) for ids in part.ids] if bucket else None
-        pad = data.info["vocab"].pad_index or 0
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            lengths = [len(part.ids[i]) for i in idx]
-            width = max(max(lengths), 1)
-            tokens = torch.full((len(idx), width), pad, dtype=torch.long)
-            for row, i in enumerate(idx):
-                if lengths[row]:
-                    tokens[row, : lengths[row]] = torch.tensor(part.ids[i], dtype=torch.long)
-            yield {
-                "tokens": tokens,
-                "lengths": torch.tensor(lengths, dtype=torch.long),
-                "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long),
-                "index": torch.tensor(idx, dtype=torch.long),
-            }
+    def example_size(self, part: SentenceData, i: int) -> int:
+        return len(part.ids[i])
+
+    def make_batch(self, data: TaskData, part: SentenceData, idx: list[int]) -> dict[str, Tensor]:
+        batch = token_batch(part.ids, idx, data.info["vocab"].pad_index or 0)
+        return {**batch, "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long)}
 
     # ------------------------------------------------------------------ model
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
-        o = self.options
-        vocab: Vocab = data.info["vocab"]
-        kwargs: dict[str, Any] = {
-            "num_classes": data.info["num_classes"],
-            "padding_idx": vocab.pad_index,
-            "freeze_embeddings": bool(o["freeze_embeddings"]),
-            "encoder": o["encoder"],
-            "hidden_size": int(o["hidden_size"]),
-            "dropout": float(o["dropout"]),
-            "attention": self.model_attention(attention),
-        }
-        if data.info.get("embeddings") is not None:
-            kwargs["embeddings"] = data.info["embeddings"]
-        else:
-            kwargs["vocab_size"] = len(vocab)
-            kwargs["embed_dim"] = int(o["embed_dim"])
-        return SentenceClassifier(**kwargs)
+        return SentenceClassifier(
+            **text_classifier_kwargs(self, data, self.model_attention(attention))
+        )
 
     # ------------------------------------------------------------------ training
 
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])
         ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        loss = ce.mean()
         # a sampled choice whose weights carry no gradient (REINFORCE estimator) learns from
         # the reward; a straight-through (Gumbel) sample already gets gradients via the weights
         sampled_without_grad = out.weights is None or not out.weights.requires_grad
-        if out.log_prob is not None and out.log_prob.requires_grad and sampled_without_grad:
-            reward = -ce.detach()
-            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
-                out.log_prob, reward, reward.mean()
-            )
-        return loss
+        log_prob = out.log_prob
+        if log_prob is None or not log_prob.requires_grad or not sampled_without_grad:
+            log_prob = None
+        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
 
     def _predict(self, model: nn.Module, data: TaskData, split: str):
         device = next(model.parameters()).device
@@ -440,9 +394,8 @@ class SentimentTask(Task):
         n = min(n, len(part))
         if n == 0:
             return []
-        device = next(model.parameters()).device
-        batch = next(self.batches(data, "test", n))
-        out = model(batch["tokens"].to(device), batch["lengths"].to(device))
+        batch = first_test_batch(self, model, data, n)
+        out = model(batch["tokens"], batch["lengths"])
         names = data.info["label_names"]
         pred = out.logits.argmax(-1).tolist()
         examples = []
@@ -459,15 +412,13 @@ class SentimentTask(Task):
                     w = w.mean(-1)
                 weights = w.cpu().tolist()
             examples.append(
-                AttentionExample(
-                    title=f"test #{row}",
-                    rows=["attention"],
-                    cols=list(part.tokens[row]),
-                    weights=[weights],
-                    label=names[part.labels[row]],
-                    prediction=names[pred[row]],
-                    kind="tokens",
-                    extra=extra,
+                sentence_example(
+                    f"test #{row}",
+                    list(part.tokens[row]),
+                    weights,
+                    names[part.labels[row]],
+                    names[pred[row]],
+                    extra,
                 )
             )
         return examples

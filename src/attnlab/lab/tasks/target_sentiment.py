@@ -22,21 +22,26 @@ Metrics: accuracy (selection), macro F1 over the three classes.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.data.vocab import Vocab
-from attnlab.general.alignment import reinforce_loss
-from attnlab.lab.batching import batch_order, check_bucket
+from attnlab.lab.batching import pad_ids
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import (
+    add_reinforce,
+    first_test_predictions,
+    limited_splits,
+    predict_classes,
+    sentence_example,
+    text_classifier_kwargs,
+)
 from attnlab.lab.tasks.document import accuracy_f1, glove_vocab
 from attnlab.models.target import PARTS, TargetSentimentClassifier
 
@@ -156,14 +161,8 @@ class TargetSentimentTask(Task):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         o = self.options
-        if o["embeddings"] not in ("glove", "learned"):
-            raise ConfigError(
-                f"option embeddings must be 'glove' or 'learned', got {o['embeddings']!r}"
-            )
-        for name in ("max_train", "max_eval", "max_len"):
-            v = o[name]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(f"option {name} must be an int >= 1 or None, got {v!r}")
+        self.check_option_choice("embeddings", ("glove", "learned"))
+        self.check_int_options(*("max_train", "max_eval", "max_len"), optional=True)
         if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
             raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
 
@@ -192,13 +191,7 @@ class TargetSentimentTask(Task):
 
     def load_data(self) -> TaskData:
         o = self.options
-        train = self._examples("train")
-        if o["max_train"] is not None and len(train) > o["max_train"]:
-            keep = sorted(random.Random(o["split_seed"]).sample(range(len(train)), o["max_train"]))
-            train = [train[i] for i in keep]
-        dev, test = self._examples("dev"), self._examples("test")
-        if o["max_eval"] is not None:
-            dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
+        train, dev, test = limited_splits(self, self._examples)
         train_texts = [list(r[0][p]) for r in train for p in PARTS]
         info: dict[str, Any] = {
             "label_names": ("negative", "neutral", "positive"),
@@ -234,55 +227,26 @@ class TargetSentimentTask(Task):
 
         return TaskData(encode(train), encode(dev), encode(test), info)
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: TargetData = data.split(split)
-        n = len(part)
-        bucket = check_bucket(self.options["bucket"])
-        sizes = [tuple(len(ids[p]) for p in PARTS) for ids in part.ids] if bucket else None
+    def example_size(self, part: TargetData, i: int) -> tuple[int, ...]:
+        return tuple(len(part.ids[i][p]) for p in PARTS)
+
+    def make_batch(self, data: TaskData, part: TargetData, idx: list[int]) -> dict[str, Tensor]:
         pad = data.info["vocab"].pad_index or 0
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            batch: dict[str, Tensor] = {}
-            for p in PARTS:
-                seqs = [part.ids[i][p] for i in idx]
-                lengths = [len(s) for s in seqs]
-                tokens = torch.full((len(idx), max(max(lengths), 1)), pad, dtype=torch.long)
-                for row, s in enumerate(seqs):
-                    if s:
-                        tokens[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-                batch[p] = tokens
-                batch[f"{p}_lengths"] = torch.tensor(lengths, dtype=torch.long)
-            batch["labels"] = torch.tensor([part.labels[i] for i in idx], dtype=torch.long)
-            batch["index"] = torch.tensor(idx, dtype=torch.long)
-            yield batch
+        batch: dict[str, Tensor] = {}
+        for p in PARTS:
+            batch[p], batch[f"{p}_lengths"] = pad_ids([part.ids[i][p] for i in idx], pad)
+        batch["labels"] = torch.tensor([part.labels[i] for i in idx], dtype=torch.long)
+        batch["index"] = torch.tensor(idx, dtype=torch.long)
+        return batch
 
     # ------------------------------------------------------------------ model
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
-        o = self.options
-        vocab: Vocab = data.info["vocab"]
-        kwargs: dict[str, Any] = {
-            "num_classes": data.info["num_classes"],
-            "padding_idx": vocab.pad_index,
-            "freeze_embeddings": bool(o["freeze_embeddings"]),
-            "encoder": o["encoder"],
-            "hidden_size": int(o["hidden_size"]),
-            "dropout": float(o["dropout"]),
-            "attention": self.model_attention(self.resolve_attention(attention)),
-        }
-        if data.info.get("embeddings") is not None:
-            kwargs["embeddings"] = data.info["embeddings"]
-        else:
-            kwargs["vocab_size"] = len(vocab)
-            kwargs["embed_dim"] = int(o["embed_dim"])
-        return TargetSentimentClassifier(**kwargs)
+        return TargetSentimentClassifier(
+            **text_classifier_kwargs(
+                self, data, self.model_attention(self.resolve_attention(attention))
+            )
+        )
 
     # ------------------------------------------------------------------ training
 
@@ -300,28 +264,14 @@ class TargetSentimentTask(Task):
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = self._forward(model, batch)
         ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        loss = ce.mean()
         log_prob = getattr(out, "log_prob", None)
-        if log_prob is not None:
-            reward = -ce.detach()
-            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
-                log_prob, reward, reward.mean()
-            )
-        return loss
+        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
 
     def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        device = next(model.parameters()).device
-        preds, labels = [], []
-        with torch.no_grad():
-            for batch in self.batches(data, split, max(int(self.options["batch_size"]), 256)):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                preds.append(self._forward(model, batch).logits.argmax(-1).cpu())
-                labels.append(batch["labels"].cpu())
-        if not preds:
-            return accuracy_f1(np.zeros(0), np.zeros(0), data.info["num_classes"])
-        return accuracy_f1(
-            torch.cat(labels).numpy(), torch.cat(preds).numpy(), data.info["num_classes"]
+        labels, pred = predict_classes(
+            self, model, data, split, max(int(self.options["batch_size"]), 256), self._forward
         )
+        return accuracy_f1(labels, pred, data.info["num_classes"])
 
     def attention_examples(
         self, model: nn.Module, data: TaskData, n: int = 4
@@ -332,18 +282,13 @@ class TargetSentimentTask(Task):
         by the right context). ``extra`` holds ``parts`` (the tokens of each part),
         ``weights`` (the last hop's four weightings by name) and ``hops`` (every hop's).
         Mean pooling shows its implicit weights ``1/n``."""
-        part: TargetData = data.test
-        n = min(n, len(part))
-        if n == 0:
+        shown = first_test_predictions(self, model, data, n, self._forward)
+        if shown is None:
             return []
-        device = next(model.parameters()).device
-        batch = {k: v.to(device) for k, v in next(self.batches(data, "test", n)).items()}
-        with torch.no_grad():
-            out = self._forward(model, batch)
-        names = data.info["label_names"]
-        pred = out.logits.argmax(-1).tolist()
+        out, gold, pred = shown
+        part: TargetData = data.test
         examples = []
-        for row in range(n):
+        for row in range(len(gold)):
             toks = part.tokens[row]
             sizes = {p: len(toks[p]) for p in PARTS}
             extra: dict[str, Any] = {"parts": {p: list(toks[p]) for p in PARTS}}
@@ -377,15 +322,13 @@ class TargetSentimentTask(Task):
             cols = [*toks["left"], *toks["target"], *toks["right"]]
             weights = [*last["left"], *target_w, *last["right"]]
             examples.append(
-                AttentionExample(
-                    title=f"test #{row} ({part.example_ids[row]})",
-                    rows=["attention"],
-                    cols=cols,
-                    weights=[weights],
-                    label=names[part.labels[row]],
-                    prediction=names[pred[row]],
-                    kind="tokens",
-                    extra=extra,
+                sentence_example(
+                    f"test #{row} ({part.example_ids[row]})",
+                    cols,
+                    weights,
+                    gold[row],
+                    pred[row],
+                    extra,
                 )
             )
         return examples

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +48,6 @@ from attnlab.data.vocab import Vocab
 from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
 from attnlab.general.alignment import reinforce_loss
-from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.translator import Seq2SeqTranslator, Translation
 
@@ -288,26 +287,11 @@ class TranslationTask(Task):
         )
         return data
 
-    def batches(
-        self,
-        data: TaskData,
-        split: str,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        part: TranslationData = data.split(split)
-        bucket = check_bucket(self.options["bucket"])
-        sizes = (
-            [(len(s), len(t)) for s, t in zip(part.src_ids, part.tgt_ids, strict=True)]
-            if bucket
-            else None
-        )
-        gold = self.supervised
-        n = len(part)
-        for idx in batch_order(n, batch_size, shuffle, generator, lengths=sizes, bucket=bucket):
-            yield self.collate(part, idx, gold=gold)
+    def example_size(self, part: TranslationData, i: int) -> tuple[int, int]:
+        return (len(part.src_ids[i]), len(part.tgt_ids[i]))
+
+    def make_batch(self, data: TaskData, part: TranslationData, idx: list[int]) -> dict[str, Any]:
+        return self.collate(part, idx, gold=self.supervised)
 
     @staticmethod
     def collate(part: TranslationData, idx: list[int], *, gold: bool = False) -> dict[str, Tensor]:

@@ -29,11 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import accuracy_and_f1, add_reinforce, predict_classes
 from attnlab.models.vqa import VQAModel
 
 __all__ = ["VQAData", "VQATask", "vqa_metrics"]
@@ -67,23 +66,7 @@ class VQAData:
 def vqa_metrics(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[str, float]:
     """Accuracy and macro F1 over the answer classes present among the labels
     (scikit-learn)."""
-    from sklearn.metrics import accuracy_score, f1_score
-
-    labels = np.asarray(labels, dtype=np.int64)
-    pred = np.asarray(pred, dtype=np.int64)
-    if len(labels) == 0:
-        return {"accuracy": float("nan"), "f1_macro": float("nan")}
-    return {
-        "accuracy": float(accuracy_score(labels, pred)),
-        "f1_macro": float(
-            f1_score(labels, pred, average="macro", labels=np.unique(labels), zero_division=0)
-        ),
-    }
-
-
-def _positive_or_none(name: str, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"option {name} must be an int >= 1 or None, got {value!r}")
+    return accuracy_and_f1(labels, pred, None, "f1_macro")
 
 
 @register_task(
@@ -164,11 +147,8 @@ class VQATask(Task):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        o = self.options
-        for name in ("max_train", "max_dev", "max_test"):
-            _positive_or_none(name, o[name])
-        if o["encoder"] not in ("bilstm", "bigru"):
-            raise ConfigError(f"option encoder must be 'bilstm' or 'bigru', got {o['encoder']!r}")
+        self.check_int_options("max_train", "max_dev", "max_test", optional=True)
+        self.check_option_choice("encoder", ("bilstm", "bigru"))
 
     # ------------------------------------------------------------------ data
 
@@ -213,17 +193,18 @@ class VQATask(Task):
         }
         return TaskData(prepare("train", train), prepare("dev", dev), prepare("test", test), info)
 
-    def batches(
+    def batch_indices(
         self,
-        data: TaskData,
-        split: str,
+        part: VQAData,
         batch_size: int,
         *,
         shuffle: bool = False,
         generator: torch.Generator | None = None,
-    ) -> Iterator[dict[str, Tensor]]:
-        part: VQAData = data.split(split)
-        yield from vqa_batches(part, batch_size, shuffle=shuffle, generator=generator)
+    ) -> Iterator[list[int]]:
+        return image_grouped_order(part, batch_size, shuffle=shuffle, generator=generator)
+
+    def make_batch(self, data: TaskData, part: VQAData, idx: list[int]) -> dict[str, Tensor]:
+        return vqa_batch(part, idx)
 
     # ------------------------------------------------------------------ model
 
@@ -255,25 +236,12 @@ class VQATask(Task):
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = self._forward(model, batch)
         ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        loss = ce.mean()
-        if out.log_prob is not None:
-            reward = -ce.detach()
-            loss = loss + float(self.options["reinforce_weight"]) * reinforce_loss(
-                out.log_prob, reward, reward.mean()
-            )
-        return loss
+        return add_reinforce(ce.mean(), out.log_prob, ce, float(self.options["reinforce_weight"]))
 
     def predict(self, model: nn.Module, data: TaskData, split: str) -> tuple[np.ndarray, ...]:
         """``(labels, predictions)`` of one split."""
-        device = next(model.parameters()).device
-        labels, preds = [], []
-        for batch in self.batches(data, split, max(int(self.options["batch_size"]), 256)):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            preds.append(self._forward(model, batch).logits.argmax(-1).cpu())
-            labels.append(batch["labels"].cpu())
-        if not labels:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return torch.cat(labels).numpy(), torch.cat(preds).numpy()
+        batch_size = max(int(self.options["batch_size"]), 256)
+        return predict_classes(self, model, data, split, batch_size, self._forward)
 
     def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
         labels, pred = self.predict(model, data, split)
@@ -323,17 +291,15 @@ class VQATask(Task):
         return examples
 
 
-def vqa_batches(
+def image_grouped_order(
     part: VQAData,
     batch_size: int,
     *,
     shuffle: bool = False,
     generator: torch.Generator | None = None,
-) -> Iterator[dict[str, Tensor]]:
-    """Batches of ``batch_size`` questions, the questions of an image together (in image
-    order, or a shuffled image order): ``images`` ``[M, H, W, 3]`` uint8 (the batch's
-    distinct images), ``image_index`` ``[B]`` (into ``images``), ``tokens``, ``lengths``,
-    ``labels``, ``index`` (the questions' rows in the split)."""
+) -> Iterator[list[int]]:
+    """The question indices of each batch of ``batch_size`` questions, the questions of an
+    image together (in image order, or a shuffled image order from ``generator``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     N = len(part)
@@ -348,17 +314,37 @@ def vqa_batches(
     else:
         order = torch.arange(N)
     for start in range(0, N, batch_size):
-        idx = order[start : start + batch_size]
-        used, inverse = torch.unique(part.image_index[idx], return_inverse=True)
-        width = max(int(part.lengths[idx].max()), 1)
-        yield {
-            "images": part.images[used],
-            "image_index": inverse,
-            "tokens": part.tokens[idx, :width],
-            "lengths": part.lengths[idx],
-            "labels": part.labels[idx],
-            "index": idx,
-        }
+        yield order[start : start + batch_size].tolist()
+
+
+def vqa_batch(part: VQAData, idx: list[int]) -> dict[str, Tensor]:
+    """The batch of the questions ``idx``: ``images`` ``[M, H, W, 3]`` uint8 (the batch's
+    distinct images), ``image_index`` ``[B]`` (into ``images``), ``tokens``, ``lengths``,
+    ``labels``, ``index`` (the questions' rows in the split)."""
+    index = torch.tensor(idx, dtype=torch.long)
+    used, inverse = torch.unique(part.image_index[index], return_inverse=True)
+    width = max(int(part.lengths[index].max()), 1)
+    return {
+        "images": part.images[used],
+        "image_index": inverse,
+        "tokens": part.tokens[index, :width],
+        "lengths": part.lengths[index],
+        "labels": part.labels[index],
+        "index": index,
+    }
+
+
+def vqa_batches(
+    part: VQAData,
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+) -> Iterator[dict[str, Tensor]]:
+    """Batches of ``batch_size`` questions, the questions of an image together
+    (:func:`image_grouped_order`, :func:`vqa_batch`)."""
+    for idx in image_grouped_order(part, batch_size, shuffle=shuffle, generator=generator):
+        yield vqa_batch(part, idx)
 
 
 def _limit(part: Any, limit: int | None, *, seed: int | None) -> Any:

@@ -1,0 +1,85 @@
+"""What the attentive decoders of the lab share: the translator (Bahdanau et al. 2015,
+Luong et al. 2015) and the captioner (Xu et al. 2015) both attend once per output word.
+
+* :func:`decoder_attention` -- the attention of a decoder from its spec: ``None`` (the
+  model's default score, soft alignment), a score name, a dict ``{"score": ...,
+  "align": ..., **options}`` for :class:`attnlab.Attention`, or the baselines ``"mean"``
+  (no attention) and ``"uniform"`` (``1/n`` weights; also ``"uniform": True`` in a dict);
+* :func:`teacher_forcing` -- the decoder run over the gold words ``[B, T]`` (BOS first),
+  one step per word: O(T) steps of the model's cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab._checks import ConfigError
+from attnlab.general.attention import Attention
+
+__all__ = ["decoder_attention", "teacher_forcing"]
+
+#: scores with an inner size ``d_w``, which a decoder may set to its state size
+_SCORES_WITH_D_W = ("additive", "concat", "bahdanau", "mlp")
+
+Step = Callable[[Tensor, Any], tuple[Tensor, Any, Tensor, Tensor | None]]
+
+
+def _spec(attention: Any) -> dict[str, Any]:
+    if attention is None:
+        return {}
+    if isinstance(attention, str):
+        named = {"mean": {"mean": True}, "uniform": {"uniform": True}}
+        return dict(named.get(attention, {"score": attention}))
+    if isinstance(attention, dict):
+        return dict(attention)
+    raise ConfigError(
+        f"attention must be None, a score name, a dict spec, 'mean' or 'uniform', got "
+        f"{type(attention).__name__}"
+    )
+
+
+def decoder_attention(
+    attention: Any, d: int, default_score: str, *, d_w: int | None = None
+) -> tuple[Attention | None, bool]:
+    """(the :class:`attnlab.Attention` of a decoder with state and keys of size ``d``, or
+    None for ``"mean"``; whether its weights are replaced by uniform ones). ``d_w`` is the
+    default inner size of the scores that take one (additive, concat)."""
+    spec = _spec(attention)
+    if spec.pop("name", None) is not None:
+        raise ConfigError(
+            "the model's attention dict takes score=/align=, not name= (presets are the "
+            "task's business)"
+        )
+    if spec.pop("mean", False):
+        return None, False
+    uniform = bool(spec.pop("uniform", False))
+    score = spec.pop("score", default_score)
+    align = spec.pop("align", "soft")
+    if d_w is not None and score in _SCORES_WITH_D_W:
+        spec.setdefault("d_w", d_w)
+    return Attention(score, align, d_q=d, d_k=d, **spec), uniform
+
+
+def teacher_forcing(
+    step: Step, state: Any, tokens_in: Tensor, ref: Tensor, vocab_size: int, n_keys: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Run ``step(y_prev [B], state) -> (logits [B, V], state, weights [B, n_keys],
+    log_prob [B] | None)`` over the columns of ``tokens_in`` ``[B, T]``: (logits ``[B, T,
+    V]``, weights ``[B, T, n_keys]``, log_prob ``[B, T]`` or None). ``ref`` gives the dtype
+    and device of the empty result when ``T = 0``."""
+    logits, weights, log_probs = [], [], []
+    for t in range(tokens_in.shape[1]):
+        lg, state, w, lp = step(tokens_in[:, t], state)
+        logits.append(lg)
+        weights.append(w)
+        if lp is not None:
+            log_probs.append(lp)
+    B = tokens_in.shape[0]
+    if not logits:
+        return ref.new_zeros(B, 0, vocab_size), ref.new_zeros(B, 0, n_keys), None
+    log_prob = torch.stack(log_probs, 1) if log_probs else None
+    return torch.stack(logits, 1), torch.stack(weights, 1), log_prob

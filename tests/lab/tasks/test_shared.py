@@ -1,0 +1,122 @@
+"""What the tasks share (attnlab.lab.tasks._shared): the text classifier's arguments, the
+attention argument of models that take baselines by name, the REINFORCE term and the
+classification predictions and scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab._checks import ConfigError
+from attnlab.data.vocab import Vocab
+from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.task import AttentionExample, TaskData
+from attnlab.lab.tasks._shared import (
+    accuracy_and_f1,
+    add_reinforce,
+    first_test_batch,
+    first_test_predictions,
+    limited_splits,
+    named_attention,
+    predict_classes,
+    sentence_example,
+    text_classifier_kwargs,
+)
+from attnlab.lab.tasks.multilabel import MultiLabelTask
+from attnlab.lab.tasks.sentiment import SentenceData, SentimentTask
+
+
+def _data(embeddings=None) -> TaskData:
+    vocab = Vocab(["a", "b", "c"])
+    part = SentenceData(
+        tokens=(("a",), ("b", "c"), ("c",)), ids=((2,), (3, 4), (4,)), labels=(0, 1, 1)
+    )
+    info = {"vocab": vocab, "num_classes": 2, "embeddings": embeddings, "label_names": ("n", "p")}
+    return TaskData(part, part, part, info)
+
+
+def test_text_classifier_kwargs_learned_or_pretrained():
+    task = SentimentTask(embeddings="learned", embed_dim=6, hidden_size=4, dropout=0.1)
+    kwargs = text_classifier_kwargs(task, _data(), "tanh")
+    assert kwargs["vocab_size"] == len(_data().info["vocab"]) and kwargs["embed_dim"] == 6
+    assert kwargs["hidden_size"] == 4 and kwargs["dropout"] == 0.1
+    assert kwargs["attention"] == "tanh" and kwargs["num_classes"] == 2
+    assert "embeddings" not in kwargs
+    matrix = np.zeros((5, 3), dtype=np.float32)
+    kwargs = text_classifier_kwargs(task, _data(matrix), {})
+    assert kwargs["embeddings"] is matrix and "vocab_size" not in kwargs
+
+
+def test_named_attention():
+    task = MultiLabelTask()
+    assert named_attention(task, None) == dict(task.default_attention)
+    assert named_attention(task, {"name": "mean"}) == "mean"
+    preset = next(iter(task.presets))
+    assert named_attention(task, {"name": preset, "x": 1}) == {**task.presets[preset], "x": 1}
+    assert named_attention(task, {"score": "dot"}) == {"score": "dot"}
+    with pytest.raises(ConfigError, match="the baseline 'uniform' takes no options"):
+        named_attention(task, {"name": "uniform", "align": "soft"})
+    with pytest.raises(ConfigError, match="task 'multilabel' has no attention preset 'nope'"):
+        named_attention(task, {"name": "nope"})
+
+
+def test_add_reinforce():
+    loss = torch.tensor(2.0)
+    cost = torch.tensor([1.0, 3.0])
+    assert add_reinforce(loss, None, cost, 0.5) is loss
+    log_prob = torch.tensor([-0.5, -1.5], requires_grad=True)
+    reward = -cost
+    want = loss + 0.5 * reinforce_loss(log_prob, reward, reward.mean())
+    torch.testing.assert_close(add_reinforce(loss, log_prob, cost, 0.5), want)
+
+
+def test_predictions_scores_and_examples():
+    task = SentimentTask(embeddings="learned", embed_dim=4, hidden_size=2, encoder="average")
+    data = _data()
+    model = task.build_model(data, {"name": "mean"}).eval()
+
+    def forward(m, batch):
+        return m(batch["tokens"], batch["lengths"])
+
+    labels, pred = predict_classes(task, model, data, "test", 2, forward)
+    assert labels.tolist() == [0, 1, 1] and pred.dtype == labels.dtype == np.int64
+    assert len(pred) == 3
+    batch = first_test_batch(task, model, data, 2)
+    assert batch["tokens"].shape[0] == 2 and batch["index"].tolist() == [0, 1]
+    scores = accuracy_and_f1([0, 1, 1, 0], [0, 1, 0, 0], range(2))
+    assert scores["accuracy"] == pytest.approx(0.75)
+    assert scores["f1"] == pytest.approx((0.8 + 2 / 3) / 2)
+    assert set(accuracy_and_f1([], [], None, "f1_macro")) == {"accuracy", "f1_macro"}
+    ex = sentence_example("t", ["a", "b"], [0.25, 0.75], "n", "p", {"note": "x"})
+    assert ex == AttentionExample("t", ["attention"], ["a", "b"], [[0.25, 0.75]], "n", "p",
+                                  kind="tokens", extra={"note": "x"})  # fmt: skip
+
+
+def test_limited_splits():
+    rows = {"train": list(range(10)), "dev": list(range(5)), "test": list(range(6))}
+    everything = SentimentTask()
+    assert limited_splits(everything, rows.__getitem__) == (
+        rows["train"],
+        rows["dev"],
+        rows["test"],
+    )
+    task = SentimentTask(max_train=4, max_eval=2, split_seed=3)
+    train, dev, test = limited_splits(task, rows.__getitem__)
+    assert len(train) == 4 and train == sorted(train) and set(train) <= set(rows["train"])
+    assert (train, dev, test) == limited_splits(task, rows.__getitem__)  # seeded
+    assert dev == [0, 1] and test == [0, 1]
+
+
+def test_first_test_predictions():
+    task = SentimentTask(embeddings="learned", embed_dim=4, hidden_size=2, encoder="average")
+    data = _data()
+    model = task.build_model(data, {"name": "mean"}).eval()
+
+    def forward(m, batch):
+        return m(batch["tokens"], batch["lengths"])
+
+    out, gold, pred = first_test_predictions(task, model, data, 5, forward)  # cut to 3
+    assert gold == ["n", "p", "p"] and len(pred) == 3 and set(pred) <= {"n", "p"}
+    assert out.logits.shape == (3, 2)
+    assert first_test_predictions(task, model, data, 0, forward) is None
