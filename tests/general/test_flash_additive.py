@@ -135,41 +135,44 @@ def _upcast(t):
     return {k: x.detach().double().cpu().requires_grad_() for k, x in t.items()}
 
 
+def _close_grads(names, got, want, dtype, *, same_dtype=False):
+    """``_close`` for each gradient, named ``grad NAME``; ``same_dtype``: each one also
+    has the inputs' dtype."""
+    for name, a, b in zip(names, got, want, strict=True):
+        if same_dtype:
+            assert a.dtype == dtype, name
+        _close(a, b, dtype, f"grad {name}")
+
+
 def _check(kernel_out, ref_out, kernel_ins, ref_ins, names, dtype, seed=7):
     _close(kernel_out, ref_out, dtype, "context")
     g = torch.Generator().manual_seed(seed)
     go = torch.randn(ref_out.shape, generator=g, dtype=torch.float64)
     got = torch.autograd.grad(kernel_out, kernel_ins, go.to(kernel_out.dtype).to(DEVICE))
     want = torch.autograd.grad(ref_out, ref_ins, go.to(ref_out.device))
-    for name, a, b in zip(names, got, want, strict=True):
-        assert a.dtype == dtype, name
-        _close(a, b, dtype, f"grad {name}")
+    _close_grads(names, got, want, dtype, same_dtype=True)
 
 
-def _run_additive(act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
+#: per kernel: the function, its reference and the names of its differentiable inputs
+KERNELS = {
+    "additive": (flash_additive_attention, ref_additive, ["q1", "k2", "w", "v"]),
+    "multi": (flash_multi_dim_attention, ref_multi, ["q1", "k2", "W_d", "b_d", "v"]),
+}
+
+
+def _run(kernel, act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
+    """The kernel against its reference: context and every input gradient."""
+    fn, ref_fn, names = KERNELS[kernel]
     shape = {k: kw.pop(k) for k in ("b", "nq", "nk", "dw", "dv") if k in kw}
     t = _leaves(dtype, **shape)
     mask, causal, full = _mask(kind, *(t["q1"].shape[:2]), t["k2"].shape[1])
-    ins = [t["q1"], t["k2"], t["w"], t["v"]]
-    out, _ = flash_additive_attention(*ins, mask, act=act, causal=causal, **kw)
+    ins = [t[n] for n in names]
+    out, _ = fn(*ins, mask, act=act, causal=causal, **kw)
     assert out.dtype == dtype and out.device.type == DEVICE
     r = _upcast(t)
-    ref_ins = [r["q1"], r["k2"], r["w"], r["v"]]
-    ref, _ = ref_additive(*ref_ins, None if full is None else full.cpu(), ACTS[act])
-    _check(out, ref, ins, ref_ins, ["q1", "k2", "w", "v"], dtype)
-
-
-def _run_multi(act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
-    shape = {k: kw.pop(k) for k in ("b", "nq", "nk", "dw", "dv") if k in kw}
-    t = _leaves(dtype, **shape)
-    mask, causal, full = _mask(kind, *(t["q1"].shape[:2]), t["k2"].shape[1])
-    ins = [t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"]]
-    out, _ = flash_multi_dim_attention(*ins, mask, act=act, causal=causal, **kw)
-    assert out.dtype == dtype and out.device.type == DEVICE
-    r = _upcast(t)
-    ref_ins = [r["q1"], r["k2"], r["W_d"], r["b_d"], r["v"]]
-    ref, _ = ref_multi(*ref_ins, None if full is None else full.cpu(), ACTS[act])
-    _check(out, ref, ins, ref_ins, ["q1", "k2", "W_d", "b_d", "v"], dtype)
+    ref_ins = [r[n] for n in names]
+    ref, _ = ref_fn(*ref_ins, None if full is None else full.cpu(), ACTS[act])
+    _check(out, ref, ins, ref_ins, names, dtype)
 
 
 MASK_KINDS = ["none", "key-padding", "causal", "causal-flag", "arbitrary"]
@@ -180,30 +183,30 @@ MASK_KINDS = ["none", "key-padding", "causal", "causal-flag", "arbitrary"]
 
 @pytest.mark.parametrize("act", list(ACTS))
 def test_additive_each_activation(act):
-    _run_additive(act=act)
+    _run("additive", act=act)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_additive_each_mask(kind):
-    _run_additive(kind=kind)
+    _run("additive", kind=kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_additive_half_precision(dtype):
-    _run_additive(dtype=dtype)
+    _run("additive", dtype=dtype)
 
 
 def test_additive_odd_shapes_and_tiles():
     # one query tile and three key tiles (the last one 8 wide); d_w and d_v of 1
-    _run_additive(b=1, nq=5, nk=40, dw=1, dv=1)
+    _run("additive", b=1, nq=5, nk=40, dw=1, dv=1)
     # rectangular tiles: 32 queries by 16 keys
-    _run_additive(nq=37, nk=21, block_m=32, block_n=16)
+    _run("additive", nq=37, nk=21, block_m=32, block_n=16)
 
 
 def test_additive_causal_with_more_queries_than_keys():
     # the first n_q - n_k rows may attend nothing: zero context, zero gradients
-    _run_additive(kind="causal-flag", nq=20, nk=9)
-    _run_additive(kind="causal", nq=20, nk=9)
+    _run("additive", kind="causal-flag", nq=20, nk=9)
+    _run("additive", kind="causal", nq=20, nk=9)
 
 
 def test_additive_need_weights():
@@ -223,26 +226,26 @@ def test_additive_need_weights():
 
 @pytest.mark.parametrize("act", list(ACTS))
 def test_multi_each_activation(act):
-    _run_multi(act=act)
+    _run("multi", act=act)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_multi_each_mask(kind):
-    _run_multi(kind=kind)
+    _run("multi", kind=kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_multi_half_precision(dtype):
-    _run_multi(dtype=dtype)
+    _run("multi", dtype=dtype)
 
 
 def test_multi_odd_shapes_and_tiles():
-    _run_multi(b=1, nq=5, nk=40, dw=1, dv=1)
-    _run_multi(nq=37, nk=21, dw=17, dv=3, block_m=32, block_n=8)
+    _run("multi", b=1, nq=5, nk=40, dw=1, dv=1)
+    _run("multi", nq=37, nk=21, dw=17, dv=3, block_m=32, block_n=8)
 
 
 def test_multi_causal_with_more_queries_than_keys():
-    _run_multi(kind="causal-flag", nq=20, nk=9)
+    _run("multi", kind="causal-flag", nq=20, nk=9)
 
 
 def test_multi_need_weights_and_b_d():
@@ -277,8 +280,7 @@ def test_padding_never_matters(kernel):
     dirty["v"][:, 4] = float("inf")
     dirty["q1"][0, 2] = float("nan")  # row (0, 2) may attend nothing
     dirty = {k: x.requires_grad_() for k, x in dirty.items()}
-    names = ["q1", "k2", "w", "v"] if kernel == "additive" else ["q1", "k2", "W_d", "b_d", "v"]
-    fn = flash_additive_attention if kernel == "additive" else flash_multi_dim_attention
+    fn, _, names = KERNELS[kernel]
     outs, grads = [], []
     for leaves in (clean, dirty):
         out, _ = fn(*[leaves[n] for n in names], mask)
@@ -286,8 +288,7 @@ def test_padding_never_matters(kernel):
         grads.append(torch.autograd.grad(out.sum(), [leaves[n] for n in names]))
     assert float(outs[1][0, 2].detach().abs().max()) == 0.0
     _close(outs[1], outs[0], torch.float32, "context")
-    for name, g_dirty, g_clean in zip(names, grads[1], grads[0], strict=True):
-        _close(g_dirty, g_clean, torch.float32, f"grad {name}")
+    _close_grads(names, grads[1], grads[0], torch.float32)
     assert float(grads[1][0][0, 2].abs().max()) == 0.0  # dq1 of the masked row
 
 
@@ -396,8 +397,7 @@ def test_attention_path_triton_matches_explicit(dim):
     _close(o_fast.context, o_ref.context, torch.float32, "context")
     names = ["q", "k", *(n for n, _ in sorted(fast.named_parameters()))]
     assert {"score.W1.weight", "score.W2.weight", "score.b", "score.w"} <= set(names)
-    for name, a, b in zip(names, g_fast, g_ref, strict=True):
-        _close(a, b, torch.float32, f"grad {name}")
+    _close_grads(names, g_fast, g_ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

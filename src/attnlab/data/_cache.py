@@ -19,7 +19,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 __all__ = ["cache_dir", "cached", "clear_cache"]
 
@@ -79,30 +79,44 @@ def cached(
     value = build()
     _MEMORY[key] = value
     if file is not None:
-        _write(file, to_json(value))  # type: ignore[misc]
+        write_atomic(
+            file,
+            _gzip_json(to_json(value)),  # type: ignore[misc]
+            what="data cache",
+            then="the data will be parsed again next time (set ATTNLAB_CACHE to a writable "
+            "folder, or to off)",
+        )
     return value
 
 
-def _write(file: Path, payload: Any) -> None:
+def write_atomic(file: Path, write: Callable[[BinaryIO], None], *, what: str, then: str) -> None:
+    """Write ``file`` through ``write(stream)`` atomically (a temporary file in the same
+    folder, then a rename). A cache is optional: an ``OSError`` becomes a
+    ``RuntimeWarning`` "attnlab could not write its WHAT FILE (ERROR); THEN" pointing at
+    the caller's caller, and the file is left as it was."""
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
         try:
-            # one dumps and one write: json.dump into a gzip stream writes token by token
-            text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
             with os.fdopen(fd, "wb") as raw:
-                raw.write(gzip.compress(text.encode("utf-8"), compresslevel=6))
+                write(raw)
             os.replace(tmp, file)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as error:
         warnings.warn(
-            f"attnlab could not write its data cache {file} ({error}); the data will be "
-            "parsed again next time (set ATTNLAB_CACHE to a writable folder, or to off)",
+            f"attnlab could not write its {what} {file} ({error}); {then}",
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _gzip_json(payload: Any) -> Callable[[BinaryIO], None]:
+    """A writer of ``payload`` as gzipped compact JSON."""
+    # one dumps and one write: json.dump into a gzip stream writes token by token
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return lambda raw: raw.write(gzip.compress(text.encode("utf-8"), compresslevel=6))
 
 
 def clear_cache(*, memory: bool = True, disk: bool = False) -> None:

@@ -33,6 +33,18 @@ _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _M
 )
 
 
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """``(value, position after it)`` of the unsigned LEB128 varint at ``pos``."""
+    shift = result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
 class _Thrift:
     """Thrift compact protocol decoding into ``{field id: value}`` dicts."""
 
@@ -46,13 +58,8 @@ class _Thrift:
         return b
 
     def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
+        result, self.pos = _varint(self.buf, self.pos)
+        return result
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -77,22 +84,28 @@ class _Thrift:
             self.pos += n
             return out
         if ctype in (_LIST, _SET):
-            header = self.byte()
-            size, etype = header >> 4, header & 0x0F
-            if size == 15:
-                size = self.varint()
-            if etype in (_TRUE, _FALSE):  # booleans in a list are one byte each
-                return [self.byte() == 1 for _ in range(size)]
-            return [self.value(etype) for _ in range(size)]
+            return self.sequence()
         if ctype == _MAP:
-            size = self.varint()
-            if size == 0:
-                return {}
-            kv = self.byte()
-            return {self.value(kv >> 4): self.value(kv & 0x0F) for _ in range(size)}
+            return self.mapping()
         if ctype == _STRUCT:
             return self.struct()
         raise ParquetUnsupported(f"bad Thrift compact type {ctype}; the file is damaged")
+
+    def sequence(self) -> list[Any]:
+        header = self.byte()
+        size, etype = header >> 4, header & 0x0F
+        if size == 15:
+            size = self.varint()
+        if etype in (_TRUE, _FALSE):  # booleans in a list are one byte each
+            return [self.byte() == 1 for _ in range(size)]
+        return [self.value(etype) for _ in range(size)]
+
+    def mapping(self) -> dict[Any, Any]:
+        size = self.varint()
+        if size == 0:
+            return {}
+        kv = self.byte()
+        return {self.value(kv >> 4): self.value(kv & 0x0F) for _ in range(size)}
 
     def struct(self) -> dict[int, Any]:
         fields: dict[int, Any] = {}
@@ -113,15 +126,7 @@ class _Thrift:
 def snappy_decompress(data: bytes | memoryview) -> bytes:
     """Decompress a raw Snappy block (no framing), as Parquet stores it."""
     src = bytes(data)  # indexing bytes is faster than indexing a memoryview
-    pos = 0
-    length = shift = 0
-    while True:
-        b = src[pos]
-        pos += 1
-        length |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
+    length, pos = _varint(src, 0)
     out = bytearray()
     n = len(src)
     while pos < n:
@@ -206,14 +211,7 @@ def _rle_hybrid(buf: bytes | memoryview, bit_width: int, count: int) -> list[int
     nbytes = (bit_width + 7) // 8
     mask = (1 << bit_width) - 1
     while len(out) < count:
-        header = shift = 0
-        while True:
-            b = mv[pos]
-            pos += 1
-            header |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            shift += 7
+        header, pos = _varint(mv, pos)
         if header & 1:  # bit-packed groups of 8 values
             for _ in range(header >> 1):
                 packed = int.from_bytes(mv[pos : pos + bit_width], "little")

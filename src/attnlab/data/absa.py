@@ -66,52 +66,10 @@ def read_semeval_absa(
         raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
 
     examples = []
-    sentences = root.iter("sentence")
     n_sentences = 0
-    for sentence in sentences:
+    for sentence in root.iter("sentence"):
         n_sentences += 1
-        sid = sentence.get("id")
-        if not sid:
-            raise DataFormatError(f"sentence number {n_sentences} has no id", path=where)
-        text_el = sentence.find("text")
-        if text_el is None or text_el.text is None:
-            raise DataFormatError(f"sentence {sid!r} has no <text>", path=where)
-        text = text_el.text
-        opinions = sentence.findall("aspectTerms/aspectTerm")
-        target_attr = "term"
-        if not opinions:
-            opinions = sentence.findall("Opinions/Opinion")
-            target_attr = "target"
-        spans: dict[tuple[int, int], str] = {}
-        for op in opinions:
-            term = op.get(target_attr)
-            polarity = op.get("polarity")
-            if term is None or polarity is None:
-                raise DataFormatError(
-                    f"sentence {sid!r}: an opinion lacks {target_attr!r} or 'polarity'", path=where
-                )
-            if term == "NULL":
-                continue  # an opinion without an explicit target
-            if polarity not in (*LABELS, "conflict"):
-                raise DataFormatError(
-                    f"sentence {sid!r}: unknown polarity {polarity!r} (expected one of "
-                    f"{[*LABELS, 'conflict']})",
-                    path=where,
-                )
-            try:
-                start, end = int(op.get("from", "")), int(op.get("to", ""))
-            except ValueError:
-                raise DataFormatError(
-                    f"sentence {sid!r}: target {term!r} has no integer from/to offsets", path=where
-                ) from None
-            if not (0 <= start < end <= len(text)) or text[start:end] != term:
-                raise DataFormatError(
-                    f"sentence {sid!r}: target {term!r} is not at characters {start}:{end} of the "
-                    f"text (found {text[start:end]!r})",
-                    path=where,
-                )
-            old = spans.get((start, end))
-            spans[(start, end)] = polarity if old in (None, polarity) else "conflict"
+        sid, text, spans = _sentence_spans(sentence, n_sentences, where)
         for k, ((start, end), polarity) in enumerate(sorted(spans.items())):
             if polarity == "conflict" and not keep_conflict:
                 continue
@@ -143,6 +101,67 @@ def read_semeval_absa(
         spans=tuple(e[5] for e in examples),
         name=where,
     )
+
+
+def _sentence_spans(
+    sentence: ET.Element, number: int, where: str
+) -> tuple[str, str, dict[tuple[int, int], str]]:
+    """``(id, text, {(start, end): polarity})`` of one ``<sentence>`` (SemEval-2014
+    ``aspectTerms`` or 2015/2016 ``Opinions``); a span given two polarities is
+    ``conflict``, opinions without an explicit target (``NULL``) are left out."""
+    sid = sentence.get("id")
+    if not sid:
+        raise DataFormatError(f"sentence number {number} has no id", path=where)
+    text_el = sentence.find("text")
+    if text_el is None or text_el.text is None:
+        raise DataFormatError(f"sentence {sid!r} has no <text>", path=where)
+    text = text_el.text
+    opinions = sentence.findall("aspectTerms/aspectTerm")
+    target_attr = "term"
+    if not opinions:
+        opinions = sentence.findall("Opinions/Opinion")
+        target_attr = "target"
+    spans: dict[tuple[int, int], str] = {}
+    for op in opinions:
+        found = _opinion(op, target_attr, sid, text, where)
+        if found is not None:
+            start, end, polarity = found
+            old = spans.get((start, end))
+            spans[(start, end)] = polarity if old in (None, polarity) else "conflict"
+    return sid, text, spans
+
+
+def _opinion(
+    op: ET.Element, target_attr: str, sid: str, text: str, where: str
+) -> tuple[int, int, str] | None:
+    """``(start, end, polarity)`` of one checked opinion, ``None`` for a ``NULL`` target."""
+    term = op.get(target_attr)
+    polarity = op.get("polarity")
+    if term is None or polarity is None:
+        raise DataFormatError(
+            f"sentence {sid!r}: an opinion lacks {target_attr!r} or 'polarity'", path=where
+        )
+    if term == "NULL":
+        return None  # an opinion without an explicit target
+    if polarity not in (*LABELS, "conflict"):
+        raise DataFormatError(
+            f"sentence {sid!r}: unknown polarity {polarity!r} (expected one of "
+            f"{[*LABELS, 'conflict']})",
+            path=where,
+        )
+    try:
+        start, end = int(op.get("from", "")), int(op.get("to", ""))
+    except ValueError:
+        raise DataFormatError(
+            f"sentence {sid!r}: target {term!r} has no integer from/to offsets", path=where
+        ) from None
+    if not (0 <= start < end <= len(text)) or text[start:end] != term:
+        raise DataFormatError(
+            f"sentence {sid!r}: target {term!r} is not at characters {start}:{end} of the "
+            f"text (found {text[start:end]!r})",
+            path=where,
+        )
+    return start, end, polarity
 
 
 def _split_from_name(name: str) -> str | None:

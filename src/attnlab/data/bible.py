@@ -225,41 +225,62 @@ def parse_osis_verse(markup: str) -> tuple[list[str], list[Tags]]:
     >>> parse_osis_verse('In the <w lemma="strong:H7225">beginning</w>.')
     (['in', 'the', 'beginning', '.'], [(), (), ('H7225',), ()])
     """
+    plain, segments = _verse_text(markup)
+    return _token_tags(plain, segments)
+
+
+def _verse_text(markup: str) -> tuple[str, list[tuple[int, int, Tags]]]:
+    """The plain text of a verse (notes dropped) and the character spans inside
+    ``<w lemma=...>`` elements with their Strong's numbers, in text order."""
     pieces: list[str] = []
-    segments: list[tuple[int, int, Tags]] = []  # character spans inside <w lemma=...>
-    stack: list[Tags] = []
-    skip = 0
+    segments: list[tuple[int, int, Tags]] = []
+    stack: list[Tags] = []  # the numbers of the open <w> elements
+    skip = 0  # depth of open elements whose text is dropped
     pos = 0
     for m in _PIECE.finditer(markup):
         closing, tag, attrs, self_closing, text = m.groups()
-        if text is not None:
-            if skip:
-                continue
-            text = _USFM.sub(" ", html.unescape(text)).replace("\u00b6", " ")
-            if stack:
-                current = (
-                    stack[0]
-                    if len(stack) == 1
-                    else tuple(dict.fromkeys(t for tags in stack for t in tags))
-                )
-                if current:
-                    segments.append((pos, pos + len(text), current))
-            pieces.append(text)
-            pos += len(text)
+        if text is None:
+            if not self_closing:
+                skip = _enter_or_leave(tag.lower(), closing, attrs, stack, skip)
             continue
-        tag = tag.lower()
-        if self_closing:
+        if skip:
             continue
-        if tag in _SKIP_TEXT:
-            skip = max(skip + (-1 if closing else 1), 0)
-        elif tag == "w":
-            if closing:
-                if stack:
-                    stack.pop()
-            else:
-                lemma = _LEMMA.search(attrs or "")
-                stack.append(_strong_numbers(lemma.group(1)) if lemma else ())
-    plain = "".join(pieces)
+        text = _USFM.sub(" ", html.unescape(text)).replace("\u00b6", " ")
+        current = _open_numbers(stack)
+        if current:
+            segments.append((pos, pos + len(text), current))
+        pieces.append(text)
+        pos += len(text)
+    return "".join(pieces), segments
+
+
+def _enter_or_leave(tag: str, closing: str | None, attrs: str | None, stack: list[Tags], skip: int) -> int:  # fmt: skip
+    """Track an opening or closing tag: push / pop the numbers of ``<w>``; return the new
+    depth of elements whose text is dropped."""
+    if tag in _SKIP_TEXT:
+        return max(skip + (-1 if closing else 1), 0)
+    if tag == "w":
+        if not closing:
+            lemma = _LEMMA.search(attrs or "")
+            stack.append(_strong_numbers(lemma.group(1)) if lemma else ())
+        elif stack:
+            stack.pop()
+    return skip
+
+
+def _open_numbers(stack: list[Tags]) -> Tags:
+    """The numbers of every open ``<w>`` element, in order, without repeats."""
+    if not stack:
+        return ()
+    if len(stack) == 1:
+        return stack[0]
+    return tuple(dict.fromkeys(t for tags in stack for t in tags))
+
+
+def _token_tags(
+    plain: str, segments: list[tuple[int, int, Tags]]
+) -> tuple[list[str], list[Tags]]:
+    """Tokens (lower-cased) of ``plain`` and the numbers of the segments each overlaps."""
     tokens: list[str] = []
     tags: list[Tags] = []
     k = 0  # first segment that may overlap the current token (both are in text order)

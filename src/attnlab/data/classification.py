@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnlab.data._common import DataFormatError, assign_splits
@@ -164,64 +164,72 @@ def _guess_format(source: Source) -> str:
 
 
 def _records(source: Source, fmt: str, *, encoding: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank record of a CSV, TSV or JSONL file."""
     if fmt not in ("csv", "tsv", "jsonl"):
         raise ValueError(f"format must be 'csv', 'tsv' or 'jsonl', got {fmt!r}")
     where = source_name(source)
     with open_text(source, encoding=encoding, newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
-            for line_no, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    record = json.loads(raw)
-                except json.JSONDecodeError as error:
-                    raise DataFormatError(
-                        f"invalid JSON: {error.msg}", path=where, line=line_no
-                    ) from None
-                if not isinstance(record, dict):
-                    raise DataFormatError(
-                        f"expected a JSON object per line, got {type(record).__name__}",
-                        path=where,
-                        line=line_no,
-                    )
-                yield line_no, record
-            return
-        if fmt == "csv":
-            reader = csv.reader(f, strict=True)
+            yield from _jsonl_records(f, where)
         else:
-            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            yield from _table_records(f, fmt, where)
+
+
+def _jsonl_records(f: Iterable[str], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for line_no, raw in enumerate(f, start=1):
+        if not raw.strip():
+            continue
         try:
-            header = next(reader)
-        except StopIteration:
-            raise DataFormatError("the file is empty (no header line)", path=where) from None
-        except csv.Error as error:
-            raise DataFormatError(f"bad header: {error}", path=where, line=1) from None
-        header = [h.strip() for h in header]
-        if len(set(header)) != len(header):
+            record = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(f"invalid JSON: {error.msg}", path=where, line=line_no) from None
+        if not isinstance(record, dict):
             raise DataFormatError(
-                f"repeated column names in the header {header}", path=where, line=1
+                f"expected a JSON object per line, got {type(record).__name__}",
+                path=where,
+                line=line_no,
             )
+        yield line_no, record
+
+
+def _table_records(
+    f: Iterable[str], fmt: str, where: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a CSV (``fmt="csv"``) or TSV file as dicts keyed by its header."""
+    if fmt == "csv":
+        reader = csv.reader(f, strict=True)
+    else:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataFormatError("the file is empty (no header line)", path=where) from None
+    except csv.Error as error:
+        raise DataFormatError(f"bad header: {error}", path=where, line=1) from None
+    header = [h.strip() for h in header]
+    if len(set(header)) != len(header):
+        raise DataFormatError(f"repeated column names in the header {header}", path=where, line=1)
+    end = reader.line_num
+    while True:
+        start = end + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise DataFormatError(
+                f"malformed {fmt.upper()}: {error}", path=where, line=start
+            ) from None
         end = reader.line_num
-        while True:
-            start = end + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as error:
-                raise DataFormatError(
-                    f"malformed {fmt.upper()}: {error}", path=where, line=start
-                ) from None
-            end = reader.line_num
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue  # a blank line
-            if len(row) != len(header):
-                raise DataFormatError(
-                    f"{len(row)} fields, but the header has {len(header)} ({header})",
-                    path=where,
-                    line=start,
-                )
-            yield start, dict(zip(header, row, strict=True))
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank line
+        if len(row) != len(header):
+            raise DataFormatError(
+                f"{len(row)} fields, but the header has {len(header)} ({header})",
+                path=where,
+                line=start,
+            )
+        yield start, dict(zip(header, row, strict=True))
 
 
 def _as_str(value: Any, column: str, where: str, line: int) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from attnlab.data._common import simple_tokenize
 
@@ -40,15 +40,34 @@ def _tuplify(value: Any) -> Any:
     return value
 
 
-class _Columns:
-    """Per-item columns (``_item_fields``) of equal length plus dataset-level fields."""
+def tokenize_texts(
+    texts: Iterable[str], tokenizer: Callable[[str], list[str]] | None = None, *, lower: bool = False
+) -> list[list[str]]:
+    """Each text as tokens: ``tokenizer(text)``, by default :func:`simple_tokenize`
+    (lower-cased when ``lower``)."""
+    if tokenizer is None:
+        return [simple_tokenize(t, lower=lower) for t in texts]
+    return [[w.lower() for w in tokenizer(t)] if lower else tokenizer(t) for t in texts]
+
+
+E = TypeVar("E")
+
+
+class _Columns(Generic[E]):
+    """Per-item columns (``_item_fields``) of equal length plus dataset-level fields; item
+    ``i`` is the named tuple ``_example`` of the columns' ``i``-th entries, in the order
+    of ``_item_fields`` (``None`` for an absent optional column)."""
 
     _item_fields: ClassVar[tuple[str, ...]]
+    _example: ClassVar[Callable[..., Any]]
 
     ids: tuple[str, ...]
     labels: tuple[int, ...]
     label_names: tuple[str, ...]
     splits: tuple[str, ...]
+
+    def __post_init__(self) -> None:  # called by each dataclass subclass
+        self._validate()
 
     def _validate(self) -> None:
         n = len(self.ids)
@@ -59,6 +78,9 @@ class _Columns:
                     f"{type(self).__name__}.{name} has {len(column)} entries, expected one "
                     f"per item ({n}, the length of ids)"
                 )
+        self._validate_labels()
+
+    def _validate_labels(self) -> None:
         k = len(self.label_names)
         bad = [lab for lab in self.labels if not (isinstance(lab, int) and 0 <= lab < k)]
         if bad:
@@ -70,8 +92,9 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> Any:  # each dataset returns its own named tuple
-        raise NotImplementedError
+    def __getitem__(self, i: int) -> E:
+        columns = (getattr(self, name) for name in self._item_fields)
+        return self._example(*(None if c is None else c[i] for c in columns))  # type: ignore[return-value]
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -120,7 +143,7 @@ class TextExample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TextDataset(_Columns):
+class TextDataset(_Columns[TextExample]):
     """Texts with one label each.
 
     Attributes:
@@ -145,34 +168,15 @@ class TextDataset(_Columns):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "texts",
-        "labels",
-        "ids",
-        "splits",
-        "scores",
-        "groups",
+        "texts", "labels", "ids", "splits", "scores", "groups"
     )
-
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def __getitem__(self, i: int) -> TextExample:
-        return TextExample(
-            self.texts[i],
-            self.labels[i],
-            self.ids[i],
-            self.splits[i],
-            None if self.scores is None else self.scores[i],
-            None if self.groups is None else self.groups[i],
-        )
+    _example: ClassVar[Callable[..., Any]] = TextExample
 
     def tokens(
         self, tokenizer: Callable[[str], list[str]] | None = None, *, lower: bool = False
     ) -> list[list[str]]:
         """Each text as tokens: ``tokenizer(text)``, by default :func:`simple_tokenize`."""
-        if tokenizer is None:
-            return [simple_tokenize(t, lower=lower) for t in self.texts]
-        return [[w.lower() for w in tokenizer(t)] if lower else tokenizer(t) for t in self.texts]
+        return tokenize_texts(self.texts, tokenizer, lower=lower)
 
 
 class DocumentExample(NamedTuple):
@@ -186,7 +190,7 @@ class DocumentExample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class DocumentDataset(_Columns):
+class DocumentDataset(_Columns[DocumentExample]):
     """Documents as sequences of sentences, with one label per document.
 
     Attributes:
@@ -209,14 +213,9 @@ class DocumentDataset(_Columns):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "documents",
-        "labels",
-        "ids",
-        "splits",
-        "scores",
-        "sentence_ids",
-        "sentence_scores",
+        "documents", "labels", "ids", "splits", "scores", "sentence_ids", "sentence_scores"
     )
+    _example: ClassVar[Callable[..., Any]] = DocumentExample
 
     def __post_init__(self) -> None:
         self._validate()
@@ -228,17 +227,6 @@ class DocumentDataset(_Columns):
                     f"document {self.ids[i]!r} has {len(doc)} sentences but a different "
                     "number of sentence ids or sentence scores"
                 )
-
-    def __getitem__(self, i: int) -> DocumentExample:
-        return DocumentExample(
-            self.documents[i],
-            self.labels[i],
-            self.ids[i],
-            self.splits[i],
-            None if self.scores is None else self.scores[i],
-            self.sentence_ids[i],
-            None if self.sentence_scores is None else self.sentence_scores[i],
-        )
 
 
 class TargetExample(NamedTuple):
@@ -253,7 +241,7 @@ class TargetExample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TargetDataset(_Columns):
+class TargetDataset(_Columns[TargetExample]):
     """Texts split around a target phrase, labelled with the sentiment towards the target.
 
     Attributes:
@@ -279,33 +267,15 @@ class TargetDataset(_Columns):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "left",
-        "target",
-        "right",
-        "labels",
-        "ids",
-        "splits",
-        "texts",
-        "spans",
+        "left", "target", "right", "labels", "ids", "splits", "texts", "spans"
     )
+    _example: ClassVar[Callable[..., Any]] = TargetExample
 
     def __post_init__(self) -> None:
         self._validate()
         empty = [self.ids[i] for i, t in enumerate(self.target) if not t]
         if empty:
             raise ValueError(f"TargetDataset: the target of item {empty[0]!r} has no tokens")
-
-    def __getitem__(self, i: int) -> TargetExample:
-        return TargetExample(
-            self.left[i],
-            self.target[i],
-            self.right[i],
-            self.labels[i],
-            self.ids[i],
-            self.splits[i],
-            self.texts[i],
-            self.spans[i],
-        )
 
 
 def split_around(

@@ -54,9 +54,8 @@ from attnlab.data._common import (
     assign_splits,
     check_split,
     file_fingerprint,
-    simple_tokenize,
 )
-from attnlab.data.containers import _Columns
+from attnlab.data.containers import _Columns, tokenize_texts
 
 __all__ = [
     "DEFAULT_FACETS",
@@ -91,7 +90,7 @@ class MultiLabelExample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class MultiLabelDataset(_Columns):
+class MultiLabelDataset(_Columns[MultiLabelExample]):
     """Texts with a set of labels each (possibly empty).
 
     Attributes:
@@ -118,19 +117,9 @@ class MultiLabelDataset(_Columns):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = ("texts", "label_sets", "ids", "splits", "groups")
+    _example: ClassVar[Callable[..., Any]] = MultiLabelExample
 
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def _validate(self) -> None:
-        n = len(self.ids)
-        for name in self._item_fields:
-            column = getattr(self, name)
-            if column is not None and len(column) != n:
-                raise ValueError(
-                    f"MultiLabelDataset.{name} has {len(column)} entries, expected one per "
-                    f"item ({n}, the length of ids)"
-                )
+    def _validate_labels(self) -> None:
         k = len(self.label_names)
         for i, labels in enumerate(self.label_sets):
             if not isinstance(labels, tuple) or any(
@@ -150,15 +139,6 @@ class MultiLabelDataset(_Columns):
     def labels(self) -> tuple[tuple[int, ...], ...]:  # the name other datasets use
         return self.label_sets
 
-    def __getitem__(self, i: int) -> MultiLabelExample:
-        return MultiLabelExample(
-            self.texts[i],
-            self.label_sets[i],
-            self.ids[i],
-            self.splits[i],
-            None if self.groups is None else self.groups[i],
-        )
-
     def label_counts(self) -> dict[str, int]:
         """How many texts carry each label name."""
         counts = Counter(lab for labels in self.label_sets for lab in labels)
@@ -175,9 +155,7 @@ class MultiLabelDataset(_Columns):
         self, tokenizer: Callable[[str], list[str]] | None = None, *, lower: bool = False
     ) -> list[list[str]]:
         """Each text as tokens: ``tokenizer(text)``, by default :func:`simple_tokenize`."""
-        if tokenizer is None:
-            return [simple_tokenize(t, lower=lower) for t in self.texts]
-        return [[w.lower() for w in tokenizer(t)] if lower else tokenizer(t) for t in self.texts]
+        return tokenize_texts(self.texts, tokenizer, lower=lower)
 
 
 # ----------------------------------------------------------------------------- parsing

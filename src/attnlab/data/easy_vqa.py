@@ -26,8 +26,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data._cache import cache_dir
+from attnlab.data._cache import cache_dir, write_atomic
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
@@ -150,13 +148,8 @@ def _paeth(a: int, b: int, c: int) -> int:
     return b if pb <= pc else c
 
 
-def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndarray:
-    """Decode an 8-bit, non-interlaced RGB or RGBA PNG into ``[H, W, 3]`` uint8 (alpha is
-    dropped). A small pure-Python decoder (zlib + the five PNG row filters) so that no
-    imaging library is needed; :class:`DataFormatError` for anything else."""
-    if not isinstance(data, bytes):
-        path = data
-        data = Path(data).read_bytes()
+def _png_chunks(data: bytes, path: object) -> tuple[tuple[int, ...], bytes]:
+    """The IHDR fields and the joined IDAT data of a PNG file's bytes."""
     if not data.startswith(_PNG_SIGNATURE):
         raise DataFormatError("not a PNG file (bad signature)", path=path)
     pos, header, idat = len(_PNG_SIGNATURE), None, []
@@ -173,6 +166,38 @@ def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndar
             break
     if header is None or not idat:
         raise DataFormatError("PNG without IHDR or IDAT chunks", path=path)
+    return header, b"".join(idat)
+
+
+def _unfilter_row(f: int, line: bytearray, prev: bytearray, channels: int) -> bool:
+    """Undo PNG row filter ``f`` (0 none, 1 sub, 2 up, 3 average, 4 Paeth) in place;
+    False for an unknown filter."""
+    if f == 1:
+        for i in range(channels, len(line)):
+            line[i] = (line[i] + line[i - channels]) & 255
+    elif f == 2:
+        for i in range(len(line)):
+            line[i] = (line[i] + prev[i]) & 255
+    elif f == 3:
+        for i in range(len(line)):
+            left = line[i - channels] if i >= channels else 0
+            line[i] = (line[i] + ((left + prev[i]) >> 1)) & 255
+    elif f == 4:
+        for i in range(len(line)):
+            left = line[i - channels] if i >= channels else 0
+            up_left = prev[i - channels] if i >= channels else 0
+            line[i] = (line[i] + _paeth(left, prev[i], up_left)) & 255
+    return f in (0, 1, 2, 3, 4)
+
+
+def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndarray:
+    """Decode an 8-bit, non-interlaced RGB or RGBA PNG into ``[H, W, 3]`` uint8 (alpha is
+    dropped). A small pure-Python decoder (zlib + the five PNG row filters) so that no
+    imaging library is needed; :class:`DataFormatError` for anything else."""
+    if not isinstance(data, bytes):
+        path = data
+        data = Path(data).read_bytes()
+    header, idat = _png_chunks(data, path)
     width, height, depth, color, _, _, interlace = header
     channels = {2: 3, 6: 4}.get(color)
     if depth != 8 or channels is None or interlace != 0:
@@ -182,7 +207,7 @@ def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndar
             path=path,
         )
     try:
-        raw = zlib.decompress(b"".join(idat))
+        raw = zlib.decompress(idat)
     except zlib.error as error:
         raise DataFormatError(f"corrupt PNG data ({error})", path=path) from error
     stride = width * channels
@@ -195,22 +220,7 @@ def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndar
     for y in range(height):
         f = raw[y * (stride + 1)]
         line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
-        if f == 1:
-            for i in range(channels, stride):
-                line[i] = (line[i] + line[i - channels]) & 255
-        elif f == 2:
-            for i in range(stride):
-                line[i] = (line[i] + prev[i]) & 255
-        elif f == 3:
-            for i in range(stride):
-                left = line[i - channels] if i >= channels else 0
-                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 255
-        elif f == 4:
-            for i in range(stride):
-                left = line[i - channels] if i >= channels else 0
-                up_left = prev[i - channels] if i >= channels else 0
-                line[i] = (line[i] + _paeth(left, prev[i], up_left)) & 255
-        elif f != 0:
+        if not _unfilter_row(f, line, prev, channels):
             raise DataFormatError(f"unknown PNG row filter {f} in row {y}", path=path)
         out[y * stride : (y + 1) * stride] = line
         prev = line
@@ -330,28 +340,13 @@ def _load_images(
             )
         images[row] = image
     if file is not None:
-        _save(file, images)
-    return images, ids
-
-
-def _save(file: Path, array: np.ndarray) -> None:
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.stem, suffix=".tmp.npy")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                np.save(out, array, allow_pickle=False)
-            os.replace(tmp, file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as error:
-        warnings.warn(
-            f"attnlab could not write its image cache {file} ({error}); the PNGs will be "
-            "decoded again next time",
-            RuntimeWarning,
-            stacklevel=3,
+        write_atomic(
+            file,
+            lambda out: np.save(out, images, allow_pickle=False),
+            what="image cache",
+            then="the PNGs will be decoded again next time",
         )
+    return images, ids
 
 
 def _package_split(root: Path, split: str, answers: tuple[str, ...]) -> VQASplit:

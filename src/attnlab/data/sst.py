@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -92,51 +92,67 @@ def parse_tree(text: str, *, unescape: bool = True) -> Tree:
     ``unescape`` turns the treebank's ``-LRB-`` / ``-RRB-`` (and square / curly variants)
     back into brackets. Raises ``ValueError`` naming the character position of a problem.
     """
-    tokens = [(m.group(), m.start()) for m in _TOKEN.finditer(text)]
-    if not tokens:
+    reader = _TreeReader(text, unescape)
+    if not reader.tokens:
         raise ValueError("empty tree")
-    pos = 0
+    tree = reader.node()
+    if reader.pos != len(reader.tokens):
+        raise reader.fail("text after the end of the tree")
+    return tree
 
-    def fail(message: str, at: int | None = None) -> ValueError:
-        where = at if at is not None else (tokens[pos][1] if pos < len(tokens) else len(text))
-        return ValueError(f"{message} at character {where + 1}")
 
-    def node() -> Tree:
-        nonlocal pos
-        if pos >= len(tokens) or tokens[pos][0] != "(":
-            raise fail("expected '('")
-        pos += 1
-        if pos >= len(tokens) or tokens[pos][0] in "()":
-            raise fail("expected a label after '('")
-        raw, at = tokens[pos]
+class _TreeReader:
+    """Recursive-descent reader of one bracketed tree (see :func:`parse_tree`)."""
+
+    def __init__(self, text: str, unescape: bool) -> None:
+        self.text, self.unescape = text, unescape
+        self.tokens = [(m.group(), m.start()) for m in _TOKEN.finditer(text)]
+        self.pos = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos][0] if self.pos < len(self.tokens) else None
+
+    def fail(self, message: str, at: int | None = None) -> ValueError:
+        if at is None:
+            at = self.tokens[self.pos][1] if self.pos < len(self.tokens) else len(self.text)
+        return ValueError(f"{message} at character {at + 1}")
+
+    def label(self) -> int:
+        tok = self.peek()
+        if tok is None or tok in "()":
+            raise self.fail("expected a label after '('")
+        raw, at = self.tokens[self.pos]
         try:
             label = int(raw)
         except ValueError:
-            raise fail(f"label {raw!r} is not an integer", at) from None
-        pos += 1
-        if pos >= len(tokens):
-            raise fail("unbalanced brackets: missing ')'")
-        tok = tokens[pos][0]
-        if tok not in "()":  # a leaf
-            pos += 1
-            if pos >= len(tokens) or tokens[pos][0] != ")":
-                raise fail("a leaf holds exactly one word; expected ')'")
-            pos += 1
-            return Tree(label, word=_UNESCAPE.get(tok, tok) if unescape else tok)
-        if tok == ")":
-            raise fail("a node without a word or children")
-        children = []
-        while pos < len(tokens) and tokens[pos][0] == "(":
-            children.append(node())
-        if pos >= len(tokens) or tokens[pos][0] != ")":
-            raise fail("unbalanced brackets: missing ')'" if pos >= len(tokens) else "expected ')'")
-        pos += 1
-        return Tree(label, tuple(children))
+            raise self.fail(f"label {raw!r} is not an integer", at) from None
+        self.pos += 1
+        return label
 
-    tree = node()
-    if pos != len(tokens):
-        raise fail("text after the end of the tree")
-    return tree
+    def node(self) -> Tree:
+        if self.peek() != "(":
+            raise self.fail("expected '('")
+        self.pos += 1
+        label = self.label()
+        tok = self.peek()
+        if tok is None:
+            raise self.fail("unbalanced brackets: missing ')'")
+        if tok not in "()":  # a leaf
+            self.pos += 1
+            if self.peek() != ")":
+                raise self.fail("a leaf holds exactly one word; expected ')'")
+            self.pos += 1
+            return Tree(label, word=_UNESCAPE.get(tok, tok) if self.unescape else tok)
+        if tok == ")":
+            raise self.fail("a node without a word or children")
+        children = []
+        while self.peek() == "(":
+            children.append(self.node())
+        if self.peek() != ")":
+            missing = self.peek() is None
+            raise self.fail("unbalanced brackets: missing ')'" if missing else "expected ')'")
+        self.pos += 1
+        return Tree(label, tuple(children))
 
 
 class TreeExample(NamedTuple):
@@ -149,7 +165,7 @@ class TreeExample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TreeDataset(_Columns):
+class TreeDataset(_Columns[TreeExample]):
     """Sentences of a treebank with their root label and phrase labels.
 
     Attributes:
@@ -174,26 +190,9 @@ class TreeDataset(_Columns):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "tokens",
-        "labels",
-        "ids",
-        "splits",
-        "phrases",
-        "trees",
+        "tokens", "labels", "ids", "splits", "phrases", "trees"
     )
-
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def __getitem__(self, i: int) -> TreeExample:
-        return TreeExample(
-            self.tokens[i],
-            self.labels[i],
-            self.ids[i],
-            self.splits[i],
-            self.phrases[i],
-            self.trees[i],
-        )
+    _example: ClassVar[Callable[..., Any]] = TreeExample
 
     def to_json(self) -> dict[str, Any]:
         """The dataset as JSON-compatible data; a tree is ``[label, word]`` (a leaf) or

@@ -241,6 +241,24 @@ def _check_source(source: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"source must be one of {list(allowed)}, got {source!r}")
 
 
+def _checked_ratings(
+    source: str,
+    allowed: tuple[str, ...],
+    split: str | None,
+    labels: str,
+    threshold: float,
+    path: str | os.PathLike | None,
+    cache: bool,
+) -> tuple[tuple[str, ...], dict[str, list[Row]]]:
+    """Check the loaders' arguments; the label names and the parsed ratings."""
+    _check_source(source, allowed)
+    check_split(split, ("train", "dev", "test"))
+    names = _label_names(labels)
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    return names, _load(path, cache)
+
+
 def load_vader_sentences(
     source: str = "movie",
     split: str | None = None,
@@ -258,12 +276,7 @@ def load_vader_sentences(
     ``ids`` are ``"<source>-<id>"``; ``groups`` are the documents (Amazon, NYT) or the
     sentences themselves, and the seeded split keeps a document together.
     """
-    _check_source(source, (*SOURCES, "all"))
-    check_split(split, ("train", "dev", "test"))
-    names = _label_names(labels)
-    if threshold < 0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
-    data = _load(path, cache)
+    names, data = _checked_ratings(source, (*SOURCES, "all"), split, labels, threshold, path, cache)
     texts, label_ids, ids, scores, groups = [], [], [], [], []
     for src in SOURCES if source == "all" else (source,):
         for sid, score, sentence in data[src]:
@@ -305,12 +318,7 @@ def load_vader_documents(
     A document's score is the mean of its sentence ratings; its label is that score's
     sign (``labels``/``threshold`` as for sentences). All sentences are kept, also neutral ones.
     """
-    _check_source(source, DOCUMENT_SOURCES)
-    check_split(split, ("train", "dev", "test"))
-    names = _label_names(labels)
-    if threshold < 0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
-    data = _load(path, cache)
+    names, data = _checked_ratings(source, DOCUMENT_SOURCES, split, labels, threshold, path, cache)
     docs: dict[str, list[tuple[int, str, float, str]]] = defaultdict(list)
     for sid, score, sentence in data[source]:
         doc, number = sid.split("_")  # the parser checked the form doc_sentence

@@ -134,31 +134,10 @@ def murmurhash64a_many(items: list[bytes], seed: int = 1) -> list[int]:
     return out.tolist()
 
 
-def read_msgpack_int_map(data: bytes, *, path: object = None) -> dict[int, int]:
-    """A MessagePack map of integers to integers (spaCy's ``key2row``), decoded.
-
-    Only what such a map uses is read: a fixmap / map16 / map32 header, then keys and values
-    that are positive or negative fixints or (u)int 8/16/32/64; anything else raises
-    :class:`DataFormatError`.
-    """
-    view = memoryview(data)
-    pos = 0
-
-    def fail(what: str) -> DataFormatError:
-        return DataFormatError(f"MessagePack: {what} at byte {pos}", path=path)
-
-    if not data:
-        raise fail("empty input")
-    first = data[0]
-    if 0x80 <= first <= 0x8F:
-        n, pos = first & 0x0F, 1
-    elif first == 0xDE:
-        n, pos = struct.unpack_from(">H", view, 1)[0], 3
-    elif first == 0xDF:
-        n, pos = struct.unpack_from(">I", view, 1)[0], 5
-    else:
-        raise fail(f"expected a map, found type byte 0x{first:02x}")
-    formats = {
+#: MessagePack's integer type bytes (after the fixints) and their (unpack, size)
+_MSGPACK_INTS = {
+    b: (struct.Struct(f).unpack_from, struct.calcsize(f))
+    for b, f in {
         0xCC: ">B",
         0xCD: ">H",
         0xCE: ">I",
@@ -167,30 +146,59 @@ def read_msgpack_int_map(data: bytes, *, path: object = None) -> dict[int, int]:
         0xD1: ">h",
         0xD2: ">i",
         0xD3: ">q",
-    }
-    sizes = {k: struct.calcsize(v) for k, v in formats.items()}
-    unpackers = {k: struct.Struct(v).unpack_from for k, v in formats.items()}
+    }.items()
+}
+
+
+def _msgpack_error(what: str, at: int, path: object) -> DataFormatError:
+    return DataFormatError(f"MessagePack: {what} at byte {at}", path=path)
+
+
+def _msgpack_map_header(data: bytes, path: object) -> tuple[int, int]:
+    """``(entries, position after the header)`` of a fixmap / map16 / map32."""
+    if not data:
+        raise _msgpack_error("empty input", 0, path)
+    first = data[0]
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F, 1
+    if first == 0xDE:
+        return struct.unpack_from(">H", data, 1)[0], 3
+    if first == 0xDF:
+        return struct.unpack_from(">I", data, 1)[0], 5
+    raise _msgpack_error(f"expected a map, found type byte 0x{first:02x}", 0, path)
+
+
+def _msgpack_int(data: bytes, view: memoryview, at: int, path: object) -> tuple[int, int]:
+    """``(value, position after it)`` of the integer at byte ``at``."""
+    b = data[at]
+    if b <= 0x7F:
+        return b, at + 1
+    if b >= 0xE0:
+        return b - 0x100, at + 1
+    if b in _MSGPACK_INTS:
+        unpack, size = _MSGPACK_INTS[b]
+        return unpack(view, at + 1)[0], at + 1 + size
+    raise _msgpack_error(f"expected an integer, found type byte 0x{b:02x}", at, path)
+
+
+def read_msgpack_int_map(data: bytes, *, path: object = None) -> dict[int, int]:
+    """A MessagePack map of integers to integers (spaCy's ``key2row``), decoded.
+
+    Only what such a map uses is read: a fixmap / map16 / map32 header, then keys and values
+    that are positive or negative fixints or (u)int 8/16/32/64; anything else raises
+    :class:`DataFormatError`.
+    """
+    view = memoryview(data)
+    n, pos = _msgpack_map_header(data, path)
     out: dict[int, int] = {}
-    end = len(data)
-
-    def integer(at: int) -> tuple[int, int]:
-        b = data[at]
-        if b <= 0x7F:
-            return b, at + 1
-        if b >= 0xE0:
-            return b - 0x100, at + 1
-        if b in unpackers:
-            return unpackers[b](view, at + 1)[0], at + 1 + sizes[b]
-        raise fail(f"expected an integer, found type byte 0x{b:02x}")
-
-    u64 = unpackers[0xCF]
+    u64 = _MSGPACK_INTS[0xCF][0]
     try:
         for _ in range(n):
             if data[pos] == 0xCF:  # the usual key: a 64-bit hash
                 k = u64(view, pos + 1)[0]
                 pos += 9
             else:
-                k, pos = integer(pos)
+                k, pos = _msgpack_int(data, view, pos, path)
             b = data[pos]
             if b <= 0x7F:  # the usual values: row numbers below 65,536
                 v = b
@@ -199,14 +207,14 @@ def read_msgpack_int_map(data: bytes, *, path: object = None) -> dict[int, int]:
                 v = (data[pos + 1] << 8) | data[pos + 2]
                 pos += 3
             else:
-                v, pos = integer(pos)
+                v, pos = _msgpack_int(data, view, pos, path)
             out[k] = v
     except (IndexError, struct.error):
-        raise fail("truncated data") from None
-    if pos != end:
-        raise fail(f"{end - pos} bytes after the map")
+        raise _msgpack_error("truncated data", pos, path) from None
+    if pos != len(data):
+        raise _msgpack_error(f"{len(data) - pos} bytes after the map", pos, path)
     if len(out) != n:
-        raise fail("repeated keys in the map")
+        raise _msgpack_error("repeated keys in the map", pos, path)
     return out
 
 

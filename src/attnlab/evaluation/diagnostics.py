@@ -220,33 +220,9 @@ def frozen_weight_diagnostic(
     )
     mlp.to(embeddings.device)
 
-    def source(tokens: Tensor, lengths: Tensor) -> Tensor | None:
-        if learned:
-            return None
-        if weights == "uniform":
-            return _uniform(lengths, tokens.shape[1])
-        if callable(weights):
-            with torch.no_grad():
-                return weights(tokens, lengths).detach()
-        raise ValueError(f"weights must be 'uniform', 'learned' or a function, got {weights!r}")
-
-    def predict(batches: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray]:
-        mlp.eval()
-        probs, gold = [], []
-        with torch.no_grad():
-            for tokens, lengths, labels in batches:
-                probs.append(mlp(tokens, lengths, source(tokens, lengths)).softmax(-1))
-                gold.append(labels)
-        mlp.train()
-        return torch.cat(probs).float().cpu().numpy(), torch.cat(gold).cpu().numpy()
-
+    source = _weight_source(weights)
     cache = [source(t, n) for t, n, _ in train]
-    attention = [p for n, p in mlp.named_parameters() if p.requires_grad and n.startswith("attn")]
-    others = [p for n, p in mlp.named_parameters() if p.requires_grad and not n.startswith("attn")]
-    groups = [{"params": others, "weight_decay": weight_decay}]
-    if attention:
-        groups.append({"params": attention, "weight_decay": 0.0})
-    opt = torch.optim.Adam(groups, lr=lr, amsgrad=amsgrad)
+    opt = _optimizer(mlp, lr, amsgrad, weight_decay)
     best: tuple[float, int, dict[str, Tensor]] | None = None
     for epoch in range(1, epochs + 1):
         for (tokens, lengths, labels), w in zip(train, cache, strict=True):
@@ -255,7 +231,7 @@ def frozen_weight_diagnostic(
             loss.backward()
             opt.step()
         if dev is not None:
-            score = _selection_score(*predict(dev))
+            score = _selection_score(*_predict(mlp, dev, source))
             if best is None or score > best[0]:
                 state = {k: v.detach().clone() for k, v in mlp.state_dict().items()}
                 best = (score, epoch, state)
@@ -263,7 +239,7 @@ def frozen_weight_diagnostic(
     if best is not None:
         mlp.load_state_dict(best[2])
         kept = best[1]
-    probs, y = predict(test)
+    probs, y = _predict(mlp, test, source)
     p = probs.argmax(-1)
     return {
         "accuracy": float((p == y).mean()),
@@ -271,6 +247,51 @@ def frozen_weight_diagnostic(
         "f1_positive": binary_f1(y, p) if num_classes == 2 else None,
         "epoch": kept,
     }
+
+
+def _weight_source(
+    weights: str | Callable[[Tensor, Tensor], Tensor],
+) -> Callable[[Tensor, Tensor], Tensor | None]:
+    """``(tokens, lengths) -> [B, n]`` weights for the MLP: ``None`` (learned), uniform
+    over the real tokens, or the given function's (no gradient)."""
+
+    def source(tokens: Tensor, lengths: Tensor) -> Tensor | None:
+        if weights == "learned":
+            return None
+        if weights == "uniform":
+            return _uniform(lengths, tokens.shape[1])
+        if callable(weights):
+            with torch.no_grad():
+                return weights(tokens, lengths).detach()
+        raise ValueError(f"weights must be 'uniform', 'learned' or a function, got {weights!r}")
+
+    return source
+
+
+def _optimizer(
+    mlp: nn.Module, lr: float, amsgrad: bool, weight_decay: float
+) -> torch.optim.Optimizer:
+    """Adam with ``weight_decay`` on every trainable parameter but the attention's."""
+    attention = [p for n, p in mlp.named_parameters() if p.requires_grad and n.startswith("attn")]
+    others = [p for n, p in mlp.named_parameters() if p.requires_grad and not n.startswith("attn")]
+    groups = [{"params": others, "weight_decay": weight_decay}]
+    if attention:
+        groups.append({"params": attention, "weight_decay": 0.0})
+    return torch.optim.Adam(groups, lr=lr, amsgrad=amsgrad)
+
+
+def _predict(
+    mlp: nn.Module, batches: Sequence[Batch], source: Callable[[Tensor, Tensor], Tensor | None]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Class probabilities and gold labels over ``batches`` (eval mode, then back)."""
+    mlp.eval()
+    probs, gold = [], []
+    with torch.no_grad():
+        for tokens, lengths, labels in batches:
+            probs.append(mlp(tokens, lengths, source(tokens, lengths)).softmax(-1))
+            gold.append(labels)
+    mlp.train()
+    return torch.cat(probs).float().cpu().numpy(), torch.cat(gold).cpu().numpy()
 
 
 def _selection_score(probs: np.ndarray, y: np.ndarray) -> float:
@@ -332,16 +353,7 @@ def adversarial_model(
         raise ValueError(f"divergence must be 'jsd' or 'kl', got {divergence!r}")
     torch.manual_seed(seed)
     base.eval()
-    if fresh is not None:
-        adv = fresh
-    else:
-        adv = copy.deepcopy(base)
-        if getattr(adv, "attention", None) is not None:
-            for p in adv.attention.parameters():
-                if p.dim() > 1:
-                    nn.init.xavier_uniform_(p)
-                else:
-                    nn.init.normal_(p, std=0.1)
+    adv = fresh if fresh is not None else _with_fresh_attention(base)
     adv.train()
     opt = torch.optim.Adam(adv.parameters(), lr=lr, amsgrad=amsgrad)
     targets = [attention_weights(base, t, n) for t, n, _ in train]
@@ -371,6 +383,34 @@ def adversarial_model(
     if best_state is not None:
         adv.load_state_dict(best_state)
     adv.eval()
+    mean_tvd, mean_jsd, accuracy = _moved(base, adv, test)
+    return AdversarialModelResult(
+        lam=lam,
+        mean_tvd=mean_tvd,
+        mean_jsd=mean_jsd,
+        accuracy=accuracy,
+        model=adv,
+        epochs_run=run,
+        kept_epoch=kept,
+    )
+
+
+def _with_fresh_attention(base: nn.Module) -> nn.Module:
+    """A copy of ``base`` with its attention's parameters re-initialised (Xavier for
+    matrices, N(0, 0.1^2) for vectors)."""
+    adv = copy.deepcopy(base)
+    if getattr(adv, "attention", None) is not None:
+        for p in adv.attention.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            else:
+                nn.init.normal_(p, std=0.1)
+    return adv
+
+
+def _moved(base: nn.Module, adv: nn.Module, test: Sequence[Batch]) -> tuple[float, float, float]:
+    """Mean TVD of the outputs, mean JSD of the attention (``adv`` against ``base``) and
+    ``adv``'s accuracy on ``test``."""
     tv, js, correct, total_n = [], [], 0, 0
     for tokens, lengths, labels in test:
         w0, p0 = attention_weights(base, tokens, lengths)
@@ -379,15 +419,7 @@ def adversarial_model(
         js.append(jsd(w, w0))
         correct += int((p.argmax(-1) == labels).sum())
         total_n += int(labels.numel())
-    return AdversarialModelResult(
-        lam=lam,
-        mean_tvd=float(torch.cat(tv).mean()),
-        mean_jsd=float(torch.cat(js).mean()),
-        accuracy=correct / max(total_n, 1),
-        model=adv,
-        epochs_run=run,
-        kept_epoch=kept,
-    )
+    return float(torch.cat(tv).mean()), float(torch.cat(js).mean()), correct / max(total_n, 1)
 
 
 def as_batches(

@@ -94,18 +94,8 @@ def symmetrize(
     links = set(a & b)
     src_done = {i for i, _ in links}
     tgt_done = {j for _, j in links}
-    added = True
-    while added:
-        added = False
-        for i, j in sorted(links):
-            for di, dj in _NEIGHBOURS:
-                cand = (i + di, j + dj)
-                if cand in union and cand not in links:
-                    if cand[0] not in src_done or cand[1] not in tgt_done:
-                        links.add(cand)
-                        src_done.add(cand[0])
-                        tgt_done.add(cand[1])
-                        added = True
+    while _grow_diag_step(links, union, src_done, tgt_done):
+        pass
     if method.startswith("grow-diag-final"):
         both = method.endswith("-and")
         for direction in (a, b):
@@ -116,3 +106,22 @@ def symmetrize(
                     src_done.add(i)
                     tgt_done.add(j)
     return frozenset(links)
+
+
+def _grow_diag_step(
+    links: set[Link], union: frozenset[Link], src_done: set[int], tgt_done: set[int]
+) -> bool:
+    """One sweep of grow-diag over the links in order: add each union link that
+    neighbours a link (incl. diagonally) and has an unaligned source or target word.
+    Whether it added any."""
+    added = False
+    for i, j in sorted(links):
+        for di, dj in _NEIGHBOURS:
+            cand = (i + di, j + dj)
+            if cand in union and cand not in links:
+                if cand[0] not in src_done or cand[1] not in tgt_done:
+                    links.add(cand)
+                    src_done.add(cand[0])
+                    tgt_done.add(cand[1])
+                    added = True
+    return added

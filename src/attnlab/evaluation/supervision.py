@@ -94,25 +94,7 @@ def attention_supervision_loss(
     squeeze = a.dim() == 2
     if squeeze:
         a = a.unsqueeze(1)
-    g = torch.as_tensor(gold, device=a.device)
-    if kind == "region":
-        g = g.bool()
-        if g.dim() == 2:
-            g = g.unsqueeze(1)
-        g = g.expand_as(a)
-        region = g
-        g = g.to(a.dtype)
-        g = g / g.sum(-1, keepdim=True).clamp_min(1.0)
-    else:
-        if g.dim() == 2:
-            g = g.unsqueeze(1)
-        if g.shape != a.shape:
-            raise ValueError(
-                f"gold has shape {tuple(gold.shape)}, expected the attention's shape "
-                f"{tuple(attention.shape)}"
-            )
-        g = g.to(a.dtype)
-        region = g > 0
+    g, region = _gold(gold, kind, a, attention)
     rows = region.any(-1)  # [B, n_q]
     if mask is not None:
         m = torch.as_tensor(mask, device=a.device).bool()
@@ -121,18 +103,44 @@ def attention_supervision_loss(
         if m.shape != rows.shape:
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(rows.shape)}")
         rows = rows & m
-    log_a = a.clamp_min(_EPS).log()
-    if divergence == "ce":
-        per_row = -(g * log_a).sum(-1)
-    elif divergence == "kl":
-        per_row = (g * (g.clamp_min(_EPS).log() - log_a)).sum(-1)
-    elif divergence == "mse":
-        per_row = ((a - g) ** 2).sum(-1)
-    else:
-        per_row = -(a * region.to(a.dtype)).sum(-1).clamp_min(_EPS).log()
+    per_row = _divergence(divergence, a, g, region)
     per_row = torch.where(rows, per_row, torch.zeros_like(per_row))
     count = rows.sum()
     return per_row.sum() / count.clamp_min(1).to(per_row.dtype)
+
+
+def _gold(gold: Tensor, kind: str, a: Tensor, attention: Tensor) -> tuple[Tensor, Tensor]:
+    """The gold distribution ``[B, n_q, n_k]`` (a region: uniform over it) in ``a``'s
+    dtype, and the bool region it covers."""
+    g = torch.as_tensor(gold, device=a.device)
+    if kind == "region":
+        g = g.bool()
+        if g.dim() == 2:
+            g = g.unsqueeze(1)
+        region = g.expand_as(a)
+        g = region.to(a.dtype)
+        return g / g.sum(-1, keepdim=True).clamp_min(1.0), region
+    if g.dim() == 2:
+        g = g.unsqueeze(1)
+    if g.shape != a.shape:
+        raise ValueError(
+            f"gold has shape {tuple(gold.shape)}, expected the attention's shape "
+            f"{tuple(attention.shape)}"
+        )
+    g = g.to(a.dtype)
+    return g, g > 0
+
+
+def _divergence(divergence: str, a: Tensor, g: Tensor, region: Tensor) -> Tensor:
+    """``D(gold || attention)`` per row ``[B, n_q]``."""
+    log_a = a.clamp_min(_EPS).log()
+    if divergence == "ce":
+        return -(g * log_a).sum(-1)
+    if divergence == "kl":
+        return (g * (g.clamp_min(_EPS).log() - log_a)).sum(-1)
+    if divergence == "mse":
+        return ((a - g) ** 2).sum(-1)
+    return -(a * region.to(a.dtype)).sum(-1).clamp_min(_EPS).log()
 
 
 class SupervisedAttentionLoss(nn.Module):

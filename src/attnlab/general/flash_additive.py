@@ -196,6 +196,7 @@ class _Plan:
     """Everything a launch needs besides the tensors (shared by forward, backward and the
     weights pass)."""
 
+    multi: bool  # the multi-dimensional (DiSAN) score, else the additive one
     act: int
     fast: bool
     mask: Tensor  # uint8 view, [B, n_q, n_k] strides (0 where broadcast); dummy if none
@@ -203,73 +204,96 @@ class _Plan:
     has_mask: bool
     causal: bool
     causal_offset: int
-    dot_v: int  # DOT mode of the products with v / dO
-    dot_w: int  # DOT mode of the multi-dimensional products with W_d
+    dot: int  # DOT mode of the products with v / dO (additive) or with W_d (multi)
     block_m: int
     block_n: int
     block_d: int
     block_dv: int
     num_warps: int
 
-    def mask_args(self) -> tuple[Any, ...]:
-        return self.mask_strides
-
-    def flags(self) -> dict[str, Any]:
+    def consts(self) -> dict[str, Any]:
+        """The kernels' compile-time arguments and launch options."""
         return {
+            "MULTI": self.multi,
             "ACT": self.act,
             "FAST": self.fast,
             "HAS_MASK": self.has_mask,
             "CAUSAL": self.causal,
+            "DOT": self.dot,
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_D": self.block_d,
+            "BLOCK_DV": self.block_dv,
+            "num_warps": self.num_warps,
         }
+
+    def per_row(self, d_v: int) -> tuple[int, ...]:
+        """Trailing shape of what a query row keeps (log-sum-exp) or gets per key
+        (weights): nothing (additive), or one per feature (multi)."""
+        return (d_v,) if self.multi else ()
+
+
+def _fast_tanh(fast_tanh: bool | None, on_gpu: bool, half: bool, act: str) -> bool:
+    if fast_tanh is None:
+        return on_gpu and half and act in ("tanh", "sigmoid")
+    if not isinstance(fast_tanh, bool):
+        raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
+    if fast_tanh and not on_gpu:
+        raise ValueError(
+            "fast_tanh=True uses the PTX instruction tanh.approx.f32, which needs a CUDA "
+            "GPU (not Triton's interpreter); pass fast_tanh=None or False"
+        )
+    return fast_tanh
+
+
+def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool) -> int:
+    """The kernels' ``DOT`` mode: half inputs multiply ``p @ v`` on tensor cores (emulated
+    in float32 by the interpreter) and the multi-dimensional ``h @ W_d`` in TF32; float32
+    uses TF32 only when allowed, on a GPU."""
+    if not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
+    if half and multi:
+        return 1 if on_gpu else 0
+    if half:
+        return 2 if on_gpu else 3
+    return 1 if allow_tf32 and on_gpu else 0
+
+
+def _tiles(
+    multi: bool, on_gpu: bool, bd: int, bdv: int, block_m: int | None, block_n: int | None
+) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps)``: the given tiles, else the defaults by device."""
+    if not multi:
+        bm = block_m or (16 if not on_gpu else (64 if bd <= 128 else 32))
+        bn = block_n or (16 if not on_gpu else 64)
+        return bm, bn, 4
+    bm = block_m or 16
+    bn = block_n or (16 if not on_gpu else max(1, min(16, 512 // max(bd, bdv))))
+    return bm, bn, 8 if on_gpu else 4
 
 
 def _plan(
     K: ModuleType,
-    kind: str,
+    multi: bool,
     q1: Tensor,
-    v: Tensor,
     mask: Tensor | None,
     act: str,
-    d_w: int,
-    d_v: int,
-    n_k: int,
+    sizes: tuple[int, int, int],
     causal: bool,
     fast_tanh: bool | None,
     allow_tf32: bool,
     block_m: int | None,
     block_n: int | None,
 ) -> _Plan:
+    """The launch plan; ``sizes`` is ``(d_w, d_v, n_k)``."""
+    d_w, d_v, n_k = sizes
     B, n_q = q1.shape[0], q1.shape[1]
     on_gpu = q1.device.type == "cuda" and not K.INTERPRETED
     half = q1.dtype in (torch.bfloat16, torch.float16)
-    if fast_tanh is None:
-        fast = on_gpu and half and act in ("tanh", "sigmoid")
-    else:
-        if not isinstance(fast_tanh, bool):
-            raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
-        if fast_tanh and not on_gpu:
-            raise ValueError(
-                "fast_tanh=True uses the PTX instruction tanh.approx.f32, which needs a CUDA "
-                "GPU (not Triton's interpreter); pass fast_tanh=None or False"
-            )
-        fast = fast_tanh
-    if not isinstance(allow_tf32, bool):
-        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
-    if half:
-        dot_v = 2 if on_gpu else 3
-        dot_w = 1 if on_gpu else 0
-    else:
-        dot_v = dot_w = 1 if allow_tf32 and on_gpu else 0
+    fast = _fast_tanh(fast_tanh, on_gpu, half, act)
+    dot = _dot_mode(multi, on_gpu, half, allow_tf32)
     bd, bdv = _pow2(d_w, 16), _pow2(d_v, 16)
-    if kind == "additive":
-        bm = block_m or (16 if not on_gpu else (64 if bd <= 128 else 32))
-        bn = block_n or (16 if not on_gpu else 64)
-        warps = 4
-    else:
-        widest = max(bd, bdv)
-        bm = block_m or 16
-        bn = block_n or (16 if not on_gpu else max(1, min(16, 512 // widest)))
-        warps = 8 if on_gpu else 4
+    bm, bn, warps = _tiles(multi, on_gpu, bd, bdv, block_m, block_n)
     if mask is None:
         m8 = torch.zeros(1, dtype=torch.uint8, device=q1.device)
         strides: tuple[int, int, int] = (0, 0, 0)
@@ -277,6 +301,7 @@ def _plan(
         m8 = mask.expand(B, n_q, n_k).view(torch.uint8)
         strides = (m8.stride(0), m8.stride(1), m8.stride(2))
     return _Plan(
+        multi=multi,
         act=K.ACT_CODES[act],
         fast=fast,
         mask=m8,
@@ -284,8 +309,7 @@ def _plan(
         has_mask=mask is not None,
         causal=causal,
         causal_offset=n_k - n_q,
-        dot_v=dot_v,
-        dot_w=dot_w,
+        dot=dot,
         block_m=bm,
         block_n=bn,
         block_d=bd,
@@ -345,31 +369,39 @@ def _check_common(
     return q1c, k2, v, mask3, name
 
 
-# ------------------------------------------------------------------ additive attention
+# ------------------------------------------------------------------ the launches
 
 
-def _additive_forward(
+def _operands(q1: Tensor, k2: Tensor, w: Tensor, p: _Plan) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernels' copies of ``q1``, ``k2`` and the score weights: additive ``q1``, ``k2``
+    column-major and ``w`` in float32; multi ``q1``, ``k2`` row-major and
+    ``W_d * log2(e)`` (the kernels keep scores in base 2)."""
+    if p.multi:
+        return _rows(q1), _rows(k2), (w.to(torch.float32) * _LOG2E).contiguous()
+    return _columns(q1), _columns(k2), w.to(torch.float32).contiguous()
+
+
+def _forward(
     K: ModuleType, q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, p: _Plan
 ) -> tuple[Tensor, Tensor]:
+    """Context ``[B, n_q, d_v]`` and base-2 log-sum-exp (``[B, n_q]``, multi
+    ``[B, n_q, d_v]``)."""
     B, n_q, d_w = q1.shape
     n_k, d_v = v.shape[1], v.shape[2]
     out = torch.empty(B, n_q, d_v, dtype=v.dtype, device=v.device)
-    lse = torch.empty(B, n_q, dtype=torch.float32, device=v.device)
+    lse = torch.empty(B, n_q, *p.per_row(d_v), dtype=torch.float32, device=v.device)
     if B * n_q == 0:
         return out, lse
-    qc, kc, wf = _columns(q1), _columns(k2), w.to(torch.float32).contiguous()
-    K.additive_fwd[(_cdiv(n_q, p.block_m), B)](
-        qc, kc, wf, v, p.mask, out, lse,
-        *_s(qc), *_s(kc), *_s(v), *p.mask_args(), *_s(out),
-        n_q, n_k, d_w, d_v, p.causal_offset,
-        **p.flags(), DOT=p.dot_v,
-        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_DV=p.block_dv,
-        num_warps=p.num_warps,
+    qx, kx, wx = _operands(q1, k2, w, p)
+    K.attend_fwd[(_cdiv(n_q, p.block_m), B)](
+        qx, kx, wx, v, p.mask, out, lse,
+        *_s(qx), *_s(kx), *_s(v), *p.mask_strides, *_s(out),
+        n_q, n_k, d_w, d_v, p.causal_offset, **p.consts(),
     )  # fmt: skip
     return out, lse
 
 
-def _additive_backward(
+def _backward(
     K: ModuleType,
     q1: Tensor,
     k2: Tensor,
@@ -380,69 +412,79 @@ def _additive_backward(
     grad: Tensor,
     p: _Plan,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq1, dk2, dw, dv)`` in float32: one launch over query tiles, one over key tiles
+    (which writes per-program shares of ``dw`` / ``dW_d``, summed here)."""
     B, n_q, d_w = q1.shape
     n_k, d_v = v.shape[1], v.shape[2]
     f32 = torch.float32
     dq = torch.zeros(B, n_q, d_w, dtype=f32, device=v.device)
     dk = torch.zeros(B, n_k, d_w, dtype=f32, device=v.device)
     dv = torch.zeros(B, n_k, d_v, dtype=f32, device=v.device)
-    dw = torch.zeros(d_w, dtype=f32, device=v.device)
+    dw = torch.zeros(w.shape, dtype=f32, device=v.device)
     if B * n_q * n_k == 0:
         return dq, dk, dw, dv
-    qc, kc, wf = _columns(q1), _columns(k2), w.to(f32).contiguous()
-    g = grad.to(v.dtype).contiguous()
-    delta = (g.to(f32) * out.to(f32)).sum(-1).contiguous()  # sum_j p_ij dp_ij
-    common = (*_s(qc), *_s(kc), *_s(v), *p.mask_args(), *_s(g))
+    qx, kx, wx = _operands(q1, k2, w, p)
+    if p.multi:  # W_d^T, and the context for de = a dO (v - c)
+        wt, g, aux = w.to(f32).t().contiguous(), grad.contiguous(), out.contiguous()
+    else:  # delta_i = sum_j p_ij dp_ij = dO_i . O_i, [B, n_q, 1]
+        wt, g = wx, grad.to(v.dtype).contiguous()
+        aux = (g.to(f32) * out.to(f32)).sum(-1, keepdim=True)
+    common = (*_s(qx), *_s(kx), *_s(v), *p.mask_strides, *_s(g), *_s(aux))
     tail = (n_q, n_k, d_w, d_v, p.causal_offset)
-    consts = {
-        **p.flags(),
-        "DOT": p.dot_v,
-        "BLOCK_M": p.block_m,
-        "BLOCK_N": p.block_n,
-        "BLOCK_D": p.block_d,
-        "BLOCK_DV": p.block_dv,
-        "num_warps": p.num_warps,
-    }
-    K.additive_bwd_q[(_cdiv(n_q, p.block_m), B)](
-        qc, kc, wf, v, p.mask, lse, g, delta, dq, *common, *_s(dq), *tail, **consts
+    K.attend_bwd_q[(_cdiv(n_q, p.block_m), B)](
+        qx, kx, wx, wt, v, p.mask, lse, g, aux, dq, *common, *_s(dq), *tail, **p.consts()
     )
     tiles = _cdiv(n_k, p.block_n)
-    dw_parts = torch.empty(B * tiles, p.block_d, dtype=f32, device=v.device)
-    K.additive_bwd_kv[(tiles, B)](
-        qc, kc, wf, v, p.mask, lse, g, delta, dk, dv, dw_parts,
-        *common, *_s(dk), *_s(dv), *tail, **consts,
+    shares = torch.empty(B * tiles, p.block_d, *p.per_row(p.block_dv), dtype=f32, device=v.device)
+    K.attend_bwd_kv[(tiles, B)](
+        qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares,
+        *common, *_s(dk), *_s(dv), *tail, **p.consts(),
     )  # fmt: skip
-    dw = dw_parts.sum(0)[:d_w]
+    dw = shares.sum(0)[tuple(slice(0, n) for n in w.shape)]
     return dq, dk, dw, dv
 
 
-def _additive_weights(
+def _weights(
     K: ModuleType, q1: Tensor, k2: Tensor, w: Tensor, lse: Tensor, dtype: torch.dtype, p: _Plan
 ) -> Tensor:
+    """The weights ``[B, n_q, n_k]`` (multi ``[B, n_q, n_k, d_v]``) from the saved
+    log-sum-exp: a second pass, no gradient."""
     B, n_q, d_w = q1.shape
-    n_k = k2.shape[1]
-    a = torch.zeros(B, n_q, n_k, dtype=dtype, device=q1.device)
+    n_k, d_v = k2.shape[1], w.shape[-1]
+    a = torch.zeros(B, n_q, n_k, *p.per_row(d_v), dtype=dtype, device=q1.device)
     if a.numel() == 0:
         return a
-    qc, kc, wf = _columns(q1), _columns(k2), w.to(torch.float32).contiguous()
+    qx, kx, wx = _operands(q1, k2, w, p)
+    strides = a.stride() if p.multi else (*a.stride(), 0)
     grid = (_cdiv(n_q, p.block_m), B, _cdiv(n_k, p.block_n))
-    K.additive_weights[grid](
-        qc, kc, wf, p.mask, lse, a,
-        *_s(qc), *_s(kc), *p.mask_args(), *_s(a),
-        n_q, n_k, d_w, p.causal_offset,
-        **p.flags(), BLOCK_M=p.block_m, BLOCK_N=p.block_n, num_warps=p.num_warps,
+    K.attend_weights[grid](
+        qx, kx, wx, p.mask, lse, a,
+        *_s(qx), *_s(kx), *p.mask_strides, *strides,
+        n_q, n_k, d_w, d_v, p.causal_offset, **p.consts(),
     )  # fmt: skip
     return a
 
 
-class _FlashAdditiveFn(torch.autograd.Function):
+class _FlashFn(torch.autograd.Function):
+    """``(context, lse)`` of either score; ``w`` is ``w`` or ``W_d``, and ``b_d`` (multi
+    only, else ``None``) takes part only to receive its gradient, which is exactly zero:
+    it is constant across keys and cancels in the softmax."""
+
     @staticmethod
     def forward(
-        ctx: FunctionCtx, q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, K: ModuleType, p: _Plan
+        ctx: FunctionCtx,
+        q1: Tensor,
+        k2: Tensor,
+        w: Tensor,
+        b_d: Tensor | None,
+        v: Tensor,
+        K: ModuleType,
+        p: _Plan,
     ) -> tuple[Tensor, Tensor]:
-        out, lse = _additive_forward(K, q1, k2, w, v, p)
+        out, lse = _forward(K, q1, k2, w, v, p)
         ctx.save_for_backward(q1, k2, w, v, out, lse)
         ctx.kernels, ctx.plan = K, p  # type: ignore[attr-defined]
+        ctx.b_d = None if b_d is None else (b_d.shape, b_d.dtype, b_d.device)  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -450,17 +492,51 @@ class _FlashAdditiveFn(torch.autograd.Function):
     @_once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
         q1, k2, w, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        K, p = ctx.kernels, ctx.plan  # type: ignore[attr-defined]
-        dq, dk, dw, dv = _additive_backward(K, q1, k2, w, v, out, lse, grad, p)
+        dq, dk, dw, dv = _backward(ctx.kernels, q1, k2, w, v, out, lse, grad, ctx.plan)  # type: ignore[attr-defined]
         n = ctx.needs_input_grad  # type: ignore[attr-defined]
+        gb = None
+        if n[3]:
+            shape, dtype, device = ctx.b_d  # type: ignore[attr-defined]
+            gb = torch.zeros(shape, dtype=dtype, device=device)
         return (
             dq.to(q1.dtype) if n[0] else None,
             dk.to(k2.dtype) if n[1] else None,
             dw.to(w.dtype) if n[2] else None,
-            dv.to(v.dtype) if n[3] else None,
+            gb,
+            dv.to(v.dtype) if n[4] else None,
             None,
             None,
         )
+
+
+def _launch(
+    multi: bool,
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor],
+    mask3: Tensor | None,
+    act: str,
+    causal: bool,
+    need_weights: bool,
+    options: tuple[bool | None, bool, int | None, int | None],
+) -> tuple[Tensor, Tensor | None]:
+    """Check the tile sizes, plan, run the kernels (and the weights pass if asked) on
+    checked inputs ``(q1, k2, w or W_d, b_d, v)``; ``options`` are ``(fast_tanh,
+    allow_tf32, block_m, block_n)``."""
+    q1, k2, w, b_d, v = inputs
+    fast_tanh, allow_tf32, block_m, block_n = options
+    bm = _check_block(block_m, "block_m", 16)
+    bn = _check_block(block_n, "block_n", 1 if multi else 16)
+    K = _kernels(q1.device)
+    sizes = (q1.shape[2], v.shape[2], k2.shape[1])
+    p = _plan(K, multi, q1, mask3, act, sizes, causal, fast_tanh, allow_tf32, bm, bn)
+    out, lse = _FlashFn.apply(q1, k2, w, b_d, v, K, p)
+    weights = None
+    if need_weights:
+        with torch.no_grad():
+            weights = _weights(K, q1, k2, w, lse, v.dtype, p)
+    return out, weights
+
+
+# ------------------------------------------------------------------ public functions
 
 
 def flash_additive_attention(
@@ -513,156 +589,8 @@ def flash_additive_attention(
     d_w = q1c.shape[2]
     if w.dim() != 1 or w.shape[0] != d_w:
         raise _shape_error("w", w, "[d_w]", [d_w])
-    bm = _check_block(block_m, "block_m", 16)
-    bn = _check_block(block_n, "block_n", 16)
-    K = _kernels(q1c.device)
-    p = _plan(
-        K, "additive", q1c, vc, mask3, name, d_w, vc.shape[2], k2c.shape[1], causal,
-        fast_tanh, allow_tf32, bm, bn,
-    )  # fmt: skip
-    out, lse = _FlashAdditiveFn.apply(q1c, k2c, w, vc, K, p)
-    weights = None
-    if need_weights:
-        with torch.no_grad():
-            weights = _additive_weights(K, q1c, k2c, w, lse, vc.dtype, p)
-    return out, weights
-
-
-# ------------------------------------------------------- multi-dimensional attention
-
-
-def _multi_forward(
-    K: ModuleType, q1: Tensor, k2: Tensor, W_d: Tensor, v: Tensor, p: _Plan
-) -> tuple[Tensor, Tensor]:
-    B, n_q, d_w = q1.shape
-    n_k, d_v = v.shape[1], v.shape[2]
-    out = torch.empty(B, n_q, d_v, dtype=v.dtype, device=v.device)
-    lse = torch.empty(B, n_q, d_v, dtype=torch.float32, device=v.device)
-    if B * n_q == 0:
-        return out, lse
-    qr, kr = _rows(q1), _rows(k2)
-    wd2 = (W_d.to(torch.float32) * _LOG2E).contiguous()
-    K.multi_fwd[(_cdiv(n_q, p.block_m), B)](
-        qr, kr, wd2, v, p.mask, out, lse,
-        *_s(qr), *_s(kr), *_s(v), *p.mask_args(), *_s(out),
-        n_q, n_k, d_w, d_v, p.causal_offset,
-        **p.flags(), DOT=p.dot_w,
-        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
-        num_warps=p.num_warps,
-    )  # fmt: skip
-    return out, lse
-
-
-def _multi_backward(
-    K: ModuleType,
-    q1: Tensor,
-    k2: Tensor,
-    W_d: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    grad: Tensor,
-    p: _Plan,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    B, n_q, d_w = q1.shape
-    n_k, d_v = v.shape[1], v.shape[2]
-    f32 = torch.float32
-    dq = torch.zeros(B, n_q, d_w, dtype=f32, device=v.device)
-    dk = torch.zeros(B, n_k, d_w, dtype=f32, device=v.device)
-    dv = torch.zeros(B, n_k, d_v, dtype=f32, device=v.device)
-    dW = torch.zeros(d_w, d_v, dtype=f32, device=v.device)
-    if B * n_q * n_k == 0:
-        return dq, dk, dW, dv
-    qr, kr = _rows(q1), _rows(k2)
-    wf = W_d.to(f32)
-    wd2, wdt = (wf * _LOG2E).contiguous(), wf.t().contiguous()
-    g = grad.contiguous()
-    c = out.contiguous()
-    common = (*_s(qr), *_s(kr), *_s(v), *p.mask_args(), *_s(g), *_s(c))
-    tail = (n_q, n_k, d_w, d_v, p.causal_offset)
-    consts = {
-        **p.flags(),
-        "DOT": p.dot_w,
-        "BLOCK_M": p.block_m,
-        "BLOCK_N": p.block_n,
-        "BLOCK_D": p.block_d,
-        "BLOCK_DV": p.block_dv,
-        "num_warps": p.num_warps,
-    }
-    K.multi_bwd_q[(_cdiv(n_q, p.block_m), B)](
-        qr, kr, wd2, wdt, v, p.mask, lse, g, c, dq, *common, *_s(dq), *tail, **consts
-    )
-    tiles = _cdiv(n_k, p.block_n)
-    dW_parts = torch.empty(B * tiles, p.block_d, p.block_dv, dtype=f32, device=v.device)
-    K.multi_bwd_kv[(tiles, B)](
-        qr, kr, wd2, wdt, v, p.mask, lse, g, c, dk, dv, dW_parts,
-        *common, *_s(dk), *_s(dv), *tail, **consts,
-    )  # fmt: skip
-    dW = dW_parts.sum(0)[:d_w, :d_v]
-    return dq, dk, dW, dv
-
-
-def _multi_weights(
-    K: ModuleType, q1: Tensor, k2: Tensor, W_d: Tensor, lse: Tensor, dtype: torch.dtype, p: _Plan
-) -> Tensor:
-    B, n_q, d_w = q1.shape
-    n_k, d_v = k2.shape[1], W_d.shape[1]
-    a = torch.zeros(B, n_q, n_k, d_v, dtype=dtype, device=q1.device)
-    if a.numel() == 0:
-        return a
-    qr, kr = _rows(q1), _rows(k2)
-    wd2 = (W_d.to(torch.float32) * _LOG2E).contiguous()
-    grid = (_cdiv(n_q, p.block_m), B, _cdiv(n_k, p.block_n))
-    K.multi_weights[grid](
-        qr, kr, wd2, p.mask, lse, a,
-        *_s(qr), *_s(kr), *p.mask_args(), *a.stride(),
-        n_q, n_k, d_w, d_v, p.causal_offset,
-        **p.flags(), DOT=p.dot_w,
-        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_D=p.block_d, BLOCK_DV=p.block_dv,
-        num_warps=p.num_warps,
-    )  # fmt: skip
-    return a
-
-
-class _FlashMultiFn(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        q1: Tensor,
-        k2: Tensor,
-        W_d: Tensor,
-        b_d: Tensor | None,
-        v: Tensor,
-        K: ModuleType,
-        p: _Plan,
-    ) -> tuple[Tensor, Tensor]:
-        out, lse = _multi_forward(K, q1, k2, W_d, v, p)
-        ctx.save_for_backward(q1, k2, W_d, v, out, lse)
-        ctx.kernels, ctx.plan = K, p  # type: ignore[attr-defined]
-        ctx.b_d = None if b_d is None else (b_d.shape, b_d.dtype, b_d.device)  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @_once_differentiable
-    def backward(ctx: FunctionCtx, grad: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        q1, k2, W_d, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        K, p = ctx.kernels, ctx.plan  # type: ignore[attr-defined]
-        dq, dk, dW, dv = _multi_backward(K, q1, k2, W_d, v, out, lse, grad, p)
-        n = ctx.needs_input_grad  # type: ignore[attr-defined]
-        gb = None
-        if n[3]:  # b_d is constant across keys and cancels in the softmax: zero gradient
-            shape, dtype, device = ctx.b_d  # type: ignore[attr-defined]
-            gb = torch.zeros(shape, dtype=dtype, device=device)
-        return (
-            dq.to(q1.dtype) if n[0] else None,
-            dk.to(k2.dtype) if n[1] else None,
-            dW.to(W_d.dtype) if n[2] else None,
-            gb,
-            dv.to(v.dtype) if n[4] else None,
-            None,
-            None,
-        )
+    options = (fast_tanh, allow_tf32, block_m, block_n)
+    return _launch(False, (q1c, k2c, w, None, vc), mask3, name, causal, need_weights, options)
 
 
 def flash_multi_dim_attention(
@@ -714,16 +642,5 @@ def flash_multi_dim_attention(
         b_d = _check_tensor(b_d, "b_d", q1c)
         if b_d.dim() != 1 or b_d.shape[0] != d_v:
             raise _shape_error("b_d", b_d, "[d_v]", [d_v])
-    bm = _check_block(block_m, "block_m", 16)
-    bn = _check_block(block_n, "block_n", 1)
-    K = _kernels(q1c.device)
-    p = _plan(
-        K, "multi", q1c, vc, mask3, name, d_w, d_v, k2c.shape[1], causal,
-        fast_tanh, allow_tf32, bm, bn,
-    )  # fmt: skip
-    out, lse = _FlashMultiFn.apply(q1c, k2c, W_d, b_d, vc, K, p)
-    weights = None
-    if need_weights:
-        with torch.no_grad():
-            weights = _multi_weights(K, q1c, k2c, W_d, lse, vc.dtype, p)
-    return out, weights
+    options = (fast_tanh, allow_tf32, block_m, block_n)
+    return _launch(True, (q1c, k2c, W_d, b_d, vc), mask3, name, causal, need_weights, options)

@@ -3,20 +3,7 @@ multi-head grids, co-attention, hierarchies, image overlays and per-instance sca
 HTML token heatmaps and the interactive viewer are part of the report
 (:mod:`attnlab.lab.report`)."""
 
-from attnlab.viz.plots import (
-    plot_coattention,
-    plot_heads,
-    plot_hierarchy,
-    plot_image_attention,
-    plot_matrix,
-    plot_scatter,
-)
+from attnlab.viz import plots as _plots
+from attnlab.viz.plots import *  # noqa: F403 - the figures, as listed in plots.__all__
 
-__all__ = [
-    "plot_coattention",
-    "plot_heads",
-    "plot_hierarchy",
-    "plot_image_attention",
-    "plot_matrix",
-    "plot_scatter",
-]
+__all__ = list(_plots.__all__)
