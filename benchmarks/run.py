@@ -357,6 +357,25 @@ def main(argv: list[str] | None = None) -> list[H.Row]:
     t0 = time.perf_counter()
     _log(f"attnlab benchmarks ({mode}): {', '.join(names)}")
     _log(H.describe_machine(info))
+    rows, failed = _run_all(names, mode)
+    if mode == "tiny":  # toy sizes say nothing about the targets
+        for r in rows:
+            r.met = None
+    info_end = H.machine()
+    elapsed = time.perf_counter() - t0
+    _print_report(rows, mode, info, info_end, elapsed)
+    if args.json:
+        Path(args.json).write_text(
+            H.to_json(rows, info, {"mode": mode, "elapsed_s": elapsed, "machine_end": info_end})
+        )
+    if failed:
+        raise SystemExit(f"benchmarks failed: {', '.join(failed)} (see the messages above)")
+    return rows
+
+
+def _run_all(names: list[str], mode: str) -> tuple[list[H.Row], list[str]]:
+    """Run the named benchmarks; a failing one is reported as a FAILED row and named in
+    the second list, and the others still run."""
     rows: list[H.Row] = []
     failed: list[str] = []
     for name in names:
@@ -370,11 +389,11 @@ def main(argv: list[str] | None = None) -> list[H.Row]:
             got = [H.Row(name, f"FAILED: {msg[:300]}", math.nan, None, "", None, "-", False)]
         rows.extend(got)
         _log(f"[{name}] done in {time.perf_counter() - t_start:.0f} s")
-    if mode == "tiny":  # toy sizes say nothing about the targets
-        for r in rows:
-            r.met = None
-    info_end = H.machine()
-    elapsed = time.perf_counter() - t0
+    return rows, failed
+
+
+def _print_report(rows: list[H.Row], mode: str, info: dict, info_end: dict, elapsed: float) -> None:
+    """The tables on standard output."""
     print(f"attnlab benchmarks, mode={mode}; forward + backward, float32")
     print(H.describe_machine(info))
     print(
@@ -395,13 +414,6 @@ def main(argv: list[str] | None = None) -> list[H.Row]:
         print(mem)
     print()
     print(f"total {elapsed:.0f} s; load average at the end {info_end['loadavg_1m_5m_15m']}")
-    if args.json:
-        Path(args.json).write_text(
-            H.to_json(rows, info, {"mode": mode, "elapsed_s": elapsed, "machine_end": info_end})
-        )
-    if failed:
-        raise SystemExit(f"benchmarks failed: {', '.join(failed)} (see the messages above)")
-    return rows
 
 
 if __name__ == "__main__":
