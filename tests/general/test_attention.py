@@ -5,8 +5,10 @@ fully masked rows, NaN, half precision) behave as documented."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -429,7 +431,7 @@ def test_queryless_without_query(dim):
     assert out.context.shape == (B, 3)
     assert out.weights.shape == ((B, N_K, 3) if dim == "multi" else (B, N_K))
     out2 = attn(
-        k=k, v=v, mask=torch.tensor([[True] * N_K, [True, True, False, False, False, False]])
+        key=k, value=v, mask=torch.tensor([[True] * N_K, [True, True, False, False, False, False]])
     )
     assert out2.context.shape == (B, 3)
 
@@ -441,8 +443,83 @@ def test_values_default_to_the_features_and_d_v_may_differ():
     assert torch.equal(attn(q, k).context, attn(q, k, k).context)
     attn_v = Attention("additive", d_q=D, d_k=D, d_v=3)
     assert attn_v(q, k, torch.randn(B, N_K, 3)).context.shape == (B, N_Q, 3)
-    with pytest.raises(ValueError, match=r"v is None.*d_v=3.*\[2, 6, 3\]"):
+    with pytest.raises(ValueError, match=r"value is None.*d_v=3.*\[2, 6, 3\]"):
         attn_v(q, k)
+
+
+# ------------------------------------------------------------------- the call convention
+
+
+def test_forward_follows_the_call_convention():
+    params = list(inspect.signature(Attention.forward).parameters.values())
+    assert [p.name for p in params[1:4]] == ["query", "key", "value"]
+    keyword_only = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert keyword_only == {"mask", "need_weights", "positions", "prev_weights"}
+
+
+def test_old_keywords_warn_at_the_callers_line_and_give_the_same_numbers():
+    torch.manual_seed(0)
+    attn = Attention("additive", d_q=D, d_k=D, d_v=3).eval()
+    q, k, _ = _inputs()
+    v = torch.randn(B, N_K, 3)
+    mask = masks.from_lengths(torch.tensor([N_K, 3]))
+    want = attn(q, k, v, mask=mask, need_weights=True)
+    assert torch.equal(attn(query=q, key=k, value=v, mask=mask).context, want.context)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = attn(q=q, k=k, v=v, mask=mask, need_weights=True)
+    messages = [str(w.message) for w in caught]
+    for o, n in (("q", "query"), ("k", "key"), ("v", "value")):
+        assert f"Attention: the argument '{o}' is deprecated; use '{n}'" in " ".join(messages)
+    assert all("removed in attnlab 0.2.0" in m for m in messages)
+    assert {w.filename for w in caught} == {__file__}, "not attributed to the caller's line"
+    assert torch.equal(old.context, want.context) and torch.equal(old.weights, want.weights)
+    # mixed: old and new names in one call
+    with pytest.warns(DeprecationWarning, match=r"'k' is deprecated; use 'key'"):
+        mixed = attn(q, k=k, value=v, mask=mask)
+    assert torch.equal(mixed.context, want.context)
+
+
+def test_old_keywords_of_a_queryless_score():
+    torch.manual_seed(0)
+    attn = Attention("queryless", d_k=D).eval()
+    _, k, _ = _inputs()
+    with pytest.warns(DeprecationWarning, match=r"'k' is deprecated; use 'key'"):
+        old = attn(k=k, need_weights=True)
+    new = attn(key=k, need_weights=True)
+    assert torch.equal(old.context, new.context) and torch.equal(old.weights, new.weights)
+    assert torch.equal(attn(None, k).context, new.context)
+
+
+def test_keyword_calls_compile_without_graph_breaks():
+    """The deprecation handling costs a call with the new keywords nothing under
+    torch.compile (the positional calls are covered by tests/general/test_compile.py)."""
+    attn = Attention("additive", d_q=D, d_k=D).eval()
+    q, k, v = _inputs()
+    mask = masks.from_lengths(torch.tensor([N_K, 3]))
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(attn)(query=q, key=k, value=v, mask=mask)
+        assert explained.graph_break_count == 0, explained.break_reasons
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda a, q, k: a(q, k, q=q), "got both 'q' and its new name 'query'"),
+        (lambda a, q, k: a(query=q, key=k, q=q), "got both 'q' and its new name 'query'"),
+        (lambda a, q, k: a(q, key=k, k=k), "got both 'k' and its new name 'key'"),
+        (lambda a, q, k: a(q, k, k, v=k), "got both 'v' and its new name 'value'"),
+        (lambda a, q, k: a(q, k, values=k), "got an unexpected keyword argument 'values'"),
+    ],
+)
+def test_an_old_keyword_with_its_new_name_is_a_one_line_type_error(call, needle):
+    attn = Attention("scaled-dot", d_q=D, d_k=D)
+    q, k, _ = _inputs()
+    with pytest.raises(TypeError, match=re.escape(f"Attention.forward() {needle}")) as err:
+        call(attn, q, k)
+    assert "\n" not in str(err.value)
 
 
 def _naive_scaled_dot(q, keys, values, mask):
@@ -570,22 +647,22 @@ def test_bad_shapes_name_argument_shape_and_expected_shape():
     attn = Attention("additive", d_q=D, d_k=D, d_v=3)
     q, k, _ = _inputs()
     v = torch.randn(B, N_K, 3)
-    _err(ValueError, lambda: attn(q[..., :3], k, v), "q has shape (2, 4, 3)", "[2, n_q, 4]")
-    _err(ValueError, lambda: attn(q[None], k, v), "q has shape (1, 2, 4, 4)", "[B, n_q, d_q]")
+    _err(ValueError, lambda: attn(q[..., :3], k, v), "query has shape (2, 4, 3)", "[2, n_q, 4]")
+    _err(ValueError, lambda: attn(q[None], k, v), "query has shape (1, 2, 4, 4)", "[B, n_q, d_q]")
     _err(
         ValueError,
         lambda: attn(q[:1], k, v),
-        "q has shape (1, 4, 4)",
+        "query has shape (1, 4, 4)",
         "batch size 2",
         "[2, n_q, 4]",
     )
-    _err(ValueError, lambda: attn(q, k[..., :3], v), "k has shape (2, 6, 3)", "[2, 6, 4]")
-    _err(ValueError, lambda: attn(q, k[0], v), "k has shape (6, 4)", "[B, n_k, d_k]")
-    _err(ValueError, lambda: attn(q, k, v[:, :5]), "v has shape (2, 5, 3)", "[2, 6, 3]")
-    _err(ValueError, lambda: attn(q, k, v[:1]), "v has shape (1, 6, 3)", "[2, 6, 3]")
-    _err(ValueError, lambda: attn(q, k, v[..., :2]), "v has shape (2, 6, 2)", "[2, 6, 3]")
-    _err(ValueError, lambda: attn(q, None, v), "k (the features / keys) is required")
-    _err(ValueError, lambda: attn(None, k, v), "score 'additive' needs a query q")
+    _err(ValueError, lambda: attn(q, k[..., :3], v), "key has shape (2, 6, 3)", "[2, 6, 4]")
+    _err(ValueError, lambda: attn(q, k[0], v), "key has shape (6, 4)", "[B, n_k, d_k]")
+    _err(ValueError, lambda: attn(q, k, v[:, :5]), "value has shape (2, 5, 3)", "[2, 6, 3]")
+    _err(ValueError, lambda: attn(q, k, v[:1]), "value has shape (1, 6, 3)", "[2, 6, 3]")
+    _err(ValueError, lambda: attn(q, k, v[..., :2]), "value has shape (2, 6, 2)", "[2, 6, 3]")
+    _err(ValueError, lambda: attn(q, None, v), "key (the features / keys) is required")
+    _err(ValueError, lambda: attn(None, k, v), "score 'additive' needs a query, got query=None")
 
 
 def test_bad_masks():
@@ -627,25 +704,25 @@ def test_dtype_and_device_mismatch():
     _err(
         TypeError,
         lambda: attn(q.double(), k, v),
-        "q has dtype torch.float64",
-        "k has dtype torch.float32",
+        "query has dtype torch.float64",
+        "key has dtype torch.float32",
     )
-    _err(TypeError, lambda: attn(q, k, v.double()), "v has dtype torch.float64")
-    _err(TypeError, lambda: attn(q, k.long(), v), "k has dtype torch.int64", "floating-point")
-    _err(ValueError, lambda: attn(q.to("meta"), k, v), "q is on meta")
+    _err(TypeError, lambda: attn(q, k, v.double()), "value has dtype torch.float64")
+    _err(TypeError, lambda: attn(q, k.long(), v), "key has dtype torch.int64", "floating-point")
+    _err(ValueError, lambda: attn(q.to("meta"), k, v), "query is on meta")
     # inputs of another dtype than the module's parameters: a TypeError, not a matmul crash
     with_params = Attention("general", d_q=D, d_k=D)
     _err(
         TypeError,
         lambda: with_params(q.double(), k.double(), v.double()),
-        "k has dtype torch.float64",
+        "key has dtype torch.float64",
         "parameters",
         "torch.float32",
     )
     _err(
         ValueError,
         lambda: with_params(q.to("meta"), k.to("meta"), v.to("meta")),
-        "k is on meta",
+        "key is on meta",
         "parameters",
     )
 
@@ -775,7 +852,7 @@ def test_half_precision_close_to_float32(score, align, dim, dtype, tol):
 def test_half_inputs_with_a_float32_module_is_a_type_error():
     attn = Attention("additive", d_q=D, d_k=D)
     q, k, v = (t.bfloat16() for t in _inputs())
-    with pytest.raises(TypeError, match=r"k has dtype torch.bfloat16.*\.to\(torch.bfloat16\)"):
+    with pytest.raises(TypeError, match=r"key has dtype torch.bfloat16.*\.to\(torch.bfloat16\)"):
         attn(q, k, v)
 
 

@@ -43,6 +43,7 @@ from attnlab._checks import (
     check_same,
     check_tensor,
 )
+from attnlab._deprecation import renamed_keywords
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
 from attnlab.general.flash_additive import (
@@ -113,6 +114,24 @@ def _nan_or_none(centers: Tensor) -> Tensor | None:
 
 def _fill_nan(x: Tensor, bad: Tensor | None) -> Tensor:
     return x if bad is None else x.masked_fill(bad, float("nan"))
+
+
+#: the keywords of ``Attention.forward`` before the call convention (until attnlab 0.2.0)
+_RENAMED_INPUTS = {"q": "query", "k": "key", "v": "value"}
+
+
+def _renamed_inputs(
+    legacy: dict[str, Tensor | None],
+    query: Tensor | None,
+    key: Tensor | None,
+    value: Tensor | None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """``(query, key, value)`` with the old keywords ``q=``, ``k=``, ``v=`` of ``legacy``
+    in their places, each with a ``DeprecationWarning`` at the caller's line; an old
+    keyword given with its new name (or an unknown keyword) is a ``TypeError``."""
+    given = {"query": query, "key": key, "value": value}
+    inputs = renamed_keywords("Attention", legacy, _RENAMED_INPUTS, given)
+    return inputs["query"], inputs["key"], inputs["value"]
 
 
 class _Call(NamedTuple):
@@ -239,19 +258,26 @@ class Attention(Configurable):
             ``d_w``, ``act``, ``bias`` (additive), ``D`` (local window), ``estimator``,
             ``eval_mode``, ``tau`` (hard). An option neither takes is an error.
 
-    Shapes: ``q`` ``[B, n_q, d_q]`` or ``[B, d_q]``; ``k`` (the features) ``[B, n_k, d_k]``;
-    ``v`` ``[B, n_k, d_v]`` (default: the features); ``mask`` bool broadcastable to
-    ``[B, n_q, n_k]`` (True = may attend). Returns :class:`~attnlab.output.AttentionOutput`
-    with ``context`` ``[B, n_q, d_v']`` (``[B, d_v']`` for a single query or a query-less
-    score).
+    Call: ``forward(query=None, key=None, value=None, *, mask=None, need_weights=False,
+    positions=None, prev_weights=None)``, the call convention of every attention module
+    (``docs/call-convention.md``); ``key`` is required, ``query`` is ``None`` for a
+    query-less score. The old keywords ``q=``, ``k=``, ``v=`` still work until attnlab
+    0.2.0, with a ``DeprecationWarning``.
+
+    Shapes: ``query`` ``[B, n_q, d_q]`` or ``[B, d_q]``; ``key`` (the features)
+    ``[B, n_k, d_k]``; ``value`` ``[B, n_k, d_v]`` (default: the features); ``mask`` bool
+    broadcastable to ``[B, n_q, n_k]`` (True = may attend). Returns
+    :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n_q, d_v']``
+    (``[B, d_v']`` for a single query or a query-less score).
 
     An impossible combination raises :class:`~attnlab._checks.ConfigError` (a
     ``ValueError``) at construction, naming the conflict.
 
-    Bad input raises at the call: a wrong shape or batch size (of ``q``, ``k``, ``v`` or
-    ``mask``) ``ValueError``, a dtype mismatch (between ``q``, ``k`` and ``v``, or with the
-    module's parameters) or a non-bool mask ``TypeError``, a device mismatch ``ValueError``;
-    the message names the argument, its shape and the expected shape.
+    Bad input raises at the call: a wrong shape or batch size (of ``query``, ``key``,
+    ``value`` or ``mask``) ``ValueError``, a dtype mismatch (between ``query``, ``key`` and
+    ``value``, or with the module's parameters) or a non-bool mask ``TypeError``, a device
+    mismatch ``ValueError``; the message names the argument, its shape and the expected
+    shape.
 
     Special inputs (defined behaviour, tested):
 
@@ -264,11 +290,11 @@ class Attention(Configurable):
       and a query row that may attend nothing are cleared with ``torch.where`` before
       anything is computed from them, on every path. Whatever they hold -- NaN and inf
       included -- the outputs and the gradients are those of zeros there.
-    * **NaN inputs** are not an error and are not hidden. A NaN in the query ``q[b, i]``
+    * **NaN inputs** are not an error and are not hidden. A NaN in the query ``query[b, i]``
       makes the weights and context of query row ``(b, i)`` NaN; a NaN in the features
-      ``k[b, l]`` of an allowed key makes NaN every query row of batch element ``b`` that
+      ``key[b, l]`` of an allowed key makes NaN every query row of batch element ``b`` that
       may attend to ``l`` (for local attention: whose window holds ``l``); a NaN in
-      ``v[b, l]`` of a key that some query of ``b`` may attend makes NaN the context
+      ``value[b, l]`` of a key that some query of ``b`` may attend makes NaN the context
       features of ``b`` that sum over key ``l``. More generally, a row whose allowed
       scores have no finite maximum (a NaN or ``+inf`` score, or only ``-inf`` ones) gets
       NaN weights and context, and a ``-inf`` score gets weight 0. This holds for every
@@ -458,82 +484,107 @@ class Attention(Configurable):
 
     # ------------------------------------------------------------------ forward
 
-    def _check_inputs(
-        self, q: Tensor | None, k: Tensor, v: Tensor | None
-    ) -> tuple[Tensor | None, bool, Tensor]:
-        check_tensor(k, "k")
-        if k.dim() != 3:
-            raise ValueError(f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k]")
-        B, n_k, d_k = k.shape
+    def _check_key(self, key: Tensor) -> None:
+        check_tensor(key, "key")
+        if key.dim() != 3:
+            raise ValueError(f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k]")
+        B, n_k, d_k = key.shape
         if self.d_k is not None and d_k != self.d_k:
             raise ValueError(
-                f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k] = [{B}, {n_k}, {self.d_k}]"
+                f"key has shape {tuple(key.shape)}, expected [B, n_k, d_k] = "
+                f"[{B}, {n_k}, {self.d_k}]"
             )
-        single = True
-        q3 = None
-        if self.score.needs_query:
-            if q is None:
-                raise ValueError(f"score {self._score_name!r} needs a query q, got None")
-            q3, single = batched_query(q, "q")
-            if q3.shape[0] != B:
-                raise ValueError(
-                    f"q has shape {tuple(q.shape)} but k has batch size {B}; expected "
-                    f"[B, n_q, d_q] = [{B}, n_q, {self.d_q or 'd_q'}]"
-                )
-            if self.d_q is not None and q3.shape[-1] != self.d_q:
-                raise ValueError(
-                    f"q has shape {tuple(q.shape)}, expected [B, n_q, d_q] = [{B}, n_q, {self.d_q}]"
-                )
-            check_same(k, "k", q=q3)
-        check_module_dtype(self, k, "k")  # exempt under torch.autocast, as torch.nn layers
-        if v is None:
+
+    def _check_query(self, query: Tensor | None, key: Tensor) -> tuple[Tensor | None, bool]:
+        """``query`` as ``[B, n_q, d_q]`` (``None`` for a query-less score) and whether it
+        was a single query ``[B, d_q]``."""
+        if not self.score.needs_query:
+            return None, True
+        if query is None:
+            raise ValueError(f"score {self._score_name!r} needs a query, got query=None")
+        q3, single = batched_query(query, "query")
+        B = key.shape[0]
+        d_q = self.d_q if self.d_q is not None else "d_q"
+        if q3.shape[0] != B:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)} but key has batch size {B}; expected "
+                f"[B, n_q, d_q] = [{B}, n_q, {d_q}]"
+            )
+        if self.d_q is not None and q3.shape[-1] != self.d_q:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}, expected [B, n_q, d_q] = "
+                f"[{B}, n_q, {self.d_q}]"
+            )
+        check_same(key, "key", query=q3)
+        return q3, single
+
+    def _check_value(self, value: Tensor | None, key: Tensor) -> Tensor:
+        """``value``, or the features ``key`` when it is ``None``."""
+        B, n_k, d_k = key.shape
+        if value is None:
             if self.d_v is not None and self.d_v != d_k:
                 raise ValueError(
-                    f"v is None, so the values are the features k {tuple(k.shape)}, but this "
-                    f"Attention was built with d_v={self.d_v}; pass v [B, n_k, d_v] = "
-                    f"[{B}, {n_k}, {self.d_v}]"
+                    f"value is None, so the values are the features key {tuple(key.shape)}, "
+                    f"but this Attention was built with d_v={self.d_v}; pass value "
+                    f"[B, n_k, d_v] = [{B}, {n_k}, {self.d_v}]"
                 )
-            v = k
-        else:
-            check_tensor(v, "v")
-            d_v = self.d_v if self.d_v is not None else "d_v"
-            if (
-                v.dim() != 3
-                or v.shape[:2] != (B, n_k)
-                or (self.d_v is not None and v.shape[2] != self.d_v)
-            ):
-                raise ValueError(
-                    f"v has shape {tuple(v.shape)}, expected [B, n_k, d_v] = [{B}, {n_k}, {d_v}]"
-                )
-            check_same(k, "k", v=v)
-        return q3, single, v
+            return key
+        check_tensor(value, "value")
+        d_v = self.d_v if self.d_v is not None else "d_v"
+        if (
+            value.dim() != 3
+            or value.shape[:2] != (B, n_k)
+            or (self.d_v is not None and value.shape[2] != self.d_v)
+        ):
+            raise ValueError(
+                f"value has shape {tuple(value.shape)}, expected [B, n_k, d_v] = "
+                f"[{B}, {n_k}, {d_v}]"
+            )
+        check_same(key, "key", value=value)
+        return value
+
+    def _check_inputs(
+        self, query: Tensor | None, key: Tensor, value: Tensor | None
+    ) -> tuple[Tensor | None, bool, Tensor]:
+        """``(query [B, n_q, d_q] or None, single query?, value)`` after the checks."""
+        self._check_key(key)
+        q3, single = self._check_query(query, key)
+        check_module_dtype(self, key, "key")  # exempt under torch.autocast, as torch.nn layers
+        return q3, single, self._check_value(value, key)
 
     def forward(
         self,
-        q: Tensor | None = None,
-        k: Tensor | None = None,
-        v: Tensor | None = None,
+        query: Tensor | None = None,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
         *,
         mask: Tensor | None = None,
         need_weights: bool = False,
         positions: Tensor | None = None,
         prev_weights: Tensor | None = None,
+        **legacy: Tensor | None,
     ) -> AttentionOutput:
-        """Attend from the queries ``q`` over the features ``k`` (values ``v``, default
-        ``k``). ``positions`` (``[B, n_q]`` or ``[n_q]``) overrides local-m's window
-        centres; ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single query)
-        are the previous step's weights for a location-aware score. See the class
-        docstring for shapes."""
-        if k is None:
-            raise ValueError("k (the features / keys) is required")
-        q3, single, v = self._check_inputs(q, k, v)
-        B, n_k = k.shape[:2]
+        """Attend from the queries ``query`` over the features ``key`` (values ``value``,
+        default ``key``). ``positions`` (``[B, n_q]`` or ``[n_q]``) overrides local-m's
+        window centres; ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single
+        query) are the previous step's weights for a location-aware score. See the class
+        docstring for shapes.
+
+        ``legacy``: the old keywords ``q=``, ``k=``, ``v=``, accepted until attnlab 0.2.0
+        with a ``DeprecationWarning`` (the call convention, ``docs/call-convention.md``).
+        """
+        if legacy:  # an empty dict in the normal call: no graph break under torch.compile
+            query, key, value = _renamed_inputs(legacy, query, key, value)
+        if key is None:
+            raise ValueError("key (the features / keys) is required")
+        q3, single, value = self._check_inputs(query, key, value)
+        B, n_k = key.shape[:2]
         n_q = q3.shape[1] if q3 is not None else 1
-        mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
+        mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=key.device, single_query=single)
         score_kw = location_inputs(self.score, prev_weights, B, n_q, n_k, mask3, single)
         # padding never matters: cleared before the projections (whose weight gradients
         # would otherwise multiply a zero by it)
-        q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
+        q3, k, v = clear_attention_inputs(q3, key, value, mask3, self_attention=query is key)
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
