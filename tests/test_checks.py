@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from attnlab import registry
-from attnlab._checks import check_module_dtype
+from attnlab._checks import ConfigError, check_int, check_module_dtype
 from attnlab.feature.co_attention import (
     AlternatingCoAttention,
     InteractiveCoAttention,
@@ -340,3 +340,16 @@ def test_check_same_allows_mixed_dtypes_only_under_autocast():
         check_same(k, "k", q=q)
     with pytest.raises(ValueError, match="is on meta"):
         check_same(k, "k", q=torch.zeros(2, 3, dtype=torch.bfloat16, device="meta"))
+
+
+# ----------------------------------------------------------------------------- check_int
+
+
+def test_check_int_message_and_wording():
+    assert check_int(3, "n") == 3
+    with pytest.raises(ConfigError, match=r"^num_heads must be an int >= 1, got 0$"):
+        check_int(0, "num_heads")
+    with pytest.raises(ValueError, match=r"^Co: d1 must be a positive int, got True$"):
+        check_int(True, "d1", owner="Co", wording="a positive int", error=ValueError)
+    with pytest.raises(TypeError, match=r"^k must be an int >= 2, got 1\.5$"):
+        check_int(1.5, "k", 2, error=TypeError)

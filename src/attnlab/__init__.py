@@ -12,10 +12,9 @@ core imports nothing of the lab (``attnlab.models``, ``attnlab.lab``, ``attnlab.
 ``attnlab.data``, ``attnlab.viz``).
 """
 
-from typing import Any
-
 from attnlab import feature, functional, general, masks, query, registry
 from attnlab._checks import ConfigError
+from attnlab._deprecation import deprecated_aliases
 from attnlab.feature import *  # noqa: F403
 from attnlab.general import *  # noqa: F403
 from attnlab.output import AttentionOutput
@@ -41,8 +40,5 @@ __all__ += feature.__all__
 __all__ += query.__all__
 
 
-def __getattr__(name: str) -> Any:
-    """The deprecated names of the section packages (``attnlab.MultiQueryAttention``)."""
-    if name in query.DEPRECATED_ALIASES:
-        return getattr(query, name)
-    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+#: the deprecated names of the section packages (``attnlab.MultiQueryAttention``)
+__getattr__ = deprecated_aliases(__name__, query.DEPRECATED_ALIASES)

@@ -22,14 +22,20 @@ def check_int(
     *,
     error: type[Exception] = ConfigError,
     owner: str | None = None,
+    wording: str | None = None,
 ) -> int:
     """``value`` as an int ``>= minimum``; otherwise ``error`` (a ``ConfigError`` unless
     told) with one line naming the argument (prefixed by ``owner`` where given), the bound
     and the value: ``"num_heads must be an int >= 1, got 0"``. ``bool`` is not an int here.
+
+    ``wording`` replaces ``"an int >= MINIMUM"`` in the message where a module has always
+    said it otherwise (``wording="a positive int"``: ``"d1 must be a positive int, got
+    0"``); the check is the same.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         prefix = f"{owner}: " if owner else ""
-        raise error(f"{prefix}{name} must be an int >= {minimum}, got {value!r}")
+        what = f"an int >= {minimum}" if wording is None else wording
+        raise error(f"{prefix}{name} must be {what}, got {value!r}")
     return value
 
 

@@ -43,14 +43,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
-from attnlab.feature._convention import (
-    is_mask,
-    positive_int,
-    reject,
-    take_positional_masks,
-    take_renamed,
-)
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._deprecation import positional_masks
+from attnlab.feature._convention import is_mask, reject, renamed
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
@@ -341,8 +336,8 @@ class CoAttentionAffinity(nn.Module):
 
     def __init__(self, d1: int, d2: int, form: str = "bilinear", act: str | None = None) -> None:
         super().__init__()
-        d1 = positive_int(d1, "d1", "CoAttentionAffinity")
-        d2 = positive_int(d2, "d2", "CoAttentionAffinity")
+        d1 = check_int(d1, "d1", owner="CoAttentionAffinity", wording="a positive int")
+        d2 = check_int(d2, "d2", owner="CoAttentionAffinity", wording="a positive int")
         if form not in ("bilinear", "concat"):
             raise ConfigError(f"affinity must be 'bilinear' or 'concat', got {form!r}")
         self.form = form
@@ -389,8 +384,8 @@ class _CoAttention(Configurable):
 
     def __init__(self, d1: int, d2: int) -> None:
         super().__init__()
-        self.d1 = positive_int(d1, "d1", type(self).__name__)
-        self.d2 = positive_int(d2, "d2", type(self).__name__)
+        self.d1 = check_int(d1, "d1", owner=type(self).__name__, wording="a positive int")
+        self.d2 = check_int(d2, "d2", owner=type(self).__name__, wording="a positive int")
 
     @property
     def out_dim(self) -> int:
@@ -417,14 +412,15 @@ class _CoAttention(Configurable):
         Deprecated for one release (``DeprecationWarning``): ``f1=``/``f2=`` and the masks
         given positionally, ``module(f1, f2, mask1, mask2)``."""
         owner = type(self).__name__
-        args = take_renamed(
+        args = renamed(
             owner,
             deprecated_names,
             {"f1": "query", "f2": "key"},
             {"query": query, "key": key, "mask1": mask1, "mask2": mask2},
         )
         if legacy_masks or is_mask(value):
-            args = take_positional_masks(owner, value, legacy_masks, ("mask1", "mask2"), args)
+            masks = (value, *legacy_masks)
+            args = positional_masks(owner, masks, ("mask1", "mask2"), args, position=3)
         else:
             reject(owner, "value", value, "the features are their own values (give F2 as key)")
         reject(owner, "mask", mask, "give one mask per input, mask1= and mask2=")
@@ -675,7 +671,9 @@ class ParallelCoAttention(_CoAttention):
         self.scores = scores
         self.affinity = CoAttentionAffinity(d1, d2, affinity, affinity_act)
         if scores == "projected":
-            d_w = max(d1, d2) if d_w is None else positive_int(d_w, "d_w", "ParallelCoAttention")
+            if d_w is None:
+                d_w = max(d1, d2)
+            check_int(d_w, "d_w", owner="ParallelCoAttention", wording="a positive int")
             get_activation(act)
             self.act = act
             self.W1 = nn.Linear(d1, d_w, bias=False)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
-from attnlab.feature._convention import positive_int, reject, take_renamed
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
+from attnlab.feature._convention import reject, renamed
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
@@ -69,7 +69,7 @@ class MetaEmbedding(Configurable):
             raise ConfigError("embeddings must be a list with one entry per embedding")
         if len(embeddings) < 1:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one")
-        positive_int(d_proj, "d_proj")
+        check_int(d_proj, "d_proj", wording="a positive int")
         E = len(embeddings)
         if oov_index is None or isinstance(oov_index, int):
             oov = [oov_index] * E
@@ -277,7 +277,7 @@ class MetaEmbedding(Configurable):
         ``[B, n, E]`` availability.
         """
         owner = type(self).__name__
-        args = take_renamed(
+        args = renamed(
             owner,
             deprecated_names,
             {"inputs": "query", "token_mask": "mask"},
@@ -419,7 +419,7 @@ class CDME(MetaEmbedding):
         freeze: bool = True,
         **options: Any,
     ) -> None:
-        positive_int(lstm_hidden, "lstm_hidden")
+        check_int(lstm_hidden, "lstm_hidden", wording="a positive int")
         options.setdefault("act", "identity")
         super().__init__(
             embeddings,

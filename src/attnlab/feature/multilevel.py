@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
-from attnlab.feature._convention import reject, take_positional_masks, take_renamed
+from attnlab._deprecation import positional_masks
+from attnlab.feature._convention import reject, renamed
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import zero_rows
@@ -495,9 +496,9 @@ class HierarchicalAttention(Configurable):
         Deprecated for one release (``DeprecationWarning``): ``x=`` and the mask given
         positionally, ``module(x, mask)``."""
         owner = type(self).__name__
-        args = take_renamed(owner, deprecated_names, {"x": "query"}, {"query": query, "mask": mask})
+        args = renamed(owner, deprecated_names, {"x": "query"}, {"query": query, "mask": mask})
         if key is not None:  # never a key: the mask given positionally (old form)
-            args = take_positional_masks(owner, key, (), ("mask",), args)
+            args = positional_masks(owner, (key,), ("mask",), args, position=2)
         reject(owner, "value", value, "the hierarchy is its own values (give it as query)")
         if args["query"] is None:
             raise TypeError(f"{owner}.forward() missing the hierarchy: query [B, n_1..n_L, d_in]")
@@ -877,7 +878,7 @@ class AttentionViaAttention(Configurable):
 
         Deprecated for one release (``DeprecationWarning``): ``q=``, ``chars=``,
         ``words=`` and ``char_mask=``."""
-        args = take_renamed(
+        args = renamed(
             type(self).__name__,
             deprecated_names,
             {"q": "query", "chars": "key", "words": "value", "char_mask": "mask"},

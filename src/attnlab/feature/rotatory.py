@@ -36,12 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
-from attnlab.feature._convention import (
-    is_mask,
-    reject,
-    take_positional_masks,
-    take_renamed,
-)
+from attnlab._deprecation import positional_masks
+from attnlab.feature._convention import is_mask, reject, renamed
 from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
@@ -187,7 +183,7 @@ class LCRRotHop(Configurable):
         Deprecated for one release (``DeprecationWarning``): ``left=``, ``target=``,
         ``right=`` and the masks given positionally, ``module(l, t, r, ml, mt, mr)``."""
         owner = type(self).__name__
-        args = take_renamed(
+        args = renamed(
             owner,
             deprecated_names,
             {"left": "query", "target": "key", "right": "value"},
@@ -202,7 +198,7 @@ class LCRRotHop(Configurable):
         )
         if legacy_masks:
             names = ("left_mask", "target_mask", "right_mask")
-            args = take_positional_masks(owner, legacy_masks[0], legacy_masks[1:], names, args)
+            args = positional_masks(owner, legacy_masks, names, args, position=4)
         reject(owner, "mask", mask, "give one mask per part: left_mask=, target_mask=, right_mask=")
         if any(args[k] is None for k in ("query", "key", "value")) or is_mask(args["value"]):
             raise TypeError(

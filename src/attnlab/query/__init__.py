@@ -8,9 +8,7 @@ and as ``attnlab.<Name>``. The modules follow one call convention,
 ``docs/call-convention.md``.
 """
 
-from typing import Any
-
-from attnlab.query._convention import deprecated_aliases
+from attnlab._deprecation import deprecated_aliases
 from attnlab.query.attention_over_attention import (
     AoAOutput,
     AttentionOverAttention,
@@ -27,6 +25,7 @@ from attnlab.query.capsule import (
     squash,
 )
 from attnlab.query.key_value import (
+    DEPRECATED_ALIASES,
     ConcatenatedKeyValueAttention,
     KeyValueAttention,
     concatenated_key_value_attention,
@@ -118,10 +117,6 @@ __all__ = [
     "squash",
 ]
 
-#: the names renamed in 0.1 (deprecated aliases for one release, with a DeprecationWarning)
-DEPRECATED_ALIASES: dict[str, Any] = {
-    "MultiQueryAttention": lambda: ConcatenatedKeyValueAttention,
-    "multi_query_attention": lambda: concatenated_key_value_attention,
-}
-
+#: the names renamed in 0.1 (``DEPRECATED_ALIASES``: deprecated aliases for one release,
+#: with a DeprecationWarning)
 __getattr__ = deprecated_aliases(__name__, DEPRECATED_ALIASES)

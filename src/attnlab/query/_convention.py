@@ -18,19 +18,13 @@ This module holds what the modules would otherwise each repeat:
 * :class:`ConventionAttention` does the same for the plain convention (key-value,
   concatenated key-value, multi-hop) and :class:`SequenceAttention` for the modules whose
   query is learned (:func:`sequence_inputs`);
-* :func:`renamed_arguments` / :func:`renamed_init_arguments` / :func:`deprecated_aliases`
-  keep old argument and class names working for one release, with a
-  ``DeprecationWarning``.
+* :func:`sequence_inputs` also maps the deprecated forms of the learned-query modules
+  (``features=``, the positional mask) through :mod:`attnlab._deprecation`, the one home
+  of the deprecation helpers.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import os
-import sys
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import check_module_dtype, check_same, check_tensor
+from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
 from attnlab.registry import Configurable
@@ -48,16 +43,8 @@ __all__ = [
     "HeadAttention",
     "SequenceAttention",
     "check_call",
-    "deprecated_aliases",
-    "deprecated_attribute",
-    "positional_masks",
-    "renamed_arguments",
-    "renamed_init_arguments",
     "sequence_inputs",
 ]
-
-#: the release in which the deprecated names go away
-REMOVED_IN = "0.2.0"
 
 
 def check_call(
@@ -215,12 +202,13 @@ def sequence_inputs(
     ``(query, key, value, mask)``."""
     owner = type(module).__name__
     if deprecated:
-        query = renamed_arguments(owner, deprecated, {"features": "query"}, query=query)["query"]
+        args = renamed_keywords(owner, deprecated, {"features": "query"}, {"query": query})
+        query = args["query"]
     if query is None:
         raise TypeError(f"{owner}.forward() missing the argument 'query' (the sequence F)")
     if isinstance(key, Tensor) and key.dtype == torch.bool and value is None and mask is None:
-        _warn(f"{owner}: the mask as the second positional argument is deprecated; pass mask=")
-        key, mask = None, key
+        mask = positional_masks(owner, (key,), ("mask",), {}, position=2)["mask"]
+        key = None
     if self_only:
         check_self_only(owner, query, key, value)
     check_sequence(query, d_features, "query")
@@ -302,126 +290,3 @@ class SequenceAttention(ConventionAttention):
             self_only=self.self_only,
         )
         return replace(call, query=query, key=key, value=value, mask=mask)
-
-
-# ----------------------------------------------------------------------------- deprecations
-
-
-_INTERNAL = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # attnlab
-    os.path.dirname(os.path.abspath(torch.__file__)),  # torch (Module.__call__)
-)
-
-
-def _warn(message: str, stacklevel: int | None = None) -> None:
-    """A ``DeprecationWarning`` attributed to the first frame outside attnlab and torch
-    (the user's call), unless ``stacklevel`` is given."""
-    if stacklevel is None:
-        stacklevel = 2
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-            frame = frame.f_back
-            stacklevel += 1
-    warnings.warn(f"{message} (removed in attnlab {REMOVED_IN})", DeprecationWarning, stacklevel)
-
-
-def renamed_arguments(
-    owner: str, legacy: dict[str, Any], renames: dict[str, str], **current: Any
-) -> dict[str, Any]:
-    """Map the deprecated keyword arguments of a call (``legacy``, the ``**kwargs`` of a
-    ``forward``) onto their new names (``renames``: old -> new), warning once per use;
-    ``current`` are the new-name arguments as passed. Returns ``current`` updated. An
-    unknown keyword or an old and a new name together raise ``TypeError``."""
-    for old, value in legacy.items():
-        new = renames.get(old)
-        if new is None:
-            raise TypeError(f"{owner}.forward() got an unexpected keyword argument {old!r}")
-        if current.get(new) is not None:
-            raise TypeError(f"{owner}.forward() got both {old!r} and its new name {new!r}")
-        _warn(f"{owner}: the argument {old!r} is deprecated; use {new!r}")
-        current[new] = value
-    return current
-
-
-def positional_masks(
-    owner: str,
-    legacy: tuple[Tensor | None, ...],
-    names: tuple[str, ...],
-    current: dict[str, Any],
-) -> dict[str, Any]:
-    """Masks given positionally after the inputs (the old ``module(x1, x2, mask1, mask2)``)
-    mapped onto their keywords ``names``, with a ``DeprecationWarning``."""
-    if len(legacy) > len(names):
-        raise TypeError(f"{owner}.forward() takes at most {len(names)} masks, got {len(legacy)}")
-    _warn(
-        f"{owner}: masks given positionally are deprecated; pass {', '.join(n + '=' for n in names)}"
-    )
-    for name, m in zip(names, legacy, strict=False):
-        if current.get(name) is not None:
-            raise TypeError(f"{owner}.forward() got {name} both positionally and by keyword")
-        current[name] = m
-    return current
-
-
-def renamed_init_arguments(**renames: str) -> Callable[[type], type]:
-    """Class decorator: the constructor accepts the old keyword names ``renames`` (old ->
-    new) with a ``DeprecationWarning``; the recorded config uses the new names."""
-
-    def deco(cls: type) -> type:
-        init = cls.__init__
-        signature = inspect.signature(init)
-
-        @functools.wraps(init)
-        def __init__(self: Any, *args: Any, **kw: Any) -> None:
-            for old, new in renames.items():
-                if old in kw and kw[old] is None:
-                    del kw[old]
-                elif old in kw:
-                    if kw.get(new) is not None:
-                        raise TypeError(f"{cls.__name__} got both {old!r} and its new name {new!r}")
-                    _warn(f"{cls.__name__}: the argument {old!r} is deprecated; use {new!r}")
-                    kw[new] = kw.pop(old)
-            init(self, *args, **kw)
-
-        # the old names stay in the signature (keyword-only, default None) so that
-        # ``attnlab.build`` still accepts an old config for one release
-        params = list(signature.parameters.values())
-        at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
-        old_params = [
-            inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=None) for old in renames
-        ]
-        params[at:at] = old_params
-        __init__.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        cls.__init__ = __init__  # type: ignore[method-assign]
-        return cls
-
-    return deco
-
-
-class deprecated_attribute:
-    """A read-only attribute ``old`` that returns ``new`` with a ``DeprecationWarning``."""
-
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def __get__(self, obj: Any, owner: type) -> Any:
-        if obj is None:
-            return self
-        _warn(f"{owner.__name__}.{self.old} is deprecated; use .{self.new}")
-        return getattr(obj, self.new)
-
-
-def deprecated_aliases(
-    module_name: str, aliases: dict[str, Callable[[], Any]]
-) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving the old names ``aliases`` (old name -> a function
-    returning the new object) with a ``DeprecationWarning``."""
-
-    def __getattr__(name: str) -> Any:
-        if name in aliases:
-            target = aliases[name]()
-            _warn(f"{module_name}.{name} is deprecated; use {target.__name__}")
-            return target
-        raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
-
-    return __getattr__

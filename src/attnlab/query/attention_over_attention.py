@@ -32,10 +32,10 @@ import torch
 from torch import Tensor
 
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general.alignment import Alignment, masked_softmax
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.scoring import Score, dot_score
-from attnlab.query._convention import positional_masks, renamed_arguments
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -322,17 +322,15 @@ class AttentionOverAttention(Configurable):
         ``document_mask=``, ``query_mask=`` and the masks given positionally,
         ``module(D, Q, document_mask, query_mask)``."""
         owner = type(self).__name__
-        args = renamed_arguments(
+        args = renamed_keywords(
             owner,
             deprecated,
             {"document": "query", "document_mask": "mask1", "query_mask": "mask2"},
-            query=query,
-            mask1=mask1,
-            mask2=mask2,
+            {"query": query, "mask1": mask1, "mask2": mask2},
         )
         document, question = args["query"], key
         if legacy_masks:
-            args = positional_masks(owner, legacy_masks, ("mask1", "mask2"), args)
+            args = positional_masks(owner, legacy_masks, ("mask1", "mask2"), args, position=3)
         if document is None or question is None:
             raise TypeError(f"{owner}.forward() needs both inputs: query (D) and key (Q)")
         document_mask, query_mask = args["mask1"], args["mask2"]

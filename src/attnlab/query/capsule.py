@@ -34,16 +34,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_tensor
+from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
-from attnlab.query._convention import (
-    AttentionCall,
-    SequenceAttention,
-    deprecated_attribute,
-    renamed_init_arguments,
-)
+from attnlab.query._convention import AttentionCall, SequenceAttention
 from attnlab.registry import register
 
 __all__ = [
@@ -140,8 +136,22 @@ def _pairwise_hinge(scores: Tensor, y: Tensor, margin: float) -> Tensor:
 # ----------------------------------------------------------------------------- capsule attention
 
 
+class _ClassProbabilities:
+    """``predict`` for an output with the per-class probabilities ``probs`` ``[B, C]``
+    (the capsule probabilities ``p_c``, the capsule lengths ``|v_j|``)."""
+
+    probs: Tensor
+
+    def predict(self, multi_label: bool = False, threshold: float = 0.5) -> Tensor:
+        """The active class ``argmax_c probs_c`` ``[B]``; with ``multi_label=True`` the
+        bool ``[B, C]`` of ``probs_c > threshold``."""
+        if multi_label:
+            return self.probs > threshold
+        return self.probs.argmax(-1)
+
+
 @dataclass
-class CapsuleOutput:
+class CapsuleOutput(_ClassProbabilities):
     """Result of :class:`CapsuleAttention` (``C`` classes).
 
     Attributes:
@@ -161,13 +171,6 @@ class CapsuleOutput:
     mean_features: Tensor
     weights: Tensor | None = None
 
-    def predict(self, multi_label: bool = False, threshold: float = 0.5) -> Tensor:
-        """The active capsule ``argmax_c p_c`` ``[B]``; with ``multi_label=True`` the bool
-        ``[B, C]`` of ``p_c > threshold``."""
-        if multi_label:
-            return self.probs > threshold
-        return self.probs.argmax(-1)
-
 
 @register(
     "query",
@@ -177,7 +180,7 @@ class CapsuleOutput:
     cost="C attentions: O(B C n d) for dot scores (+ O(B C n d_features d) for per-capsule projections)",
     aliases=("capsule-attention", "rnn-capsule"),
 )
-@renamed_init_arguments(d_k="d_features")
+@renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class CapsuleAttention(SequenceAttention):
     """Capsule-based attention: one capsule (query, attention, probability) per class.
 
@@ -259,8 +262,6 @@ class CapsuleAttention(SequenceAttention):
             and value_dim is None
             and not any(p.numel() for p in self.capsules.parameters())
         )
-
-    d_k = deprecated_attribute("d_k", "d_features")
 
     def _attend(self, call: AttentionCall) -> CapsuleOutput:
         features, mask, need_weights = call.query, call.mask, call.need_weights
@@ -376,7 +377,7 @@ def squash(s: Tensor, dim: int = -1) -> Tensor:
 
 
 @dataclass
-class RoutingOutput:
+class RoutingOutput(_ClassProbabilities):
     """Result of :class:`CapsuleRouting`.
 
     Attributes:
@@ -392,13 +393,6 @@ class RoutingOutput:
     weights: Tensor
     logits: Tensor
 
-    def predict(self, multi_label: bool = False, threshold: float = 0.5) -> Tensor:
-        """``argmax_j |v_j|`` ``[B]``; with ``multi_label=True`` the bool ``[B, C]`` of
-        ``|v_j| > threshold``."""
-        if multi_label:
-            return self.probs > threshold
-        return self.probs.argmax(-1)
-
 
 @register(
     "query",
@@ -408,7 +402,7 @@ class RoutingOutput:
     cost="O(B n C d_features d_caps) for the predictions + O(T B n C d_caps) for the routing",
     aliases=("dynamic-routing", "routing-by-agreement"),
 )
-@renamed_init_arguments(d_k="d_features")
+@renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class CapsuleRouting(SequenceAttention):
     """Dynamic routing between the input positions (primary capsules) and one capsule per
     class (Sabour et al. 2017), the routing variant of capsule-based attention.
@@ -472,8 +466,6 @@ class CapsuleRouting(SequenceAttention):
         """``u_(j|i) = W_j u_i (+ beta_j)``: ``[B, n, C, d_caps]``."""
         u = torch.einsum("bnk,cdk->bncd", features, self.W)
         return u + self.beta if self.beta is not None else u
-
-    d_k = deprecated_attribute("d_k", "d_features")
 
     def _attend(self, call: AttentionCall) -> RoutingOutput:
         features, mask = call.query, call.mask

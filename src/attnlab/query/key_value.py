@@ -32,21 +32,18 @@ O(B n_q n_k) for the weights when they are requested.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 
 from attnlab._checks import check_int, check_module_dtype, check_same, check_tensor
+from attnlab._deprecation import deprecated_aliases, renamed_keywords
 from attnlab.functional import attend
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import (
-    AttentionCall,
-    ConventionAttention,
-    deprecated_aliases,
-    renamed_arguments,
-)
+from attnlab.query._convention import AttentionCall, ConventionAttention
 from attnlab.registry import register
 
 __all__ = [
@@ -103,11 +100,14 @@ def _check_kv(
 _RENAMES = {"keys": "key", "values": "value", "queries": "query"}
 
 
-def _legacy(owner: str, options: dict[str, Any], **current: Any) -> dict[str, Any]:
-    """Take the deprecated keywords (``keys=``, ``values=``, ``queries=``) out of a
-    function's ``**options`` and map them onto the new names."""
+def _legacy(
+    owner: str, options: dict[str, Any], called: str = ".forward()", **current: Any
+) -> dict[str, Any]:
+    """Take the deprecated keywords (``keys=``, ``values=``, ``queries=``) out of the
+    ``**options`` of ``owner`` (a module, or a function with ``called="()"``) and map them
+    onto the new names."""
     legacy = {k: options.pop(k) for k in list(options) if k in _RENAMES}
-    return renamed_arguments(owner, legacy, _RENAMES, **current)
+    return renamed_keywords(owner, legacy, _RENAMES, current, called=called)
 
 
 def key_value_attention(
@@ -136,7 +136,7 @@ def key_value_attention(
     Returns :class:`~attnlab.output.AttentionOutput`, ``context`` ``[B, d_v]`` or
     ``[B, n_q, d_v]``. Cost O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA).
     """
-    a = _legacy("key_value_attention", score_params, query=query, key=key, value=value)
+    a = _legacy("key_value_attention", score_params, "()", query=query, key=key, value=value)
     query, key, value = _defaults(a["query"], a["key"], a["value"])
     _check_kv(query, key, value, (2, 3))
     return attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
@@ -182,7 +182,9 @@ def concatenated_key_value_attention(
 
     Cost: M key-value attentions in one batched call, O(B M n_k (d_k + d_v)).
     """
-    a = _legacy("concatenated_key_value_attention", score_params, query=query, key=key, value=value)
+    a = _legacy(
+        "concatenated_key_value_attention", score_params, "()", query=query, key=key, value=value
+    )
     query, key, value = _defaults(a["query"], a["key"], a["value"])
     _check_kv(query, key, value, (3,))
     out = attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
@@ -314,10 +316,10 @@ class ConcatenatedKeyValueAttention(KeyValueAttention):
         return _concat(super()._attend(call), self.concat)
 
 
-__getattr__ = deprecated_aliases(
-    __name__,
-    {
-        "MultiQueryAttention": lambda: ConcatenatedKeyValueAttention,
-        "multi_query_attention": lambda: concatenated_key_value_attention,
-    },
-)
+#: the names renamed in 0.1 (deprecated aliases for one release, with a DeprecationWarning)
+DEPRECATED_ALIASES: dict[str, Callable[[], Any]] = {
+    "MultiQueryAttention": lambda: ConcatenatedKeyValueAttention,
+    "multi_query_attention": lambda: concatenated_key_value_attention,
+}
+
+__getattr__ = deprecated_aliases(__name__, DEPRECATED_ALIASES)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._deprecation import renamed_keywords
 from attnlab.general.attention import Attention
 from attnlab.general.padding import (
     attended_keys,
@@ -50,7 +51,7 @@ from attnlab.general.padding import (
     zero_rows,
 )
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, ConventionAttention, renamed_arguments
+from attnlab.query._convention import AttentionCall, ConventionAttention
 from attnlab.registry import register
 
 __all__ = ["TRANSFORMS", "MultiHopAttention", "masked_mean_values"]
@@ -266,7 +267,8 @@ class MultiHopAttention(ConventionAttention):
         ``key`` / ``value``; ``key`` defaults to ``query``."""
         legacy = {k: extras.pop(k) for k in ("keys", "values") if k in extras}
         renames = {"keys": "key", "values": "value"}
-        a = renamed_arguments(type(self).__name__, legacy, renames, key=call.key, value=call.value)
+        current = {"key": call.key, "value": call.value}
+        a = renamed_keywords(type(self).__name__, legacy, renames, current)
         if call.query is None:
             raise TypeError(f"{type(self).__name__}.forward() missing the argument 'query'")
         keys = call.query if a["key"] is None else a["key"]

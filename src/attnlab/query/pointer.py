@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_tensor
+from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value
@@ -244,11 +244,8 @@ class PointerNetwork(Configurable):
     ) -> None:
         super().__init__()
         for name, value in (("d_in", d_in), ("d_hidden", d_hidden), ("num_layers", num_layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        d_embed = d_hidden if d_embed is None else d_embed
-        if isinstance(d_embed, bool) or not isinstance(d_embed, int) or d_embed < 1:
-            raise ConfigError(f"d_embed must be a positive int, got {d_embed!r}")
+            check_int(value, name)
+        d_embed = check_int(d_hidden if d_embed is None else d_embed, "d_embed")
         self.d_in, self.d_hidden, self.d_embed = d_in, d_hidden, d_embed
         self.num_layers = num_layers
         self.mask_chosen = bool(mask_chosen)
@@ -487,9 +484,7 @@ class PointerNetwork(Configurable):
     def _max_steps(self, n: int, max_steps: int | None) -> int:
         if max_steps is None:
             return n + 1 if self.eos else n
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
-            raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
-        return max_steps
+        return check_int(max_steps, "max_steps", 0, error=ValueError)
 
     def _advance(
         self,
@@ -583,9 +578,7 @@ class PointerNetwork(Configurable):
         decoding. When ``k`` is at least the number of possible sequences the search is
         exhaustive (exact).
         """
-        if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1:
-            raise ValueError(f"beam_width must be a positive int, got {beam_width!r}")
-        k = beam_width
+        k = check_int(beam_width, "beam_width", error=ValueError)
         enc = self.encode(x, lengths=lengths, mask=mask)
         B, n = x.shape[:2]
         N = enc.keys.shape[1]

@@ -31,17 +31,13 @@ from torch import Tensor, nn
 
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_int, check_tensor
+from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.activations import get_activation
 from attnlab.general.attention import Attention
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows, zero_rows
 from attnlab.general.scoring import Score
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import (
-    AttentionCall,
-    SequenceAttention,
-    deprecated_attribute,
-    renamed_init_arguments,
-)
+from attnlab.query._convention import AttentionCall, SequenceAttention
 from attnlab.registry import register
 
 __all__ = [
@@ -121,7 +117,7 @@ def orthogonality_penalty(weights: Tensor, reduction: str = "mean") -> Tensor:
     cost="O(B n d_f d_w)",
     aliases=("constant-query", "self-attentive"),
 )
-@renamed_init_arguments(d_k="d_features")
+@renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class ConstantQuerySelfAttention(SequenceAttention):
     """Self-attention with a constant query: the question ("which class is this
     document?") never changes, so it is folded into the query-less score
@@ -194,8 +190,6 @@ class ConstantQuerySelfAttention(SequenceAttention):
             )
         self.d_features = d_features
 
-    d_k = deprecated_attribute("d_k", "d_features")
-
     def _attend(self, call: AttentionCall) -> AttentionOutput:
         key, value, mask, need_weights = call.key, call.value, call.mask, call.need_weights
         B, n = key.shape[:2]
@@ -214,7 +208,7 @@ class ConstantQuerySelfAttention(SequenceAttention):
     cost="O(B r n d_k) for dot scores (+ O(B n d_features d_a) for the key projection)",
     aliases=("learned-query", "structured-self-attention"),
 )
-@renamed_init_arguments(d_k="d_features")
+@renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class LearnedQuerySelfAttention(SequenceAttention):
     """Self-attention with one or several trainable queries ``q_1..q_r`` (Lin et al. 2017).
 
@@ -304,8 +298,6 @@ class LearnedQuerySelfAttention(SequenceAttention):
         """Lin et al.'s ``||A A^T - I||_F^2`` of the weights of a call
         (:func:`orthogonality_penalty`)."""
         return orthogonality_penalty(weights, reduction)
-
-    d_k = deprecated_attribute("d_k", "d_features")
 
     def _attend(self, call: AttentionCall) -> AttentionOutput:
         key, value, mask, need_weights = call.key, call.value, call.mask, call.need_weights
