@@ -7,7 +7,7 @@ import torch
 
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
-from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
 
 
 def test_decoder_attention_specs():
@@ -39,3 +39,22 @@ def test_teacher_forcing_runs_one_step_per_word():
     assert logits.argmax(-1).tolist() == tokens.tolist()
     empty = teacher_forcing(step, 0, tokens[:, :0], torch.zeros(1), 5, 3)
     assert empty[0].shape == (2, 0, 5) and empty[1].shape == (2, 0, 3) and empty[2] is None
+
+
+def test_greedy_search_stops_each_row_at_eos():
+    # word ids 0..4, EOS = 4; row 0 says 1, 2 then EOS, row 1 says 3 until max_len
+    plans = torch.tensor([[1, 2, 4, 4], [3, 3, 3, 3]])
+
+    def step(y, t):
+        logits = torch.full((2, 5), -1.0)
+        logits[torch.arange(2), plans[:, t]] = 1.0
+        return logits, t + 1, torch.full((2, 3), float(t)), None
+
+    def score(logits):
+        return torch.log_softmax(logits, -1)
+
+    tokens, rows, totals = greedy_search(step, 0, torch.zeros(2, dtype=torch.long), 4, 3, score)
+    assert tokens == [[1, 2], [3, 3, 3]]
+    assert [len(r) for r in rows] == [2, 3] and rows[0][1].tolist() == [1.0, 1.0, 1.0]
+    best = float(torch.log_softmax(torch.tensor([1.0, -1, -1, -1, -1]), 0)[0])
+    assert totals[0] == pytest.approx(3 * best) and totals[1] == pytest.approx(3 * best)

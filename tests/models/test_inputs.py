@@ -14,6 +14,7 @@ from attnlab.models._inputs import (
     check_lengths,
     check_mask,
     check_sizes,
+    dict_spec,
     token_mask,
 )
 
@@ -99,3 +100,11 @@ def test_constructor_checks():
         check_index(5, bos_idx=5)
     with pytest.raises(ConfigError, match=r"pad_idx=-1 is outside \[0, tgt_vocab_size\)"):
         check_index(5, "tgt_vocab_size", pad_idx=-1)
+
+
+def test_dict_spec_splits_off_uniform():
+    spec = {"score": "dot", "uniform": True}
+    assert dict_spec(spec) == ({"score": "dot"}, True) and spec["uniform"] is True
+    assert dict_spec({}) == ({}, False)
+    with pytest.raises(ConfigError, match="meta must be a name or a dict spec, got int"):
+        dict_spec(3, "meta")

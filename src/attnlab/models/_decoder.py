@@ -6,7 +6,9 @@ Luong et al. 2015) and the captioner (Xu et al. 2015) both attend once per outpu
   "align": ..., **options}`` for :class:`attnlab.Attention`, or the baselines ``"mean"``
   (no attention) and ``"uniform"`` (``1/n`` weights; also ``"uniform": True`` in a dict);
 * :func:`teacher_forcing` -- the decoder run over the gold words ``[B, T]`` (BOS first),
-  one step per word: O(T) steps of the model's cost.
+  one step per word: O(T) steps of the model's cost;
+* :func:`greedy_search` -- the decoder fed its own most probable word until EOS: at most
+  ``max_len`` steps of the model's cost.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import Tensor
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 
-__all__ = ["decoder_attention", "teacher_forcing"]
+__all__ = ["decoder_attention", "greedy_search", "teacher_forcing"]
 
 #: scores with an inner size ``d_w``, which a decoder may set to its state size
 _SCORES_WITH_D_W = ("additive", "concat", "bahdanau", "mlp")
@@ -83,3 +85,40 @@ def teacher_forcing(
         return ref.new_zeros(B, 0, vocab_size), ref.new_zeros(B, 0, n_keys), None
     log_prob = torch.stack(log_probs, 1) if log_probs else None
     return torch.stack(logits, 1), torch.stack(weights, 1), log_prob
+
+
+def greedy_search(
+    step: Step,
+    state: Any,
+    y: Tensor,
+    eos_idx: int,
+    max_len: int,
+    score: Callable[[Tensor], Tensor],
+) -> tuple[list[list[int]], list[list[Tensor]], list[float]]:
+    """Greedy decoding from the first inputs ``y`` ``[B]`` (BOS): at every step
+    ``step(y, state)`` gives the logits ``[B, V]``, ``score(logits)`` ``[B, V]`` (e.g. the
+    log-probabilities with the words never generated at ``-inf``) picks ``y = argmax``; a
+    row stops at EOS (not kept) or after ``max_len`` words. Returns per row its words, the
+    attention weights of the steps that made them, and the sum of their scores (EOS's
+    included)."""
+    B = y.shape[0]
+    done = torch.zeros(B, dtype=torch.bool, device=y.device)
+    tokens: list[list[int]] = [[] for _ in range(B)]
+    rows: list[list[Tensor]] = [[] for _ in range(B)]
+    totals = [0.0] * B
+    for _ in range(max_len):
+        logits, state, w, _ = step(y, state)
+        scores = score(logits)
+        y = scores.argmax(-1)
+        for b in range(B):
+            if done[b]:
+                continue
+            totals[b] += float(scores[b, y[b]])
+            if int(y[b]) == eos_idx:
+                done[b] = True
+            else:
+                tokens[b].append(int(y[b]))
+                rows[b].append(w[b])
+        if bool(done.all()):
+            break
+    return tokens, rows, totals

@@ -10,7 +10,8 @@ same form: the argument's name, its shape or value, and what was expected.
 * :func:`check_ids`, :func:`check_lengths`, :func:`check_mask` -- its parts, for inputs
   of other ranks (documents ``[B, S, W]``);
 * :func:`check_sizes`, :func:`check_choice`, :func:`check_dropout`, :func:`check_index`
-  -- the constructor checks (each a :class:`~attnlab._checks.ConfigError`).
+  -- the constructor checks (each a :class:`~attnlab._checks.ConfigError`);
+* :func:`dict_spec` -- the options and the ``uniform`` flag of an attention dict spec.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "check_lengths",
     "check_mask",
     "check_sizes",
+    "dict_spec",
     "token_mask",
 ]
 
@@ -207,3 +209,14 @@ def check_index(vocab_size: int, vocab_name: str = "vocab_size", **indices: int 
     for name, index in indices.items():
         if index is not None and not 0 <= index < vocab_size:
             raise ConfigError(f"{name}={index} is outside [0, {vocab_name}) = [0, {vocab_size})")
+
+
+def dict_spec(spec: Any, name: str = "attention") -> tuple[dict[str, Any], bool]:
+    """(a copy of the dict ``spec`` without its key ``uniform``; that key's value as a
+    bool, False if absent): the dict form of a model's attention argument, whose
+    ``"uniform": True`` asks for the uniform baseline of that attention. Anything but a
+    dict: ``ConfigError`` "NAME must be a name or a dict spec, got TYPE"."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{name} must be a name or a dict spec, got {type(spec).__name__}")
+    options = dict(spec)
+    return options, bool(options.pop("uniform", False))

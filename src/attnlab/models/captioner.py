@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
-from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_index, check_sizes
 from attnlab.models._pooling import uniform_context
 from attnlab.registry import Configurable, register
@@ -277,25 +277,19 @@ class ShowAttendTell(Configurable):
         are never generated)."""
         regions = self.encode(images)
         B = regions.shape[0]
-        state = self.init_state(regions)
-        y = torch.full((B,), self.bos_idx, dtype=torch.long, device=regions.device)
-        done = torch.zeros(B, dtype=torch.bool, device=regions.device)
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        rows: list[list[Tensor]] = [[] for _ in range(B)]
-        for _ in range(max_len):
-            logits, state, w, _ = self.step(y, state, regions)
+
+        def never_pad_or_bos(logits: Tensor) -> Tensor:
             logits[:, [self.pad_idx, self.bos_idx]] = float("-inf")
-            y = logits.argmax(-1)
-            for b in range(B):
-                if done[b]:
-                    continue
-                if int(y[b]) == self.eos_idx:
-                    done[b] = True
-                else:
-                    tokens[b].append(int(y[b]))
-                    rows[b].append(w[b])
-            if bool(done.all()):
-                break
+            return logits
+
+        tokens, rows, _ = greedy_search(
+            lambda y, state: self.step(y, state, regions),
+            self.init_state(regions),
+            torch.full((B,), self.bos_idx, dtype=torch.long, device=regions.device),
+            self.eos_idx,
+            max_len,
+            never_pad_or_bos,
+        )
         R = regions.shape[1]
         attention = [torch.stack(r) if r else regions.new_zeros(0, R) for r in rows]
         return Caption(tokens, attention)

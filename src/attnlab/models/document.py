@@ -39,6 +39,7 @@ from attnlab.feature.multilevel import HierarchicalAttention, MaskedRNN, hierarc
 from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import check_choice, check_ids, check_lengths, check_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
+from attnlab.models._rnn import masked_rnn
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
@@ -46,12 +47,6 @@ __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
 ENCODERS = ("bigru", "bilstm", "gru", "lstm", "identity")
 BASELINES = ("mean", "uniform")
 _HAN_NAMES = ("han", "tanh", "queryless", "query-less")
-_RNN = {
-    "bigru": ("gru", True),
-    "gru": ("gru", False),
-    "bilstm": ("lstm", True),
-    "lstm": ("lstm", False),
-}
 
 
 @dataclass
@@ -239,8 +234,7 @@ class DocumentClassifier(Configurable):
     def _make_encoder(name: str, d_in: int, hidden: int) -> nn.Module:
         if name == "identity":
             return nn.Identity()
-        cell, bidirectional = _RNN[name]
-        return MaskedRNN(d_in, hidden, cell=cell, bidirectional=bidirectional)
+        return masked_rnn(name, d_in, hidden)
 
     def _make_attention(
         self, spec: Any, d: int, attention_dim: int | None

@@ -40,7 +40,13 @@ from attnlab._checks import ConfigError
 from attnlab.feature.meta_embedding import CDME, DME
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.models._embedding import as_matrix
-from attnlab.models._inputs import check_choice, check_dropout, check_sizes, token_mask
+from attnlab.models._inputs import (
+    check_choice,
+    check_dropout,
+    check_sizes,
+    dict_spec,
+    token_mask,
+)
 from attnlab.models.sentence import SentenceClassifier
 from attnlab.registry import Configurable, register
 
@@ -242,14 +248,8 @@ class MetaEmbeddingClassifier(Configurable):
 
     def _meta_spec(self, meta: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """(the meta-embedding method, its options) of a spec; sets ``uniform``."""
-        if isinstance(meta, str):
-            spec: dict[str, Any] = {"meta": meta}
-        elif isinstance(meta, dict):
-            spec = dict(meta)
-        else:
-            raise ConfigError(f"meta must be a name or a dict spec, got {type(meta).__name__}")
+        spec, self.uniform = dict_spec({"meta": meta} if isinstance(meta, str) else meta, "meta")
         method = spec.pop("meta", "dme")
-        self.uniform = bool(spec.pop("uniform", False))
         if method == "uniform":
             method, self.uniform = "dme", True
         if method not in (*METHODS, "mean", "concat"):

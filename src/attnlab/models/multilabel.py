@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, check_int
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.models._embedding import init_text_model
-from attnlab.models._inputs import check_choice, token_mask
+from attnlab.models._inputs import check_choice, dict_spec, token_mask
 from attnlab.models._pooling import uniform_weights
 from attnlab.query.capsule import (
     CapsuleAttention,
@@ -252,12 +252,7 @@ class CapsuleClassifier(Configurable):
                 "attention must be 'routing', 'capsule-attention', 'mean', 'uniform' or a "
                 f"dict spec, got {attention!r}"
             )
-        if not isinstance(attention, dict):
-            raise ConfigError(
-                f"attention must be a name or a dict spec, got {type(attention).__name__}"
-            )
-        spec = dict(attention)
-        self.uniform = bool(spec.pop("uniform", False))
+        spec, self.uniform = dict_spec(attention)
         routing = bool(spec.pop("routing", False)) or any(k in spec for k in _ROUTING_KEYS)
         if not routing:
             return "attention", spec

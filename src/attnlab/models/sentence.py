@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
@@ -43,6 +42,7 @@ from attnlab.general.dimensionality import combine_single
 from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import token_mask
 from attnlab.models._pooling import uniform_weights
+from attnlab.models._rnn import run_packed
 from attnlab.output import AttentionOutput
 from attnlab.query.self_attention import LearnedQuerySelfAttention
 from attnlab.registry import Configurable, get, register
@@ -263,12 +263,7 @@ class SentenceClassifier(Configurable):
         if self.encoder_name == "bilstm":
             if n == 0 or B == 0:
                 return x.new_zeros(B, n, self.d_h)
-            lengths = mask.sum(1)
-            packed = pack_padded_sequence(
-                x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-            )
-            out, _ = self.lstm(packed)
-            h, _ = pad_packed_sequence(out, batch_first=True, total_length=n)
+            h, _ = run_packed(self.lstm, x, mask.sum(1))
         elif self.encoder_name == "cnn":
             if n == 0:
                 return x.new_zeros(B, n, self.d_h)

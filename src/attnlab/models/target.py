@@ -31,23 +31,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
-from attnlab.feature.multilevel import MaskedRNN
 from attnlab.feature.rotatory import LCRRotHop, masked_mean
 from attnlab.models._embedding import init_text_model
-from attnlab.models._inputs import token_mask
+from attnlab.models._inputs import dict_spec, token_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
+from attnlab.models._rnn import masked_rnn
 from attnlab.registry import Configurable, register
 
 __all__ = ["PARTS", "TargetOutput", "TargetSentimentClassifier"]
 
 PARTS = ("left", "target", "right")
 ENCODERS = ("bilstm", "bigru", "lstm", "gru")
-_RNN = {
-    "bilstm": ("lstm", True),
-    "bigru": ("gru", True),
-    "lstm": ("lstm", False),
-    "gru": ("gru", False),
-}
 _DEFAULT_NAMES = ("lcr-rot-hop", "rotatory", "lcr-rot")
 
 
@@ -171,12 +165,10 @@ class TargetSentimentClassifier(Configurable):
             num_classes=num_classes, hidden_size=hidden_size, hops=hops,
         )  # fmt: skip
         self.num_classes = int(num_classes)
-        cell, bidirectional = _RNN[encoder]
         self.encoders = nn.ModuleDict(
-            {p: MaskedRNN(embed_dim, hidden_size, cell, bidirectional) for p in PARTS}
+            {p: masked_rnn(encoder, embed_dim, hidden_size) for p in PARTS}
         )
-        d_h = hidden_size * (2 if bidirectional else 1)
-        self.d_h = d_h
+        d_h = self.d_h = self.encoders["left"].out_dim
 
         self.uniform = False
         self.rotatory: LCRRotHop | None = self._make_attention(attention, hops, share_weights)
@@ -199,12 +191,7 @@ class TargetSentimentClassifier(Configurable):
                 "attention must be 'lcr-rot-hop', 'lcr-rot', 'mean', 'uniform' or a dict "
                 f"spec, got {attention!r}"
             )
-        if not isinstance(attention, dict):
-            raise ConfigError(
-                f"attention must be a name or a dict spec, got {type(attention).__name__}"
-            )
-        spec = dict(attention)
-        self.uniform = bool(spec.pop("uniform", False))
+        spec, self.uniform = dict_spec(attention)
         score = spec.pop("score", "activated-general")
         align = spec.pop("align", "soft")
         n_hops = spec.pop("hops", hops)

@@ -38,12 +38,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
-from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
 from attnlab.models._inputs import (
     check_choice,
     check_dropout,
@@ -53,6 +52,7 @@ from attnlab.models._inputs import (
     check_sizes,
 )
 from attnlab.models._pooling import uniform_context, uniform_weights
+from attnlab.models._rnn import run_packed
 from attnlab.registry import Configurable, register
 
 __all__ = [
@@ -212,11 +212,7 @@ class Seq2SeqTranslator(Configurable):
         if B == 0 or S == 0:
             states = x.new_zeros(B, S, self.d)
             return Encoded(states, mask, torch.tanh(self.bridge(x.new_zeros(B, self.d))))
-        packed = pack_padded_sequence(
-            x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-        )
-        out, final = self.encoder(packed)
-        states, _ = pad_packed_sequence(out, batch_first=True, total_length=S)
+        states, final = run_packed(self.encoder, x, lengths)
         h_n = final[0] if self.rnn_type == "lstm" else final  # [2, B, d/2]
         last = torch.cat([h_n[0], h_n[1]], -1) * (lengths > 0)[:, None]
         states = states * mask[..., None]
@@ -327,28 +323,14 @@ class Seq2SeqTranslator(Configurable):
     ) -> Translation:
         """Pick the most probable token at every step until EOS or ``max_len`` tokens."""
         enc = self.encode(src, src_lengths)
-        B = src.shape[0]
-        state = self.init_state(enc)
-        y = torch.full((B,), self.bos_idx, dtype=torch.long, device=src.device)
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        rows: list[list[Tensor]] = [[] for _ in range(B)]
-        scores = [0.0] * B
-        for _ in range(max_len):
-            logits, state, w, _ = self.decode_step(y, state, enc)
-            logp = self.log_probs(logits)
-            y = logp.argmax(-1)
-            for b in range(B):
-                if done[b]:
-                    continue
-                scores[b] += float(logp[b, y[b]])
-                if int(y[b]) == self.eos_idx:
-                    done[b] = True
-                else:
-                    tokens[b].append(int(y[b]))
-                    rows[b].append(w[b])
-            if bool(done.all()):
-                break
+        tokens, rows, scores = greedy_search(
+            lambda y, state: self.decode_step(y, state, enc),
+            self.init_state(enc),
+            torch.full((src.shape[0],), self.bos_idx, dtype=torch.long, device=src.device),
+            self.eos_idx,
+            max_len,
+            self.log_probs,
+        )
         lengths = enc.mask.sum(1).tolist()
         attention = [
             torch.stack(r)[:, : lengths[b]] if r else enc.states.new_zeros(0, lengths[b])

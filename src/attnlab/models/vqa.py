@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError, check_int
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
@@ -62,6 +61,7 @@ from attnlab.models._inputs import (
     token_mask,
 )
 from attnlab.models._pooling import uniform_weights
+from attnlab.models._rnn import run_packed
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["CO_ATTENTIONS", "VQAModel", "VQAOutput"]
@@ -301,12 +301,7 @@ class VQAModel(Configurable):
         x = self.embedding(tokens)
         if B == 0 or n == 0:
             return x.new_zeros(B, n, self.d)
-        lengths = mask.sum(1)
-        packed = pack_padded_sequence(
-            x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-        )
-        out, _ = self.rnn(packed)
-        h, _ = pad_packed_sequence(out, batch_first=True, total_length=n)
+        h, _ = run_packed(self.rnn, x, mask.sum(1))
         return h * mask.unsqueeze(-1).to(h.dtype)
 
     def forward(

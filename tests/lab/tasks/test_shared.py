@@ -13,8 +13,11 @@ from attnlab.data.vocab import Vocab
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, TaskData
 from attnlab.lab.tasks._shared import (
+    ClassifierTask,
     accuracy_and_f1,
     add_reinforce,
+    check_text_options,
+    evaluating,
     first_test_batch,
     first_test_predictions,
     limited_splits,
@@ -120,3 +123,36 @@ def test_first_test_predictions():
     assert gold == ["n", "p", "p"] and len(pred) == 3 and set(pred) <= {"n", "p"}
     assert out.logits.shape == (3, 2)
     assert first_test_predictions(task, model, data, 0, forward) is None
+
+
+def test_evaluating_restores_the_mode_even_on_error():
+    model = torch.nn.Linear(2, 2)
+    with evaluating(model) as inner:
+        assert inner is model and not model.training and not torch.is_grad_enabled()
+    assert model.training and torch.is_grad_enabled()
+    with pytest.raises(RuntimeError, match="boom"), evaluating(model):
+        raise RuntimeError("boom")
+    assert model.training
+    model.eval()
+    with evaluating(model):
+        pass
+    assert not model.training
+
+
+def test_check_text_options():
+    task = SentimentTask(max_len=None, min_freq=1)
+    check_text_options(task, "max_len")
+    for options, match in (
+        ({"embeddings": "word2vec"}, "option embeddings must be one of"),
+        ({"max_eval": 0}, "option max_eval must be an int >= 1 or None, got 0"),
+        ({"min_freq": 1.5}, "option min_freq must be an int, got 1.5"),
+    ):
+        task.options.update({"embeddings": "glove", "max_eval": None, "min_freq": 1, **options})
+        with pytest.raises(ConfigError, match=match):
+            check_text_options(task, "max_len")
+
+
+def test_classifier_task_defaults():
+    assert ClassifierTask.metrics == ("accuracy", "f1") and ClassifierTask.eval_batch_size == 1
+    scores = ClassifierTask.scores(np.array([0, 1, 1]), np.array([0, 1, 0]), 3)
+    assert scores == accuracy_and_f1([0, 1, 1], [0, 1, 0], range(3))

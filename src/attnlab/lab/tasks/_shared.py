@@ -1,16 +1,20 @@
 """Pieces the tasks of the lab share: building a text classifier from a task's options,
 the attention argument of the models that take their baselines by name, the REINFORCE
-term of a sampled (hard) attention, and the predictions and scores of a classifier.
+term of a sampled (hard) attention, running a model for evaluation, the predictions and
+scores of a classifier, and :class:`ClassifierTask`, the loss and predictions of the
+tasks whose model picks one class.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
@@ -18,8 +22,11 @@ from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData
 
 __all__ = [
+    "ClassifierTask",
     "accuracy_and_f1",
     "add_reinforce",
+    "check_text_options",
+    "evaluating",
     "first_test_batch",
     "first_test_predictions",
     "limited_splits",
@@ -55,6 +62,17 @@ def text_classifier_kwargs(task: Task, data: TaskData, attention: Any) -> dict[s
     return kwargs
 
 
+def check_text_options(task: Task, *limits: str) -> None:
+    """The options every text classifier task checks: ``embeddings`` (``"glove"`` or
+    ``"learned"``), the size limits ``max_train``, ``max_eval`` and ``limits`` (ints
+    ``>= 1`` or None) and ``min_freq`` (an int); ``ConfigError`` naming the option."""
+    task.check_option_choice("embeddings", ("glove", "learned"))
+    task.check_int_options("max_train", "max_eval", *limits, optional=True)
+    min_freq = task.options["min_freq"]
+    if isinstance(min_freq, bool) or not isinstance(min_freq, int):
+        raise ConfigError(f"option min_freq must be an int, got {min_freq!r}")
+
+
 def named_attention(task: Task, attention: Mapping[str, Any] | None) -> Any:
     """The attention argument of a model that takes its baselines by name: ``"mean"`` or
     ``"uniform"`` (no options), a preset of ``task`` updated by the other keys, or the spec
@@ -83,6 +101,19 @@ def add_reinforce(loss: Tensor, log_prob: Tensor | None, cost: Tensor, weight: f
         return loss
     reward = -cost.detach()
     return loss + weight * reinforce_loss(log_prob, reward, reward.mean())
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode and under ``torch.no_grad`` inside; its training mode is
+    restored after (also when the block raises)."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was)
 
 
 def predict_classes(
@@ -190,3 +221,64 @@ def limited_splits(task: Task, read: Callable[[str], list[Any]]) -> tuple[list, 
     if o["max_eval"] is not None:
         dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
     return train, dev, test
+
+
+class ClassifierTask(Task):
+    """A task whose model picks one class: :meth:`model_output` gives ``logits`` ``[B, C]``
+    (and, for a sampled attention, ``log_prob`` ``[B]``) for the batch's ``labels`` ``[B]``.
+
+    The loss is the cross-entropy ``CE_i = -log p(y_i | x_i)``, averaged, plus the option
+    ``reinforce_weight`` times the REINFORCE term of a sampled attention (reward
+    ``-CE_i``, :func:`add_reinforce`); :meth:`predict` gives the gold and arg-max classes of
+    a split and :meth:`evaluate` their :meth:`scores`; :meth:`attention_examples` draws
+    the first test examples with :meth:`test_example`.
+    """
+
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1")
+    #: the smallest batch :meth:`predict` reads (larger batches only run faster)
+    eval_batch_size: ClassVar[int] = 1
+
+    @staticmethod
+    def model_output(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
+        """The model's output on one batch (with ``logits`` and, maybe, ``log_prob``)."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        out = self.model_output(model, batch)
+        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
+        log_prob = getattr(out, "log_prob", None)
+        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
+
+    @staticmethod
+    def scores(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[str, float]:
+        """The metrics of the predictions ``pred`` of the gold ``labels``: accuracy and
+        the macro F1 over all ``num_classes`` classes (:func:`accuracy_and_f1`)."""
+        return accuracy_and_f1(labels, pred, range(num_classes))
+
+    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
+        labels, pred = self.predict(model, data, split)
+        return self.scores(labels, pred, data.info["num_classes"])
+
+    def attention_examples(
+        self, model: nn.Module, data: TaskData, n: int = 4
+    ) -> list[AttentionExample]:
+        """The first ``n`` test examples, each drawn by :meth:`test_example`."""
+        shown = first_test_predictions(self, model, data, n, self.model_output)
+        if shown is None:
+            return []
+        out, gold, pred = shown
+        return [
+            self.test_example(out, data.test, row, gold[row], pred[row]) for row in range(len(gold))
+        ]
+
+    def test_example(self, out: Any, part: Any, row: int, gold: str, pred: str) -> AttentionExample:
+        """The attention map of test example ``row``: ``out`` is the model's output on the
+        first test examples (``part`` the test split), ``gold`` and ``pred`` the label
+        names of the example."""
+        raise NotImplementedError(f"{type(self).__name__} implements no test_example")
+
+    def predict(self, model: nn.Module, data: TaskData, split: str) -> tuple[np.ndarray, ...]:
+        """``(labels, predictions)`` of one split (:func:`predict_classes`, batches of the
+        option ``batch_size`` or :attr:`eval_batch_size`, whichever is larger)."""
+        batch_size = max(int(self.options["batch_size"]), self.eval_batch_size)
+        return predict_classes(self, model, data, split, batch_size, self.model_output)

@@ -29,27 +29,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.task import AttentionExample, TaskData, register_task
 from attnlab.lab.tasks._shared import (
-    accuracy_and_f1,
-    add_reinforce,
-    first_test_predictions,
+    ClassifierTask,
+    check_text_options,
     limited_splits,
-    predict_classes,
     sentence_example,
     text_classifier_kwargs,
 )
 from attnlab.models.document import DocumentClassifier
 
-__all__ = ["DocumentData", "DocumentTask", "accuracy_f1", "glove_vocab"]
+__all__ = ["DocumentData", "DocumentTask", "accuracy_f1", "glove_vocab", "task_vocab"]
 
 SOURCES = ("amazon", "nyt", "all")
 
@@ -69,11 +64,9 @@ class DocumentData:
         return len(self.labels)
 
 
-def accuracy_f1(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[str, float]:
-    """Accuracy and macro F1 over all ``num_classes`` classes (scikit-learn; a class that
-    is never predicted nor present counts with F1 0 -- ``zero_division=0``). NaN for an
-    empty split."""
-    return accuracy_and_f1(labels, pred, range(num_classes))
+#: accuracy and macro F1 over all ``num_classes`` classes (scikit-learn, a class never
+#: predicted nor present counting 0; NaN for an empty split): the document task's metrics
+accuracy_f1 = ClassifierTask.scores
 
 
 def glove_vocab(train_tokens: list[list[str]], other_tokens: list[list[str]], min_freq: int):
@@ -90,6 +83,17 @@ def glove_vocab(train_tokens: list[list[str]], other_tokens: list[list[str]], mi
     return vocab, glove.restrict_to(vocab)
 
 
+def task_vocab(
+    options: Mapping[str, Any], train_tokens: list[list[str]], other_tokens: list[list[str]]
+) -> tuple[Vocab, Any]:
+    """The vocabulary of a text task and its embeddings by the task's options: with
+    ``embeddings="glove"`` :func:`glove_vocab` (``attnlab.data.Embeddings``), else the
+    training words seen ``min_freq`` times and None (learned embeddings)."""
+    if options["embeddings"] == "glove":
+        return glove_vocab(train_tokens, other_tokens, options["min_freq"])
+    return Vocab.from_corpus(train_tokens, min_freq=options["min_freq"]), None
+
+
 @register_task(
     "document",
     formula=(
@@ -103,7 +107,7 @@ def glove_vocab(train_tokens: list[list[str]], other_tokens: list[list[str]], mi
     ),
     cost="per document O(S W 6 h (d_e + h) + S W d_h d_w) words + O(S 6 h (d_h + h)) sentences",
 )
-class DocumentTask(Task):
+class DocumentTask(ClassifierTask):
     """Document sentiment with :class:`~attnlab.models.document.DocumentClassifier`.
 
     Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
@@ -148,8 +152,6 @@ class DocumentTask(Task):
             "bucket": True,
         },
     }
-    metrics = ("accuracy", "f1")
-    higher_is_better = True
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 15,
         "batch_size": 16,
@@ -188,14 +190,8 @@ class DocumentTask(Task):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        o = self.options
         self.check_option_choice("source", SOURCES)
-        self.check_option_choice("embeddings", ("glove", "learned"))
-        self.check_int_options(
-            *("max_train", "max_eval", "max_sentences", "max_words"), optional=True
-        )
-        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
-            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+        check_text_options(self, "max_sentences", "max_words")
 
     # ------------------------------------------------------------------ data
 
@@ -228,13 +224,9 @@ class DocumentTask(Task):
             "dataset": f"vader-{o['source']}-documents (Hutto & Gilbert 2014)",
             "embeddings": None,
         }
-        if o["embeddings"] == "glove":
-            other = [list(s) for d in (*dev, *test) for s in d[0]]
-            vocab, emb = glove_vocab(train_sents, other, o["min_freq"])
-            info["embeddings"] = emb.matrix
-            info["coverage"] = emb.coverage
-        else:
-            vocab = Vocab.from_corpus(train_sents, min_freq=o["min_freq"])
+        vocab, emb = task_vocab(o, train_sents, [list(s) for d in (*dev, *test) for s in d[0]])
+        if emb is not None:
+            info["embeddings"], info["coverage"] = emb.matrix, emb.coverage
         info["vocab"] = vocab
 
         def encode(rows: list[tuple[Any, ...]]) -> DocumentData:
@@ -284,90 +276,70 @@ class DocumentTask(Task):
     # ------------------------------------------------------------------ training
 
     @staticmethod
-    def _forward(model: nn.Module, batch: Mapping[str, Tensor]):
+    def model_output(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
         return model(
             batch["tokens"],
             word_lengths=batch["word_lengths"],
             sentence_lengths=batch["sentence_lengths"],
         )
 
-    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-        out = self._forward(model, batch)
-        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        return add_reinforce(ce.mean(), out.log_prob, ce, float(self.options["reinforce_weight"]))
-
-    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        labels, pred = predict_classes(
-            self, model, data, split, int(self.options["batch_size"]), self._forward
-        )
-        return accuracy_f1(labels, pred, data.info["num_classes"])
-
-    def attention_examples(
-        self, model: nn.Module, data: TaskData, n: int = 4
-    ) -> list[AttentionExample]:
-        """The first ``n`` test documents, each as a ``"tokens"`` example over all its
-        words: the weight of word ``t`` of sentence ``i`` is ``b_i a_it`` (its share of the
-        document vector; the weights of a document sum to 1). ``extra`` holds the
+    def test_example(
+        self, out: Any, part: DocumentData, row: int, gold: str, pred: str
+    ) -> AttentionExample:
+        """Test document ``row`` as a ``"tokens"`` example over all its words (``out`` the
+        model's output on the first test documents, ``gold`` and ``pred`` the label
+        names): the weight of word ``t`` of sentence ``i`` is ``b_i a_it`` (its share of
+        the document vector; the weights of a document sum to 1). ``extra`` holds the
         hierarchical view: ``sentences`` (the tokens of each sentence), ``sentence_weights``
         ``b_i``, ``word_weights`` ``a_it`` (per sentence), ``sentence_scores`` (the gold
         ratings, -4..4) and ``sentence_starts`` (where each sentence begins in ``cols``).
         Mean pooling shows its implicit weights ``1/n``; multi-dimensional attention the
         mean over the features."""
-        shown = first_test_predictions(self, model, data, n, self._forward)
-        if shown is None:
-            return []
-        out, gold, pred = shown
-        part: DocumentData = data.test
-        examples = []
-        for row in range(len(gold)):
-            sentences = [list(s) for s in part.tokens[row]]
-            notes = []
-            if out.sentence_weights is None:
-                real = [1.0 if s else 0.0 for s in sentences]
-                b = [r / max(sum(real), 1.0) for r in real]
-                notes.append("sentence level: mean pooling (every sentence weighs 1/n)")
-            else:
-                sw = out.sentence_weights[row, : len(sentences)].float()
-                if sw.dim() == 2:
-                    sw = sw.mean(-1)
-                    notes.append("sentence level: multi-dimensional, mean over the features")
-                b = sw.cpu().tolist()
-            word_weights = []
-            for j, sent in enumerate(sentences):
-                if out.word_weights is None:
-                    word_weights.append([1.0 / len(sent)] * len(sent) if sent else [])
-                else:
-                    ww = out.word_weights[row, j, : len(sent)].float()
-                    if ww.dim() == 2:
-                        ww = ww.mean(-1)
-                    word_weights.append(ww.cpu().tolist())
+        sentences = [list(s) for s in part.tokens[row]]
+        notes = []
+        if out.sentence_weights is None:
+            real = [1.0 if s else 0.0 for s in sentences]
+            b = [r / max(sum(real), 1.0) for r in real]
+            notes.append("sentence level: mean pooling (every sentence weighs 1/n)")
+        else:
+            sw = out.sentence_weights[row, : len(sentences)].float()
+            if sw.dim() == 2:
+                sw = sw.mean(-1)
+                notes.append("sentence level: multi-dimensional, mean over the features")
+            b = sw.cpu().tolist()
+        word_weights = []
+        for j, sent in enumerate(sentences):
             if out.word_weights is None:
-                notes.append("word level: mean pooling (every word weighs 1/n)")
-            elif out.word_weights.dim() == 4:
-                notes.append("word level: multi-dimensional, mean over the features")
-            cols, flat, starts = [], [], []
-            for j, sent in enumerate(sentences):
-                starts.append(len(cols))
-                cols.extend(sent)
-                flat.extend(b[j] * w for w in word_weights[j])
-            extra: dict[str, Any] = {
-                "sentences": sentences,
-                "sentence_weights": b,
-                "word_weights": word_weights,
-                "sentence_scores": list(part.sentence_scores[row]),
-                "sentence_starts": starts,
-                "document_id": part.doc_ids[row],
-            }
-            if notes:
-                extra["note"] = "; ".join(notes)
-            examples.append(
-                sentence_example(
-                    f"test #{row} ({part.doc_ids[row]})",
-                    cols,
-                    flat,
-                    gold[row],
-                    pred[row],
-                    extra,
-                )
-            )
-        return examples
+                word_weights.append([1.0 / len(sent)] * len(sent) if sent else [])
+            else:
+                ww = out.word_weights[row, j, : len(sent)].float()
+                if ww.dim() == 2:
+                    ww = ww.mean(-1)
+                word_weights.append(ww.cpu().tolist())
+        if out.word_weights is None:
+            notes.append("word level: mean pooling (every word weighs 1/n)")
+        elif out.word_weights.dim() == 4:
+            notes.append("word level: multi-dimensional, mean over the features")
+        cols, flat, starts = [], [], []
+        for j, sent in enumerate(sentences):
+            starts.append(len(cols))
+            cols.extend(sent)
+            flat.extend(b[j] * w for w in word_weights[j])
+        extra: dict[str, Any] = {
+            "sentences": sentences,
+            "sentence_weights": b,
+            "word_weights": word_weights,
+            "sentence_scores": list(part.sentence_scores[row]),
+            "sentence_starts": starts,
+            "document_id": part.doc_ids[row],
+        }
+        if notes:
+            extra["note"] = "; ".join(notes)
+        return sentence_example(
+            f"test #{row} ({part.doc_ids[row]})",
+            cols,
+            flat,
+            gold,
+            pred,
+            extra,
+        )

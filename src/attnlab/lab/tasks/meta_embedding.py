@@ -35,12 +35,14 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.data.vocab import Vocab
-from attnlab.lab.batching import pad_ids, token_batch
+from attnlab.lab.batching import token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.lab.tasks._shared import named_attention
 from attnlab.lab.tasks.multilabel import (
     EncodedSplit,
-    subsample,
+    first_texts,
+    subsampled_parts,
+    text_outputs,
     tokenize,
 )
 from attnlab.models.meta_embedding import MetaEmbeddingClassifier
@@ -159,12 +161,10 @@ class MetaEmbeddingTask(Task):
             return _CACHE[key]
         self.check_int_options("max_len", "min_freq")
         ds = load_rotten_tomatoes()
-        splits = {}
-        for name in ("train", "dev", "test"):
-            part = ds.split(name)
-            limit = o["max_train"] if name == "train" else o["max_eval"]
-            part = part.subset(subsample(len(part), limit, o["data_seed"]))
-            splits[name] = (part.texts, part.labels, part.ids)
+        splits = {
+            name: (part.texts, part.labels, part.ids)
+            for name, part in subsampled_parts(ds, o).items()
+        }
         vectors = {t: load_table(t) for t in tables}
         data = self.prepare(splits, ds.label_names, vectors, source=ds.name)
         _CACHE[key] = data
@@ -258,18 +258,10 @@ class MetaEmbeddingTask(Task):
     def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
         from sklearn.metrics import accuracy_score, f1_score
 
-        was = model.training
-        model.eval()
-        device = next(model.parameters()).device
         pred, gold = [], []
-        try:
-            with torch.no_grad():
-                for batch in self.batches(data, split, int(self.options["batch_size"])):
-                    out = model(batch["tokens"].to(device), batch["lengths"].to(device))
-                    pred += out.logits.argmax(-1).cpu().tolist()
-                    gold += batch["labels"].tolist()
-        finally:
-            model.train(was)
+        for batch, out in text_outputs(self, model, data, split):
+            pred += out.logits.argmax(-1).cpu().tolist()
+            gold += batch["labels"].tolist()
         if not gold:
             return {m: float("nan") for m in self.metrics}
         return {
@@ -283,18 +275,7 @@ class MetaEmbeddingTask(Task):
         part: EncodedSplit = data.test
         names = data.info["label_names"]
         tables = list(data.info["tables"])
-        chosen = [i for i in range(len(part)) if part.ids[i]][:n]
-        if not chosen:
-            return []
-        was = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        try:
-            with torch.no_grad():
-                tokens, lengths = pad_ids([part.ids[i] for i in chosen])
-                out = model(tokens.to(device), lengths.to(device))
-        finally:
-            model.train(was)
+        chosen, out = first_texts(model, part, n)
         examples = []
         for row, i in enumerate(chosen):
             k = len(part.ids[i])

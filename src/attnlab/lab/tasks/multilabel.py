@@ -24,7 +24,7 @@ scikit-learn.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,10 +36,17 @@ from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.lab.batching import pad_ids, token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import named_attention
+from attnlab.lab.tasks._shared import evaluating, named_attention
 from attnlab.models.multilabel import CapsuleClassifier
 
-__all__ = ["EncodedSplit", "MultiLabelTask", "subsample"]
+__all__ = [
+    "EncodedSplit",
+    "MultiLabelTask",
+    "first_texts",
+    "subsample",
+    "subsampled_parts",
+    "text_outputs",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +82,41 @@ def subsample(n: int, limit: int | None, seed: int) -> list[int]:
 
 def tokenize(text: str, max_len: int) -> tuple[str, ...]:
     return tuple(simple_tokenize(text, lower=True)[:max_len])
+
+
+def subsampled_parts(dataset: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``train``, ``dev`` and ``test`` parts of ``dataset`` (``dataset.split(name)``,
+    cut with ``part.subset(indices)``) within the options ``max_train`` (train) and
+    ``max_eval`` (dev, test), subsampled with ``data_seed`` (:func:`subsample`)."""
+    parts = {}
+    for name in ("train", "dev", "test"):
+        part = dataset.split(name)
+        limit = options["max_train"] if name == "train" else options["max_eval"]
+        parts[name] = part.subset(subsample(len(part), limit, options["data_seed"]))
+    return parts
+
+
+def text_outputs(
+    task: Task, model: nn.Module, data: TaskData, split: str
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """``(batch, model(tokens, lengths))`` for each batch of ``split`` (``batch_size`` of
+    the task's options), the model in eval mode under no_grad (:func:`evaluating`)."""
+    device = next(model.parameters()).device
+    with evaluating(model):
+        for batch in task.batches(data, split, int(task.options["batch_size"])):
+            yield batch, model(batch["tokens"].to(device), batch["lengths"].to(device))
+
+
+def first_texts(model: nn.Module, part: EncodedSplit, n: int) -> tuple[list[int], Any]:
+    """The indices of the first ``n`` non-empty texts of ``part`` and the model's output on
+    them (one padded batch, eval mode, no_grad); ``([], None)`` when there is none."""
+    chosen = [i for i in range(len(part)) if part.ids[i]][:n]
+    if not chosen:
+        return [], None
+    device = next(model.parameters()).device
+    tokens, lengths = pad_ids([part.ids[i] for i in chosen])
+    with evaluating(model):
+        return chosen, model(tokens.to(device), lengths.to(device))
 
 
 _CACHE: dict[tuple, TaskData] = {}
@@ -161,12 +203,10 @@ class MultiLabelTask(Task):
             return _CACHE[key]
         self.check_int_options("max_len", "min_count", "min_freq", "embed_dim")
         ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
-        splits = {}
-        for name in ("train", "dev", "test"):
-            part = ds.split(name)
-            limit = o["max_train"] if name == "train" else o["max_eval"]
-            part = part.subset(subsample(len(part), limit, o["data_seed"]))
-            splits[name] = (part.texts, part.label_sets, part.ids)
+        splits = {
+            name: (part.texts, part.label_sets, part.ids)
+            for name, part in subsampled_parts(ds, o).items()
+        }
         data = self.prepare(splits, ds.label_names, source=ds.name)
         _CACHE[key] = data
         return data
@@ -257,18 +297,10 @@ class MultiLabelTask(Task):
 
     def predict(self, model: nn.Module, data: TaskData, split: str) -> tuple[np.ndarray, ...]:
         """``(probabilities [N, L], gold [N, L])`` of a split."""
-        was = model.training
-        model.eval()
         probs, gold = [], []
-        device = next(model.parameters()).device
-        try:
-            with torch.no_grad():
-                for batch in self.batches(data, split, int(self.options["batch_size"])):
-                    out = model(batch["tokens"].to(device), batch["lengths"].to(device))
-                    probs.append(out.probs.float().cpu().numpy())
-                    gold.append(batch["targets"].numpy())
-        finally:
-            model.train(was)
+        for batch, out in text_outputs(self, model, data, split):
+            probs.append(out.probs.float().cpu().numpy())
+            gold.append(batch["targets"].numpy())
         L = data.info["num_labels"]
         if not probs:
             return np.zeros((0, L), np.float32), np.zeros((0, L), np.float32)
@@ -294,18 +326,7 @@ class MultiLabelTask(Task):
     ) -> list[AttentionExample]:
         part: EncodedSplit = data.test
         names = data.info["label_names"]
-        chosen = [i for i in range(len(part)) if part.ids[i]][:n]
-        if not chosen:
-            return []
-        was = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        try:
-            with torch.no_grad():
-                tokens, lengths = pad_ids([part.ids[i] for i in chosen])
-                out = model(tokens.to(device), lengths.to(device))
-        finally:
-            model.train(was)
+        chosen, out = first_texts(model, part, n)
         threshold = float(self.options["threshold"])
         examples = []
         for row, i in enumerate(chosen):

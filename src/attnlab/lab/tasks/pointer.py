@@ -125,11 +125,7 @@ class PointerTask(Task):
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "additive"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "additive": {"score": "additive"},
-        "general": {"score": "general"},
-        "dot": {"score": "dot"},
-        "scaled-dot": {"score": "scaled-dot"},
-        "cosine": {"score": "cosine"},
+        score: {"score": score} for score in ("additive", "general", "dot", "scaled-dot", "cosine")
     }
     data_source: ClassVar[str] = "generated sorting / planar convex-hull instances (no package)"
 

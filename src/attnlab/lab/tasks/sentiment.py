@@ -43,6 +43,7 @@ from attnlab.lab.batching import token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.lab.tasks._shared import (
     add_reinforce,
+    check_text_options,
     first_test_batch,
     limited_splits,
     sentence_example,
@@ -246,16 +247,13 @@ class SentimentTask(Task):
         super().__init__(**options)
         o = self.options
         self.check_option_choice("data", DATA_CHOICES)
-        self.check_option_choice("embeddings", ("glove", "learned"))
         if o["data"] == "csv" and not o["path"]:
             raise ConfigError("data=csv needs the option path=<your .csv/.tsv/.jsonl file>")
-        self.check_int_options(*("max_train", "max_eval", "max_len"), optional=True)
         if o["length_filter"] not in (None, "jain-wallace"):
             raise ConfigError(
                 f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
             )
-        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
-            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+        check_text_options(self, "max_len")
 
     # ------------------------------------------------------------------ data
 

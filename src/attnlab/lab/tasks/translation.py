@@ -49,6 +49,7 @@ from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.tasks._shared import evaluating
 from attnlab.models.translator import Seq2SeqTranslator, Translation
 
 __all__ = ["TranslationData", "TranslationTask", "corpus_bleu", "synthetic_pairs"]
@@ -441,9 +442,7 @@ class TranslationTask(Task):
         refs: list[list[str]] = []
         max_len = self._decode_len(part)
         bs = int(self.options["batch_size"])
-        was = model.training
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model):
             for start in range(0, len(idx), bs):
                 batch = {
                     k: v.to(device) for k, v in self.collate(part, idx[start : start + bs]).items()
@@ -463,7 +462,6 @@ class TranslationTask(Task):
                 tr = self.translate(model, batch, max_len)
                 hyps += [tgt_vocab.decode(t) for t in tr.tokens]
                 refs += [list(part.target[i]) for i in batch["index"].tolist()]
-        model.train(was)
         n = max(total_n, 1)
         return {
             "bleu": corpus_bleu(hyps, refs),
@@ -484,9 +482,7 @@ class TranslationTask(Task):
         part: TranslationData = data.split(split)
         device = next(model.parameters()).device
         out_list: list[Tensor] = []
-        was = model.training
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model):
             for start in range(0, len(part), 64):
                 idx = list(range(start, min(start + 64, len(part))))
                 batch = {k: v.to(device) for k, v in self.collate(part, idx).items()}
@@ -494,7 +490,6 @@ class TranslationTask(Task):
                 for b, i in enumerate(idx):
                     T, S = len(part.tgt_ids[i]), len(part.src_ids[i])
                     out_list.append(out.weights[b, :T, :S].detach().cpu())
-        model.train(was)
         return out_list
 
     def attention_examples(
@@ -507,11 +502,8 @@ class TranslationTask(Task):
         device = next(model.parameters()).device
         tgt_vocab: Vocab = data.info["tgt_vocab"]
         batch = {k: v.to(device) for k, v in self.collate(part, idx).items()}
-        was = model.training
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model):
             tr = self.translate(model, batch, self._decode_len(part))
-        model.train(was)
         gold = None
         examples = []
         for b, i in enumerate(idx):

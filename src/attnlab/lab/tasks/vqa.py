@@ -26,13 +26,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import accuracy_and_f1, add_reinforce, predict_classes
+from attnlab.lab.task import AttentionExample, TaskData, register_task
+from attnlab.lab.tasks._shared import ClassifierTask, accuracy_and_f1
 from attnlab.models.vqa import VQAModel
 
 __all__ = ["VQAData", "VQATask", "vqa_metrics"]
@@ -77,7 +76,7 @@ def vqa_metrics(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[
     "Question Answering, NeurIPS; data: easy-VQA (Zhou 2020, MIT licence)",
     cost="CNN once per image + BiLSTM O(n 8 h (d_e + h)) + co-attention O(n R d) per question",
 )
-class VQATask(Task):
+class VQATask(ClassifierTask):
     """easy-VQA with :class:`~attnlab.models.vqa.VQAModel`.
 
     Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
@@ -102,6 +101,8 @@ class VQATask(Task):
     and RMSprop (Adam here).
     """
 
+    eval_batch_size = 256
+    scores = staticmethod(vqa_metrics)
     metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1_macro")
     higher_is_better: ClassVar[bool] = True
     option_presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -193,15 +194,10 @@ class VQATask(Task):
         }
         return TaskData(prepare("train", train), prepare("dev", dev), prepare("test", test), info)
 
-    def batch_indices(
-        self,
-        part: VQAData,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[list[int]]:
-        return image_grouped_order(part, batch_size, shuffle=shuffle, generator=generator)
+    def batch_indices(self, part: VQAData, batch_size: int, **order: Any) -> Iterator[list[int]]:
+        """The questions of an image in one batch (:func:`image_grouped_order`; ``order``:
+        ``shuffle`` and ``generator``, as in :meth:`Task.batch_indices`)."""
+        return image_grouped_order(part, batch_size, **order)
 
     def make_batch(self, data: TaskData, part: VQAData, idx: list[int]) -> dict[str, Tensor]:
         return vqa_batch(part, idx)
@@ -228,24 +224,10 @@ class VQATask(Task):
     # ------------------------------------------------------------------ training
 
     @staticmethod
-    def _forward(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
+    def model_output(model: nn.Module, batch: Mapping[str, Tensor]) -> Any:
         return model(
             batch["images"], batch["tokens"], batch["lengths"], image_index=batch["image_index"]
         )
-
-    def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-        out = self._forward(model, batch)
-        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
-        return add_reinforce(ce.mean(), out.log_prob, ce, float(self.options["reinforce_weight"]))
-
-    def predict(self, model: nn.Module, data: TaskData, split: str) -> tuple[np.ndarray, ...]:
-        """``(labels, predictions)`` of one split."""
-        batch_size = max(int(self.options["batch_size"]), 256)
-        return predict_classes(self, model, data, split, batch_size, self._forward)
-
-    def evaluate(self, model: nn.Module, data: TaskData, split: str) -> dict[str, float]:
-        labels, pred = self.predict(model, data, split)
-        return vqa_metrics(labels, pred, data.info["num_classes"])
 
     def attention_examples(
         self, model: nn.Module, data: TaskData, n: int = 4

@@ -1,0 +1,53 @@
+"""The recurrent encoders of the task models.
+
+:func:`masked_rnn` builds the :class:`~attnlab.feature.multilevel.MaskedRNN` of an encoder
+name (``"bilstm"``, ``"bigru"``, ``"lstm"``, ``"gru"``: :data:`RNN_ENCODERS`), as the
+document and target classifiers take it. :func:`run_packed` is the packed run of a
+recurrent encoder over prefix-padded sequences, shared by the task models whose real
+tokens come first (the sentence classifier's BiLSTM, the VQA question encoder, the
+translator's encoder).
+
+``run_packed(rnn, x, lengths)`` packs ``x`` ``[B, n, d_in]`` by ``lengths`` ``[B]``, so the
+recurrence never reads padding, and pads the outputs back to ``n`` steps. A row of length
+0 is run as length 1 (``pack_padded_sequence`` refuses 0); its outputs are the caller's to
+mask. Cost: that of the cell, O(B n d_in h), sequential in ``n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnlab.feature.multilevel import MaskedRNN
+
+__all__ = ["RNN_ENCODERS", "masked_rnn", "run_packed"]
+
+#: encoder name -> (its cell, whether it is bidirectional)
+RNN_ENCODERS: dict[str, tuple[str, bool]] = {
+    "bilstm": ("lstm", True),
+    "bigru": ("gru", True),
+    "lstm": ("lstm", False),
+    "gru": ("gru", False),
+}
+
+
+def masked_rnn(name: str, d_in: int, hidden: int) -> MaskedRNN:
+    """The :class:`MaskedRNN` of the encoder ``name`` (a key of :data:`RNN_ENCODERS`) from
+    ``d_in`` features to ``hidden`` units per direction (its ``out_dim``: ``2 hidden``
+    when bidirectional)."""
+    cell, bidirectional = RNN_ENCODERS[name]
+    return MaskedRNN(d_in, hidden, cell=cell, bidirectional=bidirectional)
+
+
+def run_packed(rnn: nn.RNNBase, x: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:
+    """(the outputs ``[B, n, d_out]`` of the ``batch_first`` ``rnn`` over the first
+    ``lengths[b]`` steps of each row of ``x`` ``[B, n, d_in]``, zero beyond them; the final
+    state the ``rnn`` returns). ``B`` and ``n`` must be at least 1."""
+    packed = pack_padded_sequence(
+        x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+    )
+    out, final = rnn(packed)
+    h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    return h, final
