@@ -15,6 +15,7 @@ ablation swaps only the attention.
 * :class:`ShowAttendTell` (``"captioner"``) -- Show, Attend and Tell, Xu et al. 2015.
 * :class:`ListenAttendSpell` (``"recogniser"``) -- Listen, Attend and Spell, Chan et al.
   2016.
+* :class:`Inpainter` (``"inpainter"``) -- a CNN with a non-local block, Wang et al. 2018.
 
 Importing this package registers every task model (``registry.names("model")``); the
 registry itself loads only the core mechanisms (general, feature, query).
@@ -22,6 +23,7 @@ registry itself loads only the core mechanisms (general, feature, query).
 
 from attnlab.models.captioner import CaptionerOutput, ShowAttendTell
 from attnlab.models.document import DocumentClassifier, DocumentOutput
+from attnlab.models.inpainter import Inpainter, InpainterOutput
 from attnlab.models.meta_embedding import MetaEmbeddingClassifier, MetaEmbeddingOutput
 from attnlab.models.multilabel import CapsuleClassifier, MultiLabelOutput
 from attnlab.models.pointer import PointerNetworkModel
@@ -36,6 +38,8 @@ __all__ = [
     "CaptionerOutput",
     "DocumentClassifier",
     "DocumentOutput",
+    "Inpainter",
+    "InpainterOutput",
     "ListenAttendSpell",
     "MetaEmbeddingClassifier",
     "MetaEmbeddingOutput",

@@ -8,6 +8,7 @@ package first.
 
 from attnlab.lab.tasks.captioning import CaptioningTask
 from attnlab.lab.tasks.document import DocumentTask
+from attnlab.lab.tasks.inpainting import InpaintingTask
 from attnlab.lab.tasks.meta_embedding import MetaEmbeddingTask
 from attnlab.lab.tasks.multilabel import MultiLabelTask
 from attnlab.lab.tasks.pointer import PointerTask
@@ -20,6 +21,7 @@ from attnlab.lab.tasks.vqa import VQATask
 __all__ = [
     "CaptioningTask",
     "DocumentTask",
+    "InpaintingTask",
     "MetaEmbeddingTask",
     "MultiLabelTask",
     "PointerTask",
