@@ -52,3 +52,21 @@ def test_errors_name_the_argument() -> None:
     with pytest.raises(ValueError, match="smaller than the SSIM window"):
         ssim(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8))
     assert ssim(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 8, 8), kernel_size=7) == 1.0
+
+
+def test_ssim_window_follows_kernel_size() -> None:
+    """torchmetrics sizes its Gaussian window from sigma alone: a smaller kernel_size must
+    really give a smaller window (8 x 8 images crashed with the 11 x 11 one), and the
+    default stays Wang et al.'s 11 x 11 window with sigma 1.5."""
+    from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 1, 8, 8, generator=g)
+    y = (x + 0.1 * torch.randn(2, 1, 8, 8, generator=g)).clamp(0, 1)
+    small = ssim(x, y, kernel_size=7)
+    assert 0.0 < small < 1.0
+    big_x = torch.rand(2, 3, 16, 16, generator=g)
+    big_y = (big_x + 0.1 * torch.randn(2, 3, 16, 16, generator=g)).clamp(0, 1)
+    ref = float(tm_ssim(big_x, big_y, data_range=1.0))
+    assert ssim(big_x, big_y) == pytest.approx(ref, abs=1e-6)
+    assert ssim(big_x, big_y, kernel_size=5) != pytest.approx(ref, abs=1e-3)

@@ -69,7 +69,9 @@ def ssim_per_image(
     preds: Tensor, target: Tensor, data_range: float = 1.0, kernel_size: int = 11
 ) -> Tensor:
     """SSIM of each image ``[N]`` (Gaussian window ``kernel_size`` x ``kernel_size``,
-    sigma 1.5; the images must be at least that large)."""
+    sigma ``1.5 * kernel_size / 11``: Wang et al.'s 11 x 11 window with sigma 1.5, scaled
+    to the size asked for; the images must be at least that large). torchmetrics derives
+    its Gaussian window's size from sigma alone, so sigma is what sets the size here."""
     functional = require("torchmetrics.functional.image")
     p, t = _images(preds, target, data_range)
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 3:
@@ -82,7 +84,12 @@ def ssim_per_image(
             f"({kernel_size}); pass a smaller odd kernel_size"
         )
     out = functional.structural_similarity_index_measure(
-        p, t, data_range=float(data_range), kernel_size=kernel_size, reduction="none"
+        p,
+        t,
+        data_range=float(data_range),
+        kernel_size=kernel_size,
+        sigma=1.5 * kernel_size / 11,
+        reduction="none",
     )
     return torch.as_tensor(out).reshape(-1)
 

@@ -86,7 +86,8 @@ def _crops(images: Tensor, boxes: np.ndarray, block: int) -> Tensor:
     return torch.stack(crops).permute(0, 3, 1, 2)
 
 
-#: torchmetrics' Gaussian SSIM window (sigma 1.5) is 11 x 11 whatever kernel_size says
+#: SSIM's window (Wang et al.'s 11 x 11 Gaussian); smaller images get NaN rather than a
+#: window of another size, so the figures stay comparable with the literature's
 _SSIM_WINDOW = 11
 
 
