@@ -94,31 +94,36 @@ def greedy_search(
     eos_idx: int,
     max_len: int,
     score: Callable[[Tensor], Tensor],
-) -> tuple[list[list[int]], list[list[Tensor]], list[float]]:
+) -> tuple[list[list[int]], list[Tensor], list[float]]:
     """Greedy decoding from the first inputs ``y`` ``[B]`` (BOS): at every step
     ``step(y, state)`` gives the logits ``[B, V]``, ``score(logits)`` ``[B, V]`` (e.g. the
     log-probabilities with the words never generated at ``-inf``) picks ``y = argmax``; a
     row stops at EOS (not kept) or after ``max_len`` words. Returns per row its words, the
-    attention weights of the steps that made them, and the sum of their scores (EOS's
-    included)."""
+    attention weights of the steps that made them (``[n_words, n_k]``) and the sum of
+    their scores (EOS's included). The batch stays on the device while it decodes: one
+    host sync per step (has every row ended?), the rows are cut at their EOS after."""
     B = y.shape[0]
-    done = torch.zeros(B, dtype=torch.bool, device=y.device)
-    tokens: list[list[int]] = [[] for _ in range(B)]
-    rows: list[list[Tensor]] = [[] for _ in range(B)]
-    totals = [0.0] * B
+    ended = torch.zeros(B, dtype=torch.bool, device=y.device)
+    words, weights, picked = [], [], []
     for _ in range(max_len):
         logits, state, w, _ = step(y, state)
         scores = score(logits)
         y = scores.argmax(-1)
-        for b in range(B):
-            if done[b]:
-                continue
-            totals[b] += float(scores[b, y[b]])
-            if int(y[b]) == eos_idx:
-                done[b] = True
-            else:
-                tokens[b].append(int(y[b]))
-                rows[b].append(w[b])
-        if bool(done.all()):
+        words.append(y)
+        weights.append(w)
+        picked.append(scores.gather(-1, y[:, None])[:, 0])
+        ended |= y == eos_idx
+        if bool(ended.all()):
             break
+    if not words:
+        return [[] for _ in range(B)], [y.new_zeros(0, 0, dtype=torch.float)] * B, [0.0] * B
+    emitted = torch.stack(words, 1).tolist()  # [B, steps]
+    attention = torch.stack(weights, 1)  # [B, steps, n_k]
+    gains = torch.stack(picked, 1)  # [B, steps]
+    tokens, rows, totals = [], [], []
+    for b, seq in enumerate(emitted):
+        n = seq.index(eos_idx) if eos_idx in seq else len(seq)
+        tokens.append(seq[:n])
+        rows.append(attention[b, :n])
+        totals.append(float(gains[b, : min(n + 1, len(seq))].sum()))
     return tokens, rows, totals

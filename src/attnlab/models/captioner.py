@@ -290,6 +290,4 @@ class ShowAttendTell(Configurable):
             max_len,
             never_pad_or_bos,
         )
-        R = regions.shape[1]
-        attention = [torch.stack(r) if r else regions.new_zeros(0, R) for r in rows]
-        return Caption(tokens, attention)
+        return Caption(tokens, rows)

@@ -44,7 +44,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import check_int
 from attnlab.general.attention import Attention
-from attnlab.models._decoder import decoder_attention, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_ids, check_index, check_sizes
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.registry import Configurable, register
@@ -303,23 +303,19 @@ class ListenAttendSpell(Configurable):
         check_int(max_len, "max_len", 1, error=ValueError)
         enc = self.listen(features, lengths)
         B = enc.mask.shape[0]
-        state = self.init_state(enc)
-        y = torch.full((B,), self.bos_idx, dtype=torch.long, device=enc.keys.device)
-        ids, rows = [], []
-        ended = torch.zeros(B, dtype=torch.bool, device=enc.keys.device)
-        while len(ids) < max_len and not bool(ended.all()):
-            logits, state, w, _ = self.step(y, state, enc)
+
+        def never_pad_or_bos(logits: Tensor) -> Tensor:
             logits[:, [self.pad_idx, self.bos_idx]] = float("-inf")
-            y = logits.argmax(-1)
-            ids.append(y)
-            rows.append(w)
-            ended |= y == self.eos_idx
-        emitted = torch.stack(ids, 1).tolist()  # [B, steps]
-        weights = torch.stack(rows, 1)  # [B, steps, S]
+            return logits
+
+        tokens, rows, _ = greedy_search(
+            lambda y, state: self.step(y, state, enc),
+            self.init_state(enc),
+            torch.full((B,), self.bos_idx, dtype=torch.long, device=enc.keys.device),
+            self.eos_idx,
+            max_len,
+            never_pad_or_bos,
+        )
         real = enc.mask.sum(1).tolist()
-        tokens, attention = [], []
-        for b, seq in enumerate(emitted):
-            n = seq.index(self.eos_idx) if self.eos_idx in seq else len(seq)
-            tokens.append(seq[:n])
-            attention.append(weights[b, :n, : real[b]])
+        attention = [r[:, : real[b]] for b, r in enumerate(rows)]
         return Transcript(tokens, attention)

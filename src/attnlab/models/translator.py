@@ -332,10 +332,7 @@ class Seq2SeqTranslator(Configurable):
             self.log_probs,
         )
         lengths = enc.mask.sum(1).tolist()
-        attention = [
-            torch.stack(r)[:, : lengths[b]] if r else enc.states.new_zeros(0, lengths[b])
-            for b, r in enumerate(rows)
-        ]
+        attention = [r[:, : lengths[b]] for b, r in enumerate(rows)]
         return Translation(tokens, attention, scores)
 
     @torch.no_grad()
