@@ -261,6 +261,55 @@ def test_register_rejects_a_second_class_under_one_name(monkeypatch):
             pass
 
 
+def test_register_reads_the_card_from_the_docstring_fields(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", copy.copy(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_ALIASES", copy.copy(registry._ALIASES))
+
+    @registry.register("test-kind", "carded")
+    class Carded(nn.Module):
+        """A toy with its card in the docstring.
+
+        Cost: prose about the cost, not a field.
+
+        :formula: e_l = q^T k_l
+            + b (a continuation line)
+        :source: Nobody 2024, A Toy
+        :cost: O(n)
+        """
+
+    entry = registry.get("test-kind", "carded")
+    assert entry.formula == "e_l = q^T k_l + b (a continuation line)"
+    assert entry.source == "Nobody 2024, A Toy"
+    assert entry.cost == "O(n)"
+
+    @registry.register("test-kind", "overridden", source="Given 2025")
+    class Overridden(Carded):
+        """:formula: x"""
+
+    entry = registry.get("test-kind", "overridden")
+    # the keyword wins; a subclass does not inherit its parent's card
+    assert (entry.formula, entry.source, entry.cost) == ("x", "Given 2025", "")
+
+
+def test_register_without_a_card_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"no formula and no source: give formula= or"):
+
+        @registry.register("test-kind", "cardless")
+        class Cardless(nn.Module):
+            """No fields here."""
+
+
+def test_every_builtin_card_is_read_from_its_docstring():
+    import attnlab.lab.tasks
+    import attnlab.models  # noqa: F401
+
+    for entry in registry.entries():
+        card = registry.card_from_docstring(entry.cls)
+        assert card.get("formula") == entry.formula, entry.name
+        assert card.get("source") == entry.source, entry.name
+        assert card.get("cost", "") == entry.cost, entry.name
+
+
 # ----------------------------------------------------------------------- config round trip
 
 

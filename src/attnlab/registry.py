@@ -28,11 +28,13 @@ from typing import Any
 from torch import nn
 
 __all__ = [
+    "CARD_FIELDS",
     "CORE_PACKAGES",
     "DEFAULT_ATTENTION",
     "Configurable",
     "Entry",
     "build",
+    "card_from_docstring",
     "entries",
     "get",
     "names",
@@ -59,24 +61,82 @@ _REGISTRY: dict[str, dict[str, Entry]] = {}
 _ALIASES: dict[str, dict[str, str]] = {}
 
 
+CARD_FIELDS = ("formula", "source", "cost")
+
+
+def card_from_docstring(cls: type) -> dict[str, str]:
+    """The ``:formula:``, ``:source:`` and ``:cost:`` fields of ``cls``'s own docstring.
+
+    A field is a reST field line, ``:formula: e_l = q^T k_l``; the lines indented below it
+    continue it (joined with one space). The card lives once, in the docstring that
+    ``help()`` shows, and the registry reads it from there.
+
+    >>> class Toy:
+    ...     '''A toy.
+    ...
+    ...     :formula: e = q^T k
+    ...     :source: Nobody 2024,
+    ...         A Toy
+    ...     '''
+    >>> card_from_docstring(Toy)
+    {'formula': 'e = q^T k', 'source': 'Nobody 2024, A Toy'}
+    """
+    card: dict[str, str] = {}
+    current: str | None = None
+    for line in inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines():
+        stripped = line.strip()
+        head = stripped.split(":", 2)
+        if stripped.startswith(":") and len(head) == 3 and head[1] in CARD_FIELDS:
+            current = head[1]
+            card[current] = head[2].strip()
+        elif current is not None and stripped and line[:1].isspace():
+            card[current] = f"{card[current]} {stripped}"
+        else:
+            current = None
+    return card
+
+
 def register(
     kind: str,
     name: str,
     *,
-    formula: str,
-    source: str,
-    cost: str = "",
+    formula: str | None = None,
+    source: str | None = None,
+    cost: str | None = None,
     aliases: tuple[str, ...] = (),
     **capabilities: Any,
 ):
-    """Class decorator adding a mechanism to the registry under ``kind``/``name``."""
+    """Class decorator adding a mechanism to the registry under ``kind``/``name``.
+
+    Its card (formula, source paper, cost) comes from the keywords or, where they are left
+    out, from the ``:formula:``/``:source:``/``:cost:`` fields of the class docstring
+    (:func:`card_from_docstring`); a formula and a source are required.
+    """
 
     def deco(cls: type) -> type:
+        card = card_from_docstring(cls)
+        given = {"formula": formula, "source": source, "cost": cost}
+        card.update({k: v for k, v in given.items() if v is not None})
+        missing = [k for k in ("formula", "source") if not card.get(k)]
+        if missing:
+            raise ValueError(
+                f"{kind} {name!r} ({cls.__qualname__}) has no {' and no '.join(missing)}: "
+                f"give {missing[0]}= or a ':{missing[0]}:' line in its docstring"
+            )
         table = _REGISTRY.setdefault(kind, {})
         alias_table = _ALIASES.setdefault(kind, {})
         if name in table and table[name].cls is not cls:
             raise ValueError(f"{kind} {name!r} is already registered to {table[name].cls}")
-        entry = Entry(kind, name, cls, formula, source, cost, tuple(aliases), dict(capabilities))
+        entry = Entry(
+            kind,
+            name,
+            cls,
+            card["formula"],
+            card["source"],
+            card.get("cost", ""),
+            tuple(aliases),
+            dict(capabilities),
+        )
         table[name] = entry
         for alias in aliases:
             alias_table[alias] = name

@@ -445,14 +445,7 @@ class _CoAttention(Configurable):
 # ----------------------------------------------------------------------------- coarse
 
 
-@register(
-    "feature",
-    "alternating-co-attention",
-    formula="c0 = att(F1, query-less); c2 = att(F2, query c0); c1 = att(F1, query c2); output = [c1; c2]",
-    source="Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for Visual Question Answering (HieCoAtt), NeurIPS",
-    cost="three sequential attentions: O(B (2 n1 + n2) d_w (d1 + d2)) time for the additive score",
-    aliases=("alternating", "hiecoatt-alternating"),
-)
+@register("feature", "alternating-co-attention", aliases=("alternating", "hiecoatt-alternating"))
 class AlternatingCoAttention(_CoAttention):
     """Alternating co-attention (Lu et al. 2016, HieCoAtt), coarse-grained.
 
@@ -484,6 +477,13 @@ class AlternatingCoAttention(_CoAttention):
 
     Source: J. Lu, J. Yang, D. Batra, D. Parikh, "Hierarchical Question-Image Co-Attention
     for Visual Question Answering", NeurIPS 2016.
+
+    :formula: c0 = att(F1, query-less); c2 = att(F2, query c0); c1 = att(F1, query c2); output =
+        [c1; c2]
+    :source: Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for Visual
+        Question Answering (HieCoAtt), NeurIPS
+    :cost: three sequential attentions: O(B (2 n1 + n2) d_w (d1 + d2)) time for the additive
+        score
     """
 
     def __init__(
@@ -530,14 +530,7 @@ class AlternatingCoAttention(_CoAttention):
         return _pair_output(out1.context, out2.context, out1.weights, out2.weights, extras)
 
 
-@register(
-    "feature",
-    "interactive-co-attention",
-    formula="kbar_i = mean_l k(i)_l; e(1)_l = score(kbar_2, k(1)_l); e(2)_l = score(kbar_1, k(2)_l); output = [c1; c2]",
-    source="Ma, Li, Zhang & Wang 2017, Interactive Attention Networks for Aspect-Level Sentiment Classification (IAN), IJCAI",
-    cost="two parallel attentions: O(B (n1 + n2) d1 d2) time for the activated general score",
-    aliases=("interactive", "ian"),
-)
+@register("feature", "interactive-co-attention", aliases=("interactive", "ian"))
 class InteractiveCoAttention(_CoAttention):
     """Interactive co-attention (Ma et al. 2017, IAN), coarse-grained.
 
@@ -566,6 +559,12 @@ class InteractiveCoAttention(_CoAttention):
 
     Source: D. Ma, S. Li, X. Zhang, H. Wang, "Interactive Attention Networks for
     Aspect-Level Sentiment Classification", IJCAI 2017.
+
+    :formula: kbar_i = mean_l k(i)_l; e(1)_l = score(kbar_2, k(1)_l); e(2)_l = score(kbar_1,
+        k(2)_l); output = [c1; c2]
+    :source: Ma, Li, Zhang & Wang 2017, Interactive Attention Networks for Aspect-Level
+        Sentiment Classification (IAN), IJCAI
+    :cost: two parallel attentions: O(B (n1 + n2) d1 d2) time for the activated general score
     """
 
     def __init__(
@@ -599,14 +598,7 @@ class InteractiveCoAttention(_CoAttention):
 # ----------------------------------------------------------------------------- fine
 
 
-@register(
-    "feature",
-    "parallel-co-attention",
-    formula="A = act(K1^T W_A K2) or A_ij = w_A^T [k1_i; k2_j; k1_i * k2_j]; e1 = w1^T act(W2 K2 A^T + W1 K1), e2 = w2^T act(W1 K1 A + W2 K2) or e1_i = max_j A_ij, e2_j = max_i A_ij; a = align(e); c = sum a k",
-    source="Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for VQA (HieCoAtt); Seo, Kembhavi, Farhadi & Hajishirzi 2017, Bidirectional Attention Flow for Machine Comprehension (BiDAF)",
-    cost="O(B n1 n2 (d + d_w)) time, O(B n1 n2 + B (n1 + n2) d_w) memory; never [B, n1, n2, 3d]",
-    aliases=("parallel", "hiecoatt-parallel"),
-)
+@register("feature", "parallel-co-attention", aliases=("parallel", "hiecoatt-parallel"))
 class ParallelCoAttention(_CoAttention):
     """Parallel co-attention (Lu et al. 2016; Seo et al. 2017), fine-grained.
 
@@ -651,6 +643,14 @@ class ParallelCoAttention(_CoAttention):
     Co-Attention for Visual Question Answering", NeurIPS 2016; M. Seo, A. Kembhavi,
     A. Farhadi, H. Hajishirzi, "Bidirectional Attention Flow for Machine Comprehension",
     ICLR 2017.
+
+    :formula: A = act(K1^T W_A K2) or A_ij = w_A^T [k1_i; k2_j; k1_i * k2_j]; e1 = w1^T act(W2
+        K2 A^T + W1 K1), e2 = w2^T act(W1 K1 A + W2 K2) or e1_i = max_j A_ij, e2_j = max_i A_ij;
+        a = align(e); c = sum a k
+    :source: Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for VQA
+        (HieCoAtt); Seo, Kembhavi, Farhadi & Hajishirzi 2017, Bidirectional Attention Flow for
+        Machine Comprehension (BiDAF)
+    :cost: O(B n1 n2 (d + d_w)) time, O(B n1 n2 + B (n1 + n2) d_w) memory; never [B, n1, n2, 3d]
     """
 
     def __init__(
@@ -738,14 +738,7 @@ def _stochastic_extras(extras: dict[str, Any], aligned: Aligned, side: str) -> N
 # ----------------------------------------------------------------------------- multi-grained
 
 
-@register(
-    "feature",
-    "multi-grained-co-attention",
-    formula="coarse: c1 = att(F1, mean K2), c2 = att(F2, mean K1); fine: A = affinity(K1, K2), c1f = sum_i align(max_j A_ij) k1_i, c2f = sum_j align(max_i A_ij) k2_j; output = [c1; c2; c1f; c2f]",
-    source="Fan, Feng & Zhao 2018, Multi-grained Attention Network for Aspect-Level Sentiment Classification (MGAN), EMNLP",
-    cost="O(B (n1 + n2) d1 d2 + B n1 n2 d) time, O(B n1 n2) memory; never [B, n1, n2, 3d]",
-    aliases=("multi-grained", "mgan"),
-)
+@register("feature", "multi-grained-co-attention", aliases=("multi-grained", "mgan"))
 class MultiGrainedCoAttention(_CoAttention):
     """Multi-grained co-attention (Fan et al. 2018, MGAN): coarse and fine co-attention
     together, four context vectors.
@@ -788,6 +781,13 @@ class MultiGrainedCoAttention(_CoAttention):
 
     Source: F. Fan, Y. Feng, D. Zhao, "Multi-grained Attention Network for Aspect-Level
     Sentiment Classification", EMNLP 2018.
+
+    :formula: coarse: c1 = att(F1, mean K2), c2 = att(F2, mean K1); fine: A = affinity(K1, K2),
+        c1f = sum_i align(max_j A_ij) k1_i, c2f = sum_j align(max_i A_ij) k2_j; output = [c1;
+        c2; c1f; c2f]
+    :source: Fan, Feng & Zhao 2018, Multi-grained Attention Network for Aspect-Level Sentiment
+        Classification (MGAN), EMNLP
+    :cost: O(B (n1 + n2) d1 d2 + B n1 n2 d) time, O(B n1 n2) memory; never [B, n1, n2, 3d]
     """
 
     def __init__(

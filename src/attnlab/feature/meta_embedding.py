@@ -306,17 +306,7 @@ class MetaEmbedding(Configurable):
         return AttentionOutput(context, weights, extras={"available": A})
 
 
-@register(
-    "feature",
-    "dme",
-    formula=(
-        "x_ti = W_i x_i + b_i; alpha_i = softmax_i(w^T act(W x_ti + b)) over the embeddings "
-        "i available for the token; x = sum_i alpha_i x_ti"
-    ),
-    source="Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations (EMNLP)",
-    cost="O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory",
-    aliases=("dynamic-meta-embeddings", "meta-embedding"),
-)
+@register("feature", "dme", aliases=("dynamic-meta-embeddings", "meta-embedding"))
 class DME(MetaEmbedding):
     """Dynamic meta-embeddings (Kiela, Wang & Cho 2018).
 
@@ -353,6 +343,12 @@ class DME(MetaEmbedding):
     ``[B, n, E]``. Cost: O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory.
     Source: Kiela, Wang & Cho 2018, "Dynamic Meta-Embeddings for Improved Sentence
     Representations", EMNLP.
+
+    :formula: x_ti = W_i x_i + b_i; alpha_i = softmax_i(w^T act(W x_ti + b)) over the embeddings
+        i available for the token; x = sum_i alpha_i x_ti
+    :source: Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence
+        Representations (EMNLP)
+    :cost: O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory
     """
 
     def __init__(
@@ -374,17 +370,7 @@ class DME(MetaEmbedding):
         return xt
 
 
-@register(
-    "feature",
-    "cdme",
-    formula=(
-        "x_tij = W_i x_ij + b_i; h_ij = BiLSTM(x_ti1..x_tin)_j; alpha_ij = softmax_i(w^T act(W h_ij + b)) "
-        "over the embeddings available for token j; x_j = sum_i alpha_ij x_tij"
-    ),
-    source="Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations (EMNLP)",
-    cost="O(B n (sum_i d_i d' + E (d' h + h^2) + E h d_w)) time, O(B n E (d' + h)) memory",
-    aliases=("contextualized-dme", "contextual-meta-embeddings"),
-)
+@register("feature", "cdme", aliases=("contextualized-dme", "contextual-meta-embeddings"))
 class CDME(MetaEmbedding):
     """Contextualized dynamic meta-embeddings (Kiela, Wang & Cho 2018).
 
@@ -406,6 +392,12 @@ class CDME(MetaEmbedding):
     Shapes: as :class:`DME`. Cost: O(B n (sum_i d_i d' + E (d' h + h^2) + E h d_w)) time,
     the BiLSTM runs sequentially over ``n``. Source: Kiela, Wang & Cho 2018, "Dynamic
     Meta-Embeddings for Improved Sentence Representations", EMNLP.
+
+    :formula: x_tij = W_i x_ij + b_i; h_ij = BiLSTM(x_ti1..x_tin)_j; alpha_ij = softmax_i(w^T
+        act(W h_ij + b)) over the embeddings available for token j; x_j = sum_i alpha_ij x_tij
+    :source: Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence
+        Representations (EMNLP)
+    :cost: O(B n (sum_i d_i d' + E (d' h + h^2) + E h d_w)) time, O(B n E (d' + h)) memory
     """
 
     def __init__(

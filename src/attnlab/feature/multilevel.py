@@ -315,18 +315,7 @@ _RNN_ENCODERS = {
 EncoderSpec = str | Callable[[int, int], nn.Module] | nn.Module | None
 
 
-@register(
-    "feature",
-    "hierarchical-attention",
-    formula=(
-        "per level l = 1..L (tokens -> units -> ... -> document): h = enc_l(x); "
-        "u_i = act(W_l h_i + b_l); a_i = softmax_i(u_i^T u_l) over the real items of a unit; "
-        "c = sum_i a_i h_i; a unit with no real item gets c = 0 and is masked at level l+1"
-    ),
-    source="Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for Document Classification (NAACL)",
-    cost="O(sum_l N_l n_l d_l d_w) time, N_l = number of units at level l; memory O(B n_1...n_L d)",
-    aliases=("han", "hierarchical"),
-)
+@register("feature", "hierarchical-attention", aliases=("han", "hierarchical"))
 class HierarchicalAttention(Configurable):
     """Hierarchical attention (Yang et al. 2016, HAN) of any depth, for ragged input.
 
@@ -378,6 +367,14 @@ class HierarchicalAttention(Configurable):
     Cost: time O(sum_l N_l n_l d_l d_w) for the scores plus the encoders, memory that of
     the padded input. Source: Yang, Yang, Dyer, He, Smola & Hovy 2016, "Hierarchical
     Attention Networks for Document Classification", NAACL.
+
+    :formula: per level l = 1..L (tokens -> units -> ... -> document): h = enc_l(x); u_i =
+        act(W_l h_i + b_l); a_i = softmax_i(u_i^T u_l) over the real items of a unit; c = sum_i
+        a_i h_i; a unit with no real item gets c = 0 and is masked at level l+1
+    :source: Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for
+        Document Classification (NAACL)
+    :cost: O(sum_l N_l n_l d_l d_w) time, N_l = number of units at level l; memory O(B n_1...n_L
+        d)
     """
 
     def __init__(
@@ -702,18 +699,7 @@ def _map_from_offsets(
 _VIA = ("mixture", "query")
 
 
-@register(
-    "feature",
-    "attention-via-attention",
-    formula=(
-        "c_w = sum_j a_j v^w_j, a = align(score(q_c, k^w_j)); e_l = score([q_c; c_w], k^c_l); "
-        "mixture: a^c_l = a_{w(l)} softmax_{l' in w(l)}(e)_l; c_c = sum_l a^c_l v^c_l; "
-        "output [c_w; c_c]"
-    ),
-    source="Zhao & Zhang 2018, Attention-via-Attention Neural Machine Translation (AAAI)",
-    cost="O(B n_q (n_w + n_c) d_w) time; memory O(B n_q (n_w + n_c)) with soft alignment",
-    aliases=("ava", "attention-via-attention-nmt"),
-)
+@register("feature", "attention-via-attention", aliases=("ava", "attention-via-attention-nmt"))
 class AttentionViaAttention(Configurable):
     """Attention-via-attention (Zhao & Zhang 2018): word-level attention guides
     character-level attention.
@@ -769,6 +755,12 @@ class AttentionViaAttention(Configurable):
     Cost: O(B n_q (n_w + n_c) d_w) time for additive scores; the mapping O(B n_w n_c)
     bool. Source: Zhao & Zhang 2018, "Attention-via-Attention Neural Machine
     Translation", AAAI.
+
+    :formula: c_w = sum_j a_j v^w_j, a = align(score(q_c, k^w_j)); e_l = score([q_c; c_w],
+        k^c_l); mixture: a^c_l = a_{w(l)} softmax_{l' in w(l)}(e)_l; c_c = sum_l a^c_l v^c_l;
+        output [c_w; c_c]
+    :source: Zhao & Zhang 2018, Attention-via-Attention Neural Machine Translation (AAAI)
+    :cost: O(B n_q (n_w + n_c) d_w) time; memory O(B n_q (n_w + n_c)) with soft alignment
     """
 
     def __init__(

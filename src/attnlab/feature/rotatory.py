@@ -101,14 +101,7 @@ class _Rotation(nn.Module):
         self.target_right = Attention(score, align, d_q=d_c, d_k=d_t, **options)
 
 
-@register(
-    "feature",
-    "lcr-rot-hop",
-    formula="for s = 1..S: r_l = att(F_l, r_tl); r_r = att(F_r, r_tr); r_tl = att(F_t, r_l); r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]",
-    source="Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis Using a Lexicalized Domain Ontology and Attentional Neural Models (LCR-Rot-hop)",
-    cost="O(S B (n_l + n_r + 2 n_t) d_c d_t)",
-    aliases=("rotatory-hop", "lcr-rot-hop"),
-)
+@register("feature", "lcr-rot-hop", aliases=("rotatory-hop", "lcr-rot-hop"))
 class LCRRotHop(Configurable):
     """Multi-hop rotatory attention (LCR-Rot-hop, Wallaart & Frasincar 2019).
 
@@ -128,6 +121,12 @@ class LCRRotHop(Configurable):
     ``[B, 2 d_c + 2 d_t]``.
 
     Cost: O(S B (n_l + n_r + 2 n_t) d_c d_t) time for the activated general score.
+
+    :formula: for s = 1..S: r_l = att(F_l, r_tl); r_r = att(F_r, r_tr); r_tl = att(F_t, r_l);
+        r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]
+    :source: Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis
+        Using a Lexicalized Domain Ontology and Attentional Neural Models (LCR-Rot-hop)
+    :cost: O(S B (n_l + n_r + 2 n_t) d_c d_t)
     """
 
     def __init__(
@@ -266,17 +265,17 @@ class LCRRotHop(Configurable):
         )
 
 
-@register(
-    "feature",
-    "rotatory",
-    formula="r_t = mean(F_t); r_l = att(F_l, r_t); r_r = att(F_r, r_t); r_tl = att(F_t, r_l); r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]",
-    source="Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based Sentiment Analysis with Rotatory Attention (LCR-Rot)",
-    cost="O(B (n_l + n_r + 2 n_t) d_c d_t)",
-    aliases=("lcr-rot", "rotatory-attention"),
-)
+@register("feature", "rotatory", aliases=("lcr-rot", "rotatory-attention"))
 class RotatoryAttention(LCRRotHop):
     """Rotatory attention (LCR-Rot, Zheng & Xia 2018): one rotation of
-    :class:`LCRRotHop`. Same arguments (without ``hops``), shapes and output."""
+    :class:`LCRRotHop`. Same arguments (without ``hops``), shapes and output.
+
+    :formula: r_t = mean(F_t); r_l = att(F_l, r_t); r_r = att(F_r, r_t); r_tl = att(F_t, r_l);
+        r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]
+    :source: Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based
+        Sentiment Analysis with Rotatory Attention (LCR-Rot)
+    :cost: O(B (n_l + n_r + 2 n_t) d_c d_t)
+    """
 
     def __init__(
         self,

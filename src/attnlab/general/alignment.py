@@ -333,61 +333,50 @@ class _Normalizing(Alignment):
         return Aligned(self._normalize(e, mask, -1))
 
 
-@register(
-    "align",
-    "soft",
-    formula="a_l = exp(e_l) / sum_j exp(e_j)",
-    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and Translate",
-    cost="O(B n_q n_k)",
-    aliases=("global", "softmax"),
-)
+@register("align", "soft", aliases=("global", "softmax"))
 class SoftAlign(_Normalizing):
     """Soft / global alignment: the masked softmax over the keys (Bahdanau et al. 2015).
-    Shapes: ``e`` ``[B, n_q, n_k]`` -> weights ``[B, n_q, n_k]``. Cost O(B n_q n_k)."""
+    Shapes: ``e`` ``[B, n_q, n_k]`` -> weights ``[B, n_q, n_k]``. Cost O(B n_q n_k).
+
+    :formula: a_l = exp(e_l) / sum_j exp(e_j)
+    :source: Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and
+        Translate
+    :cost: O(B n_q n_k)
+    """
 
     function = staticmethod(soft_align)
     _normalize = staticmethod(masked_softmax)
 
 
-@register(
-    "align",
-    "sparsemax",
-    formula="a = argmin_{p in simplex} |p - e|^2 = max(e - tau, 0)",
-    source="Martins & Astudillo 2016, From Softmax to Sparsemax",
-    cost="O(B n_q n_k log n_k)",
-)
+@register("align", "sparsemax")
 class SparsemaxAlign(_Normalizing):
     """Sparsemax alignment: weights with exact zeros (Martins & Astudillo 2016).
-    Shapes as soft alignment. Cost O(B n_q n_k log n_k) (a sort per row)."""
+    Shapes as soft alignment. Cost O(B n_q n_k log n_k) (a sort per row).
+
+    :formula: a = argmin_{p in simplex} |p - e|^2 = max(e - tau, 0)
+    :source: Martins & Astudillo 2016, From Softmax to Sparsemax
+    :cost: O(B n_q n_k log n_k)
+    """
 
     function = staticmethod(sparsemax)
     _normalize = staticmethod(sparsemax)
 
 
-@register(
-    "align",
-    "entmax15",
-    formula="a_l = max(e_l / 2 - tau, 0)^2, sum_l a_l = 1",
-    source="Peters, Niculae & Martins 2019, Sparse Sequence-to-Sequence Models",
-    cost="O(B n_q n_k log n_k)",
-    aliases=("entmax-1.5", "entmax"),
-)
+@register("align", "entmax15", aliases=("entmax-1.5", "entmax"))
 class Entmax15Align(_Normalizing):
     """1.5-entmax alignment (Peters et al. 2019): sparse, smoother than sparsemax.
-    Shapes as soft alignment. Cost O(B n_q n_k log n_k)."""
+    Shapes as soft alignment. Cost O(B n_q n_k log n_k).
+
+    :formula: a_l = max(e_l / 2 - tau, 0)^2, sum_l a_l = 1
+    :source: Peters, Niculae & Martins 2019, Sparse Sequence-to-Sequence Models
+    :cost: O(B n_q n_k log n_k)
+    """
 
     function = staticmethod(entmax15)
     _normalize = staticmethod(entmax15)
 
 
-@register(
-    "align",
-    "hard",
-    formula="m ~ Multinomial(softmax(e)); a = onehot(m); c = v_m",
-    source="Xu et al. 2015, Show, Attend and Tell",
-    cost="O(B n_q n_k)",
-    aliases=("stochastic",),
-)
+@register("align", "hard", aliases=("stochastic",))
 class HardAlign(Alignment):
     """Hard (stochastic) alignment (Xu et al. 2015).
 
@@ -398,6 +387,10 @@ class HardAlign(Alignment):
     the scores directly (``log_prob`` is still given).
     Evaluation: ``eval_mode="argmax"`` (deterministic) or ``"sample"``.
     ``extras["probs"]`` holds the soft probabilities.
+
+    :formula: m ~ Multinomial(softmax(e)); a = onehot(m); c = v_m
+    :source: Xu et al. 2015, Show, Attend and Tell
+    :cost: O(B n_q n_k)
     """
 
     stochastic = True
@@ -500,14 +493,7 @@ class _LocalAlign(Alignment):
         return Aligned(a, None, {"centers": p})
 
 
-@register(
-    "align",
-    "local-m",
-    formula="p = output position; a = softmax over l in [p-D, p+D]",
-    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
-    cost="O(B n_q D) in Attention (window only)",
-    aliases=("local-monotonic",),
-)
+@register("align", "local-m", aliases=("local-monotonic",))
 class LocalMAlign(_LocalAlign):
     """Local-m (monotonic) alignment (Luong et al. 2015): the window of output ``i`` is
     centred on ``p_i = i`` (or on ``positions`` passed to ``forward``), ``[p - D, p + D]``;
@@ -515,6 +501,10 @@ class LocalMAlign(_LocalAlign):
     ``gaussian=True`` adds the local-p Gaussian factor.
     Shapes: ``e`` ``[B, n_q, n_k]`` -> ``[B, n_q, n_k]``. Cost O(B n_q D) inside
     :class:`attnlab.Attention` (only the window is scored).
+
+    :formula: p = output position; a = softmax over l in [p-D, p+D]
+    :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
+    :cost: O(B n_q D) in Attention (window only)
     """
 
     def __init__(self, D: int = 8, gaussian: bool = False) -> None:
@@ -526,14 +516,7 @@ class LocalMAlign(_LocalAlign):
         return _positions_for(positions, batch, n_q, like)
 
 
-@register(
-    "align",
-    "local-p",
-    formula="p = S sigmoid(w_p^T tanh(W_p q)); a = softmax_window(e) * exp(-(l-p)^2 / (2 sigma^2)), sigma = D/2",
-    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
-    cost="O(B n_q (d_q d_p + D))",
-    aliases=("local-predictive",),
-)
+@register("align", "local-p", aliases=("local-predictive",))
 class LocalPAlign(_LocalAlign):
     """Local-p (predictive) alignment (Luong et al. 2015).
 
@@ -544,6 +527,11 @@ class LocalPAlign(_LocalAlign):
     ``exp(-(l - p)^2 / (2 sigma^2))``, ``sigma = D / 2``, so gradients reach ``W_p, w_p``.
     Shapes: ``e`` ``[B, n_q, n_k]``, query ``[B, n_q, d_q]``. Cost O(B n_q (d_q d_p + D))
     inside :class:`attnlab.Attention`.
+
+    :formula: p = S sigmoid(w_p^T tanh(W_p q)); a = softmax_window(e) * exp(-(l-p)^2 / (2
+        sigma^2)), sigma = D/2
+    :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
+    :cost: O(B n_q (d_q d_p + D))
     """
 
     def __init__(
@@ -585,14 +573,7 @@ class LocalPAlign(_LocalAlign):
         return S * torch.sigmoid(proj @ self.w_p.to(work))
 
 
-@register(
-    "align",
-    "reinforced",
-    formula="z_l ~ Bernoulli(pi_l), pi_l = sigmoid(policy(k_l, mean k)); a = softmax over {l: z_l = 1}",
-    source="Shen et al. 2018, Reinforced Self-Attention Network (ReSAN)",
-    cost="O(B n_k d_k d_h + B n_q n_k)",
-    aliases=("resan", "reinforced-selection"),
-)
+@register("align", "reinforced", aliases=("resan", "reinforced-selection"))
 class ReinforcedAlign(Alignment):
     """Reinforced alignment, ReSAN-style (Shen et al. 2018, reinforced sequence sampling).
 
@@ -609,6 +590,11 @@ class ReinforcedAlign(Alignment):
     Half-precision keys: the policy and the softmax run in float32 (``keep_prob`` and
     ``log_prob`` are float32).
     Parameters: ``W`` ``[d_h, 3 d_k]``, ``w`` ``[d_h]``. Cost O(B n_k d_k d_h + B n_q n_k).
+
+    :formula: z_l ~ Bernoulli(pi_l), pi_l = sigmoid(policy(k_l, mean k)); a = softmax over {l:
+        z_l = 1}
+    :source: Shen et al. 2018, Reinforced Self-Attention Network (ReSAN)
+    :cost: O(B n_k d_k d_h + B n_q n_k)
     """
 
     stochastic = True

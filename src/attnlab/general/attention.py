@@ -224,14 +224,7 @@ class _Parts:
         return kw
 
 
-@register(
-    "attention",
-    "general",
-    formula="K = W_K F, V = W_V F; e_l = score(q, k_l); a = align(e); c = sum_l a_l v_l",
-    source="Brauwers & Frasincar 2023, A General Survey on Attention Mechanisms in Deep Learning",
-    cost="that of the chosen score, alignment and dimensionality",
-    aliases=("attention",),
-)
+@register("attention", "general", aliases=("attention",))
 class Attention(Configurable):
     """The general attention model: any score x any alignment x any dimensionality.
 
@@ -311,6 +304,11 @@ class Attention(Configurable):
         attn = Attention(score="additive", align="soft", d_q=16, d_k=32, d_w=64)
         out = attn(q, features, mask=attnlab.masks.from_lengths(lengths), need_weights=True)
         out.context, out.weights, out.path
+
+    :formula: K = W_K F, V = W_V F; e_l = score(q, k_l); a = align(e); c = sum_l a_l v_l
+    :source: Brauwers & Frasincar 2023, A General Survey on Attention Mechanisms in Deep
+        Learning
+    :cost: that of the chosen score, alignment and dimensionality
     """
 
     def __init__(

@@ -110,34 +110,31 @@ class _Dimensionality(Configurable):
         return self.function(weights, v)
 
 
-@register(
-    "dim",
-    "single",
-    formula="c = sum_l a_l v_l",
-    source="all (e.g. Bahdanau et al. 2015)",
-    cost="O(B n_q n_k d_v)",
-    aliases=("single-dimensional", "scalar"),
-)
+@register("dim", "single", aliases=("single-dimensional", "scalar"))
 class SingleDimensional(_Dimensionality):
     """Single-dimensional attention: one scalar weight per key, ``c = sum_l a_l v_l``.
-    Shapes: weights ``[B, n_q, n_k]``, ``v`` ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``."""
+    Shapes: weights ``[B, n_q, n_k]``, ``v`` ``[B, n_k, d_v]`` -> ``[B, n_q, d_v]``.
+
+    :formula: c = sum_l a_l v_l
+    :source: all (e.g. Bahdanau et al. 2015)
+    :cost: O(B n_q n_k d_v)
+    """
 
     multi = False
     function = staticmethod(combine_single)
 
 
-@register(
-    "dim",
-    "multi",
-    formula="e_l = W_d^T act(W1 q + W2 k_l + b) in R^{d_v}; a_{l,i} = softmax_l(e_{l,i}); c_i = sum_l a_{l,i} v_{l,i}",
-    source="Shen et al. 2018, DiSAN: Directional Self-Attention Network",
-    cost="time O(B n_q n_k d_w d_v), memory O(B n_q d_v) (fused kernel)",
-    aliases=("multi-dimensional", "vector", "feature-wise"),
-)
+@register("dim", "multi", aliases=("multi-dimensional", "vector", "feature-wise"))
 class MultiDimensional(_Dimensionality):
     """Multi-dimensional (feature-wise) attention (Shen et al. 2018, DiSAN): weights
     ``[B, n_q, n_k, d_v]``, ``c_i = sum_l a_{l,i} v_{l,i}``. Requires a vector score
-    (``additive`` or ``queryless`` built with ``out_dim = d_v``)."""
+    (``additive`` or ``queryless`` built with ``out_dim = d_v``).
+
+    :formula: e_l = W_d^T act(W1 q + W2 k_l + b) in R^{d_v}; a_{l,i} = softmax_l(e_{l,i}); c_i =
+        sum_l a_{l,i} v_{l,i}
+    :source: Shen et al. 2018, DiSAN: Directional Self-Attention Network
+    :cost: time O(B n_q n_k d_w d_v), memory O(B n_q d_v) (fused kernel)
+    """
 
     multi = True
     function = staticmethod(combine_multi)

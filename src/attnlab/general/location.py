@@ -131,15 +131,7 @@ def location_inputs(
     return {"prev_weights": prev}
 
 
-@register(
-    "score",
-    "location-aware",
-    formula="f_i = F * a_{i-1}; e_{i,l} = w^T tanh(W1 q_i + W2 k_l + U f_{i,l} + b)",
-    source="Chorowski, Bahdanau, Serdyuk, Cho & Bengio 2015, Attention-Based Models for "
-    "Speech Recognition",
-    cost="O(B n_q n_k (r n_f + n_f d_w + d_w)), memory O(B n_q n_k d_w)",
-    aliases=("location", "chorowski", "hybrid"),
-)
+@register("score", "location-aware", aliases=("location", "chorowski", "hybrid"))
 class LocationAwareScore(Score):
     """Location-aware (hybrid) score of Chorowski et al. (2015); see the module docstring.
 
@@ -158,6 +150,11 @@ class LocationAwareScore(Score):
     -> ``[B, n_q, n_k]`` (a single query ``[B, d_q]`` with ``prev_weights`` ``[B, n_k]``
     gives ``[B, n_k]``). :class:`attnlab.Attention` takes it on the ``explicit`` path (any
     alignment) and passes its ``prev_weights`` keyword.
+
+    :formula: f_i = F * a_{i-1}; e_{i,l} = w^T tanh(W1 q_i + W2 k_l + U f_{i,l} + b)
+    :source: Chorowski, Bahdanau, Serdyuk, Cho & Bengio 2015, Attention-Based Models for Speech
+        Recognition
+    :cost: O(B n_q n_k (r n_f + n_f d_w + d_w)), memory O(B n_q n_k d_w)
     """
 
     uses_prev_weights = True

@@ -357,19 +357,16 @@ class _DotFamily(Score):
         return _finish(e * scale if scale != 1.0 else e, single)
 
 
-@register(
-    "score",
-    "dot",
-    formula="e_l = q^T k_l",
-    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
-    cost="O(B n_q n_k d)",
-    aliases=("multiplicative",),
-)
+@register("score", "dot", aliases=("multiplicative",))
 class DotScore(_DotFamily):
     """Multiplicative score ``e_l = q^T k_l`` (Luong et al. 2015).
 
     Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
     Cost: O(B n_q n_k d) time; with soft alignment it runs on the fused SDPA kernel.
+
+    :formula: e_l = q^T k_l
+    :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
+    :cost: O(B n_q n_k d)
     """
 
     function = staticmethod(dot_score)
@@ -382,19 +379,16 @@ class DotScore(_DotFamily):
         return q, k, 1.0
 
 
-@register(
-    "score",
-    "scaled-dot",
-    formula="e_l = q^T k_l / sqrt(d_k)",
-    source="Vaswani et al. 2017, Attention Is All You Need",
-    cost="O(B n_q n_k d)",
-    aliases=("scaled_dot", "scaled-multiplicative", "sdp"),
-)
+@register("score", "scaled-dot", aliases=("scaled_dot", "scaled-multiplicative", "sdp"))
 class ScaledDotScore(_DotFamily):
     """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017).
 
     Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
     Cost: O(B n_q n_k d); with soft alignment it runs on the fused SDPA kernel.
+
+    :formula: e_l = q^T k_l / sqrt(d_k)
+    :source: Vaswani et al. 2017, Attention Is All You Need
+    :cost: O(B n_q n_k d)
     """
 
     function = staticmethod(scaled_dot_score)
@@ -408,14 +402,7 @@ class ScaledDotScore(_DotFamily):
         return q, k, 1.0 / math.sqrt(d) if d else 1.0
 
 
-@register(
-    "score",
-    "cosine",
-    formula="e_l = q^T k_l / (|q| |k_l|)",
-    source="Graves et al. 2014, Neural Turing Machines",
-    cost="O(B n_q n_k d)",
-    aliases=("similarity",),
-)
+@register("score", "cosine", aliases=("similarity",))
 class CosineScore(_DotFamily):
     """Cosine-similarity score (Graves et al. 2014). Scores lie in ``[-1, 1]``, so a
     ``temperature`` (default 1) divides them before the alignment: ``e_l = cos(q, k_l) /
@@ -423,6 +410,10 @@ class CosineScore(_DotFamily):
 
     Shapes: ``q`` ``[B, n_q, d]``, ``k`` ``[B, n_k, d]`` -> ``[B, n_q, n_k]``.
     Cost: O(B (n_q + n_k) d) to normalise, then O(B n_q n_k d); SDPA with soft alignment.
+
+    :formula: e_l = q^T k_l / (|q| |k_l|)
+    :source: Graves et al. 2014, Neural Turing Machines
+    :cost: O(B n_q n_k d)
     """
 
     function = staticmethod(cosine_score)
@@ -471,20 +462,17 @@ def _need(value: int | None, name: str, module: str) -> int:
     return value
 
 
-@register(
-    "score",
-    "general",
-    formula="e_l = k_l^T W q",
-    source="Luong et al. 2015, Effective Approaches to Attention-based NMT",
-    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
-    aliases=("bilinear",),
-)
+@register("score", "general", aliases=("bilinear",))
 class GeneralScore(Score):
     """General (bilinear) score ``e_l = k_l^T W q``, ``W`` ``[d_k, d_q]`` (Luong 2015).
 
     ``W`` is ``self.W.weight``. The query is transformed once (``W q``), so with soft
     alignment the attention runs on the fused SDPA kernel.
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+
+    :formula: e_l = k_l^T W q
+    :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
+    :cost: O(B n_q d_q d_k + B n_q n_k d_k)
     """
 
     function = staticmethod(general_score)
@@ -504,17 +492,15 @@ class GeneralScore(Score):
         return _linear(q, self.W.weight, self.W.bias).to(q.dtype), k, 1.0
 
 
-@register(
-    "score",
-    "biased-general",
-    formula="e_l = k_l^T (W q + b)",
-    source="Sordoni et al. 2016, Iterative Alternating Neural Attention for Machine Reading",
-    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
-)
+@register("score", "biased-general")
 class BiasedGeneralScore(GeneralScore):
     """Biased general score ``e_l = k_l^T (W q + b)``, ``W`` ``[d_k, d_q]``, ``b`` ``[d_k]``
     (Sordoni et al. 2016). Runs on SDPA with soft alignment (transformed query).
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+
+    :formula: e_l = k_l^T (W q + b)
+    :source: Sordoni et al. 2016, Iterative Alternating Neural Attention for Machine Reading
+    :cost: O(B n_q d_q d_k + B n_q n_k d_k)
     """
 
     function = staticmethod(biased_general_score)
@@ -527,17 +513,15 @@ class BiasedGeneralScore(GeneralScore):
         return biased_general_score(q, k, self.W.weight, self.W.bias)
 
 
-@register(
-    "score",
-    "activated-general",
-    formula="e_l = act(k_l^T W q + b)",
-    source="Ma et al. 2017, Interactive Attention Networks (IAN)",
-    cost="O(B n_q d_q d_k + B n_q n_k d_k)",
-)
+@register("score", "activated-general")
 class ActivatedGeneralScore(Score):
     """Activated general score ``e_l = act(k_l^T W q + b)`` with a scalar bias
     (Ma et al. 2017). The activation makes it a non-dot score: explicit path.
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]``.
+
+    :formula: e_l = act(k_l^T W q + b)
+    :source: Ma et al. 2017, Interactive Attention Networks (IAN)
+    :cost: O(B n_q d_q d_k + B n_q n_k d_k)
     """
 
     function = staticmethod(activated_general_score)
@@ -575,14 +559,7 @@ class _AdditiveBase(Score):
             self.b_d = nn.Parameter(torch.zeros(out_dim))
 
 
-@register(
-    "score",
-    "additive",
-    formula="e_l = w^T act(W1 q + W2 k_l + b)",
-    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and Translate",
-    cost="time O(B n_q n_k d_w), memory O(B n_q n_k) (chunked kernel)",
-    aliases=("concat", "bahdanau", "mlp"),
-)
+@register("score", "additive", aliases=("concat", "bahdanau", "mlp"))
 class AdditiveScore(_AdditiveBase):
     """Additive (concat) score ``e_l = w^T act(W1 q + W2 k_l + b)`` (Bahdanau et al. 2015).
 
@@ -594,6 +571,11 @@ class AdditiveScore(_AdditiveBase):
     Shapes: ``q`` ``[B, n_q, d_q]``, ``k`` ``[B, n_k, d_k]`` -> ``[B, n_q, n_k]`` (or
     ``[B, n_q, n_k, d_v]``). Cost: time O(B n_q n_k d_w); the forward pass uses the
     chunked kernel and holds O(B n_q n_k) memory, never the ``[B, n_q, n_k, d_w]`` tensor.
+
+    :formula: e_l = w^T act(W1 q + W2 k_l + b)
+    :source: Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and
+        Translate
+    :cost: time O(B n_q n_k d_w), memory O(B n_q n_k) (chunked kernel)
     """
 
     function = staticmethod(additive_score)
@@ -643,14 +625,7 @@ class AdditiveScore(_AdditiveBase):
         )
 
 
-@register(
-    "score",
-    "queryless",
-    formula="e_l = w^T act(W k_l + b)",
-    source="Lin et al. 2017, A Structured Self-attentive Sentence Embedding; Yang et al. 2016 (HAN)",
-    cost="O(B n_k d_k d_w)",
-    aliases=("self-attentive", "constant-query", "query-less"),
-)
+@register("score", "queryless", aliases=("self-attentive", "constant-query", "query-less"))
 class QuerylessScore(_AdditiveBase):
     """Query-less score ``e_l = w^T act(W k_l + b)`` (Lin et al. 2017; Yang et al. 2016):
     the query is constant, folded into ``w``. ``forward(q, k)`` ignores ``q`` (it may be
@@ -659,6 +634,11 @@ class QuerylessScore(_AdditiveBase):
 
     Parameters: ``W`` ``[d_w, d_k]``, ``b`` ``[d_w]``, ``w`` ``[d_w]``.
     Cost: O(B n_k d_k d_w).
+
+    :formula: e_l = w^T act(W k_l + b)
+    :source: Lin et al. 2017, A Structured Self-attentive Sentence Embedding; Yang et al. 2016
+        (HAN)
+    :cost: O(B n_k d_k d_w)
     """
 
     needs_query = False

@@ -4,7 +4,7 @@ A *task* (TAXONOMY section 0) bundles real data, a task model that takes any com
 attention, a training loss and the task's metrics. The trainer
 (:func:`attnlab.lab.training.train_run`) only talks to a task through this interface, so a
 new task is one subclass of :class:`Task` registered with
-``@register_task("name", formula=..., source=...)``.
+``@register_task("name")`` with ``:formula:`` and ``:source:`` fields in the docstring.
 
 Attention specs: an ablation swaps only the attention, given as a plain dict (what
 ``--attention score=additive,align=soft,dim=multi`` parses to). Two keys are reserved:
@@ -49,9 +49,11 @@ __all__ = [
 Batch = dict[str, Any]
 
 
-def register_task(name: str, *, formula: str, source: str, cost: str = "", **caps: Any):
-    """Register a :class:`Task` subclass under kind ``"task"`` (``attnlab list --kind task``)."""
-    return register("task", name, formula=formula, source=source, cost=cost, **caps)
+def register_task(name: str, **card_and_caps: Any):
+    """Register a :class:`Task` subclass under kind ``"task"`` (``attnlab list --kind task``);
+    its card as for :func:`attnlab.registry.register`: the docstring's ``:formula:``,
+    ``:source:`` and ``:cost:`` fields, or the keywords."""
+    return register("task", name, **card_and_caps)
 
 
 def spec_label(spec: Mapping[str, Any]) -> str:

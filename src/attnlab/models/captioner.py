@@ -104,16 +104,7 @@ def image_tensor(images: Tensor, size: int, dtype: torch.dtype) -> Tensor:
     return x.permute(0, 3, 1, 2)
 
 
-@register(
-    "model",
-    "captioner",
-    formula="a = CNN(image) [R cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; "
-    "h_t = LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))",
-    source="Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with "
-    "Visual Attention",
-    cost="CNN O(B S^2 9 sum c_in c_out) + per word O(B d (d_e + d)) + attention O(B R d_w d)",
-    aliases=("show-attend-tell", "image-captioner"),
-)
+@register("model", "captioner", aliases=("show-attend-tell", "image-captioner"))
 class ShowAttendTell(Configurable):
     """Show, Attend and Tell captioner (see the module docstring).
 
@@ -142,6 +133,12 @@ class ShowAttendTell(Configurable):
 
     Cost: the CNN, then per word O(B d (d_e + d)) for the LSTM and O(B R d d_w) for the
     additive score (O(B R d) for a dot score).
+
+    :formula: a = CNN(image) [R cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; h_t =
+        LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))
+    :source: Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual
+        Attention
+    :cost: CNN O(B S^2 9 sum c_in c_out) + per word O(B d (d_e + d)) + attention O(B R d_w d)
     """
 
     def __init__(

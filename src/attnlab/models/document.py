@@ -118,23 +118,7 @@ def level_attention_spec(spec: Any, d: int, attention_dim: int | None) -> dict[s
     )
 
 
-@register(
-    "model",
-    "document-classifier",
-    formula=(
-        "h_it = Enc_w(E[w_i])_t; a_it = align(score(u_w, h_it)); s_i = sum_t a_it h_it; "
-        "g_i = Enc_s(s)_i; b_i = align(score(u_s, g_i)); v = sum_i b_i g_i; y = W_o v + b_o"
-    ),
-    source=(
-        "Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for "
-        "Document Classification, NAACL-HLT"
-    ),
-    cost=(
-        "word level O(B S W (6 h (d_e + h) + d_h d_w)) + sentence level O(B S (6 h (d_h + h) "
-        "+ d_h d_w)) for BiGRUs of h units per direction; recurrences sequential in W and S"
-    ),
-    aliases=("document", "han-classifier"),
-)
+@register("model", "document-classifier", aliases=("document", "han-classifier"))
 class DocumentClassifier(Configurable):
     """Hierarchical attention network: words -> sentence vectors -> document vector -> linear.
 
@@ -187,6 +171,13 @@ class DocumentClassifier(Configurable):
 
     Source: Yang, Yang, Dyer, He, Smola & Hovy 2016, "Hierarchical Attention Networks for
     Document Classification", NAACL-HLT.
+
+    :formula: h_it = Enc_w(E[w_i])_t; a_it = align(score(u_w, h_it)); s_i = sum_t a_it h_it; g_i
+        = Enc_s(s)_i; b_i = align(score(u_s, g_i)); v = sum_i b_i g_i; y = W_o v + b_o
+    :source: Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for
+        Document Classification, NAACL-HLT
+    :cost: word level O(B S W (6 h (d_e + h) + d_h d_w)) + sentence level O(B S (6 h (d_h + h) +
+        d_h d_w)) for BiGRUs of h units per direction; recurrences sequential in W and S
     """
 
     def __init__(

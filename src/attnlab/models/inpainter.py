@@ -96,15 +96,7 @@ def _attention_module(attention: Any, d_model: int, out_dim: int) -> nn.Module |
     )
 
 
-@register(
-    "model",
-    "inpainter",
-    formula="F = CNN([x (1-m); m]); y_p = F_p + sum_{l visible} a_{p,l} W_V [F_l; P_l], "
-    "a_p = align(score(W_q [F_p; P_p], W_k [F_l; P_l])); x_hat = CNN'(y)",
-    source="Wang et al. 2018, Non-local Neural Networks (CVPR)",
-    cost="convolutions O(B S^2 9 c^2) + attention O(B S^4 d)",
-    aliases=("non-local-inpainter",),
-)
+@register("model", "inpainter", aliases=("non-local-inpainter",))
 class Inpainter(Configurable):
     """A small CNN with an optional non-local attention block (see the module docstring).
 
@@ -123,6 +115,11 @@ class Inpainter(Configurable):
 
     Shapes: ``forward(images [B, S, S, 3], masks [B, S, S], need_weights=False)`` ->
     :class:`InpainterOutput`.
+
+    :formula: F = CNN([x (1-m); m]); y_p = F_p + sum_{l visible} a_{p,l} W_V [F_l; P_l], a_p =
+        align(score(W_q [F_p; P_p], W_k [F_l; P_l])); x_hat = CNN'(y)
+    :source: Wang et al. 2018, Non-local Neural Networks (CVPR)
+    :cost: convolutions O(B S^2 9 c^2) + attention O(B S^4 d)
     """
 
     def __init__(

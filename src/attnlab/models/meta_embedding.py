@@ -116,23 +116,7 @@ def _availability(founds: Sequence[Any], V: int) -> Tensor:
     return avail
 
 
-@register(
-    "model",
-    "meta-embedding-classifier",
-    formula=(
-        "x_ti = W_i E_i[w_t] + b_i; alpha_ti = softmax_i(a^T x_ti + b) (DME; CDME scores a BiLSTM "
-        "state); x_t = sum_i alpha_ti x_ti; h = BiRNN(x); c = sum_t softmax_t(w^T tanh(W h_t)) h_t; "
-        "y = W_o c + b_o"
-    ),
-    source=(
-        "Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations"
-    ),
-    cost=(
-        "projections O(B n sum_i d_i d') + meta attention O(B n E d') (CDME + O(B n E d' h_c)) "
-        "+ encoder O(B n d' h) sequential in n + pooling O(B n d_h d_w)"
-    ),
-    aliases=("dme-classifier",),
-)
+@register("model", "meta-embedding-classifier", aliases=("dme-classifier",))
 class MetaEmbeddingClassifier(Configurable):
     """Sentence classifier over dynamic meta-embeddings of several word-vector tables.
 
@@ -169,6 +153,14 @@ class MetaEmbeddingClassifier(Configurable):
     Cost: the projections O(B n sum_i d_i d'), the DME weights O(B n E d') (CDME adds a
     BiLSTM over each table's sequence, O(B n E d' h_c)), the encoder O(B n 8 h (d' + h))
     sequential in n, the pooling O(B n d_h d_w).
+
+    :formula: x_ti = W_i E_i[w_t] + b_i; alpha_ti = softmax_i(a^T x_ti + b) (DME; CDME scores a
+        BiLSTM state); x_t = sum_i alpha_ti x_ti; h = BiRNN(x); c = sum_t softmax_t(w^T tanh(W
+        h_t)) h_t; y = W_o c + b_o
+    :source: Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence
+        Representations
+    :cost: projections O(B n sum_i d_i d') + meta attention O(B n E d') (CDME + O(B n E d' h_c))
+        + encoder O(B n d' h) sequential in n + pooling O(B n d_h d_w)
     """
 
     def __init__(

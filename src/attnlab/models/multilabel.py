@@ -112,25 +112,7 @@ def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (w.reshape(*w.shape, *([1] * (x.dim() - 2))) * x).sum(1)
 
 
-@register(
-    "model",
-    "capsule-classifier",
-    formula=(
-        "h = BiRNN(E[w_1..w_n]); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li), "
-        "s_l = sum_i c_li u_(l|i), v_l = squash(s_l), b_li += u_(l|i) . v_l; p_l = |v_l|; "
-        "predict l iff p_l > 0.5"
-    ),
-    source=(
-        "Zhao et al. 2019, Towards Scalable and Reliable Capsule Networks for Challenging NLP "
-        "Applications; Gong et al. 2018, Information Aggregation via Dynamic Routing for "
-        "Sequence Encoding"
-    ),
-    cost=(
-        "encoder O(B n d_e h) sequential in n + routing O(B n L d_h d_caps + T B n L d_caps) "
-        "(capsule attention O(B L n d_h))"
-    ),
-    aliases=("capsule-multilabel",),
-)
+@register("model", "capsule-classifier", aliases=("capsule-multilabel",))
 class CapsuleClassifier(Configurable):
     """Multi-label text classifier: embeddings -> BiLSTM/BiGRU -> one capsule per label.
 
@@ -166,6 +148,15 @@ class CapsuleClassifier(Configurable):
     Cost: the encoder O(B n 8 h (d_e + h)) (sequential in n); routing O(B n L d_h d_caps)
     for the predictions plus O(T B n L d_caps) for the iterations, O(B n L d_caps) memory;
     capsule attention O(B L n d_h); mean pooling O(B n d_h + B d_h L).
+
+    :formula: h = BiRNN(E[w_1..w_n]); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li), s_l =
+        sum_i c_li u_(l|i), v_l = squash(s_l), b_li += u_(l|i) . v_l; p_l = |v_l|; predict l iff
+        p_l > 0.5
+    :source: Zhao et al. 2019, Towards Scalable and Reliable Capsule Networks for Challenging
+        NLP Applications; Gong et al. 2018, Information Aggregation via Dynamic Routing for
+        Sequence Encoding
+    :cost: encoder O(B n d_e h) sequential in n + routing O(B n L d_h d_caps + T B n L d_caps)
+        (capsule attention O(B L n d_h))
     """
 
     def __init__(

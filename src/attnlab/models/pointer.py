@@ -84,15 +84,7 @@ def _parse_attention(attention: Any) -> tuple[str, Any, dict[str, Any]]:
     )
 
 
-@register(
-    "model",
-    "pointer-network-model",
-    formula="e = Enc(x); d_i = Dec(x_(C_(i-1))); p(C_i = j) = softmax_j score(d_i, e_j) over "
-    "allowed j (mean baseline: softmax_j (W_o [d_i; mean e])_j; uniform: 1/|allowed|)",
-    source="Vinyals, Fortunato & Jaitly 2015, Pointer Networks (NeurIPS)",
-    cost="LSTMs O(B (n + T) h^2); pointer scores O(B T n d_w) time, O(B T n) memory",
-    aliases=("pointer-model", "ptr-net-model"),
-)
+@register("model", "pointer-network-model", aliases=("pointer-model", "ptr-net-model"))
 class PointerNetworkModel(PointerNetwork):
     """Pointer network task model: :class:`~attnlab.query.pointer.PointerNetwork` with the
     pointer attention given by a spec (see the module docstring).
@@ -116,6 +108,11 @@ class PointerNetworkModel(PointerNetwork):
 
     Cost: the LSTMs O(B (n + T) h^2) and the additive pointer O(B T n d_w); the mean
     baseline's classifier O(B T h max_inputs).
+
+    :formula: e = Enc(x); d_i = Dec(x_(C_(i-1))); p(C_i = j) = softmax_j score(d_i, e_j) over
+        allowed j (mean baseline: softmax_j (W_o [d_i; mean e])_j; uniform: 1/|allowed|)
+    :source: Vinyals, Fortunato & Jaitly 2015, Pointer Networks (NeurIPS)
+    :cost: LSTMs O(B (n + T) h^2); pointer scores O(B T n d_w) time, O(B T n) memory
     """
 
     def __init__(

@@ -130,17 +130,7 @@ class Listener(nn.Module):
         return Listened(self.proj(x) * mask[..., None], mask)
 
 
-@register(
-    "model",
-    "recogniser",
-    formula="a = pBLSTM(log-mel frames); s_t = LSTM([E y_{t-1}; c_{t-1}], s_{t-1}); "
-    "c_t = sum_l align(score(s_t, a_l)) a_l; p(y_t) = softmax(W_o tanh(W_p [s_t; c_t]))",
-    source="Chan et al. 2016, Listen, Attend and Spell; Chorowski et al. 2015, "
-    "Attention-Based Models for Speech Recognition",
-    cost="listener O(B T h (n_mels + h)) + per unit LSTM O(B d (d_e + 2d)) + attention "
-    "O(B S d d_w)",
-    aliases=("las", "listen-attend-spell", "speech-recogniser"),
-)
+@register("model", "recogniser", aliases=("las", "listen-attend-spell", "speech-recogniser"))
 class ListenAttendSpell(Configurable):
     """Listen, Attend and Spell recogniser (see the module docstring).
 
@@ -163,6 +153,13 @@ class ListenAttendSpell(Configurable):
     Shapes: ``forward(features [B, T, n_mels], lengths [B], tokens_in [B, L])`` ->
     :class:`RecogniserOutput` (``tokens_in`` starts with BOS: the gold units shifted
     right); ``greedy(features, lengths, max_len)`` -> :class:`Transcript`.
+
+    :formula: a = pBLSTM(log-mel frames); s_t = LSTM([E y_{t-1}; c_{t-1}], s_{t-1}); c_t = sum_l
+        align(score(s_t, a_l)) a_l; p(y_t) = softmax(W_o tanh(W_p [s_t; c_t]))
+    :source: Chan et al. 2016, Listen, Attend and Spell; Chorowski et al. 2015, Attention-Based
+        Models for Speech Recognition
+    :cost: listener O(B T h (n_mels + h)) + per unit LSTM O(B d (d_e + 2d)) + attention O(B S d
+        d_w)
     """
 
     def __init__(

@@ -76,15 +76,7 @@ class SentenceOutput:
     log_prob: Tensor | None = None
 
 
-@register(
-    "model",
-    "sentence-classifier",
-    formula="h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; y = W_o c + b_o",
-    source="Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT",
-    cost="encoder O(B n d_e h) (BiLSTM O(B n 8 h (d_e + h)) sequentially over n) + attention "
-    "O(B n d_h d_w) + output O(B d_c C)",
-    aliases=("sentence", "jain-wallace"),
-)
+@register("model", "sentence-classifier", aliases=("sentence", "jain-wallace"))
 class SentenceClassifier(Configurable):
     """Sentence classifier: embeddings -> encoder -> pooling attention -> linear.
 
@@ -128,6 +120,11 @@ class SentenceClassifier(Configurable):
     pooling O(B n d_h), the output layer O(B d_c C).
 
     Source: Jain & Wallace 2019, "Attention is not Explanation", NAACL-HLT.
+
+    :formula: h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; y = W_o c + b_o
+    :source: Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT
+    :cost: encoder O(B n d_e h) (BiLSTM O(B n 8 h (d_e + h)) sequentially over n) + attention
+        O(B n d_h d_w) + output O(B d_c C)
     """
 
     def __init__(

@@ -73,26 +73,7 @@ class TargetOutput:
         return self.hops[-1] if self.hops else None
 
 
-@register(
-    "model",
-    "target-sentiment",
-    formula=(
-        "H_p = BiLSTM_p(E[part]) for p in left, target, right; r_tl = r_tr = mean(H_t); "
-        "for s = 1..S: r_l = att(H_l, r_tl); r_r = att(H_r, r_tr); r_tl = att(H_t, r_l); "
-        "r_tr = att(H_t, r_r); y = W_o [r_l; r_r; r_tl; r_tr] + b_o"
-    ),
-    source=(
-        "Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based "
-        "Sentiment Analysis with Rotatory Attention (LCR-Rot); Wallaart & Frasincar 2019, A "
-        "Hybrid Approach for Aspect-Based Sentiment Analysis Using a Lexicalized Domain "
-        "Ontology and Attentional Neural Models, ESWC (LCR-Rot-hop)"
-    ),
-    cost=(
-        "BiLSTMs O(B (n_l + n_t + n_r) 8 h (d_e + h)) (sequential in n) + rotatory attention "
-        "O(S B (n_l + n_r + 2 n_t) d_h^2) + output O(B 4 d_h C)"
-    ),
-    aliases=("lcr-rot-hop-classifier", "target"),
-)
+@register("model", "target-sentiment", aliases=("lcr-rot-hop-classifier", "target"))
 class TargetSentimentClassifier(Configurable):
     """LCR-Rot-hop: three BiLSTMs, rotatory attention over S hops, a linear output layer.
 
@@ -140,6 +121,16 @@ class TargetSentimentClassifier(Configurable):
 
     Sources: Zheng & Xia 2018 (LCR-Rot), arXiv:1802.00892; Wallaart & Frasincar 2019
     (LCR-Rot-hop), ESWC.
+
+    :formula: H_p = BiLSTM_p(E[part]) for p in left, target, right; r_tl = r_tr = mean(H_t); for
+        s = 1..S: r_l = att(H_l, r_tl); r_r = att(H_r, r_tr); r_tl = att(H_t, r_l); r_tr =
+        att(H_t, r_r); y = W_o [r_l; r_r; r_tl; r_tr] + b_o
+    :source: Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based
+        Sentiment Analysis with Rotatory Attention (LCR-Rot); Wallaart & Frasincar 2019, A
+        Hybrid Approach for Aspect-Based Sentiment Analysis Using a Lexicalized Domain Ontology
+        and Attentional Neural Models, ESWC (LCR-Rot-hop)
+    :cost: BiLSTMs O(B (n_l + n_t + n_r) 8 h (d_e + h)) (sequential in n) + rotatory attention
+        O(S B (n_l + n_r + 2 n_t) d_h^2) + output O(B 4 d_h C)
     """
 
     def __init__(

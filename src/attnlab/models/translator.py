@@ -101,18 +101,7 @@ class Translation:
     scores: list[float] = field(default_factory=list)
 
 
-@register(
-    "model",
-    "translator",
-    formula="s_t = RNN(...); c_t = sum_l align(score(s, h_l)) h_l; Bahdanau: query s_{t-1}, "
-    "c_t into the RNN; Luong: query s_t, h~_t = tanh(W_c [c_t; s_t]), input feeding",
-    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and "
-    "Translate; Luong et al. 2015, Effective Approaches to Attention-based Neural Machine "
-    "Translation",
-    cost="encoder O(B S d (d_e + d)); decoder per step O(B d (d_e + d)) + attention "
-    "O(B S d) (global) or O(B D d) (local); output O(B T d V)",
-    aliases=("seq2seq", "nmt"),
-)
+@register("model", "translator", aliases=("seq2seq", "nmt"))
 class Seq2SeqTranslator(Configurable):
     """Encoder-decoder translator with attention (see the module docstring).
 
@@ -138,6 +127,14 @@ class Seq2SeqTranslator(Configurable):
     Cost: encoder O(B S d (d_e + d)) sequential in S; each decoder step O(B d (d_e + d))
     plus the attention, O(B S d) for global attention (additive O(B S d d_w)), O(B D d) for
     local; output layer O(B T d V).
+
+    :formula: s_t = RNN(...); c_t = sum_l align(score(s, h_l)) h_l; Bahdanau: query s_{t-1}, c_t
+        into the RNN; Luong: query s_t, h~_t = tanh(W_c [c_t; s_t]), input feeding
+    :source: Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and
+        Translate; Luong et al. 2015, Effective Approaches to Attention-based Neural Machine
+        Translation
+    :cost: encoder O(B S d (d_e + d)); decoder per step O(B d (d_e + d)) + attention O(B S d)
+        (global) or O(B D d) (local); output O(B T d V)
     """
 
     def __init__(

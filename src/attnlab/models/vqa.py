@@ -102,17 +102,7 @@ class VQAOutput:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-@register(
-    "model",
-    "vqa",
-    formula="V = CNN(image) [B, R, d]; Q = BiRNN(E[w]) [B, n, d]; (c_q, c_v) = CoAtt(Q, V); "
-    "y = W_o tanh(W_h [c_q; c_v] + b_h) + b_o",
-    source="Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for "
-    "Visual Question Answering, NeurIPS",
-    cost="CNN O(B H W k^2 sum c_in c_out) + BiRNN O(B n h (d_e + h)) + parallel co-attention "
-    "O(B n R d) + output O(B d C)",
-    aliases=("vqa-model", "vqa-co-attention"),
-)
+@register("model", "vqa", aliases=("vqa-model", "vqa-co-attention"))
 class VQAModel(Configurable):
     """VQA model: CNN regions + BiRNN words -> co-attention -> answer classifier.
 
@@ -142,6 +132,13 @@ class VQAModel(Configurable):
     d_w), the output layer O(B d (d + C)).
 
     Source: Lu et al. 2016 (see the module docstring).
+
+    :formula: V = CNN(image) [B, R, d]; Q = BiRNN(E[w]) [B, n, d]; (c_q, c_v) = CoAtt(Q, V); y =
+        W_o tanh(W_h [c_q; c_v] + b_h) + b_o
+    :source: Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for Visual
+        Question Answering, NeurIPS
+    :cost: CNN O(B H W k^2 sum c_in c_out) + BiRNN O(B n h (d_e + h)) + parallel co-attention
+        O(B n R d) + output O(B d C)
     """
 
     def __init__(

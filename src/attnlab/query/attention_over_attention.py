@@ -229,14 +229,7 @@ def aoa_answer_scores(
     return (s.unsqueeze(1) @ hit).squeeze(1)
 
 
-@register(
-    "query",
-    "attention-over-attention",
-    formula="M = D Q^T; alpha = softmax over document positions (per query word); beta = softmax over query words (per document word); beta_bar = mean_i beta(i); s = alpha beta_bar",
-    source="Cui et al. 2017, Attention-over-Attention Neural Networks for Reading Comprehension",
-    cost="O(B n_d n_q d) time, O(B n_d n_q) memory",
-    aliases=("aoa", "aoa-reader"),
-)
+@register("query", "attention-over-attention", aliases=("aoa", "aoa-reader"))
 class AttentionOverAttention(Configurable):
     """Attention-over-attention (Cui et al. 2017) with a pluggable matching score.
 
@@ -254,6 +247,12 @@ class AttentionOverAttention(Configurable):
     bool ``[B, n_d]``, ``mask2`` bool ``[B, n_q]`` (True = real word).
     Returns :class:`AoAOutput` (``s`` ``[B, n_d]``, ``alpha``, ``beta`` ``[B, n_d, n_q]``,
     ``beta_bar`` ``[B, n_q]``). Cost O(B n_d n_q d) time, O(B n_d n_q) memory.
+
+    :formula: M = D Q^T; alpha = softmax over document positions (per query word); beta =
+        softmax over query words (per document word); beta_bar = mean_i beta(i); s = alpha
+        beta_bar
+    :source: Cui et al. 2017, Attention-over-Attention Neural Networks for Reading Comprehension
+    :cost: O(B n_d n_q d) time, O(B n_d n_q) memory
     """
 
     def __init__(

@@ -172,14 +172,7 @@ class CapsuleOutput(_ClassProbabilities):
     weights: Tensor | None = None
 
 
-@register(
-    "query",
-    "capsule",
-    formula="e_cl = q_c^T k_l; c_c = sum_l softmax_l(e_c)_l v_l; p_c = sigmoid(w_c^T c_c + b_c); r_c = p_c c_c; L = L_cls + lambda L_rec(r, mean f)",
-    source="Wang et al. 2018, Sentiment Analysis by Capsules (RNN-Capsule)",
-    cost="C attentions: O(B C n d) for dot scores (+ O(B C n d_features d) for per-capsule projections)",
-    aliases=("capsule-attention", "rnn-capsule"),
-)
+@register("query", "capsule", aliases=("capsule-attention", "rnn-capsule"))
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class CapsuleAttention(SequenceAttention):
     """Capsule-based attention: one capsule (query, attention, probability) per class.
@@ -206,6 +199,12 @@ class CapsuleAttention(SequenceAttention):
     Cost: O(B C n d) for the dot score; when the capsules have no projections and the score
     no parameters, all ``C`` queries run in one batched attention call (fused SDPA for
     dot-product scores), else one call per capsule.
+
+    :formula: e_cl = q_c^T k_l; c_c = sum_l softmax_l(e_c)_l v_l; p_c = sigmoid(w_c^T c_c +
+        b_c); r_c = p_c c_c; L = L_cls + lambda L_rec(r, mean f)
+    :source: Wang et al. 2018, Sentiment Analysis by Capsules (RNN-Capsule)
+    :cost: C attentions: O(B C n d) for dot scores (+ O(B C n d_features d) for per-capsule
+        projections)
     """
 
     self_only = True
@@ -394,14 +393,7 @@ class RoutingOutput(_ClassProbabilities):
     logits: Tensor
 
 
-@register(
-    "query",
-    "capsule-routing",
-    formula="u_(j|i) = W_j u_i; b_ij = 0; T times: c_ij = softmax_j(b_ij), s_j = sum_i c_ij u_(j|i), v_j = squash(s_j), b_ij += u_(j|i) . v_j; p_j = |v_j|",
-    source="Sabour et al. 2017, Dynamic Routing Between Capsules",
-    cost="O(B n C d_features d_caps) for the predictions + O(T B n C d_caps) for the routing",
-    aliases=("dynamic-routing", "routing-by-agreement"),
-)
+@register("query", "capsule-routing", aliases=("dynamic-routing", "routing-by-agreement"))
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class CapsuleRouting(SequenceAttention):
     """Dynamic routing between the input positions (primary capsules) and one capsule per
@@ -435,6 +427,11 @@ class CapsuleRouting(SequenceAttention):
 
     Cost: O(B n C d_features d_caps) time and O(B n C d_caps) memory for the predictions, plus
     O(T B n C d_caps) for the routing iterations.
+
+    :formula: u_(j|i) = W_j u_i; b_ij = 0; T times: c_ij = softmax_j(b_ij), s_j = sum_i c_ij
+        u_(j|i), v_j = squash(s_j), b_ij += u_(j|i) . v_j; p_j = |v_j|
+    :source: Sabour et al. 2017, Dynamic Routing Between Capsules
+    :cost: O(B n C d_features d_caps) for the predictions + O(T B n C d_caps) for the routing
     """
 
     self_only = True

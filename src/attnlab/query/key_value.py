@@ -191,14 +191,7 @@ def concatenated_key_value_attention(
     return _concat(out, concat)
 
 
-@register(
-    "query",
-    "key-value",
-    formula="att((K, V), q) = sum_n softmax_n(s(k_n, q)) v_n",
-    source="Miller et al. 2016, Key-Value Memory Networks for Directly Reading Documents; Qiu 2020, Neural Networks and Deep Learning",
-    cost="that of the score: O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA)",
-    aliases=("key-value-attention", "kv"),
-)
+@register("query", "key-value", aliases=("key-value-attention", "kv"))
 class KeyValueAttention(ConventionAttention):
     """Key-value attention ``att((K, V), q) = sum_n align(s(k_n, q))_n v_n``: one
     :class:`attnlab.Attention` over separate keys and values.
@@ -218,6 +211,11 @@ class KeyValueAttention(ConventionAttention):
 
     Cost: that of the score; O(B n_q n_k (d_k + d_v)) on the fused SDPA path for
     dot-product scores with soft alignment.
+
+    :formula: att((K, V), q) = sum_n softmax_n(s(k_n, q)) v_n
+    :source: Miller et al. 2016, Key-Value Memory Networks for Directly Reading Documents; Qiu
+        2020, Neural Networks and Deep Learning
+    :cost: that of the score: O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA)
     """
 
     def __init__(
@@ -259,9 +257,6 @@ class KeyValueAttention(ConventionAttention):
 @register(
     "query",
     "concatenated-key-value",
-    formula="att((K, V), Q) = att((K, V), q_1) (+) ... (+) att((K, V), q_M), (+) = concatenation",
-    source="Qiu 2020, Neural Networks and Deep Learning",
-    cost="M key-value attentions: O(B M n_k (d_k + d_v)) for dot-product scores",
     aliases=("multi-query", "multi-query-attention", "concat-key-value"),
 )
 class ConcatenatedKeyValueAttention(KeyValueAttention):
@@ -283,6 +278,11 @@ class ConcatenatedKeyValueAttention(KeyValueAttention):
 
     Not Shazeer's multi-query attention (shared key/value heads): that is
     ``MultiHeadAttention(..., num_kv_heads=1)``.
+
+    :formula: att((K, V), Q) = att((K, V), q_1) (+) ... (+) att((K, V), q_M), (+) =
+        concatenation
+    :source: Qiu 2020, Neural Networks and Deep Learning
+    :cost: M key-value attentions: O(B M n_k (d_k + d_v)) for dot-product scores
     """
 
     def __init__(

@@ -62,15 +62,7 @@ __all__ = ["LinformerAttention"]
 _SHARING = ("none", "headwise", "key-value")
 
 
-@register(
-    "query",
-    "linformer",
-    formula="K' = E W_K F, V' = F_p W_V F (E, F_p: [k, n]); c = softmax(q K'^T / sqrt(d)) V'",
-    source="Wang et al. 2020, Linformer: Self-Attention with Linear Complexity",
-    cost="O(B h (n_q + n_k) k d_head) time, O(B h n_q k) memory",
-    supports_cross=True,
-    supports_causal=False,
-)
+@register("query", "linformer", supports_cross=True, supports_causal=False)
 class LinformerAttention(HeadAttention):
     """Linformer multi-head attention with sequence-axis projections of keys and values.
 
@@ -86,6 +78,10 @@ class LinformerAttention(HeadAttention):
 
     See the module docstring for the formula, padding, shapes and cost.
     Source: Wang et al. 2020, Linformer: Self-Attention with Linear Complexity.
+
+    :formula: K' = E W_K F, V' = F_p W_V F (E, F_p: [k, n]); c = softmax(q K'^T / sqrt(d)) V'
+    :source: Wang et al. 2020, Linformer: Self-Attention with Linear Complexity
+    :cost: O(B h (n_q + n_k) k d_head) time, O(B h n_q k) memory
     """
 
     supports_cross = True

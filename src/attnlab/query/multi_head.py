@@ -33,14 +33,7 @@ from attnlab.registry import register
 __all__ = ["MultiHeadAttention"]
 
 
-@register(
-    "query",
-    "multi-head",
-    formula="c = W_O concat(c_1..c_h), c_j = attend(W_q^(j) q, W_K^(j) F, W_V^(j) F) with any score/align",
-    source="Vaswani et al. 2017, Attention Is All You Need",
-    cost="O(B h n_q n_k d_head) (+ projections O(B (n_q + n_k) d_model^2))",
-    aliases=("mha", "multihead"),
-)
+@register("query", "multi-head", aliases=("mha", "multihead"))
 class MultiHeadAttention(HeadAttention):
     """Multi-head attention with any score and alignment per head.
 
@@ -68,6 +61,11 @@ class MultiHeadAttention(HeadAttention):
 
     Cost: O(B h n_q n_k d_head) for the scores plus the projections; the fused path needs
     O(B h n_q d_head) memory beyond the inputs when no weights are requested.
+
+    :formula: c = W_O concat(c_1..c_h), c_j = attend(W_q^(j) q, W_K^(j) F, W_V^(j) F) with any
+        score/align
+    :source: Vaswani et al. 2017, Attention Is All You Need
+    :cost: O(B h n_q n_k d_head) (+ projections O(B (n_q + n_k) d_model^2))
     """
 
     def __init__(

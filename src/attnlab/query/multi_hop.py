@@ -133,14 +133,7 @@ def masked_mean_values(values: Tensor, mask: Tensor | None, n_q: int) -> Tensor:
     return (allowed / allowed.sum(-1, keepdim=True).clamp(min=1)) @ values
 
 
-@register(
-    "query",
-    "multi-hop",
-    formula="c^(0) = mean(V); q^(s+1) = transform(q^(s), c^(s)); e^(s+1)_l = score(q^(s+1) or [q^(s+1); c^(s)], k_l); c^(s+1) = sum_l align(e^(s+1))_l v_l",
-    source="Yang et al. 2016, Stacked Attention Networks for Image Question Answering (SAN); Tran & Niederee 2018, Multihop Attention Networks for Question Answer Matching",
-    cost="S times one attention plus S transforms: O(S B n_q (n_k cost_score + d_q (d_q + d_v)))",
-    aliases=("multi-step", "multihop", "stacked-attention"),
-)
+@register("query", "multi-hop", aliases=("multi-step", "multihop", "stacked-attention"))
 class MultiHopAttention(ConventionAttention):
     """Multi-hop attention: ``S`` attention steps, each refining the query with the last
     context (see the module docstring for the recursion and the transforms).
@@ -175,6 +168,13 @@ class MultiHopAttention(ConventionAttention):
 
     Cost: S hops of the chosen attention (O(B n_q n_k d_w) each for the additive score)
     plus S transforms O(B n_q d_q (d_q + d_v)); the hops are sequential.
+
+    :formula: c^(0) = mean(V); q^(s+1) = transform(q^(s), c^(s)); e^(s+1)_l = score(q^(s+1) or
+        [q^(s+1); c^(s)], k_l); c^(s+1) = sum_l align(e^(s+1))_l v_l
+    :source: Yang et al. 2016, Stacked Attention Networks for Image Question Answering (SAN);
+        Tran & Niederee 2018, Multihop Attention Networks for Question Answer Matching
+    :cost: S times one attention plus S transforms: O(S B n_q (n_k cost_score + d_q (d_q +
+        d_v)))
     """
 
     need_weights_default = True

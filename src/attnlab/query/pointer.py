@@ -189,20 +189,7 @@ class _Encoded:
     lengths: Tensor  # [B] long
 
 
-@register(
-    "query",
-    "pointer-network",
-    formula=(
-        "u^i_j = v^T tanh(W1 e_j + W2 d_i); p(C_i = j | C_<i, P) = softmax_j(u^i) over the "
-        "allowed positions j"
-    ),
-    source="Vinyals, Fortunato & Jaitly 2015, Pointer Networks",
-    cost=(
-        "LSTMs O(B (n + T) h^2); scores O(B T n d_w) time, O(B T n) memory; beam search "
-        "O(B k T (h^2 + n d_w))"
-    ),
-    aliases=("ptr-net", "pointer"),
-)
+@register("query", "pointer-network", aliases=("ptr-net", "pointer"))
 class PointerNetwork(Configurable):
     """Pointer network: an LSTM encoder-decoder whose output at each step is its attention
     distribution over the inputs (Vinyals et al. 2015).
@@ -228,6 +215,12 @@ class PointerNetwork(Configurable):
     True = real input; padding must come last); targets ``[B, T]`` (long, ``-1`` pads).
 
     Cost: see the module docstring.
+
+    :formula: u^i_j = v^T tanh(W1 e_j + W2 d_i); p(C_i = j | C_<i, P) = softmax_j(u^i) over the
+        allowed positions j
+    :source: Vinyals, Fortunato & Jaitly 2015, Pointer Networks
+    :cost: LSTMs O(B (n + T) h^2); scores O(B T n d_w) time, O(B T n) memory; beam search O(B k
+        T (h^2 + n d_w))
     """
 
     def __init__(

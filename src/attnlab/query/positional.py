@@ -108,14 +108,7 @@ def sinusoidal_positions(
     return sinusoidal_encoding(pos, d, base).to(dtype or torch.get_default_dtype())
 
 
-@register(
-    "query",
-    "sinusoidal-positions",
-    formula="x_p + PE[p], PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d))",
-    source="Vaswani et al. 2017, Attention Is All You Need",
-    cost="O(B n d), no parameters",
-    aliases=("sinusoidal", "sinusoid"),
-)
+@register("query", "sinusoidal-positions", aliases=("sinusoidal", "sinusoid"))
 class SinusoidalPositions(Configurable):
     """Adds the fixed sinusoidal encodings of Vaswani et al. (2017) to its input.
 
@@ -131,6 +124,10 @@ class SinusoidalPositions(Configurable):
     e.g. for decoding step by step), or a tensor broadcastable to ``x.shape[:-1]``
     (fractional positions allowed). ``encoding(n, offset=0)`` returns the table ``[n, d]``.
     Cost O(n d) per sequence; no parameters.
+
+    :formula: x_p + PE[p], PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(p / base^(2i/d))
+    :source: Vaswani et al. 2017, Attention Is All You Need
+    :cost: O(B n d), no parameters
     """
 
     def __init__(
@@ -165,17 +162,7 @@ class SinusoidalPositions(Configurable):
 # ----------------------------------------------------------------------------- learned
 
 
-@register(
-    "query",
-    "learned-positions",
-    formula="x_p + P[p], P a trained [max_len, d] table",
-    source=(
-        "Gehring et al. 2017, Convolutional Sequence to Sequence Learning; "
-        "Vaswani et al. 2017, Attention Is All You Need"
-    ),
-    cost="O(B n d) time, max_len d parameters",
-    aliases=("learned", "absolute-positions"),
-)
+@register("query", "learned-positions", aliases=("learned", "absolute-positions"))
 class LearnedPositions(Configurable):
     """Learned absolute position embeddings (Gehring et al. 2017; compared with sinusoids
     by Vaswani et al. 2017): a trained table ``P`` ``[max_len, d_model]`` added to the input.
@@ -190,6 +177,11 @@ class LearnedPositions(Configurable):
     ``forward(x, *, offset=0, positions=None)``: ``x`` ``[..., n, d_model]`` -> ``x +
     P[positions]``, ``positions`` default ``offset + arange(n)`` or an integer tensor
     broadcastable to ``x.shape[:-1]``. Cost O(n d); ``max_len * d_model`` parameters.
+
+    :formula: x_p + P[p], P a trained [max_len, d] table
+    :source: Gehring et al. 2017, Convolutional Sequence to Sequence Learning; Vaswani et al.
+        2017, Attention Is All You Need
+    :cost: O(B n d) time, max_len d parameters
     """
 
     def __init__(
@@ -292,14 +284,7 @@ def rotary_embedding(
     return torch.cat([ra, rb], -1)
 
 
-@register(
-    "query",
-    "rotary-positions",
-    formula="(x_2i, x_2i+1) at position m rotated by m theta_i, theta_i = base^(-2i/d); applied to q and k",
-    source="Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding",
-    cost="O(B n d), no parameters",
-    aliases=("rotary", "rope"),
-)
+@register("query", "rotary-positions", aliases=("rotary", "rope"))
 class RotaryPositions(Configurable):
     """Rotary position embedding (RoPE, Su et al. 2021) as a module to apply to the queries
     and keys before any dot-product attention.
@@ -314,6 +299,11 @@ class RotaryPositions(Configurable):
     Keys use ``key_positions`` if given, else the same positions as the queries when they
     have as many rows, else ``offset + arange(n_k)`` (keys start at ``offset``).
     See :func:`rotary_embedding`. Cost O(n dim); no parameters.
+
+    :formula: (x_2i, x_2i+1) at position m rotated by m theta_i, theta_i = base^(-2i/d); applied
+        to q and k
+    :source: Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding
+    :cost: O(B n d), no parameters
     """
 
     def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = True) -> None:
@@ -467,20 +457,7 @@ def relative_position_attention(
     return z, weights
 
 
-@register(
-    "query",
-    "relative-positions",
-    formula=(
-        "e_ij = q_i (k_j + a^K_ij)^T / sqrt(d); z_i = sum_j a_ij (v_j + a^V_ij); "
-        "a^{K,V}_ij = w^{K,V}[clip(j - i, -k, k)]"
-    ),
-    source="Shaw, Uszkoreit & Vaswani 2018, Self-Attention with Relative Position Representations",
-    cost=(
-        "O(B h n_q n_k d_head + B h n_q (2k+1) d_head) time, O(B h n_q (n_k + 2k + 1)) "
-        "memory (no [n_q, n_k, d] tensor)"
-    ),
-    aliases=("relative", "shaw"),
-)
+@register("query", "relative-positions", aliases=("relative", "shaw"))
 class RelativePositionAttention(HeadAttention):
     """Multi-head self-attention with relative position representations (Shaw et al. 2018).
 
@@ -525,6 +502,13 @@ class RelativePositionAttention(HeadAttention):
     no ``[n_q, n_k, d]`` tensor is formed (the paper's efficient form builds one ``[n, n,
     d]`` tensor shared by the batch and heads). There is no fused-kernel path: the value
     term needs the weights.
+
+    :formula: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d); z_i = sum_j a_ij (v_j + a^V_ij); a^{K,V}_ij
+        = w^{K,V}[clip(j - i, -k, k)]
+    :source: Shaw, Uszkoreit & Vaswani 2018, Self-Attention with Relative Position
+        Representations
+    :cost: O(B h n_q n_k d_head + B h n_q (2k+1) d_head) time, O(B h n_q (n_k + 2k + 1)) memory
+        (no [n_q, n_k, d] tensor)
     """
 
     def __init__(

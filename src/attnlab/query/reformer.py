@@ -91,14 +91,6 @@ def _self_score(dtype: torch.dtype) -> float:
 @register(
     "query",
     "reformer",
-    formula=(
-        "shared QK (k_j = q_j/|q_j|); h(x) = argmax([xR; -xR]); sort by bucket, attend within "
-        "chunk + previous chunk and bucket, not self; rounds combined with logsumexp weights"
-    ),
-    source="Kitaev et al. 2020, Reformer: The Efficient Transformer",
-    cost=(
-        "O(B h n_hashes n (bucket_size d_head + log n)) time, O(B h n_hashes n bucket_size) memory"
-    ),
     aliases=("lsh", "lsh-attention"),
     supports_cross=False,
     supports_causal=True,
@@ -123,6 +115,13 @@ class LSHAttention(HeadAttention):
 
     See the module docstring for the formula, shapes, randomness and cost.
     Source: Kitaev et al. 2020, Reformer: The Efficient Transformer (ICLR).
+
+    :formula: shared QK (k_j = q_j/|q_j|); h(x) = argmax([xR; -xR]); sort by bucket, attend
+        within chunk + previous chunk and bucket, not self; rounds combined with logsumexp
+        weights
+    :source: Kitaev et al. 2020, Reformer: The Efficient Transformer
+    :cost: O(B h n_hashes n (bucket_size d_head + log n)) time, O(B h n_hashes n bucket_size)
+        memory
     """
 
     supports_cross = False

@@ -109,14 +109,7 @@ def orthogonality_penalty(weights: Tensor, reduction: str = "mean") -> Tensor:
 # ----------------------------------------------------------------------------- constant query
 
 
-@register(
-    "query",
-    "constant-query-self-attention",
-    formula="e_l = w^T act(W f_l + b); a = align(e); c = sum_l a_l v_l",
-    source="Lin et al. 2017, A Structured Self-attentive Sentence Embedding; Yang et al. 2016, Hierarchical Attention Networks for Document Classification",
-    cost="O(B n d_f d_w)",
-    aliases=("constant-query", "self-attentive"),
-)
+@register("query", "constant-query-self-attention", aliases=("constant-query", "self-attentive"))
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
 class ConstantQuerySelfAttention(SequenceAttention):
     """Self-attention with a constant query: the question ("which class is this
@@ -145,6 +138,11 @@ class ConstantQuerySelfAttention(SequenceAttention):
     context.
 
     Cost: O(B n d_features d_w) time, O(B n) memory for the weights (``dim="multi"``: O(B n d_v)).
+
+    :formula: e_l = w^T act(W f_l + b); a = align(e); c = sum_l a_l v_l
+    :source: Lin et al. 2017, A Structured Self-attentive Sentence Embedding; Yang et al. 2016,
+        Hierarchical Attention Networks for Document Classification
+    :cost: O(B n d_f d_w)
     """
 
     def __init__(
@@ -203,9 +201,6 @@ class ConstantQuerySelfAttention(SequenceAttention):
 @register(
     "query",
     "learned-query-self-attention",
-    formula="K = act(W_1 F) (or F); e_jl = score(q_j, k_l) for trainable q_1..q_r; a_j = align(e_j); c_j = sum_l a_jl v_l; penalty ||A A^T - I||_F^2",
-    source="Lin et al. 2017, A Structured Self-attentive Sentence Embedding",
-    cost="O(B r n d_k) for dot scores (+ O(B n d_features d_a) for the key projection)",
     aliases=("learned-query", "structured-self-attention"),
 )
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
@@ -242,6 +237,11 @@ class LearnedQuerySelfAttention(SequenceAttention):
 
     Cost: O(B r n d) for dot-product scores (SDPA path) plus O(B n d_features d_a) for the key
     projection; memory O(B r n) for the weights.
+
+    :formula: K = act(W_1 F) (or F); e_jl = score(q_j, k_l) for trainable q_1..q_r; a_j =
+        align(e_j); c_j = sum_l a_jl v_l; penalty ||A A^T - I||_F^2
+    :source: Lin et al. 2017, A Structured Self-attentive Sentence Embedding
+    :cost: O(B r n d_k) for dot scores (+ O(B n d_features d_a) for the key projection)
     """
 
     def __init__(
@@ -329,9 +329,6 @@ _NORMS = ("layernorm", "none")
 @register(
     "query",
     "relational-self-attention",
-    formula="Q = W_Q F, K = W_K F, V = W_V F; c_i = sum_l align(score(q_i, k_l))_l v_l; f_new = c_i or Normalize(f_i + c_i)",
-    source="Vaswani et al. 2017, Attention Is All You Need; Lin et al. 2017, A Structured Self-attentive Sentence Embedding",
-    cost="O(B n^2 d_qk + B n d_f (2 d_qk + d_v)) time; O(B n d) memory on the fused path",
     aliases=("relational", "self-attention", "qkv-self-attention"),
     supports_cross=False,
     supports_causal=True,
@@ -376,6 +373,12 @@ class RelationalSelfAttention(SequenceAttention):
 
     Inside :class:`attnlab.query.transformer.TransformerEncoderLayer` (which adds the
     residual and the norm itself) use ``update="replace"``.
+
+    :formula: Q = W_Q F, K = W_K F, V = W_V F; c_i = sum_l align(score(q_i, k_l))_l v_l; f_new =
+        c_i or Normalize(f_i + c_i)
+    :source: Vaswani et al. 2017, Attention Is All You Need; Lin et al. 2017, A Structured
+        Self-attentive Sentence Embedding
+    :cost: O(B n^2 d_qk + B n d_f (2 d_qk + d_v)) time; O(B n d) memory on the fused path
     """
 
     supports_cross = False  # self-attention only: no separate key sequence

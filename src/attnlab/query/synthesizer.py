@@ -78,12 +78,6 @@ def default_factors(n: int) -> tuple[int, int]:
 @register(
     "query",
     "synthesizer",
-    formula=(
-        "a = softmax(S), c = sum_j a_ij W_V x_j with S synthesised: dense W2 relu(W1 x_i), "
-        "random R, factorized-dense A_i (x) B_i, factorized-random R1 R2^T (mode=...)"
-    ),
-    source="Tay et al. 2021, Synthesizer: Rethinking Self-Attention for Transformer Models",
-    cost="O(B h n_q n_k d_head) time and O(B h n_q n_k) memory (no dot products)",
     aliases=("synthetic-attention",),
     supports_cross=True,
     supports_causal=True,
@@ -110,6 +104,11 @@ class SynthesizerAttention(HeadAttention):
 
     See the module docstring for the formulas, shapes and cost.
     Source: Tay et al. 2021, Synthesizer: Rethinking Self-Attention for Transformer Models.
+
+    :formula: a = softmax(S), c = sum_j a_ij W_V x_j with S synthesised: dense W2 relu(W1 x_i),
+        random R, factorized-dense A_i (x) B_i, factorized-random R1 R2^T (mode=...)
+    :source: Tay et al. 2021, Synthesizer: Rethinking Self-Attention for Transformer Models
+    :cost: O(B h n_q n_k d_head) time and O(B h n_q n_k) memory (no dot products)
     """
 
     supports_cross = True

@@ -195,9 +195,6 @@ class _Layer(Configurable):
 @register(
     "query",
     "transformer-encoder-layer",
-    formula="x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm) or pre-norm",
-    source="Vaswani et al. 2017, Attention Is All You Need",
-    cost="the attention's cost + O(B n d_model dim_feedforward)",
     aliases=("encoder-layer",),
     supports_cross=False,
     supports_causal=True,
@@ -225,6 +222,10 @@ class TransformerEncoderLayer(_Layer):
     as do the ``attention_kwargs`` (e.g. ``memory=`` for Transformer-XL).
 
     Source: Vaswani et al. 2017, Attention Is All You Need.
+
+    :formula: x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm) or pre-norm
+    :source: Vaswani et al. 2017, Attention Is All You Need
+    :cost: the attention's cost + O(B n d_model dim_feedforward)
     """
 
     supports_cross = False
@@ -290,12 +291,6 @@ class TransformerEncoderLayer(_Layer):
 @register(
     "query",
     "transformer-decoder-layer",
-    formula=(
-        "x = Norm(x + CausalSelfAttention(x)); x = Norm(x + CrossAttention(x, memory)); "
-        "x = Norm(x + FF(x)) (post-norm) or pre-norm"
-    ),
-    source="Vaswani et al. 2017, Attention Is All You Need",
-    cost="the two attentions' costs + O(B n d_model dim_feedforward)",
     aliases=("decoder-layer",),
     supports_cross=False,
     supports_causal=True,
@@ -316,6 +311,11 @@ class TransformerDecoderLayer(_Layer):
     with the encoder output ``memory``).
 
     Source: Vaswani et al. 2017, Attention Is All You Need.
+
+    :formula: x = Norm(x + CausalSelfAttention(x)); x = Norm(x + CrossAttention(x, memory)); x =
+        Norm(x + FF(x)) (post-norm) or pre-norm
+    :source: Vaswani et al. 2017, Attention Is All You Need
+    :cost: the two attentions' costs + O(B n d_model dim_feedforward)
     """
 
     supports_cross = False

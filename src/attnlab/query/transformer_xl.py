@@ -112,14 +112,6 @@ def rel_shift(x: Tensor, n_k: int) -> Tensor:
 @register(
     "query",
     "transformer-xl",
-    formula=(
-        "A_ij = (q_i + u)^T k_j + (q_i + v)^T W_kR R_{i-j}; keys/values over [SG(memory); x]; "
-        "c = W_O concat_h(softmax(A / sqrt(d_head)) V)"
-    ),
-    source=(
-        "Dai et al. 2019, Transformer-XL: Attentive Language Models beyond a Fixed-Length Context"
-    ),
-    cost="O(B h n (M + n) d_head) time, O(B h n (M + 2n)) score memory (M = memory length)",
     aliases=("txl", "transformer_xl", "relative-xl"),
     supports_cross=False,
     supports_causal=True,
@@ -143,6 +135,12 @@ class TransformerXLAttention(HeadAttention):
 
     Source: Dai et al. 2019, Transformer-XL: Attentive Language Models beyond a
     Fixed-Length Context (ACL).
+
+    :formula: A_ij = (q_i + u)^T k_j + (q_i + v)^T W_kR R_{i-j}; keys/values over [SG(memory);
+        x]; c = W_O concat_h(softmax(A / sqrt(d_head)) V)
+    :source: Dai et al. 2019, Transformer-XL: Attentive Language Models beyond a Fixed-Length
+        Context
+    :cost: O(B h n (M + n) d_head) time, O(B h n (M + 2n)) score memory (M = memory length)
     """
 
     supports_cross = False

@@ -116,14 +116,7 @@ class CaptionData:
         return int(self.images.shape[0])
 
 
-@register_task(
-    "captioning",
-    formula="a = CNN(image) [g x g cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; "
-    "h_t = LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))",
-    source="Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual "
-    "Attention (ICML), on generated scenes of coloured shapes (attnlab.data.scenes)",
-    cost="CNN once per image + per word LSTM O(d (d_e + d)) + attention O(R d d_w)",
-)
+@register_task("captioning")
 class CaptioningTask(Task):
     """Captioning generated scenes with :class:`~attnlab.models.captioner.ShowAttendTell`.
 
@@ -137,6 +130,12 @@ class CaptioningTask(Task):
         reinforce_weight: weight of the REINFORCE term of hard attention.
         expected_mix: hard attention only: the probability of training a word with the
             expected context (soft weights) instead of the sampled cell (Xu et al.'s 0.5).
+
+    :formula: a = CNN(image) [g x g cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; h_t =
+        LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))
+    :source: Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual
+        Attention (ICML), on generated scenes of coloured shapes (attnlab.data.scenes)
+    :cost: CNN once per image + per word LSTM O(d (d_e + d)) + attention O(R d d_w)
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("bleu", "meteor", "caption_accuracy", "iou")

@@ -94,19 +94,7 @@ def task_vocab(
     return Vocab.from_corpus(train_tokens, min_freq=options["min_freq"]), None
 
 
-@register_task(
-    "document",
-    formula=(
-        "h_it = BiGRU(E[w_i])_t; a_it = align(score(u_w, h_it)); s_i = sum_t a_it h_it; "
-        "g_i = BiGRU(s)_i; b_i = align(score(u_s, g_i)); v = sum_i b_i g_i; "
-        "p(y|d) = softmax(W_o v + b_o)"
-    ),
-    source=(
-        "Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for "
-        "Document Classification, NAACL-HLT"
-    ),
-    cost="per document O(S W 6 h (d_e + h) + S W d_h d_w) words + O(S 6 h (d_h + h)) sentences",
-)
+@register_task("document")
 class DocumentTask(ClassifierTask):
     """Document sentiment with :class:`~attnlab.models.document.DocumentClassifier`.
 
@@ -137,6 +125,13 @@ class DocumentTask(ClassifierTask):
     count (the default is kept).
         bucket: length bucketing of the training batches (documents of similar sentence
             count and sentence length together; :func:`attnlab.lab.batching.batch_order`).
+
+    :formula: h_it = BiGRU(E[w_i])_t; a_it = align(score(u_w, h_it)); s_i = sum_t a_it h_it; g_i
+        = BiGRU(s)_i; b_i = align(score(u_s, g_i)); v = sum_i b_i g_i; p(y|d) = softmax(W_o v +
+        b_o)
+    :source: Yang, Yang, Dyer, He, Smola & Hovy 2016, Hierarchical Attention Networks for
+        Document Classification, NAACL-HLT
+    :cost: per document O(S W 6 h (d_e + h) + S W d_h d_w) words + O(S 6 h (d_h + h)) sentences
     """
 
     option_presets: ClassVar[dict[str, dict[str, Any]]] = {

@@ -91,14 +91,7 @@ def _crops(images: Tensor, boxes: np.ndarray, block: int) -> Tensor:
 _SSIM_WINDOW = 11
 
 
-@register_task(
-    "inpainting",
-    formula="x_hat = CNN'(F + NonLocal([F; P])), F = CNN([x (1-m); m]); "
-    "loss = mean_{hidden p} ||x_hat_p - x_p||^2",
-    source="Wang et al. 2018, Non-local Neural Networks (CVPR), on generated mirrored mosaics "
-    "(attnlab.data.mirrored_scenes)",
-    cost="convolutions O(S^2 9 c^2) + attention O((S/patch)^4 d) per image",
-)
+@register_task("inpainting")
 class InpaintingTask(Task):
     """Inpainting mirrored mosaics with :class:`~attnlab.models.inpainter.Inpainter`.
 
@@ -107,6 +100,12 @@ class InpaintingTask(Task):
         train_size, dev_size, test_size: generated images per split.
         data_seed: train, dev and test use ``data_seed``, ``+ 1``, ``+ 2``.
         channels, patch, positions, position_dim: the model.
+
+    :formula: x_hat = CNN'(F + NonLocal([F; P])), F = CNN([x (1-m); m]); loss = mean_{hidden p}
+        ||x_hat_p - x_p||^2
+    :source: Wang et al. 2018, Non-local Neural Networks (CVPR), on generated mirrored mosaics
+        (attnlab.data.mirrored_scenes)
+    :cost: convolutions O(S^2 9 c^2) + attention O((S/patch)^4 d) per image
     """
 
     metrics: ClassVar[tuple[str, ...]] = (

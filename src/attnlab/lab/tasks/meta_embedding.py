@@ -86,17 +86,7 @@ def load_table(name: str) -> Any:
     return vectors.load_minilm_embeddings(whole_words=True)
 
 
-@register_task(
-    "meta-embedding",
-    formula=(
-        "x_ti = W_i E_i[w_t] + b_i (GloVe, spaCy); alpha_ti = softmax_i(a^T x_ti + b); "
-        "x_t = sum_i alpha_ti x_ti; h = BiLSTM(x); c = sum_t softmax_t(w^T tanh(W h_t)) h_t; "
-        "y = softmax(W_o c + b_o)"
-    ),
-    source="Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence Representations",
-    cost="O(B n sum_i d_i d') projections + O(B n E d') weights + BiLSTM O(B n d' h) per batch",
-    aliases=("dme-sentiment",),
-)
+@register_task("meta-embedding", aliases=("dme-sentiment",))
 class MetaEmbeddingTask(Task):
     """Sentence sentiment (Rotten Tomatoes) over dynamic meta-embeddings of GloVe + spaCy.
 
@@ -106,6 +96,13 @@ class MetaEmbeddingTask(Task):
     64, Adam with learning rate 4e-4 -- over untruncated sentences. Not reproduced: their
     SST data and their six embedding tables (this task's tables: GloVe 50-d and spaCy);
     the default epoch count is kept.
+
+    :formula: x_ti = W_i E_i[w_t] + b_i (GloVe, spaCy); alpha_ti = softmax_i(a^T x_ti + b); x_t
+        = sum_i alpha_ti x_ti; h = BiLSTM(x); c = sum_t softmax_t(w^T tanh(W h_t)) h_t; y =
+        softmax(W_o c + b_o)
+    :source: Kiela, Wang & Cho 2018, Dynamic Meta-Embeddings for Improved Sentence
+        Representations
+    :cost: O(B n sum_i d_i d') projections + O(B n E d') weights + BiLSTM O(B n d' h) per batch
     """
 
     metrics = ("accuracy", "f1")

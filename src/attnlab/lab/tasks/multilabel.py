@@ -122,19 +122,7 @@ def first_texts(model: nn.Module, part: EncodedSplit, n: int) -> tuple[list[int]
 _CACHE: dict[tuple, TaskData] = {}
 
 
-@register_task(
-    "multilabel",
-    formula=(
-        "h = BiLSTM(GloVe(w_1..w_n)); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li), "
-        "v_l = squash(sum_i c_li u_(l|i)), b_li += u_(l|i) . v_l; predict label l iff |v_l| > 0.5"
-    ),
-    source=(
-        "Zhao et al. 2019, Towards Scalable and Reliable Capsule Networks for Challenging NLP "
-        "Applications; Sabour et al. 2017, Dynamic Routing Between Capsules"
-    ),
-    cost="encoder O(B n d_e h) + routing O(B n L d_h d_caps) per batch, L = number of labels",
-    aliases=("debtags",),
-)
+@register_task("multilabel", aliases=("debtags",))
 class MultiLabelTask(Task):
     """Multi-label classification of Debian package descriptions (debtags) with capsules.
 
@@ -143,6 +131,12 @@ class MultiLabelTask(Task):
     untruncated descriptions and every training package. Not reproduced: their n-gram
     convolutional capsule layers (a BiLSTM here), 300-d embeddings (GloVe 50-d) and their
     data (EUR-Lex / RCV1); the paper's training length is not used (the default is kept).
+
+    :formula: h = BiLSTM(GloVe(w_1..w_n)); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li),
+        v_l = squash(sum_i c_li u_(l|i)), b_li += u_(l|i) . v_l; predict label l iff |v_l| > 0.5
+    :source: Zhao et al. 2019, Towards Scalable and Reliable Capsule Networks for Challenging
+        NLP Applications; Sabour et al. 2017, Dynamic Routing Between Capsules
+    :cost: encoder O(B n d_e h) + routing O(B n L d_h d_caps) per batch, L = number of labels
     """
 
     metrics = ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")

@@ -63,13 +63,7 @@ class PointerData:
         return {"x": self.x, "targets": self.targets, "lengths": self.lengths}
 
 
-@register_task(
-    "pointer",
-    formula="e = LSTM_enc(W x); d_i = LSTM_dec(W x_(C_(i-1))); p(C_i = j | C_<i, P) = "
-    "softmax_j score(d_i, e_j) over the not yet chosen inputs",
-    source="Vinyals, Fortunato & Jaitly 2015, Pointer Networks (NeurIPS)",
-    cost="LSTMs O((n + T) h^2) + pointer O(T n d_w) per instance",
-)
+@register_task("pointer")
 class PointerTask(Task):
     """Sorting / convex hull with :class:`~attnlab.models.pointer.PointerNetworkModel`.
 
@@ -91,6 +85,11 @@ class PointerTask(Task):
 
     ``metrics`` depends on the problem: ``("sequence_accuracy", "token_accuracy")`` for
     sorting, plus ``"area_coverage"`` for hulls.
+
+    :formula: e = LSTM_enc(W x); d_i = LSTM_dec(W x_(C_(i-1))); p(C_i = j | C_<i, P) = softmax_j
+        score(d_i, e_j) over the not yet chosen inputs
+    :source: Vinyals, Fortunato & Jaitly 2015, Pointer Networks (NeurIPS)
+    :cost: LSTMs O((n + T) h^2) + pointer O(T n d_w) per instance
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("sequence_accuracy", "token_accuracy")

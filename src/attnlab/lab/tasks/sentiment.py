@@ -142,13 +142,7 @@ def jain_wallace_filter(
     return [(t, y) for t, y in rows if 5 < len(t) < longest]
 
 
-@register_task(
-    "sentiment",
-    formula="h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; "
-    "p(y|x) = softmax(W_o c + b_o)",
-    source="Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT",
-    cost="BiLSTM O(n 8 h (d_e + h)) per sentence + attention O(n d_h d_w) + output O(d_c C)",
-)
+@register_task("sentiment")
 class SentimentTask(Task):
     """Sentence sentiment with :class:`~attnlab.models.sentence.SentenceClassifier`.
 
@@ -182,6 +176,11 @@ class SentimentTask(Task):
     by dev ROC-AUC (``ExperimentsBC.train_dataset``), batches of similar length
     (``get_sorting_index_with_noise_from_lengths``). Their 300-d fastText vectors are not
     available here: GloVe 6B 50-d stands in.
+
+    :formula: h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; p(y|x) =
+        softmax(W_o c + b_o)
+    :source: Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT
+    :cost: BiLSTM O(n 8 h (d_e + h)) per sentence + attention O(n d_h d_w) + output O(d_c C)
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("accuracy", "f1", "roc_auc")

@@ -97,16 +97,7 @@ def _units(utterance: Any, targets: str) -> tuple[str, ...]:
     return tuple(utterance.text)
 
 
-@register_task(
-    "speech",
-    formula="a = pBLSTM(log-mel frames); s_t = LSTM([E y_{t-1}; c_{t-1}], s_{t-1}); "
-    "c_t = sum_l align(score(s_t, a_l)) a_l; p(y_t) = softmax(W_o tanh(W_p [s_t; c_t]))",
-    source="Chan et al. 2016, Listen, Attend and Spell (ICASSP); Chorowski et al. 2015, "
-    "Attention-Based Models for Speech Recognition (NeurIPS), on speech synthesised by "
-    "espeak-ng",
-    cost="listener O(T h (n_mels + h)) once per utterance + per unit LSTM O(d (d_e + 2d)) + "
-    "attention O(S d d_w)",
-)
+@register_task("speech")
 class SpeechTask(Task):
     """Recognising synthesised digit strings with
     :class:`~attnlab.models.recogniser.ListenAttendSpell`.
@@ -122,6 +113,14 @@ class SpeechTask(Task):
         listener_size, pyramid, stack, embed_dim, hidden_size, dropout: the model.
         reinforce_weight: weight of the REINFORCE term of hard attention.
         band: the diagonal band of ``diagonal_mass`` (a fraction of the utterance).
+
+    :formula: a = pBLSTM(log-mel frames); s_t = LSTM([E y_{t-1}; c_{t-1}], s_{t-1}); c_t = sum_l
+        align(score(s_t, a_l)) a_l; p(y_t) = softmax(W_o tanh(W_p [s_t; c_t]))
+    :source: Chan et al. 2016, Listen, Attend and Spell (ICASSP); Chorowski et al. 2015,
+        Attention-Based Models for Speech Recognition (NeurIPS), on speech synthesised by
+        espeak-ng
+    :cost: listener O(T h (n_mels + h)) once per utterance + per unit LSTM O(d (d_e + 2d)) +
+        attention O(S d d_w)
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("error_rate", "per", "cer", "wer", *_SHAPE)

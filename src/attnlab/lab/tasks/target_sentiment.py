@@ -73,21 +73,7 @@ def handle_vectors(vocab: Vocab, emb: Any) -> Any:
     return matrix
 
 
-@register_task(
-    "target-sentiment",
-    formula=(
-        "H_p = BiLSTM_p(E[part]); r_tl = r_tr = mean(H_t); for s = 1..S: r_l = att(H_l, r_tl); "
-        "r_r = att(H_r, r_tr); r_tl = att(H_t, r_l); r_tr = att(H_t, r_r); "
-        "p(y) = softmax(W_o [r_l; r_r; r_tl; r_tr] + b_o)"
-    ),
-    source=(
-        "Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis "
-        "Using a Lexicalized Domain Ontology and Attentional Neural Models, ESWC "
-        "(LCR-Rot-hop); Zheng & Xia 2018, Left-Center-Right Separated Neural Network for "
-        "Aspect-based Sentiment Analysis with Rotatory Attention (LCR-Rot)"
-    ),
-    cost="per example O((n_l + n_t + n_r) 8 h (d_e + h)) BiLSTMs + O(S (n_l + n_r + 2 n_t) d_h^2)",
-)
+@register_task("target-sentiment")
 class TargetSentimentTask(ClassifierTask):
     """Airline-tweet target sentiment with
     :class:`~attnlab.models.target.TargetSentimentClassifier`.
@@ -117,6 +103,16 @@ class TargetSentimentTask(ClassifierTask):
     here); their data is SemEval restaurant / laptop reviews, not airline tweets.
         bucket: length bucketing of the training batches (tweets of similar left context,
             target and right context lengths together; :func:`attnlab.lab.batching.batch_order`).
+
+    :formula: H_p = BiLSTM_p(E[part]); r_tl = r_tr = mean(H_t); for s = 1..S: r_l = att(H_l,
+        r_tl); r_r = att(H_r, r_tr); r_tl = att(H_t, r_l); r_tr = att(H_t, r_r); p(y) =
+        softmax(W_o [r_l; r_r; r_tl; r_tr] + b_o)
+    :source: Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis
+        Using a Lexicalized Domain Ontology and Attentional Neural Models, ESWC (LCR-Rot-hop);
+        Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based Sentiment
+        Analysis with Rotatory Attention (LCR-Rot)
+    :cost: per example O((n_l + n_t + n_r) 8 h (d_e + h)) BiLSTMs + O(S (n_l + n_r + 2 n_t)
+        d_h^2)
     """
 
     option_presets: ClassVar[dict[str, dict[str, Any]]] = {

@@ -113,15 +113,7 @@ def corpus_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> flo
     return float(bleu.score)
 
 
-@register_task(
-    "translation",
-    formula="p(y_t | y_<t, x) = softmax(W_y h~_t); h~_t from the decoder state and "
-    "c_t = sum_l align(score(s, h_l)) h_l; loss = -sum_t log p(y_t | y_<t, x)",
-    source="Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and "
-    "Translate; Luong et al. 2015, Effective Approaches to Attention-based Neural Machine "
-    "Translation",
-    cost="per batch O(B (S + T) d (d_e + d) + B T S d + B T d V)",
-)
+@register_task("translation")
 class TranslationTask(Task):
     """English -> Spanish verse translation (see the module docstring).
 
@@ -132,6 +124,13 @@ class TranslationTask(Task):
     of the Bible corpus. Not reproduced: their 4 stacked LSTM layers (one layer here),
     plain SGD with learning rate 1 halved after epoch 8 (Adam 1e-3 here) and the WMT'14
     data.
+
+    :formula: p(y_t | y_<t, x) = softmax(W_y h~_t); h~_t from the decoder state and c_t = sum_l
+        align(score(s, h_l)) h_l; loss = -sum_t log p(y_t | y_<t, x)
+    :source: Bahdanau et al. 2015, Neural Machine Translation by Jointly Learning to Align and
+        Translate; Luong et al. 2015, Effective Approaches to Attention-based Neural Machine
+        Translation
+    :cost: per batch O(B (S + T) d (d_e + d) + B T S d + B T d V)
     """
 
     metrics: ClassVar[tuple[str, ...]] = ("bleu", "perplexity", "accuracy", "meteor")

@@ -68,14 +68,7 @@ def vqa_metrics(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[
     return accuracy_and_f1(labels, pred, None, "f1_macro")
 
 
-@register_task(
-    "vqa",
-    formula="V = CNN(image) [R = 8x8 regions]; Q = BiLSTM(E[w]); (c_q, c_v) = CoAtt(Q, V); "
-    "p(answer) = softmax(W_o tanh(W_h [c_q; c_v] + b_h) + b_o)",
-    source="Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for Visual "
-    "Question Answering, NeurIPS; data: easy-VQA (Zhou 2020, MIT licence)",
-    cost="CNN once per image + BiLSTM O(n 8 h (d_e + h)) + co-attention O(n R d) per question",
-)
+@register_task("vqa")
 class VQATask(ClassifierTask):
     """easy-VQA with :class:`~attnlab.models.vqa.VQAModel`.
 
@@ -99,6 +92,12 @@ class VQATask(ClassifierTask):
     easy-VQA training question. Not reproduced: their VGG / ResNet image features (the
     task's small CNN here: easy-VQA's 64x64 images), their hierarchical question encoder
     and RMSprop (Adam here).
+
+    :formula: V = CNN(image) [R = 8x8 regions]; Q = BiLSTM(E[w]); (c_q, c_v) = CoAtt(Q, V);
+        p(answer) = softmax(W_o tanh(W_h [c_q; c_v] + b_h) + b_o)
+    :source: Lu, Yang, Batra & Parikh 2016, Hierarchical Question-Image Co-Attention for Visual
+        Question Answering, NeurIPS; data: easy-VQA (Zhou 2020, MIT licence)
+    :cost: CNN once per image + BiLSTM O(n 8 h (d_e + h)) + co-attention O(n R d) per question
     """
 
     eval_batch_size = 256
