@@ -7,7 +7,12 @@ import torch
 
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
-from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
+from attnlab.models._decoder import (
+    decoder_attention,
+    greedy_decode,
+    greedy_search,
+    teacher_forcing,
+)
 
 
 def test_decoder_attention_specs():
@@ -58,3 +63,32 @@ def test_greedy_search_stops_each_row_at_eos():
     assert [len(r) for r in rows] == [2, 3] and rows[0][1].tolist() == [1.0, 1.0, 1.0]
     best = float(torch.log_softmax(torch.tensor([1.0, -1, -1, -1, -1]), 0)[0])
     assert totals[0] == pytest.approx(3 * best) and totals[1] == pytest.approx(3 * best)
+
+
+class Parrot:
+    """A decoder that most wants PAD, then BOS, then word 3 (PAD 0, BOS 1, EOS 2); it
+    says EOS once ``memory`` steps have passed."""
+
+    pad_idx, bos_idx, eos_idx = 0, 1, 2
+
+    def __init__(self):
+        self.inputs = []
+
+    def init_state(self, memory):
+        return 0
+
+    def step(self, y_prev, state, memory):
+        self.inputs.append(y_prev.tolist())
+        logits = torch.tensor([9.0, 8.0, 0.0, 1.0]).repeat(y_prev.shape[0], 1)
+        logits[:, 2] = 10.0 if state + 1 >= memory else -1.0
+        return logits, state + 1, torch.ones(y_prev.shape[0], 2) / 2, None
+
+
+def test_greedy_decode_starts_at_bos_and_never_says_pad_or_bos():
+    parrot = Parrot()
+    tokens, rows, totals = greedy_decode(parrot, 3, 2, torch.device("cpu"), 5)
+    assert parrot.inputs == [[1, 1], [3, 3], [3, 3]]
+    assert tokens == [[3, 3], [3, 3]] and totals == [12.0, 12.0]
+    assert [r.shape for r in rows] == [(2, 2), (2, 2)]
+    tokens, _, _ = greedy_decode(Parrot(), 9, 1, torch.device("cpu"), 4)
+    assert tokens == [[3, 3, 3, 3]]

@@ -8,13 +8,15 @@ Luong et al. 2015) and the captioner (Xu et al. 2015) both attend once per outpu
 * :func:`teacher_forcing` -- the decoder run over the gold words ``[B, T]`` (BOS first),
   one step per word: O(T) steps of the model's cost;
 * :func:`greedy_search` -- the decoder fed its own most probable word until EOS: at most
-  ``max_len`` steps of the model's cost.
+  ``max_len`` steps of the model's cost;
+* :func:`greedy_decode` -- :func:`greedy_search` of a :class:`Decoder` model from BOS,
+  never generating PAD or BOS.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -22,7 +24,7 @@ from torch import Tensor
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 
-__all__ = ["decoder_attention", "greedy_search", "teacher_forcing"]
+__all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
 
 #: scores with an inner size ``d_w``, which a decoder may set to its state size
 _SCORES_WITH_D_W = ("additive", "concat", "bahdanau", "mlp")
@@ -127,3 +129,42 @@ def greedy_search(
         rows.append(attention[b, :n])
         totals.append(float(gains[b, : min(n + 1, len(seq))].sum()))
     return tokens, rows, totals
+
+
+class Decoder(Protocol):
+    """What :func:`greedy_decode` needs of a model: its special ids, its first state from
+    the encoded input (``memory``) and one step of its decoder."""
+
+    pad_idx: int
+    bos_idx: int
+    eos_idx: int
+
+    def init_state(self, memory: Any) -> Any: ...
+
+    def step(
+        self, y_prev: Tensor, state: Any, memory: Any
+    ) -> tuple[Tensor, Any, Tensor, Tensor | None]: ...
+
+
+def greedy_decode(
+    model: Decoder, memory: Any, batch: int, device: torch.device, max_len: int
+) -> tuple[list[list[int]], list[Tensor], list[float]]:
+    """:func:`greedy_search` of ``model.step`` over ``memory`` for ``batch`` rows on
+    ``device``, from BOS, for at most ``max_len`` words; PAD and BOS are never generated
+    (their logits are set to ``-inf``), so a row ends at EOS or ``max_len``. Returns per
+    row its words, its attention weights ``[n_words, n_k]`` and the sum of the picked
+    logits."""
+    never = [model.pad_idx, model.bos_idx]
+
+    def never_pad_or_bos(logits: Tensor) -> Tensor:
+        logits[:, never] = float("-inf")
+        return logits
+
+    return greedy_search(
+        lambda y, state: model.step(y, state, memory),
+        model.init_state(memory),
+        torch.full((batch,), model.bos_idx, dtype=torch.long, device=device),
+        model.eos_idx,
+        max_len,
+        never_pad_or_bos,
+    )

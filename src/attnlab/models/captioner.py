@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
-from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_index, check_sizes
 from attnlab.models._pooling import uniform_context
 from attnlab.registry import Configurable, register
@@ -273,18 +273,5 @@ class ShowAttendTell(Configurable):
         """The most probable word at every step until EOS or ``max_len`` words (PAD and BOS
         are never generated)."""
         regions = self.encode(images)
-        B = regions.shape[0]
-
-        def never_pad_or_bos(logits: Tensor) -> Tensor:
-            logits[:, [self.pad_idx, self.bos_idx]] = float("-inf")
-            return logits
-
-        tokens, rows, _ = greedy_search(
-            lambda y, state: self.step(y, state, regions),
-            self.init_state(regions),
-            torch.full((B,), self.bos_idx, dtype=torch.long, device=regions.device),
-            self.eos_idx,
-            max_len,
-            never_pad_or_bos,
-        )
+        tokens, rows, _ = greedy_decode(self, regions, regions.shape[0], regions.device, max_len)
         return Caption(tokens, rows)

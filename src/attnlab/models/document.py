@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.feature.multilevel import HierarchicalAttention, MaskedRNN, hierarchy_mask
-from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import check_choice, check_ids, check_lengths, check_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.models._rnn import masked_rnn
-from attnlab.registry import Configurable, get, register
+from attnlab.models._text import TextClassifier, TextOptions
+from attnlab.registry import get, register
 
 __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
 
@@ -119,7 +119,7 @@ def level_attention_spec(spec: Any, d: int, attention_dim: int | None) -> dict[s
 
 
 @register("model", "document-classifier", aliases=("document", "han-classifier"))
-class DocumentClassifier(Configurable):
+class DocumentClassifier(TextClassifier, default_embed_dim=200, encoder_names=ENCODERS):
     """Hierarchical attention network: words -> sentence vectors -> document vector -> linear.
 
     Args:
@@ -185,30 +185,23 @@ class DocumentClassifier(Configurable):
         vocab_size: int | None = None,
         num_classes: int = 2,
         *,
-        embed_dim: int | None = None,
-        embeddings: Any = None,
-        freeze_embeddings: bool = False,
-        padding_idx: int | None = 0,
         encoder: str = "bigru",
         sentence_encoder: str | None = None,
         hidden_size: int = 50,
         attention: str | dict[str, Any] = "han",
         sentence_attention: str | dict[str, Any] | None = None,
         attention_dim: int | None = None,
-        dropout: float = 0.0,
+        **text: Unpack[TextOptions],
     ) -> None:
-        super().__init__()
-        embed_dim = init_text_model(
-            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
-            default_dim=200, encoder=("encoder", encoder, ENCODERS),
-            num_classes=num_classes, hidden_size=hidden_size,
-        )  # fmt: skip
+        super().__init__(
+            vocab_size, encoder, text, num_classes=num_classes, hidden_size=hidden_size
+        )
         sentence_encoder = encoder if sentence_encoder is None else sentence_encoder
         check_choice("sentence_encoder", sentence_encoder, ENCODERS)
         self.num_classes = int(num_classes)
 
-        self.word_encoder = self._make_encoder(encoder, embed_dim, hidden_size)
-        d_word = int(getattr(self.word_encoder, "out_dim", embed_dim))
+        self.word_encoder = self._make_encoder(encoder, self.embed_dim, hidden_size)
+        d_word = int(getattr(self.word_encoder, "out_dim", self.embed_dim))
         self.word_attention = self._make_attention(attention, d_word, attention_dim)
         self.d_s = self._pooled_size(self.word_attention, d_word)
         self.sentence_encoder = self._make_encoder(sentence_encoder, self.d_s, hidden_size)

@@ -45,7 +45,7 @@ Wang et al. 2018, Sentiment Analysis by Capsules (WWW).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +53,9 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int
 from attnlab.feature.multilevel import MaskedRNN
-from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import check_choice, dict_spec, token_mask
 from attnlab.models._pooling import uniform_weights
+from attnlab.models._text import TextClassifier, TextOptions
 from attnlab.query.capsule import (
     CapsuleAttention,
     CapsuleRouting,
@@ -63,7 +63,7 @@ from attnlab.query.capsule import (
     margin_loss,
     squash,
 )
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["CapsuleClassifier", "MultiLabelOutput"]
 
@@ -113,7 +113,7 @@ def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 @register("model", "capsule-classifier", aliases=("capsule-multilabel",))
-class CapsuleClassifier(Configurable):
+class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("lstm", "gru")):
     """Multi-label text classifier: embeddings -> BiLSTM/BiGRU -> one capsule per label.
 
     Args:
@@ -164,10 +164,6 @@ class CapsuleClassifier(Configurable):
         vocab_size: int | None = None,
         num_labels: int = 2,
         *,
-        embed_dim: int | None = None,
-        embeddings: Any = None,
-        freeze_embeddings: bool = False,
-        padding_idx: int | None = 0,
         encoder: str = "lstm",
         hidden_size: int = 64,
         attention: str | dict[str, Any] = "routing",
@@ -177,19 +173,14 @@ class CapsuleClassifier(Configurable):
         primary_dim: int | None = None,
         loss: str | None = None,
         reconstruction: float = 0.0,
-        dropout: float = 0.0,
+        **text: Unpack[TextOptions],
     ) -> None:
-        super().__init__()
-        embed_dim = init_text_model(
-            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
-            default_dim=100, encoder=("encoder", encoder, ("lstm", "gru")),
-            num_labels=num_labels, hidden_size=hidden_size,
-        )  # fmt: skip
+        super().__init__(vocab_size, encoder, text, num_labels=num_labels, hidden_size=hidden_size)
         check_choice("loss", loss, (None, "margin", "bce"))
         if reconstruction < 0:
             raise ConfigError(f"reconstruction must be >= 0, got {reconstruction}")
         self.num_labels = int(num_labels)
-        self.encoder = MaskedRNN(embed_dim, hidden_size, cell=encoder, bidirectional=True)
+        self.encoder = MaskedRNN(self.embed_dim, hidden_size, cell=encoder, bidirectional=True)
         self.d_h = self.encoder.out_dim
 
         self.routing: CapsuleRouting | None = None

@@ -44,7 +44,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import check_int
 from attnlab.general.attention import Attention
-from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
+from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_ids, check_index, check_sizes
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.registry import Configurable, register
@@ -299,20 +299,7 @@ class ListenAttendSpell(Configurable):
         are never emitted)."""
         check_int(max_len, "max_len", 1, error=ValueError)
         enc = self.listen(features, lengths)
-        B = enc.mask.shape[0]
-
-        def never_pad_or_bos(logits: Tensor) -> Tensor:
-            logits[:, [self.pad_idx, self.bos_idx]] = float("-inf")
-            return logits
-
-        tokens, rows, _ = greedy_search(
-            lambda y, state: self.step(y, state, enc),
-            self.init_state(enc),
-            torch.full((B,), self.bos_idx, dtype=torch.long, device=enc.keys.device),
-            self.eos_idx,
-            max_len,
-            never_pad_or_bos,
-        )
+        tokens, rows, _ = greedy_decode(self, enc, enc.mask.shape[0], enc.keys.device, max_len)
         real = enc.mask.sum(1).tolist()
         attention = [r[:, : real[b]] for b, r in enumerate(rows)]
         return Transcript(tokens, attention)

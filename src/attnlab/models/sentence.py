@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor, nn
@@ -39,13 +39,13 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
-from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import token_mask
 from attnlab.models._pooling import uniform_weights
 from attnlab.models._rnn import run_packed
+from attnlab.models._text import TextClassifier, TextOptions
 from attnlab.output import AttentionOutput
 from attnlab.query.self_attention import LearnedQuerySelfAttention
-from attnlab.registry import Configurable, get, register
+from attnlab.registry import get, register
 
 __all__ = ["SentenceClassifier", "SentenceOutput"]
 
@@ -77,7 +77,7 @@ class SentenceOutput:
 
 
 @register("model", "sentence-classifier", aliases=("sentence", "jain-wallace"))
-class SentenceClassifier(Configurable):
+class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=ENCODERS):
     """Sentence classifier: embeddings -> encoder -> pooling attention -> linear.
 
     Args:
@@ -132,25 +132,18 @@ class SentenceClassifier(Configurable):
         vocab_size: int | None = None,
         num_classes: int = 2,
         *,
-        embed_dim: int | None = None,
-        embeddings: Any = None,
-        freeze_embeddings: bool = False,
-        padding_idx: int | None = 0,
         encoder: str = "bilstm",
         hidden_size: int = 128,
         kernel_sizes: Sequence[int] = (1, 3, 5, 7),
         attention: str | dict[str, Any] | nn.Module = "tanh",
         attention_dim: int | None = None,
-        dropout: float = 0.0,
+        **text: Unpack[TextOptions],
     ) -> None:
-        super().__init__()
-        embed_dim = init_text_model(
-            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
-            default_dim=300, encoder=("encoder", encoder, ENCODERS),
-            num_classes=num_classes, hidden_size=hidden_size,
-        )  # fmt: skip
+        super().__init__(
+            vocab_size, encoder, text, num_classes=num_classes, hidden_size=hidden_size
+        )
         self.num_classes, self.encoder_name = int(num_classes), encoder
-        self.d_h = self._make_encoder(encoder, embed_dim, hidden_size, kernel_sizes)
+        self.d_h = self._make_encoder(encoder, self.embed_dim, hidden_size, kernel_sizes)
         self.attention: nn.Module | None = self._make_attention(
             attention, attention_dim or hidden_size
         )

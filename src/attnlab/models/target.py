@@ -25,18 +25,18 @@ Lexicalized Domain Ontology and Attentional Neural Models", ESWC 2019, LNCS 1150
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.feature.rotatory import LCRRotHop, masked_mean
-from attnlab.models._embedding import init_text_model
 from attnlab.models._inputs import dict_spec, token_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.models._rnn import masked_rnn
-from attnlab.registry import Configurable, register
+from attnlab.models._text import TextClassifier, TextOptions
+from attnlab.registry import register
 
 __all__ = ["PARTS", "TargetOutput", "TargetSentimentClassifier"]
 
@@ -74,7 +74,7 @@ class TargetOutput:
 
 
 @register("model", "target-sentiment", aliases=("lcr-rot-hop-classifier", "target"))
-class TargetSentimentClassifier(Configurable):
+class TargetSentimentClassifier(TextClassifier, default_embed_dim=300, encoder_names=ENCODERS):
     """LCR-Rot-hop: three BiLSTMs, rotatory attention over S hops, a linear output layer.
 
     Args:
@@ -138,26 +138,19 @@ class TargetSentimentClassifier(Configurable):
         vocab_size: int | None = None,
         num_classes: int = 3,
         *,
-        embed_dim: int | None = None,
-        embeddings: Any = None,
-        freeze_embeddings: bool = False,
-        padding_idx: int | None = 0,
         encoder: str = "bilstm",
         hidden_size: int = 300,
         attention: str | dict[str, Any] = "lcr-rot-hop",
         hops: int = 3,
         share_weights: bool = True,
-        dropout: float = 0.0,
+        **text: Unpack[TextOptions],
     ) -> None:
-        super().__init__()
-        embed_dim = init_text_model(
-            self, embeddings, vocab_size, embed_dim, padding_idx, freeze_embeddings, dropout,
-            default_dim=300, encoder=("encoder", encoder, ENCODERS),
-            num_classes=num_classes, hidden_size=hidden_size, hops=hops,
-        )  # fmt: skip
+        super().__init__(
+            vocab_size, encoder, text, num_classes=num_classes, hidden_size=hidden_size, hops=hops
+        )
         self.num_classes = int(num_classes)
         self.encoders = nn.ModuleDict(
-            {p: masked_rnn(encoder, embed_dim, hidden_size) for p in PARTS}
+            {p: masked_rnn(encoder, self.embed_dim, hidden_size) for p in PARTS}
         )
         d_h = self.d_h = self.encoders["left"].out_dim
 
