@@ -10,6 +10,8 @@ from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
     assign_splits,
+    first_of_each,
+    number_in_range,
     package_file,
     simple_tokenize,
 )
@@ -105,3 +107,18 @@ def test_assign_splits_fractions():
     assert Counter(out) == {"train": 5, "test": 5}
     with pytest.raises(ValueError, match="fractions"):
         assign_splits(["a"], fractions=(0.5, 0.5, 0.5))
+
+
+def test_first_of_each_keeps_the_first_in_order():
+    rows = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)]
+    assert first_of_each(rows, key=lambda r: r[0]) == [("a", 1), ("b", 2), ("c", 4)]
+
+
+def test_number_in_range():
+    assert number_in_range(" -2.5", "rating", -4.0, 4.0, path="f", line=3) == -2.5
+    with pytest.raises(DataFormatError, match=r"^f, line 3: rating 'x' is not a number$"):
+        number_in_range("x", "rating", -4.0, 4.0, path="f", line=3)
+    with pytest.raises(DataFormatError, match=r"^f, line 3: rating 4\.5 is outside \[-4, 4\]$"):
+        number_in_range("4.5", "rating", -4.0, 4.0, path="f", line=3)
+    with pytest.raises(DataFormatError, match=r"confidence nan is outside \[0, 1\]"):
+        number_in_range("nan", "confidence", 0.0, 1.0, path="f", line=1)

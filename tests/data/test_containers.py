@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from attnlab.data._common import assign_splits
 from attnlab.data.containers import DocumentDataset, TargetDataset, TextDataset
 
 
@@ -126,3 +127,19 @@ def test_target_dataset():
             texts=("",),
             spans=((0, 0),),
         )
+
+
+def test_seeded_splits_by_groups_else_by_ids():
+    texts = [f"text {i}" for i in range(40)]
+    ids = [str(i) for i in range(40)]
+    groups = [f"doc{i // 4}" for i in range(40)]
+    common = {"texts": texts, "labels": [i % 2 for i in range(40)], "label_names": ("a", "b")}
+    ds = TextDataset.seeded(
+        None, seed=3, fractions=(0.5, 0.25, 0.25), ids=ids, groups=groups, **common
+    )
+    assert ds.texts == tuple(texts) and ds.groups == tuple(groups)  # lists become tuples
+    assert ds.splits == assign_splits(groups, fractions=(0.5, 0.25, 0.25), seed=3)
+    by_ids = TextDataset.seeded(None, seed=3, fractions=(0.5, 0.25, 0.25), ids=ids, **common)
+    assert by_ids.splits == assign_splits(ids, fractions=(0.5, 0.25, 0.25), seed=3)
+    test = TextDataset.seeded("test", seed=3, fractions=(0.5, 0.25, 0.25), ids=ids, **common)
+    assert test.ids == by_ids.split("test").ids and set(test.splits) == {"test"}

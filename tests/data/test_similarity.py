@@ -7,6 +7,7 @@ questions, one with an unknown word).
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -263,3 +264,16 @@ def test_glove_known_figures():
     assert ws["n_oov"] == 0 and 0.42 < ws["spearman"] < 0.58
     assert 0.18 < sl["spearman"] < 0.34
     assert 0.3 < an["overall"] < 0.65 and an["n_questions"] > 600
+
+
+def test_sets_check_their_columns_and_round_trip_through_json():
+    with pytest.raises(ValueError, match=r"^1 pairs but 2 scores$"):
+        SimilaritySet((("a", "b"),), (1.0, 2.0))
+    with pytest.raises(ValueError, match=r"^1 questions but 0 sections$"):
+        AnalogySet((("a", "b", "c", "d"),), ())
+    for data in (
+        read_similarity(FIXTURES / "similarity_tiny.tsv"),
+        read_analogies(FIXTURES / "analogies_tiny.txt"),
+    ):
+        back = type(data).from_json(json.loads(json.dumps(data.to_json())))
+        assert type(back) is type(data) and back.to_json() == data.to_json()

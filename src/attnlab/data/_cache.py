@@ -21,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-__all__ = ["cache_dir", "cached", "clear_cache"]
+from attnlab.data._common import file_fingerprint, package_version
+
+__all__ = ["cache_dir", "cached", "cached_package_file", "clear_cache"]
 
 T = TypeVar("T")
 
@@ -87,6 +89,34 @@ def cached(
             "folder, or to off)",
         )
     return value
+
+
+def _row_tuples(rows: list[list[Any]]) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in rows]
+
+
+def cached_package_file(
+    name: str,
+    path: Path,
+    parse: Callable[[Path], T],
+    *,
+    distribution: str,
+    format_version: int,
+    disk: bool = True,
+    to_json: Callable[[T], Any] = list,
+    from_json: Callable[[Any], T] = _row_tuples,  # type: ignore[assignment]
+) -> T:
+    """``parse(path)`` for a data file shipped in the installed package ``distribution``,
+    :func:`cached` under ``name`` until ``format_version``, the package's version or the
+    file changes. The default ``to_json`` / ``from_json`` store a list of row tuples."""
+    return cached(
+        name,
+        (format_version, package_version(distribution), file_fingerprint(path)),
+        lambda: parse(path),
+        to_json=to_json,
+        from_json=from_json,
+        disk=disk,
+    )
 
 
 def write_atomic(file: Path, write: Callable[[BinaryIO], None], *, what: str, then: str) -> None:

@@ -13,8 +13,9 @@ import importlib.util
 import os
 import random
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = [
     "DataFormatError",
@@ -24,6 +25,8 @@ __all__ = [
     "package_version",
     "simple_tokenize",
 ]
+
+T = TypeVar("T")
 
 
 class DataFormatError(ValueError):
@@ -110,6 +113,23 @@ def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def number_in_range(
+    text: str, what: str, low: float, high: float, *, path: object, line: int
+) -> float:
+    """The field ``text`` as a float in ``[low, high]``; otherwise a :class:`DataFormatError`
+    ("WHAT 'TEXT' is not a number", "WHAT VALUE is outside [LOW, HIGH]") naming the file
+    and the line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataFormatError(f"{what} {text!r} is not a number", path=path, line=line) from None
+    if not low <= value <= high:
+        raise DataFormatError(
+            f"{what} {value} is outside [{low:g}, {high:g}]", path=path, line=line
+        )
+    return value
+
+
 # ----------------------------------------------------------------------------- tokens
 
 _TOKEN = re.compile(
@@ -164,6 +184,19 @@ def assign_splits(
     for i, g in enumerate(distinct):
         where[g] = "train" if i < n_train else "dev" if i < n_train + n_dev else "test"
     return tuple(where[str(g)] for g in groups)
+
+
+def first_of_each(items: Iterable[T], key: Callable[[T], Hashable]) -> list[T]:
+    """``items`` in order, keeping only the first of those with the same ``key(item)``
+    (a loader's ``dedupe=True``)."""
+    seen: set[Hashable] = set()
+    out = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
 
 
 def check_split(split: str | None, available: Iterable[str]) -> None:

@@ -1,4 +1,5 @@
-"""Opening text sources: paths (optionally .gz / .bz2 / .xz compressed) or open text streams."""
+"""Opening text sources: paths (optionally .gz / .bz2 / .xz compressed) or open text streams;
+reading JSON Lines."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import bz2
 import contextlib
 import gzip
 import io
+import json
 import lzma
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
+
+from attnlab.data._common import DataFormatError
 
 Source = str | os.PathLike | IO[str]
 
@@ -56,3 +60,25 @@ def open_text(
     else:
         with open(path, encoding=encoding, newline=newline) as f:
             yield f
+
+
+def json_objects(
+    lines: Iterable[str], where: object, *, start: int = 1
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line of JSON Lines text, the first line
+    numbered ``start``. A line that is not JSON, or not a JSON object, raises
+    :class:`~attnlab.data.DataFormatError` naming ``where`` and the line."""
+    for line_no, raw in enumerate(lines, start=start):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(f"invalid JSON: {error.msg}", path=where, line=line_no) from None
+        if not isinstance(record, dict):
+            raise DataFormatError(
+                f"expected a JSON object per line, got {type(record).__name__}",
+                path=where,
+                line=line_no,
+            )
+        yield line_no, record

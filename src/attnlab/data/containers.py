@@ -12,7 +12,8 @@ cheap to cache and share, and safe to hand around: nothing can change it in plac
 Common to all: ``len(ds)``, ``ds[i]`` (a named tuple of the item's fields),
 ``ds.split("train")`` (the items of one split, in their original order), ``ds.subset(idx)``,
 ``ds.label_counts()``, and ``ds.splits`` / ``ds.ids`` / ``ds.labels`` / ``ds.label_names``.
-Labels are integers indexing ``label_names``.
+Labels are integers indexing ``label_names``. A loader of a source without splits builds its
+dataset with ``Dataset.seeded(split, seed=..., fractions=..., **columns)``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from attnlab.data._common import simple_tokenize
+from attnlab.data._common import assign_splits, simple_tokenize
 
 __all__ = [
     "DocumentDataset",
@@ -116,6 +117,24 @@ class _Columns(Generic[E]):
         if name not in names:
             raise ValueError(f"no split {name!r} in {type(self).__name__}; splits: {names}")
         return self.subset(i for i, s in enumerate(self.splits) if s == name)
+
+    @classmethod
+    def seeded(
+        cls,
+        split: str | None,
+        *,
+        seed: int,
+        fractions: tuple[float, float, float],
+        **fields: Any,
+    ) -> Any:
+        """A dataset of ``fields`` (list columns become tuples) with the seeded
+        :func:`~attnlab.data.assign_splits` by its ``groups`` column where it has one, else
+        by ``ids``: all of it when ``split`` is None, else the items of that split. The end
+        of every loader of a source that has no splits of its own."""
+        columns = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        groups = columns.get("groups") or columns["ids"]
+        ds = cls(splits=assign_splits(groups, fractions=fractions, seed=seed), **columns)
+        return ds if split is None else ds.split(split)
 
     def label_counts(self) -> dict[str, int]:
         """How many items carry each label name."""

@@ -51,10 +51,10 @@ from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
-    assign_splits,
     check_split,
     file_fingerprint,
 )
+from attnlab.data._io import json_objects
 from attnlab.data.containers import _Columns, tokenize_texts
 
 __all__ = [
@@ -434,14 +434,8 @@ def read_frozen(path: str | Path) -> list[dict[str, Any]]:
         )
     records = []
     keys = {"package", "source", "section", "description", "long_description", "tags"}
-    for number, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataFormatError(f"not JSON ({error.msg})", path=path, line=number) from None
-        if not isinstance(record, dict) or set(record) != keys:
+    for number, record in json_objects(lines[1:], path, start=2):
+        if set(record) != keys:
             raise DataFormatError(
                 f"a record must have the keys {sorted(keys)}", path=path, line=number
             )
@@ -557,16 +551,17 @@ def load_debtags(
         ids.append(r["package"])
         groups.append(r["source"])
     facet_note = "all facets" if facets is None else "+".join(facets)
-    ds = MultiLabelDataset(
-        texts=tuple(texts),
-        label_sets=tuple(label_sets),
+    return MultiLabelDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
+        texts=texts,
+        label_sets=label_sets,
         label_names=label_names,
-        ids=tuple(ids),
-        splits=assign_splits(groups, fractions=fractions, seed=seed),
-        groups=tuple(groups),
+        ids=ids,
+        groups=groups,
         name=f"{name}: {facet_note}, min_count={min_count}",
     )
-    return ds if split is None else ds.split(split)
 
 
 # ----------------------------------------------------------------------------- command

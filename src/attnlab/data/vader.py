@@ -51,10 +51,10 @@ from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
-    assign_splits,
     check_split,
     env_path,
     file_fingerprint,
+    number_in_range,
 )
 from attnlab.data.containers import DocumentDataset, TextDataset
 
@@ -182,16 +182,7 @@ def _parse(location: Path) -> dict[str, list[Row]]:
             if sid in seen:
                 raise DataFormatError(f"duplicate id {sid!r}", path=where, line=line_no)
             seen.add(sid)
-            try:
-                score = float(rating)
-            except ValueError:
-                raise DataFormatError(
-                    f"rating {rating!r} is not a number", path=where, line=line_no
-                ) from None
-            if not -4.0 <= score <= 4.0:
-                raise DataFormatError(
-                    f"rating {score} is outside [-4, 4]", path=where, line=line_no
-                )
+            score = number_in_range(rating, "rating", -4.0, 4.0, path=where, line=line_no)
             if not sentence:
                 raise DataFormatError("empty sentence", path=where, line=line_no)
             rows.append((sid, score, sentence))
@@ -288,17 +279,18 @@ def load_vader_sentences(
             ids.append(f"{src}-{sid}")
             scores.append(score)
             groups.append(f"{src}-{sid.split('_')[0]}")
-    ds = TextDataset(
-        texts=tuple(texts),
-        labels=tuple(label_ids),
+    return TextDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
+        texts=texts,
+        labels=label_ids,
         label_names=names,
-        ids=tuple(ids),
-        splits=assign_splits(groups, fractions=fractions, seed=seed),
-        scores=tuple(scores),
-        groups=tuple(groups),
+        ids=ids,
+        scores=scores,
+        groups=groups,
         name=f"vader-{source} (Hutto & Gilbert 2014)",
     )
-    return ds if split is None else ds.split(split)
 
 
 def load_vader_documents(
@@ -336,15 +328,16 @@ def load_vader_documents(
         doc_scores.append(mean)
         doc_labels.append(lab)
         ids.append(f"{source}-{doc_id}")
-    ds = DocumentDataset(
-        documents=tuple(documents),
-        labels=tuple(doc_labels),
+    return DocumentDataset.seeded(
+        split,
+        seed=seed,
+        fractions=fractions,
+        documents=documents,
+        labels=doc_labels,
         label_names=names,
-        ids=tuple(ids),
-        splits=assign_splits(ids, fractions=fractions, seed=seed),
-        sentence_ids=tuple(sentence_ids),
-        scores=tuple(doc_scores),
-        sentence_scores=tuple(sentence_scores),
+        ids=ids,
+        sentence_ids=sentence_ids,
+        scores=doc_scores,
+        sentence_scores=sentence_scores,
         name=f"vader-{source}-documents (Hutto & Gilbert 2014)",
     )
-    return ds if split is None else ds.split(split)

@@ -19,9 +19,10 @@ translator's attention this way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from attnlab.data.pharaoh import Alignment
+from attnlab.evaluation._measures import Record
 
 __all__ = ["AERResult", "alignment_error_rate"]
 
@@ -29,7 +30,7 @@ Link = tuple[int, int]
 
 
 @dataclass(frozen=True)
-class AERResult:
+class AERResult(Record):
     """Corpus-level alignment scores.
 
     Attributes:
@@ -51,9 +52,6 @@ class AERResult:
     hits_sure: int
     hits_possible: int
     pairs: int
-
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
     def __str__(self) -> str:
         return (

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnlab._optional import require
+from attnlab.evaluation._measures import check_paired
 
 __all__ = ["character_error_rate", "phoneme_error_rate", "word_error_rate"]
 
@@ -32,11 +33,9 @@ def _check_pairs(references: Sequence, hypotheses: Sequence, what: str) -> None:
             f"references and hypotheses must be lists of {what} (one per utterance), not a "
             "single string; wrap it: [text]"
         )
-    if len(references) != len(hypotheses):
-        raise ValueError(
-            f"{len(references)} references but {len(hypotheses)} hypotheses; give one "
-            "hypothesis per reference"
-        )
+    check_paired(
+        references, hypotheses, references_are="references", give="hypothesis per reference"
+    )
     if not references:
         raise ValueError("no utterances: the error rate of an empty corpus is undefined")
 

@@ -82,6 +82,19 @@ def attention_weights(model: nn.Module, tokens: Tensor, lengths: Tensor) -> tupl
     return out.weights, out.logits.softmax(-1)
 
 
+def _encoded(
+    model: nn.Module, tokens: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The model's weights ``[B, n]`` and output distribution ``[B, C]``, the token mask
+    ``[B, n]`` and the encoder states, without gradients: what the searches over weights hold
+    fixed."""
+    w, probs = attention_weights(model, tokens, lengths)
+    m = _mask(tokens, lengths)
+    with torch.no_grad():
+        hidden = model.encode(tokens, m)
+    return w, probs, m, hidden
+
+
 def gradient_importance(
     model: nn.Module, tokens: Tensor, lengths: Tensor, *, classes: str = "predicted"
 ) -> Tensor:
@@ -234,9 +247,7 @@ def permutation_test(
 ) -> tuple[Tensor, Tensor]:
     """The median output change ``TVD(y, y(a_pi))`` over random permutations of the weights
     over the real tokens, and the largest attention weight, per instance (``[B]``, ``[B]``)."""
-    w, probs = attention_weights(model, tokens, lengths)
-    m = _mask(tokens, lengths)
-    hidden = model.encode(tokens, m)
+    w, probs, _, hidden = _encoded(model, tokens, lengths)
     B = tokens.shape[0]
     medians = torch.zeros(B, device=w.device)
     for b in range(B):
@@ -276,10 +287,7 @@ def adversarial_attention(
     ``epsilon`` (TVD); see the module docstring."""
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
-    w, probs = attention_weights(model, tokens, lengths)
-    m = _mask(tokens, lengths)
-    with torch.no_grad():
-        hidden = model.encode(tokens, m)
+    w, probs, m, hidden = _encoded(model, tokens, lengths)
     gen = torch.Generator().manual_seed(0)
     init = w.clamp_min(1e-8).log() + 0.5 * torch.randn(w.shape, generator=gen).to(w.device)
     z = init.masked_fill(~m, -1e4).requires_grad_(True)
@@ -334,10 +342,7 @@ def adversarial_attention_multi(
         raise ValueError(f"k must be >= 1 and steps >= 0, got k={k}, steps={steps}")
     if epsilon <= 0 or select_epsilon <= 0:
         raise ValueError(f"epsilon and select_epsilon must be > 0, got {epsilon}, {select_epsilon}")
-    w, probs = attention_weights(model, tokens, lengths)
-    m = _mask(tokens, lengths)
-    with torch.no_grad():
-        hidden = model.encode(tokens, m)
+    w, probs, m, hidden = _encoded(model, tokens, lengths)
     B, n = w.shape
     mk = m[:, None, :].expand(B, k, n)
     uniform = m.float() / lengths.clamp_min(1)[:, None].float()

@@ -40,6 +40,7 @@ from typing import Any
 
 from attnlab._optional import install_command, require
 from attnlab.data._common import MissingDataError
+from attnlab.evaluation._measures import check_paired
 
 __all__ = [
     "LEXNAMES",
@@ -217,11 +218,12 @@ def corpus_meteor(
     ``hypotheses[i]`` (a list of references per hypothesis)."""
     if isinstance(hypotheses, str):
         raise TypeError("hypotheses must be a list (one per sentence); wrap one string: [text]")
-    if len(references) != len(hypotheses):
-        raise ValueError(
-            f"{len(references)} reference sets but {len(hypotheses)} hypotheses; give one "
-            "list of references per hypothesis"
-        )
+    check_paired(
+        references,
+        hypotheses,
+        references_are="reference sets",
+        give="list of references per hypothesis",
+    )
     if not hypotheses:
         return float("nan")
     scores = [

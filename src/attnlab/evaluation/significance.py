@@ -23,16 +23,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+
+from attnlab.evaluation._measures import Record
 
 __all__ = ["PairedComparison", "compare_to_baseline", "paired_comparison"]
 
 
 @dataclass(frozen=True)
-class PairedComparison:
+class PairedComparison(Record):
     """The comparison of mechanism A with mechanism B on one metric, paired by seed.
 
     Attributes:
@@ -54,9 +56,6 @@ class PairedComparison:
     t_p: float
     perm_p: float
     min_perm_p: float
-
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
 
 def _sign_flip_p(d: np.ndarray) -> float:
