@@ -40,6 +40,7 @@ from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.query._convention import AttentionCall, SequenceAttention
+from attnlab.query.self_attention import check_position_mask
 from attnlab.registry import register
 
 __all__ = [
@@ -62,10 +63,7 @@ def _position_mask(mask: Tensor | None, B: int, n: int, device: torch.device) ->
     """``[B, n]`` (or ``[B, 1, n]``) bool, True = real position -> ``[B, n]``."""
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = real position)")
+    check_position_mask(mask)
     if mask.dim() == 3 and mask.shape[1] == 1:
         mask = mask[:, 0]
     if mask.dim() != 2 or mask.shape[1] != n or mask.shape[0] not in (1, B):

@@ -15,11 +15,11 @@ share; their common ``forward`` (the input checks that name the argument, its sh
 the expected shape) is :class:`attnlab.query._convention.HeadAttention`. It registers
 nothing.
 
-Each variant class states two capabilities as class attributes (and in its registry
-entry): ``supports_cross`` (it can attend over another sequence ``key``) and
-``supports_causal`` (``causal=True`` is meaningful); the Transformer layers of
-:mod:`attnlab.query.transformer` read them to refuse impossible combinations at
-construction.
+Each variant class states two capabilities as class attributes, their one home (a
+module passed as an object carries them too): ``supports_cross`` (it can attend over
+another sequence ``key``) and ``supports_causal`` (``causal=True`` is meaningful); the
+Transformer layers of :mod:`attnlab.query.transformer` read them to refuse impossible
+combinations at construction.
 """
 
 from __future__ import annotations

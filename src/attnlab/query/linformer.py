@@ -48,13 +48,13 @@ from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query._convention import AttentionCall
 from attnlab.query.efficient import (
-    check_dropout,
     merge_heads,
     reduce_weights,
     split_heads,
 )
+from attnlab.query.multi_head import ProjectedHeadAttention
 from attnlab.registry import register
 
 __all__ = ["LinformerAttention"]
@@ -62,8 +62,8 @@ __all__ = ["LinformerAttention"]
 _SHARING = ("none", "headwise", "key-value")
 
 
-@register("query", "linformer", supports_cross=True, supports_causal=False)
-class LinformerAttention(HeadAttention):
+@register("query", "linformer")
+class LinformerAttention(ProjectedHeadAttention):
     """Linformer multi-head attention with sequence-axis projections of keys and values.
 
     Args:
@@ -99,19 +99,12 @@ class LinformerAttention(HeadAttention):
         dropout: float = 0.0,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        hd = self._init_heads(d_model, num_heads, head_dim)
+        super().__init__(d_model, num_heads, head_dim, dropout=dropout, bias=bias)
         self.max_len = check_int(max_len, "max_len")
         self.proj_len = check_int(proj_len, "proj_len")
         if share not in _SHARING:
             raise ConfigError(f"share must be one of {_SHARING}, got {share!r}")
         self.share = share
-        self.dropout = check_dropout(dropout)
-        inner = num_heads * hd
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.k_proj = nn.Linear(d_model, inner, bias=bias)
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
         shape = (num_heads, proj_len, max_len) if share == "none" else (proj_len, max_len)
         self.E = nn.Parameter(torch.empty(shape))
         self.F = nn.Parameter(torch.empty(shape)) if share != "key-value" else None

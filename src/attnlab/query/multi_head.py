@@ -28,9 +28,41 @@ from attnlab.general.planner import Plan, plan_heads
 from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query.efficient import check_dropout
 from attnlab.registry import register
 
 __all__ = ["MultiHeadAttention"]
+
+
+class ProjectedHeadAttention(HeadAttention):
+    """Base of the multi-head variants whose inputs all have ``d_model`` features
+    (Linformer, Synthesizer, Reformer): the constructor part they share.
+
+    It checks and sets ``d_model``, ``num_heads`` and ``head_dim`` (default
+    ``d_model // num_heads``) and the weight dropout ``dropout`` (a float in ``[0, 1)``),
+    and builds the projections of multi-head attention, in this order: ``<x>_proj``
+    ``= nn.Linear(d_model, h d_head)`` for each ``x`` of ``inputs`` (``"q"``, ``"k"``,
+    ``"v"``: a mechanism that synthesises its scores, or shares ``W_q`` with the keys,
+    leaves some out) and ``out_proj = nn.Linear(h d_head, d_model)`` (``W_O``). Cost of
+    each projection: O(B n d_model h d_head)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        *,
+        inputs: tuple[str, ...] = ("q", "k", "v"),
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        hd = self._init_heads(d_model, num_heads, head_dim)
+        self.dropout = check_dropout(dropout)
+        inner = num_heads * hd
+        for name in inputs:
+            setattr(self, f"{name}_proj", nn.Linear(d_model, inner, bias=bias))
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
 
 
 @register("query", "multi-head", aliases=("mha", "multihead"))
@@ -91,13 +123,10 @@ class MultiHeadAttention(HeadAttention):
             raise ConfigError(
                 f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        self.dropout = check_dropout(dropout)
         d_k = d_model if d_k is None else d_k
         d_v = d_k if d_v is None else d_v
-        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.dropout = float(dropout)
+        self.d_k, self.d_v, self.num_kv_heads = d_k, d_v, num_kv_heads
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_k, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_v, num_kv_heads * head_dim, bias=bias)

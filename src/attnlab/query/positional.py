@@ -27,7 +27,7 @@ from attnlab._checks import ConfigError, check_int, check_module_dtype, check_sa
 from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import AttentionCall, HeadAttention
-from attnlab.query.efficient import reduce_weights
+from attnlab.query.efficient import check_dropout, reduce_weights
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -530,8 +530,7 @@ class RelativePositionAttention(HeadAttention):
         super().__init__()
         head_dim = self._init_heads(d_model, num_heads, head_dim)
         check_int(max_distance, "max_distance", 0)
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        self.dropout = check_dropout(dropout)
         entry = get("align", align)
         if not entry.cls.supports_multi:
             raise ConfigError(
@@ -541,11 +540,9 @@ class RelativePositionAttention(HeadAttention):
         self.align = entry.cls()
         d_k = d_model if d_k is None else d_k
         d_v = d_k if d_v is None else d_v
-        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
-        self.num_heads, self.head_dim = num_heads, head_dim
+        self.d_k, self.d_v = d_k, d_v
         self.max_distance = max_distance
         self.share_heads = bool(share_heads)
-        self.dropout = float(dropout)
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_k, num_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_v, num_heads * head_dim, bias=bias)

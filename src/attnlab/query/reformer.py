@@ -54,20 +54,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnlab._checks import ConfigError, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.masks import normalize_mask
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query._convention import AttentionCall
 from attnlab.query.efficient import (
-    check_dropout,
     merge_heads,
     reduce_weights,
     split_heads,
 )
+from attnlab.query.multi_head import ProjectedHeadAttention
 from attnlab.registry import register
 
 __all__ = ["LSHAttention", "lsh_buckets"]
@@ -92,10 +92,8 @@ def _self_score(dtype: torch.dtype) -> float:
     "query",
     "reformer",
     aliases=("lsh", "lsh-attention"),
-    supports_cross=False,
-    supports_causal=True,
 )
-class LSHAttention(HeadAttention):
+class LSHAttention(ProjectedHeadAttention):
     """Reformer LSH attention with several hash rounds.
 
     Args:
@@ -141,8 +139,10 @@ class LSHAttention(HeadAttention):
         dropout: float = 0.0,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        hd = self._init_heads(d_model, num_heads, head_dim)
+        # W_q is the shared query/key projection
+        super().__init__(
+            d_model, num_heads, head_dim, inputs=("q", "v"), dropout=dropout, bias=bias
+        )
         self.bucket_size = check_int(bucket_size, "bucket_size")
         self.n_hashes = check_int(n_hashes, "n_hashes")
         if num_buckets is not None:
@@ -157,11 +157,6 @@ class LSHAttention(HeadAttention):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         self.seed = seed
-        self.dropout = check_dropout(dropout)
-        inner = num_heads * hd
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)  # shared query/key projection
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
 
     # ------------------------------------------------------------------ hashing
 

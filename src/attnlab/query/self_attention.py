@@ -51,15 +51,21 @@ __all__ = [
 # ----------------------------------------------------------------------------- helpers
 
 
+def check_position_mask(mask: object) -> None:
+    """``mask`` is a bool tensor, True = real position (the mask of the modules whose
+    queries are internal: learned-query, constant-query and capsule attention)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = real position)")
+
+
 def _key_mask(mask: Tensor | None, B: int, n_q: int, n: int, device: torch.device) -> Tensor | None:
     """A mask for attention whose queries are internal: ``[B, n]`` (True = real position)
     is a key mask, read as ``[B, 1, n]``; anything else must broadcast to ``[B, n_q, n]``."""
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = real position)")
+    check_position_mask(mask)
     if mask.dim() == 2:
         if tuple(mask.shape) != (B, n):
             raise ValueError(
@@ -166,26 +172,23 @@ class ConstantQuerySelfAttention(SequenceAttention):
                     f"a constant-query self-attention needs a query-less score; "
                     f"{type(score).__name__} needs a query"
                 )
-            self.attention = Attention(
-                score, align, dim, d_k=d_features, value_dim=value_dim, dropout=dropout, **options
-            )
+            own: dict[str, Any] = {}  # a built score has its own d_w, act and bias
         else:
             if score not in ("queryless", "query-less", "self-attentive", "constant-query"):
                 raise ConfigError(
                     f"score must be 'queryless' (or a query-less Score module), got {score!r}"
                 )
-            self.attention = Attention(
-                "queryless",
-                align,
-                dim,
-                d_k=d_features,
-                value_dim=value_dim,
-                dropout=dropout,
-                d_w=d_w,
-                act=act,
-                bias=bias,
-                **options,
-            )
+            score, own = "queryless", {"d_w": d_w, "act": act, "bias": bias}
+        self.attention = Attention(
+            score,
+            align,
+            dim,
+            d_k=d_features,
+            value_dim=value_dim,
+            dropout=dropout,
+            **own,
+            **options,
+        )
         self.d_features = d_features
 
     def _attend(self, call: AttentionCall) -> AttentionOutput:
@@ -330,8 +333,6 @@ _NORMS = ("layernorm", "none")
     "query",
     "relational-self-attention",
     aliases=("relational", "self-attention", "qkv-self-attention"),
-    supports_cross=False,
-    supports_causal=True,
 )
 class RelationalSelfAttention(SequenceAttention):
     """Relational self-attention: every position queries all positions.

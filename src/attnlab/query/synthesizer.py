@@ -53,14 +53,14 @@ from attnlab._checks import ConfigError, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query._convention import AttentionCall
 from attnlab.query.efficient import (
-    check_dropout,
     head_mask,
     merge_heads,
     reduce_weights,
     split_heads,
 )
+from attnlab.query.multi_head import ProjectedHeadAttention
 from attnlab.registry import register
 
 __all__ = ["MODES", "SynthesizerAttention", "default_factors"]
@@ -79,10 +79,8 @@ def default_factors(n: int) -> tuple[int, int]:
     "query",
     "synthesizer",
     aliases=("synthetic-attention",),
-    supports_cross=True,
-    supports_causal=True,
 )
-class SynthesizerAttention(HeadAttention):
+class SynthesizerAttention(ProjectedHeadAttention):
     """Synthesizer multi-head attention (dense, random and the factorised forms).
 
     Args:
@@ -130,18 +128,13 @@ class SynthesizerAttention(HeadAttention):
         dropout: float = 0.0,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        hd = self._init_heads(d_model, num_heads, head_dim)
+        super().__init__(d_model, num_heads, head_dim, inputs=("v",), dropout=dropout, bias=bias)
         self.max_len = check_int(max_len, "max_len")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
-        self.dropout = check_dropout(dropout)
         self.mix_dot = bool(mix_dot)
-        H, L = num_heads, max_len
-        inner = H * hd
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        H, L, hd = num_heads, max_len, self.head_dim
 
         if mode in ("dense", "factorized-dense"):
             self.hidden = check_int(hd if hidden is None else hidden, "hidden")
@@ -173,8 +166,8 @@ class SynthesizerAttention(HeadAttention):
             self._random("R1", (H, L, rank), trainable_random, std=(s, s))
             self._random("R2", (H, L, rank), trainable_random, std=(s, s))
         if self.mix_dot:
-            self.q_proj = nn.Linear(d_model, inner, bias=bias)
-            self.k_proj = nn.Linear(d_model, inner, bias=bias)
+            self.q_proj = nn.Linear(d_model, H * hd, bias=bias)
+            self.k_proj = nn.Linear(d_model, H * hd, bias=bias)
             self.mix = nn.Parameter(torch.zeros(H, 2))  # alpha = softmax(mix): equal at start
 
     def _random(

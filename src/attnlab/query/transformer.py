@@ -61,6 +61,8 @@ from attnlab.registry import Configurable, build, get, register
 __all__ = ["TransformerDecoderLayer", "TransformerEncoderLayer", "build_attention"]
 
 AttentionSpec = str | dict | nn.Module
+#: the attention of a layer when none is given
+DEFAULT_ATTENTION = "multi-head"
 _LAYER_NAMES = ("transformer-encoder-layer", "transformer-decoder-layer")
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
@@ -77,7 +79,7 @@ def _capability(spec: AttentionSpec, name: str) -> bool:
     """Whether the mechanism of ``spec`` has capability ``name`` (default True)."""
     if isinstance(spec, nn.Module):
         return bool(getattr(spec, name, True))
-    mech = spec if isinstance(spec, str) else spec.get("name", "multi-head")
+    mech = spec if isinstance(spec, str) else spec.get("name", DEFAULT_ATTENTION)
     cls = get("query", mech).cls
     return bool(getattr(cls, name, True))
 
@@ -105,7 +107,7 @@ def build_attention(
         if options:
             raise ConfigError("give the options inside the attention config dict, not both")
         cfg = dict(spec)
-        cfg.setdefault("name", "multi-head")
+        cfg.setdefault("name", DEFAULT_ATTENTION)
     else:
         raise ConfigError(
             f"attention must be a registry name, a config dict or an nn.Module, got "
@@ -132,19 +134,29 @@ def build_attention(
 
 
 class _Layer(Configurable):
-    """Shared parts: the feed-forward block and the residual/norm wiring."""
+    """Shared parts: the constructor (the self-attention, the feed-forward block, the
+    ``n_norms`` norms and residual dropouts), the residual/norm wiring and the input
+    checks. The options are documented on :class:`TransformerEncoderLayer`."""
 
-    def _init_common(
+    #: residual blocks (set by each layer), each with its LayerNorm ``norm<i>`` and
+    #: dropout ``dropout<i>``
+    n_norms: int
+
+    def __init__(
         self,
         d_model: int,
-        dim_feedforward: int,
-        dropout: float,
-        activation: str | Callable[[Tensor], Tensor],
-        norm_first: bool,
-        layer_norm_eps: float,
-        bias: bool,
-        n_norms: int,
+        num_heads: int | None = None,
+        *,
+        attention: AttentionSpec = DEFAULT_ATTENTION,
+        attention_options: dict[str, Any] | None = None,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
     ) -> None:
+        super().__init__()
         self.d_model = check_int(d_model, "d_model")
         check_int(dim_feedforward, "dim_feedforward")
         self.norm_first = bool(norm_first)
@@ -152,9 +164,10 @@ class _Layer(Configurable):
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
         self.dropout = nn.Dropout(check_dropout(dropout))
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias)
-        for i in range(1, n_norms + 1):
+        for i in range(1, self.n_norms + 1):
             setattr(self, f"norm{i}", nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
             setattr(self, f"dropout{i}", nn.Dropout(dropout))
+        self.self_attn = build_attention(attention, d_model, num_heads, dropout, attention_options)
 
     def _ff(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -196,8 +209,6 @@ class _Layer(Configurable):
     "query",
     "transformer-encoder-layer",
     aliases=("encoder-layer",),
-    supports_cross=False,
-    supports_causal=True,
 )
 class TransformerEncoderLayer(_Layer):
     """A Transformer encoder layer around any attention mechanism.
@@ -230,26 +241,7 @@ class TransformerEncoderLayer(_Layer):
 
     supports_cross = False
     supports_causal = True
-
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int | None = None,
-        *,
-        attention: AttentionSpec = "multi-head",
-        attention_options: dict[str, Any] | None = None,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str | Callable[[Tensor], Tensor] = "relu",
-        norm_first: bool = False,
-        layer_norm_eps: float = 1e-5,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        self._init_common(
-            d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, 2
-        )
-        self.self_attn = build_attention(attention, d_model, num_heads, dropout, attention_options)
+    n_norms = 2
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> TransformerEncoderLayer:
@@ -292,8 +284,6 @@ class TransformerEncoderLayer(_Layer):
     "query",
     "transformer-decoder-layer",
     aliases=("decoder-layer",),
-    supports_cross=False,
-    supports_causal=True,
 )
 class TransformerDecoderLayer(_Layer):
     """A Transformer decoder layer: causal self-attention, cross-attention, feed-forward.
@@ -320,27 +310,22 @@ class TransformerDecoderLayer(_Layer):
 
     supports_cross = False
     supports_causal = True
+    n_norms = 3
 
     def __init__(
         self,
         d_model: int,
         num_heads: int | None = None,
         *,
-        attention: AttentionSpec = "multi-head",
-        attention_options: dict[str, Any] | None = None,
         cross_attention: AttentionSpec | None = None,
         cross_attention_options: dict[str, Any] | None = None,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: str | Callable[[Tensor], Tensor] = "relu",
-        norm_first: bool = False,
-        layer_norm_eps: float = 1e-5,
-        bias: bool = True,
+        **layer_options: Any,
     ) -> None:
-        super().__init__()
-        self._init_common(
-            d_model, dim_feedforward, dropout, activation, norm_first, layer_norm_eps, bias, 3
-        )
+        """``layer_options``: the options of :class:`TransformerEncoderLayer`
+        (``attention``, ``attention_options``, ``dim_feedforward``, ``dropout``,
+        ``activation``, ``norm_first``, ``layer_norm_eps``, ``bias``)."""
+        attention = layer_options.get("attention", DEFAULT_ATTENTION)
+        attention_options = layer_options.get("attention_options")
         if not _capability(attention, "supports_causal"):
             raise ConfigError(
                 f"{_spec_name(attention)} has no causal mode, so it cannot be the decoder's "
@@ -361,9 +346,9 @@ class TransformerDecoderLayer(_Layer):
                 f"{_spec_name(cross_attention)} is self-attention only; it cannot attend over "
                 "the encoder output"
             )
-        self.self_attn = build_attention(attention, d_model, num_heads, dropout, attention_options)
+        super().__init__(d_model, num_heads, **layer_options)
         self.multihead_attn = build_attention(
-            cross_attention, d_model, num_heads, dropout, cross_attention_options
+            cross_attention, d_model, num_heads, self.dropout.p, cross_attention_options
         )
 
     @classmethod
@@ -438,7 +423,7 @@ def _spec_name(spec: AttentionSpec) -> str:
     if isinstance(spec, nn.Module):
         return type(spec).__name__
     if isinstance(spec, dict):
-        return repr(spec.get("name", "multi-head"))
+        return repr(spec.get("name", DEFAULT_ATTENTION))
     return repr(spec)
 
 

@@ -113,8 +113,6 @@ def rel_shift(x: Tensor, n_k: int) -> Tensor:
     "query",
     "transformer-xl",
     aliases=("txl", "transformer_xl", "relative-xl"),
-    supports_cross=False,
-    supports_causal=True,
 )
 class TransformerXLAttention(HeadAttention):
     """Transformer-XL multi-head attention: relative positions and a segment memory.
