@@ -38,14 +38,14 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
-from attnlab._deprecation import positional_masks
-from attnlab.feature._convention import is_mask, reject, renamed
+from attnlab.general._convention import AttentionCall, TwoInputAttention
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
@@ -53,7 +53,7 @@ from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import clear_nonfinite_rows, zero_rows
 from attnlab.masks import fill_value
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, get, register
+from attnlab.registry import get, register
 
 __all__ = [
     "AlternatingCoAttention",
@@ -111,6 +111,14 @@ class CoAttentionOutput(AttentionOutput):
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _check_choice(value: object, name: str, choices: tuple[str, str]) -> None:
+    """``value`` is one of the two ``choices`` of the option ``name``, else a
+    :class:`ConfigError` ("affinity must be 'bilinear' or 'concat', got 'x'")."""
+    if value not in choices:
+        first, second = choices
+        raise ConfigError(f"{name} must be {first!r} or {second!r}, got {value!r}")
 
 
 def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -338,8 +346,7 @@ class CoAttentionAffinity(nn.Module):
         super().__init__()
         d1 = check_int(d1, "d1", owner="CoAttentionAffinity", wording="a positive int")
         d2 = check_int(d2, "d2", owner="CoAttentionAffinity", wording="a positive int")
-        if form not in ("bilinear", "concat"):
-            raise ConfigError(f"affinity must be 'bilinear' or 'concat', got {form!r}")
+        _check_choice(form, "affinity", ("bilinear", "concat"))
         self.form = form
         self.act = act if act is not None else ("tanh" if form == "bilinear" else "identity")
         get_activation(self.act)
@@ -378,9 +385,20 @@ def _log_probs(extras: dict[str, Any], outs: dict[str, AttentionOutput]) -> dict
     return extras
 
 
-class _CoAttention(Configurable):
-    """The call every co-attention module shares; subclasses define :meth:`attend` on
-    checked inputs whose padding is cleared."""
+class _CoAttention(TwoInputAttention):
+    """The call every co-attention module shares, the two-input convention
+    (:class:`~attnlab.general._convention.TwoInputAttention`): ``module(query, key, *,
+    mask1=None, mask2=None, need_weights=False)``. Co-attend ``query`` (``F1`` ``[B, n1,
+    d1]``, named ``f1`` in messages) and ``key`` (``F2`` ``[B, n2, d2]``, ``f2``), with the
+    key masks ``mask1=`` ``[B, n1]`` and ``mask2=`` ``[B, n2]`` (bool, True = real). The
+    features are their own values, so ``value`` and the single ``mask`` are not taken.
+    ``need_weights=True`` fills ``weights`` (``a1``, ``a2`` are always set).
+
+    Deprecated for one release (``DeprecationWarning``): ``f1=``/``f2=`` and the masks
+    given positionally, ``module(f1, f2, mask1, mask2)``. Subclasses define
+    :meth:`attend` on checked inputs whose padding is cleared."""
+
+    renames = MappingProxyType({"f1": "query", "f2": "key"})
 
     def __init__(self, d1: int, d2: int) -> None:
         super().__init__()
@@ -391,47 +409,13 @@ class _CoAttention(Configurable):
     def out_dim(self) -> int:
         return self.d1 + self.d2
 
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *legacy_masks: Tensor | None,
-        mask: Tensor | None = None,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
-        need_weights: bool = False,
-        **deprecated_names: Any,
+    def _attend(
+        self, call: AttentionCall, *, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
-        """Co-attend ``query`` (``F1`` ``[B, n1, d1]``, named ``f1`` in messages) and
-        ``key`` (``F2`` ``[B, n2, d2]``, ``f2``), with the key masks ``mask1=`` ``[B, n1]``
-        and ``mask2=`` ``[B, n2]`` (bool, True = real). The features are their own values,
-        so ``value`` and the single ``mask`` are not taken. ``need_weights=True`` fills
-        ``weights`` (``a1``, ``a2`` are always set).
-
-        Deprecated for one release (``DeprecationWarning``): ``f1=``/``f2=`` and the masks
-        given positionally, ``module(f1, f2, mask1, mask2)``."""
-        owner = type(self).__name__
-        args = renamed(
-            owner,
-            deprecated_names,
-            {"f1": "query", "f2": "key"},
-            {"query": query, "key": key, "mask1": mask1, "mask2": mask2},
-        )
-        if legacy_masks or is_mask(value):
-            masks = (value, *legacy_masks)
-            args = positional_masks(owner, masks, ("mask1", "mask2"), args, position=3)
-        else:
-            reject(owner, "value", value, "the features are their own values (give F2 as key)")
-        reject(owner, "mask", mask, "give one mask per input, mask1= and mask2=")
-        if args["query"] is None or args["key"] is None:
-            raise TypeError(f"{owner}.forward() needs both inputs: query (F1) and key (F2)")
-        f1, f2, m1, m2 = _check_pair(
-            self, args["query"], args["key"], args["mask1"], args["mask2"], self.d1, self.d2
-        )
+        f1, f2, m1, m2 = _check_pair(self, call.query, call.key, mask1, mask2, self.d1, self.d2)
         f1, f2 = _clear_padding(f1, f2, m1, m2)
         out = self.attend(f1, f2, m1, m2)
-        if need_weights:
+        if call.need_weights:
             parts = [out.a1, out.a2, out.a1_fine, out.a2_fine]
             out.weights = torch.cat([a for a in parts if a is not None], dim=-1)
         return out
@@ -666,8 +650,7 @@ class ParallelCoAttention(_CoAttention):
         **options: Any,
     ) -> None:
         super().__init__(d1, d2)
-        if scores not in ("projected", "max"):
-            raise ConfigError(f"scores must be 'projected' or 'max', got {scores!r}")
+        _check_choice(scores, "scores", ("projected", "max"))
         self.scores = scores
         self.affinity = CoAttentionAffinity(d1, d2, affinity, affinity_act)
         if scores == "projected":
@@ -802,8 +785,7 @@ class MultiGrainedCoAttention(_CoAttention):
         **options: Any,
     ) -> None:
         super().__init__(d1, d2)
-        if fine2 not in ("max", "row-mean"):
-            raise ConfigError(f"fine2 must be 'max' or 'row-mean', got {fine2!r}")
+        _check_choice(fine2, "fine2", ("max", "row-mean"))
         self.fine2 = fine2
         (coarse_opts,) = _route("MultiGrainedCoAttention", options, (coarse_score, align))
         align_opts = {o: v for o, v in options.items() if o in _takes("align", align)}

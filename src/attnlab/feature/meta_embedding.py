@@ -21,12 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
-from attnlab.feature._convention import reject, renamed
 from attnlab.feature.multilevel import MaskedRNN
+from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["CDME", "DME", "EmbeddingSpec", "MetaEmbedding"]
 
@@ -47,7 +47,7 @@ def _checked_mask(m: object, name: str, B: int, n: int, *, dtype_too: bool = Fal
     return m
 
 
-class MetaEmbedding(Configurable):
+class MetaEmbedding(ConventionAttention):
     """Shared machinery of :class:`DME` and :class:`CDME`: the ``E`` embedding tables,
     their projections to the common size ``d_proj``, per-embedding OOV handling, and
     the query-less attention over the embeddings. Subclasses define :meth:`gate_keys`
@@ -244,53 +244,41 @@ class MetaEmbedding(Configurable):
         """The vectors the weights are scored from, ``[B, n, E, gate_dim]``."""
         raise NotImplementedError
 
-    def forward(
-        self,
-        query: Sequence[Tensor] | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        masks: Sequence[Tensor | None] | None = None,
-        need_weights: bool = False,
-        **deprecated_names: Any,
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        """The call ``module(inputs, *, mask=None, masks=None, need_weights=False)``:
+        ``query`` = the inputs (named ``inputs`` in messages), one tensor per embedding;
+        the weights are self-attention over the embeddings of each token, so ``key`` and
+        ``value`` are not taken. Deprecated for one release (``DeprecationWarning``):
+        ``inputs=`` and ``token_mask=``."""
+        owner = type(self).__name__
+        call = self._renamed(call, extras, {"inputs": "query", "token_mask": "mask"})
+        reject(owner, "key", call.key, "the embeddings of each token are its own keys")
+        reject(owner, "value", call.value, "the projected embeddings are the values")
+        if call.query is None:
+            raise TypeError(
+                f"{owner}.forward() missing the inputs: query, one tensor per embedding"
+            )
+        return call
+
+    def _attend(
+        self, call: AttentionCall, *, masks: Sequence[Tensor | None] | None = None
     ) -> AttentionOutput:
-        """Meta-embed a batch of token sequences.
-
-        Args:
-            query: the inputs (named ``inputs`` in messages), one tensor per embedding:
-                ids ``[B, n]`` (looked up in that embedding's table; ``-1`` or the
-                embedding's ``oov_index`` = OOV) or looked-up vectors ``[B, n, d_i]``.
-                The weights are self-attention over the embeddings of each token, so
-                ``key`` and ``value`` are not taken.
-            mask: ``[B, n]`` bool, True at real tokens (padding gets a zero vector);
-                named ``token_mask`` in messages.
-            masks: optional per-embedding availability ``[B, n]`` bool (True = the token
-                has this embedding), combined with the OOV ids.
-
-        Deprecated for one release (``DeprecationWarning``): ``inputs=`` and
-        ``token_mask=``.
+        """Meta-embed a batch of token sequences: ``call.query`` holds one tensor per
+        embedding, ids ``[B, n]`` (looked up in that embedding's table; ``-1`` or the
+        embedding's ``oov_index`` = OOV) or looked-up vectors ``[B, n, d_i]``;
+        ``call.mask`` ``[B, n]`` bool is True at real tokens (padding gets a zero vector;
+        named ``token_mask`` in messages); ``masks`` is the optional per-embedding
+        availability ``[B, n]`` bool (True = the token has this embedding), combined with
+        the OOV ids.
 
         Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n, d_proj]``
         and, with ``need_weights=True``, ``weights`` ``[B, n, E]`` (0 for unavailable
         embeddings; all 0 for a token without any). ``extras["available"]`` is the
         ``[B, n, E]`` availability.
         """
-        owner = type(self).__name__
-        args = renamed(
-            owner,
-            deprecated_names,
-            {"inputs": "query", "token_mask": "mask"},
-            {"query": query, "mask": mask},
-        )
-        reject(owner, "key", key, "the embeddings of each token are its own keys")
-        reject(owner, "value", value, "the projected embeddings are the values")
-        if args["query"] is None:
-            raise TypeError(
-                f"{owner}.forward() missing the inputs: query, one tensor per embedding"
-            )
-        token_mask = args["mask"]
-        vectors, A, B, n = self._lookup(args["query"], masks, token_mask)
+        need_weights = call.need_weights
+        token_mask = call.mask
+        vectors, A, B, n = self._lookup(call.query, masks, token_mask)
         xt = self.project(vectors, A)
         keys = self.gate_keys(xt, A, token_mask)
         N = B * n

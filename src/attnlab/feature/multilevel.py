@@ -29,13 +29,12 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
-from attnlab._deprecation import positional_masks
-from attnlab.feature._convention import reject, renamed
+from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import zero_rows
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, get, register
+from attnlab.registry import get, register
 
 __all__ = [
     "AttentionViaAttention",
@@ -316,7 +315,7 @@ EncoderSpec = str | Callable[[int, int], nn.Module] | nn.Module | None
 
 
 @register("feature", "hierarchical-attention", aliases=("han", "hierarchical"))
-class HierarchicalAttention(Configurable):
+class HierarchicalAttention(ConventionAttention):
     """Hierarchical attention (Yang et al. 2016, HAN) of any depth, for ragged input.
 
     The input is a padded hierarchy ``x`` ``[B, n_1, ..., n_L, d_in]`` with a token mask
@@ -376,6 +375,8 @@ class HierarchicalAttention(Configurable):
     :cost: O(sum_l N_l n_l d_l d_w) time, N_l = number of units at level l; memory O(B n_1...n_L
         d)
     """
+
+    positional_masks = (("mask",), 2)
 
     def __init__(
         self,
@@ -474,32 +475,25 @@ class HierarchicalAttention(Configurable):
             raise ValueError(f"mask is on {mask.device} but x is on {x.device}")
         return mask
 
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-        **deprecated_names: Any,
-    ) -> AttentionOutput:
-        """Attend up the hierarchy ``query`` = ``x`` ``[B, n_1, ..., n_L, d_in]`` (named
-        ``x`` in messages) with its token ``mask`` ``[B, n_1, ..., n_L]``. The hierarchy
-        is its own keys and values (each level's query is learned), so ``key`` and
-        ``value`` are not taken (a tensor in the ``key`` slot is read as the mask given
-        positionally, the deprecated form). See the class docstring for the output.
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        """The call ``module(x, *, mask=None, need_weights=False)``: ``query`` = ``x``
+        ``[B, n_1, ..., n_L, d_in]`` (named ``x`` in messages) with its token ``mask``
+        ``[B, n_1, ..., n_L]``. The hierarchy is its own keys and values (each level's
+        query is learned), so ``key`` and ``value`` are not taken (a bool tensor in the
+        ``key`` slot is read as the mask given positionally, the deprecated form).
 
         Deprecated for one release (``DeprecationWarning``): ``x=`` and the mask given
         positionally, ``module(x, mask)``."""
         owner = type(self).__name__
-        args = renamed(owner, deprecated_names, {"x": "query"}, {"query": query, "mask": mask})
-        if key is not None:  # never a key: the mask given positionally (old form)
-            args = positional_masks(owner, (key,), ("mask",), args, position=2)
-        reject(owner, "value", value, "the hierarchy is its own values (give it as query)")
-        if args["query"] is None:
+        call = self._renamed(call, extras, {"x": "query"})
+        reject(owner, "key", call.key, "the hierarchy is its own keys (give it as query)")
+        reject(owner, "value", call.value, "the hierarchy is its own values (give it as query)")
+        if call.query is None:
             raise TypeError(f"{owner}.forward() missing the hierarchy: query [B, n_1..n_L, d_in]")
-        return self._attend_up(args["query"], args["mask"], need_weights)
+        return call
+
+    def _attend(self, call: AttentionCall) -> AttentionOutput:
+        return self._attend_up(call.query, call.mask, call.need_weights)
 
     def _attend_up(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> AttentionOutput:
         m = self._check(x, mask)
@@ -700,7 +694,7 @@ _VIA = ("mixture", "query")
 
 
 @register("feature", "attention-via-attention", aliases=("ava", "attention-via-attention-nmt"))
-class AttentionViaAttention(Configurable):
+class AttentionViaAttention(ConventionAttention):
     """Attention-via-attention (Zhao & Zhang 2018): word-level attention guides
     character-level attention.
 
@@ -743,10 +737,12 @@ class AttentionViaAttention(Configurable):
         **options: passed to both :class:`attnlab.Attention` modules (``d_w``, ``act``,
             ``key_dim``, ``value_dim``, ...).
 
-    Shapes (called ``forward(q, chars, words=None, *, mask=char_mask, word_mask=...)``,
-    the convention's ``query``, ``key``, ``value`` and ``mask``): ``q`` ``[B, d_q]`` or
-    ``[B, n_q, d_q]``; ``chars`` ``[B, n_c, d_char]``; ``words`` ``[B, n_w, d_word]``
-    (optional); ``char_mask`` ``[B, n_c]``, ``word_mask`` ``[B, n_w]`` bool. Returns :class:`~attnlab.output.AttentionOutput` with ``context``
+    Shapes (called ``forward(q, chars, words=None, *, mask=char_mask, word_mask=None,
+    word_offsets=None, char_to_word=None, need_weights=False)``, the convention's
+    ``query``, ``key``, ``value`` and ``mask``; the keywords are listed in ``keywords``):
+    ``q`` ``[B, d_q]`` or ``[B, n_q, d_q]``; ``chars`` ``[B, n_c, d_char]``; ``words``
+    ``[B, n_w, d_word]`` (optional); ``char_mask`` ``[B, n_c]``, ``word_mask`` ``[B, n_w]``
+    bool. Returns :class:`~attnlab.output.AttentionOutput` with ``context``
     ``[B, (n_q,) d_vw + d_vc]`` = ``[c_w; c_c]``; with ``need_weights=True`` ``weights`` is
     the character weights ``[B, (n_q,) n_c]``. ``extras``: ``word_context``,
     ``char_context``, and with ``need_weights`` ``word_weights`` ``[B, (n_q,) n_w]`` and
@@ -762,6 +758,8 @@ class AttentionViaAttention(Configurable):
     :source: Zhao & Zhang 2018, Attention-via-Attention Neural Machine Translation (AAAI)
     :cost: O(B n_q (n_w + n_c) d_w) time; memory O(B n_q (n_w + n_c)) with soft alignment
     """
+
+    keywords = ("word_mask", "word_offsets", "char_to_word")
 
     def __init__(
         self,
@@ -845,42 +843,30 @@ class AttentionViaAttention(Configurable):
         check_module_dtype(self, q, "q")
         return B, n_c, n_w
 
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        word_mask: Tensor | None = None,
-        word_offsets: Tensor | None = None,
-        char_to_word: Tensor | None = None,
-        need_weights: bool = False,
-        **deprecated_names: Any,
-    ) -> AttentionOutput:
-        """Word attention, then character attention via it.
-
-        The inputs map onto the convention as ``query`` = the character-level query
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        """The inputs map onto the convention as ``query`` = the character-level query
         ``q_c`` ``[B, d_q]`` or ``[B, n_q, d_q]`` (named ``q`` in messages), ``key`` = the
         character features ``[B, n_c, d_char]`` (``chars``), ``value`` = the word features
         ``[B, n_w, d_word]`` (``words``, optional: the mean of each word's characters
-        without it), ``mask`` = the character mask ``[B, n_c]`` (``char_mask``). Extras:
-        ``word_mask`` ``[B, n_w]`` and the mapping, ``word_offsets`` or ``char_to_word``.
-        See the class docstring for the output.
+        without it), ``mask`` = the character mask ``[B, n_c]`` (``char_mask``).
 
         Deprecated for one release (``DeprecationWarning``): ``q=``, ``chars=``,
         ``words=`` and ``char_mask=``."""
-        args = renamed(
-            type(self).__name__,
-            deprecated_names,
-            {"q": "query", "chars": "key", "words": "value", "char_mask": "mask"},
-            {"query": query, "key": key, "value": value, "mask": mask},
-        )
-        if args["query"] is None or args["key"] is None:
+        renames = {"q": "query", "chars": "key", "words": "value", "char_mask": "mask"}
+        call = self._renamed(call, extras, renames)
+        if call.query is None or call.key is None:
             raise TypeError(
                 f"{type(self).__name__}.forward() needs query (q_c) and key (the characters)"
             )
-        q, chars, words, char_mask = args["query"], args["key"], args["value"], args["mask"]
+        return call
+
+    def _attend(self, call: AttentionCall, **extras: Tensor | None) -> AttentionOutput:
+        """Word attention, then character attention via it. ``extras`` (``keywords``):
+        ``word_mask`` ``[B, n_w]`` and the mapping, ``word_offsets`` or ``char_to_word``.
+        See the class docstring for the output."""
+        word_mask, word_offsets, char_to_word = (extras.get(name) for name in self.keywords)
+        q, chars, words, char_mask = call.query, call.key, call.value, call.mask
+        need_weights = call.need_weights
         B, n_c, n_w = self._check(q, chars, words, char_mask, word_mask)
         # padding never matters: padded characters / words are zeroed (where, not a
         # product) before the projections, the word means and the weighted sums

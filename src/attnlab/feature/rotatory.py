@@ -36,12 +36,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
-from attnlab._deprecation import positional_masks
-from attnlab.feature._convention import is_mask, reject, renamed
 from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
+from attnlab.general._convention import AttentionCall, ConventionAttention, is_mask, reject
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
-from attnlab.registry import Configurable, register
+from attnlab.registry import register
 
 __all__ = ["LCRRotHop", "RotatoryAttention", "RotatoryOutput", "masked_mean"]
 
@@ -102,8 +101,18 @@ class _Rotation(nn.Module):
 
 
 @register("feature", "lcr-rot-hop", aliases=("rotatory-hop", "lcr-rot-hop"))
-class LCRRotHop(Configurable):
+class LCRRotHop(ConventionAttention):
     """Multi-hop rotatory attention (LCR-Rot-hop, Wallaart & Frasincar 2019).
+
+    Call (the one convention ``forward``, the parts in sentence order): ``module(left,
+    target, right, *, left_mask=None, target_mask=None, right_mask=None,
+    need_weights=False)`` -- ``query`` = the left context ``F_l`` ``[B, n_l, d_c]`` (named
+    ``left`` in messages), ``key`` = the target ``F_t`` ``[B, n_t, d_t]`` (``target``),
+    ``value`` = the right context ``F_r`` ``[B, n_r, d_c]`` (``right``); one bool mask per
+    part ``[B, n]`` (True = real). The single ``mask`` is not taken. ``need_weights=True``
+    fills ``weights`` with the last hop's weights (``hops`` is always set). Deprecated for
+    one release (``DeprecationWarning``): ``left=``, ``target=``, ``right=`` and the masks
+    given positionally, ``module(l, t, r, ml, mt, mr)``.
 
     Args:
         d_c: size of the context features (left and right). d_t: size of the target
@@ -128,6 +137,9 @@ class LCRRotHop(Configurable):
         Using a Lexicalized Domain Ontology and Attentional Neural Models (LCR-Rot-hop)
     :cost: O(S B (n_l + n_r + 2 n_t) d_c d_t)
     """
+
+    keywords = ("left_mask", "target_mask", "right_mask")
+    positional_masks = (keywords, 4)
 
     def __init__(
         self,
@@ -158,61 +170,27 @@ class LCRRotHop(Configurable):
     def out_dim(self) -> int:
         return 2 * self.d_c + 2 * self.d_t
 
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *legacy_masks: Tensor | None,
-        mask: Tensor | None = None,
-        left_mask: Tensor | None = None,
-        target_mask: Tensor | None = None,
-        right_mask: Tensor | None = None,
-        need_weights: bool = False,
-        **deprecated_names: Any,
-    ) -> RotatoryOutput:
-        """Rotate over the three parts of a sentence, given in sentence order:
-        ``query`` = the left context ``F_l`` ``[B, n_l, d_c]`` (named ``left`` in
-        messages), ``key`` = the target ``F_t`` ``[B, n_t, d_t]`` (``target``), ``value``
-        = the right context ``F_r`` ``[B, n_r, d_c]`` (``right``); one bool mask per part,
-        ``left_mask=``, ``target_mask=``, ``right_mask=`` ``[B, n]`` (True = real). The
-        single ``mask`` is not taken. ``need_weights=True`` fills ``weights`` with the last
-        hop's weights (``hops`` is always set).
-
-        Deprecated for one release (``DeprecationWarning``): ``left=``, ``target=``,
-        ``right=`` and the masks given positionally, ``module(l, t, r, ml, mt, mr)``."""
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
         owner = type(self).__name__
-        args = renamed(
+        call = self._renamed(call, extras, {"left": "query", "target": "key", "right": "value"})
+        reject(
             owner,
-            deprecated_names,
-            {"left": "query", "target": "key", "right": "value"},
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "left_mask": left_mask,
-                "target_mask": target_mask,
-                "right_mask": right_mask,
-            },
+            "mask",
+            call.mask,
+            "give one mask per part: left_mask=, target_mask=, right_mask=",
         )
-        if legacy_masks:
-            names = ("left_mask", "target_mask", "right_mask")
-            args = positional_masks(owner, legacy_masks, names, args, position=4)
-        reject(owner, "mask", mask, "give one mask per part: left_mask=, target_mask=, right_mask=")
-        if any(args[k] is None for k in ("query", "key", "value")) or is_mask(args["value"]):
+        if call.query is None or call.key is None or call.value is None or is_mask(call.value):
             raise TypeError(
                 f"{owner}.forward() needs the three parts: query (left), key (target) and "
                 "value (right)"
             )
-        out = self._rotate(
-            args["query"],
-            args["key"],
-            args["value"],
-            args["left_mask"],
-            args["target_mask"],
-            args["right_mask"],
-        )
-        if need_weights:
+        return call
+
+    def _attend(self, call: AttentionCall, **masks: Tensor | None) -> RotatoryOutput:
+        """``masks``: ``left_mask=``, ``target_mask=``, ``right_mask=`` (``keywords``)."""
+        parts = (call.query, call.key, call.value)
+        out = self._rotate(*parts, *(masks.get(name) for name in self.keywords))
+        if call.need_weights:
             out.weights = out.hops[-1]  # type: ignore[assignment]
         return out
 

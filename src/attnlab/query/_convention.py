@@ -15,9 +15,12 @@ This module holds what the modules would otherwise each repeat:
   relative-position, Linformer, Synthesizer, Reformer, Transformer-XL): one ``forward``
   (the preamble: validation, defaults, the dtype check) that hands an
   :class:`AttentionCall` to the subclass's ``_attend``;
-* :class:`ConventionAttention` does the same for the plain convention (key-value,
-  concatenated key-value, multi-hop) and :class:`SequenceAttention` for the modules whose
-  query is learned (:func:`sequence_inputs`);
+* :class:`~attnlab.general._convention.ConventionAttention` (defined in the general
+  layer, where the feature-related modules inherit it too, and re-exported here with
+  :class:`AttentionCall`) is the one ``forward`` of the plain convention (key-value,
+  concatenated key-value, multi-hop, attention-over-attention) and
+  :class:`SequenceAttention` its subclass for the modules whose query is learned
+  (:func:`sequence_inputs`);
 * :func:`sequence_inputs` also maps the deprecated forms of the learned-query modules
   (``features=``, the positional mask) through :mod:`attnlab._deprecation`, the one home
   of the deprecation helpers.
@@ -25,7 +28,7 @@ This module holds what the modules would otherwise each repeat:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,6 +36,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import check_module_dtype, check_same, check_tensor
 from attnlab._deprecation import positional_masks, renamed_keywords
+from attnlab.general._convention import AttentionCall, ConventionAttention
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
 from attnlab.registry import Configurable
@@ -96,23 +100,6 @@ def check_self_only(
                 f"{mechanism} is self-attention only: {name} must be None (or the query "
                 f"itself), got a tensor of shape {tuple(t.shape)}"
             )
-
-
-@dataclass(frozen=True)
-class AttentionCall:
-    """The validated arguments of one ``forward`` call of a :class:`HeadAttention`."""
-
-    query: Tensor
-    key: Tensor
-    value: Tensor
-    mask: Tensor | None = None
-    causal: bool = False
-    need_weights: bool = False
-    average_weights: bool = True
-
-    @property
-    def self_attention(self) -> bool:
-        return self.key is self.query
 
 
 class HeadAttention(Configurable):
@@ -227,44 +214,6 @@ def sequence_inputs(
         check_same(key, "key", value=value)
     check_module_dtype(module, query, "query")
     return query, key, value, mask
-
-
-class ConventionAttention(Configurable):
-    """Base of the modules on the plain convention
-
-        forward(query, key=None, value=None, *, mask=None, need_weights=..., **extras)
-
-    (key-value, concatenated key-value and multi-hop attention, and the modules whose
-    query is learned): ``_inputs`` checks the call -- an :class:`AttentionCall` whose
-    tensors may still be ``None`` -- and maps the deprecated names (popped from
-    ``extras``); ``_attend`` computes; the mechanism's other keywords (``causal=``) pass
-    through ``extras``. ``need_weights_default`` is ``True`` where the weights are part of
-    the result (multi-hop, capsule attention)."""
-
-    need_weights_default: bool = False
-
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        need_weights: bool | None = None,
-        **extras: Any,
-    ) -> Any:
-        """``extras``: the mechanism's keywords and the deprecated argument names (one
-        release, ``DeprecationWarning``)."""
-        if need_weights is None:
-            need_weights = self.need_weights_default
-        raw = AttentionCall(query, key, value, mask, need_weights=need_weights)  # type: ignore[arg-type]
-        return self._attend(self._inputs(raw, extras), **extras)
-
-    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
-        raise NotImplementedError
-
-    def _attend(self, call: AttentionCall, **extras: Any) -> Any:
-        raise NotImplementedError
 
 
 class SequenceAttention(ConventionAttention):

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
-from attnlab._deprecation import positional_masks, renamed_keywords
+from attnlab.general._convention import AttentionCall, TwoInputAttention
 from attnlab.general.alignment import Alignment, masked_softmax
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.scoring import Score, dot_score
-from attnlab.registry import Configurable, get, register
+from attnlab.registry import get, register
 
 __all__ = [
     "AoAOutput",
@@ -230,7 +231,7 @@ def aoa_answer_scores(
 
 
 @register("query", "attention-over-attention", aliases=("aoa", "aoa-reader"))
-class AttentionOverAttention(Configurable):
+class AttentionOverAttention(TwoInputAttention):
     """Attention-over-attention (Cui et al. 2017) with a pluggable matching score.
 
     Args:
@@ -241,10 +242,15 @@ class AttentionOverAttention(Configurable):
             ``sparsemax``, ``entmax15``).
         **options: passed to the score (``d_w``, ``act``, ...).
 
-    Call (the two-input convention, see ``docs/call-convention.md``):
-    ``forward(query, key, *, mask1=None, mask2=None)`` with input 1 ``query`` = the
-    document ``[B, n_d, d_k]``, input 2 ``key`` = the question ``[B, n_q, d_q]``, ``mask1``
-    bool ``[B, n_d]``, ``mask2`` bool ``[B, n_q]`` (True = real word).
+    Call (the two-input convention, :class:`~attnlab.general._convention.TwoInputAttention`,
+    see ``docs/call-convention.md``): ``forward(query, key, *, mask1=None, mask2=None)``
+    with input 1 ``query`` = the document ``[B, n_d, d_k]``, input 2 ``key`` = the
+    question ``[B, n_q, d_q]`` (the paper's order), ``mask1`` bool ``[B, n_d]``, ``mask2``
+    bool ``[B, n_q]`` (True = real word). Messages name the inputs ``document`` and
+    ``query`` (the paper's names). Every attention (``alpha``, ``beta``, ``s``) is part of
+    the :class:`AoAOutput`, so ``need_weights`` changes nothing. Deprecated for one release
+    (``DeprecationWarning``): ``document=``, ``document_mask=``, ``query_mask=`` and the
+    masks given positionally, ``module(D, Q, document_mask, query_mask)``.
     Returns :class:`AoAOutput` (``s`` ``[B, n_d]``, ``alpha``, ``beta`` ``[B, n_d, n_q]``,
     ``beta_bar`` ``[B, n_q]``). Cost O(B n_d n_q d) time, O(B n_d n_q) memory.
 
@@ -254,6 +260,12 @@ class AttentionOverAttention(Configurable):
     :source: Cui et al. 2017, Attention-over-Attention Neural Networks for Reading Comprehension
     :cost: O(B n_d n_q d) time, O(B n_d n_q) memory
     """
+
+    input_names = ("D", "Q")
+    renames = MappingProxyType(
+        {"document": "query", "document_mask": "mask1", "query_mask": "mask2"}
+    )
+    rename_style = "quoted"
 
     def __init__(
         self,
@@ -301,40 +313,14 @@ class AttentionOverAttention(Configurable):
         """``M[b, i, t] = score(q_t, d_i)`` ``[B, n_d, n_q]``."""
         return self.score(query, document).transpose(1, 2)
 
-    def forward(
-        self,
-        query: Tensor | None = None,
-        key: Tensor | None = None,
-        *legacy_masks: Tensor | None,
-        mask1: Tensor | None = None,
-        mask2: Tensor | None = None,
-        **deprecated: Any,
+    def _attend(
+        self, call: AttentionCall, *, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> AoAOutput:
-        """AoA of the two inputs, in the two-input convention (the order of the paper's
-        call is kept): ``query`` is input 1, the document ``D`` ``[B, n_d, d_k]``; ``key``
-        is input 2, the question ``Q`` ``[B, n_q, d_q]``; ``mask1`` / ``mask2`` are their
-        masks (bool ``[B, n_d]`` / ``[B, n_q]``, True = real word). Messages name the inputs
-        ``document`` and ``query`` (the paper's names). Every attention (``alpha``,
-        ``beta``, ``s``) is part of the :class:`AoAOutput`, so there is no ``need_weights``.
-
-        Deprecated for one release (``DeprecationWarning``): the keywords ``document=``,
-        ``document_mask=``, ``query_mask=`` and the masks given positionally,
-        ``module(D, Q, document_mask, query_mask)``."""
-        owner = type(self).__name__
-        args = renamed_keywords(
-            owner,
-            deprecated,
-            {"document": "query", "document_mask": "mask1", "query_mask": "mask2"},
-            {"query": query, "mask1": mask1, "mask2": mask2},
-        )
-        document, question = args["query"], key
-        if legacy_masks:
-            args = positional_masks(owner, legacy_masks, ("mask1", "mask2"), args, position=3)
-        if document is None or question is None:
-            raise TypeError(f"{owner}.forward() needs both inputs: query (D) and key (Q)")
-        document_mask, query_mask = args["mask1"], args["mask2"]
-        _check_inputs(document, question, document_mask, query_mask, self.d_k, self.d_q)
+        """AoA of the document ``call.query`` and the question ``call.key`` with their
+        masks ``mask1`` / ``mask2`` (bool ``[B, n_d]`` / ``[B, n_q]``, True = real word)."""
+        document, question = call.query, call.key
+        _check_inputs(document, question, mask1, mask2, self.d_k, self.d_q)
         check_module_dtype(self, document, "document")
-        document, question = _clear_padding(document, question, document_mask, query_mask)
+        document, question = _clear_padding(document, question, mask1, mask2)
         matching = self.matching(document, question)
-        return _aoa(matching, document, document_mask, query_mask, self.align.normalize)
+        return _aoa(matching, document, mask1, mask2, self.align.normalize)
