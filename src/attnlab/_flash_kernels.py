@@ -285,6 +285,22 @@ def _row_stats(AUX, b, offs_m, n_q, scb, scm, scd, DV, BLOCK_DV: tl.constexpr, M
 
 
 @triton.jit
+def _query_grad_tile(
+    Q, DO, AUX, L, b, start_m, n_q, sqb, sqm, sqd, sgb, sgm, sgd, scb, scm, scd, D, DV,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MULTI: tl.constexpr,
+):  # fmt: skip
+    """What the backward kernels read of the query tile at ``start_m``: its positions
+    ``offs_m``, its queries (:func:`_operand`), the output gradient ``dO`` rows, the row
+    statistics (:func:`_row_stats`) and the log-sum-exp."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _operand(Q, b, offs_m, n_q, sqb, sqm, sqd, D, BLOCK_D, MULTI)
+    g = _load_tile(DO, b, offs_m, n_q, sgb, sgm, sgd, DV, BLOCK_DV, MULTI)
+    c = _row_stats(AUX, b, offs_m, n_q, scb, scm, scd, DV, BLOCK_DV, MULTI)
+    lse = _load_lse(L, b, offs_m, n_q, DV, BLOCK_DV, MULTI)
+    return offs_m, q, g, c, lse
+
+
+@triton.jit
 def _unit(Qb, Kb, W, d, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, ACT: tl.constexpr, FAST: tl.constexpr):  # fmt: skip
     """Hidden unit ``d`` of an additive tile: ``t = act(q1[:, d] + k2[:, d]^T)``
     ``[BLOCK_M, BLOCK_N]`` (one column of ``q1`` and one of ``k2`` loaded, contiguous
@@ -541,11 +557,10 @@ def attend_bwd_q(
     pid = tl.program_id(0)
     b = tl.program_id(1)
     start_m = pid * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _operand(Q, b, offs_m, n_q, sqb, sqm, sqd, D, BLOCK_D, MULTI)
-    g = _load_tile(DO, b, offs_m, n_q, sgb, sgm, sgd, DV, BLOCK_DV, MULTI)
-    c = _row_stats(AUX, b, offs_m, n_q, scb, scm, scd, DV, BLOCK_DV, MULTI)
-    lse = _load_lse(L, b, offs_m, n_q, DV, BLOCK_DV, MULTI)
+    offs_m, q, g, c, lse = _query_grad_tile(
+        Q, DO, AUX, L, b, start_m, n_q, sqb, sqm, sqd, sgb, sgm, sgd, scb, scm, scd, D, DV,
+        BLOCK_M, BLOCK_D, BLOCK_DV, MULTI,
+    )  # fmt: skip
     w = _weight_operand(W, D, DV, BLOCK_D, BLOCK_DV, MULTI)
     wt = _weight_operand(WT, DV, D, BLOCK_DV, BLOCK_D, MULTI)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -594,11 +609,10 @@ def attend_bwd_kv(
     dw = _weight_share_start(MULTI, BLOCK_D, BLOCK_DV)
     lo = _causal_lo(start_n, causal_offset, BLOCK_M, CAUSAL)
     for start_m in range(lo, n_q, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _operand(Q, b, offs_m, n_q, sqb, sqm, sqd, D, BLOCK_D, MULTI)
-        g = _load_tile(DO, b, offs_m, n_q, sgb, sgm, sgd, DV, BLOCK_DV, MULTI)
-        c = _row_stats(AUX, b, offs_m, n_q, scb, scm, scd, DV, BLOCK_DV, MULTI)
-        lse = _load_lse(L, b, offs_m, n_q, DV, BLOCK_DV, MULTI)
+        offs_m, q, g, c, lse = _query_grad_tile(
+            Q, DO, AUX, L, b, start_m, n_q, sqb, sqm, sqd, sgb, sgm, sgd, scb, scm, scd, D, DV,
+            BLOCK_M, BLOCK_D, BLOCK_DV, MULTI,
+        )  # fmt: skip
         p, h = _recompute(
             q, k, w, lse, M, b, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, smb, smi, smj, D,
             causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,

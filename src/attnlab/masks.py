@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab._checks import broadcasts_to
+
 __all__ = [
     "AmbiguousMaskWarning",
     "causal",
@@ -172,6 +174,33 @@ def fill_value(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
+def check_bool_mask(mask: object, name: str = "mask", note: str = "") -> Tensor:
+    """``mask`` if it is a bool tensor, else ``TypeError`` naming ``name`` (``note`` ends
+    the dtype message, e.g. ``" (True = allowed)"``)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} has dtype {mask.dtype}, expected torch.bool{note}")
+    return mask
+
+
+def check_score_mask(mask: object, e: Tensor, name: str = "mask") -> None:
+    """Check a bool ``mask`` (``True`` = allowed) for the scores ``e``: a tensor on the
+    device of ``e`` whose shape broadcasts to the shape of ``e`` without enlarging it;
+    ``None`` passes. ``TypeError`` for a non-tensor or non-bool mask, ``ValueError`` for
+    another device or shape."""
+    if mask is None:
+        return
+    mask = check_bool_mask(mask, name, " (True = allowed)")
+    if mask.device != e.device:
+        raise ValueError(f"{name} is on {mask.device} but e is on {e.device}")
+    if not broadcasts_to(mask.shape, e.shape):
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+            f"e {tuple(e.shape)}"
+        )
+
+
 def normalize_mask(
     mask: Tensor | None,
     batch: int,
@@ -194,16 +223,8 @@ def normalize_mask(
     """
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        hint = (
-            " (for an additive float mask use attnlab.masks.from_additive; for PyTorch's "
-            "key_padding_mask use attnlab.masks.from_key_padding_mask)"
-            if mask.dtype.is_floating_point
-            else ""
-        )
-        raise TypeError(f"{name} has dtype {mask.dtype}, expected torch.bool{hint}")
+    floating = isinstance(mask, Tensor) and mask.dtype.is_floating_point
+    mask = check_bool_mask(mask, name, _FLOAT_MASK_HINT if floating else "")
     if device is not None and mask.device != device:
         raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}")
     expected = (batch, n_q, n_k)
@@ -229,6 +250,13 @@ def normalize_mask(
                 "attnlab.masks.from_lengths)"
             )
     return mask
+
+
+#: what the error for a float mask adds
+_FLOAT_MASK_HINT = (
+    " (for an additive float mask use attnlab.masks.from_additive; for PyTorch's "
+    "key_padding_mask use attnlab.masks.from_key_padding_mask)"
+)
 
 
 def _warn_if_ambiguous(mask: Tensor, name: str) -> None:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, broadcasts_to, check_tensor, softmax_dtype
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.sparse import entmax15, sparsemax
-from attnlab.masks import fill_value
+from attnlab.masks import check_score_mask, fill_value
 from attnlab.registry import Configurable, register
 
 __all__ = [
@@ -77,14 +77,7 @@ def _check_scores(e: Tensor, mask: Tensor | None) -> None:
     check_tensor(e, "e")
     if e.dim() < 1:
         raise ValueError(f"e has shape {tuple(e.shape)}, expected [B, n_q, n_k] or [B, n_k]")
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool")
-        if not broadcasts_to(mask.shape, e.shape):
-            raise ValueError(
-                f"mask has shape {tuple(mask.shape)}, which does not broadcast to the scores "
-                f"e {tuple(e.shape)}"
-            )
+    check_score_mask(mask, e)
 
 
 def soft_align(e: Tensor, mask: Tensor | None = None) -> Tensor:

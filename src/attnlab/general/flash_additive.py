@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -65,6 +65,7 @@ from attnlab.general.padding import clear_attention_inputs
 __all__ = [
     "TRITON_ACTIVATIONS",
     "TRITON_INSTALL",
+    "FlashOptions",
     "flash_additive_attention",
     "flash_multi_dim_attention",
     "triton_act_name",
@@ -509,30 +510,85 @@ class _FlashFn(torch.autograd.Function):
         )
 
 
+class FlashOptions(TypedDict, total=False):
+    """The keyword options of :func:`flash_additive_attention` and
+    :func:`flash_multi_dim_attention` (every one optional).
+
+    Attributes:
+        causal: also mask key ``j > i + (n_k - n_q)`` (as :func:`attnlab.masks.causal`);
+            the kernels skip the key tiles above the diagonal. Default ``False``.
+        need_weights: also return the weights, from a second pass. They carry no gradient
+            (use the explicit path to differentiate through weights). Default ``False``.
+        fast_tanh: evaluate tanh (and sigmoid) with the ``tanh.approx.f32`` instruction
+            (CUDA only; relative error about ``2^-11``). Default (``None``): on for
+            bfloat16/float16 inputs on a GPU, off otherwise.
+        allow_tf32: let the float32 products use TF32 tensor cores (CUDA). Default
+            ``False``.
+        block_m, block_n: tile sizes (powers of two >= 16); default (``None``) by device.
+    """
+
+    causal: bool
+    need_weights: bool
+    fast_tanh: bool | None
+    allow_tf32: bool
+    block_m: int | None
+    block_n: int | None
+
+
+def _check_score_weights(
+    multi: bool, q1: Tensor, v: Tensor, w: object, b_d: object
+) -> tuple[Tensor, Tensor | None]:
+    """``(w, None)`` (additive: ``w`` ``[d_w]``) or ``(W_d, b_d)`` (multi: ``W_d``
+    ``[d_w, d_v]``, ``b_d`` ``[d_v]`` or ``None``) checked against the checked ``q1`` and
+    ``v``."""
+    d_w = q1.shape[2]
+    if not multi:
+        w = _check_tensor(w, "w", q1)
+        if w.dim() != 1 or w.shape[0] != d_w:
+            raise _shape_error("w", w, "[d_w]", [d_w])
+        return w, None
+    W_d = _check_tensor(w, "W_d", q1)
+    if W_d.dim() != 2 or W_d.shape[0] != d_w:
+        raise _shape_error("W_d", W_d, "[d_w, d_v]", [d_w, None])
+    d_v = W_d.shape[1]
+    if v.shape[2] != d_v:
+        raise _shape_error("v", v, "[B, n_k, d_v]", [v.shape[0], v.shape[1], d_v])
+    if b_d is not None:
+        b_d = _check_tensor(b_d, "b_d", q1)
+        if b_d.dim() != 1 or b_d.shape[0] != d_v:
+            raise _shape_error("b_d", b_d, "[d_v]", [d_v])
+    return W_d, b_d
+
+
 def _launch(
     multi: bool,
-    inputs: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor],
-    mask3: Tensor | None,
-    act: str,
-    causal: bool,
-    need_weights: bool,
-    options: tuple[bool | None, bool, int | None, int | None],
+    inputs: tuple[object, object, object, object, object],
+    mask: Tensor | None,
+    act: str | Callable[[Tensor], Tensor],
+    *,
+    causal: bool = False,
+    need_weights: bool = False,
+    fast_tanh: bool | None = None,
+    allow_tf32: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Check the tile sizes, plan, run the kernels (and the weights pass if asked) on
-    checked inputs ``(q1, k2, w or W_d, b_d, v)``; ``options`` are ``(fast_tanh,
-    allow_tf32, block_m, block_n)``."""
+    """The front door of both public functions: check the inputs ``(q1, k2, w or W_d,
+    b_d, v)`` and the options (:class:`FlashOptions`), plan, run the kernels (and the
+    weights pass if asked)."""
     q1, k2, w, b_d, v = inputs
-    fast_tanh, allow_tf32, block_m, block_n = options
+    q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
+    w, b_d = _check_score_weights(multi, q1c, vc, w, b_d)
     bm = _check_block(block_m, "block_m", 16)
     bn = _check_block(block_n, "block_n", 1 if multi else 16)
-    K = _kernels(q1.device)
-    sizes = (q1.shape[2], v.shape[2], k2.shape[1])
-    p = _plan(K, multi, q1, mask3, act, sizes, causal, fast_tanh, allow_tf32, bm, bn)
-    out, lse = _FlashFn.apply(q1, k2, w, b_d, v, K, p)
+    K = _kernels(q1c.device)
+    sizes = (q1c.shape[2], vc.shape[2], k2c.shape[1])
+    p = _plan(K, multi, q1c, mask3, name, sizes, causal, fast_tanh, allow_tf32, bm, bn)
+    out, lse = _FlashFn.apply(q1c, k2c, w, b_d, vc, K, p)
     weights = None
     if need_weights:
         with torch.no_grad():
-            weights = _weights(K, q1, k2, w, lse, v.dtype, p)
+            weights = _weights(K, q1c, k2c, w, lse, vc.dtype, p)
     return out, weights
 
 
@@ -546,13 +602,7 @@ def flash_additive_attention(
     v: Tensor,
     mask: Tensor | None = None,
     act: str | Callable[[Tensor], Tensor] = "tanh",
-    *,
-    causal: bool = False,
-    need_weights: bool = False,
-    fast_tanh: bool | None = None,
-    allow_tf32: bool = False,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    **options: Unpack[FlashOptions],
 ) -> tuple[Tensor, Tensor | None]:
     """Additive (Bahdanau) soft attention in one fused Triton kernel.
 
@@ -568,15 +618,9 @@ def flash_additive_attention(
         mask: bool, ``True`` = may attend, broadcastable to ``[B, n_q, n_k]``, or ``None``.
         act: ``tanh``, ``sigmoid``, ``relu`` or ``identity`` (or ``torch.tanh``,
             ``nn.Tanh()``, ...).
-        causal: also mask key ``j > i + (n_k - n_q)`` (as :func:`attnlab.masks.causal`);
-            the kernels skip the key tiles above the diagonal.
-        need_weights: also return the weights ``[B, n_q, n_k]``, from a second pass. They
-            carry no gradient (use the explicit path to differentiate through weights).
-        fast_tanh: evaluate tanh (and sigmoid) with the ``tanh.approx.f32`` instruction
-            (CUDA only; relative error about ``2^-11``). Default: on for bfloat16/float16
-            inputs on a GPU, off otherwise.
-        allow_tf32: let the float32 products with ``v`` use TF32 tensor cores (CUDA).
-        block_m, block_n: tile sizes (powers of two >= 16); default by device.
+        options: the keywords of :class:`FlashOptions`: ``causal``, ``need_weights``
+            (the weights are ``[B, n_q, n_k]``), ``fast_tanh``, ``allow_tf32`` (it covers
+            the products with ``v``), ``block_m``, ``block_n``.
 
     Returns:
         ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``;
@@ -584,13 +628,7 @@ def flash_additive_attention(
 
     Gradients flow to ``q1``, ``k2``, ``w`` and ``v`` (first order only).
     """
-    q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
-    w = _check_tensor(w, "w", q1c)
-    d_w = q1c.shape[2]
-    if w.dim() != 1 or w.shape[0] != d_w:
-        raise _shape_error("w", w, "[d_w]", [d_w])
-    options = (fast_tanh, allow_tf32, block_m, block_n)
-    return _launch(False, (q1c, k2c, w, None, vc), mask3, name, causal, need_weights, options)
+    return _launch(False, (q1, k2, w, None, v), mask, act, **options)
 
 
 def flash_multi_dim_attention(
@@ -601,13 +639,7 @@ def flash_multi_dim_attention(
     v: Tensor,
     mask: Tensor | None = None,
     act: str | Callable[[Tensor], Tensor] = "tanh",
-    *,
-    causal: bool = False,
-    need_weights: bool = False,
-    fast_tanh: bool | None = None,
-    allow_tf32: bool = False,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    **options: Unpack[FlashOptions],
 ) -> tuple[Tensor, Tensor | None]:
     """Multi-dimensional (DiSAN) soft attention in one fused Triton kernel.
 
@@ -621,26 +653,12 @@ def flash_multi_dim_attention(
         q1: ``[B, n_q, d_w]``. k2: ``[B, n_k, d_w]``. W_d: ``[d_w, d_v]``.
         b_d: ``[d_v]`` or ``None``; it cancels in the softmax over keys (zero gradient).
         v: ``[B, n_k, d_v]``.
-        mask, act, causal, fast_tanh, allow_tf32, block_m, block_n: as in
-            :func:`flash_additive_attention` (``allow_tf32`` here covers the products with
-            ``W_d``; ``block_n`` may be any power of two).
-        need_weights: also return the weights ``[B, n_q, n_k, d_v]`` (second pass, no
-            gradient).
+        mask, act: as in :func:`flash_additive_attention`.
+        options: the keywords of :class:`FlashOptions` (``allow_tf32`` here covers the
+            products with ``W_d``; ``block_n`` may be any power of two; the weights of
+            ``need_weights`` are ``[B, n_q, n_k, d_v]``).
 
     Returns:
         ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``.
     """
-    q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
-    d_w = q1c.shape[2]
-    W_d = _check_tensor(W_d, "W_d", q1c)
-    if W_d.dim() != 2 or W_d.shape[0] != d_w:
-        raise _shape_error("W_d", W_d, "[d_w, d_v]", [d_w, None])
-    d_v = W_d.shape[1]
-    if vc.shape[2] != d_v:
-        raise _shape_error("v", v, "[B, n_k, d_v]", [vc.shape[0], vc.shape[1], d_v])
-    if b_d is not None:
-        b_d = _check_tensor(b_d, "b_d", q1c)
-        if b_d.dim() != 1 or b_d.shape[0] != d_v:
-            raise _shape_error("b_d", b_d, "[d_v]", [d_v])
-    options = (fast_tanh, allow_tf32, block_m, block_n)
-    return _launch(True, (q1c, k2c, W_d, b_d, vc), mask3, name, causal, need_weights, options)
+    return _launch(True, (q1, k2, W_d, b_d, v), mask, act, **options)

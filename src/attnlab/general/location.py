@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, batched_query, check_keys, check_same, check_tensor
 from attnlab.general.activations import Activation, get_activation
-from attnlab.general.scoring import Score, _linear, _work
+from attnlab.general.scoring import Score, _init_additive, _linear, _work
 from attnlab.registry import register
 
 __all__ = ["LocationAwareScore", "location_aware_score", "location_inputs"]
@@ -185,13 +185,9 @@ class LocationAwareScore(Score):
             or kernel_size % 2 == 0
         ):
             raise ConfigError(f"kernel_size must be an odd int >= 1, got {kernel_size!r}")
-        get_activation(act)
-        self.act = act
-        self.W1 = nn.Linear(d_q, d_w, bias=False)
-        self.W2 = nn.Linear(d_k, d_w, bias=False)
+        _init_additive(self, d_q, d_k, d_w, act, bias)
         self.U = nn.Linear(n_filters, d_w, bias=False)
         self.conv = nn.Conv1d(1, n_filters, kernel_size, padding=kernel_size // 2, bias=False)
-        self.b = nn.Parameter(torch.zeros(d_w)) if bias else None
         bound = 1.0 / math.sqrt(d_w)
         self.w = nn.Parameter(torch.empty(d_w).uniform_(-bound, bound))
 

@@ -307,18 +307,20 @@ class Score(Configurable):
       when the score is a scaled dot product (then ``attend`` runs it on the fused SDPA
       kernel), else ``None``.
 
-    ``vector`` (an instance attribute) is True when the module was built to return vector
-    scores ``[B, n_q, n_k, d_v]`` for multi-dimensional attention.
+    ``vector`` is True when the module was built to return vector scores
+    ``[B, n_q, n_k, d_v]`` for multi-dimensional attention (set per instance by the scores
+    that support it).
+
+    Score has no constructor of its own, so a subclass that inherits its constructor (as
+    :class:`DotScore` inherits the one of ``_DotFamily``) records that constructor's
+    arguments for :meth:`get_config`.
     """
 
     needs_query: bool = True
     supports_vector: bool = False
     same_dims: bool = False
+    vector: bool = False
     function: ClassVar[Callable[..., Tensor] | None] = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.vector = False
 
     @staticmethod
     def function_dot_form(
@@ -371,9 +373,6 @@ class DotScore(_DotFamily):
 
     function = staticmethod(dot_score)
 
-    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
-        super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
-
     @staticmethod
     def function_dot_form(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         return q, k, 1.0
@@ -392,9 +391,6 @@ class ScaledDotScore(_DotFamily):
     """
 
     function = staticmethod(scaled_dot_score)
-
-    def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
-        super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
 
     @staticmethod
     def function_dot_form(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -543,6 +539,20 @@ class ActivatedGeneralScore(Score):
         return activated_general_score(q, k, self.W.weight, self.b, self.act)
 
 
+def _init_additive(
+    module: Score, d_q: int, d_k: int, d_w: int, act: str | Activation, bias: bool
+) -> None:
+    """The parameters that every score ``w^T act(W1 q + W2 k_l + ... + b)`` has besides
+    ``w``: ``module.W1`` ``[d_w, d_q]``, ``module.W2`` ``[d_w, d_k]`` (no bias),
+    ``module.b`` ``[d_w]`` (zeros, or ``None`` without ``bias``) and ``module.act`` (a
+    name or callable that :func:`get_activation` accepts)."""
+    get_activation(act)
+    module.act = act
+    module.W1 = nn.Linear(d_q, d_w, bias=False)
+    module.W2 = nn.Linear(d_k, d_w, bias=False)
+    module.b = nn.Parameter(torch.zeros(d_w)) if bias else None
+
+
 class _AdditiveBase(Score):
     supports_vector = True
 
@@ -593,11 +603,7 @@ class AdditiveScore(_AdditiveBase):
         d_q = _need(d_q, "d_q", "AdditiveScore")
         d_k = _need(d_k, "d_k", "AdditiveScore")
         d_w = d_k if d_w is None else _need(d_w, "d_w", "AdditiveScore")
-        get_activation(act)
-        self.act = act
-        self.W1 = nn.Linear(d_q, d_w, bias=False)
-        self.W2 = nn.Linear(d_k, d_w, bias=False)
-        self.b = nn.Parameter(torch.zeros(d_w)) if bias else None
+        _init_additive(self, d_q, d_k, d_w, act, bias)
         self._init_vector(d_w, out_dim)
 
     def lean_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

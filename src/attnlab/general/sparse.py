@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from attnlab._checks import broadcasts_to, check_tensor, softmax_dtype
+from attnlab._checks import check_tensor, softmax_dtype
+from attnlab.masks import check_score_mask
 
 __all__ = ["entmax15", "sparsemax"]
 
@@ -89,18 +90,7 @@ def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
         raise ValueError("e has shape (), expected at least one axis to normalise over")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -e.dim() <= dim < e.dim():
         raise ValueError(f"dim={dim!r} is not an axis of e, which has shape {tuple(e.shape)}")
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask has dtype {mask.dtype}, expected torch.bool (True = allowed)")
-        if mask.device != e.device:
-            raise ValueError(f"mask is on {mask.device} but e is on {e.device}")
-        if not broadcasts_to(mask.shape, e.shape):
-            raise ValueError(
-                f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
-                f"e {tuple(e.shape)}"
-            )
+    check_score_mask(mask, e)
     return dim % e.dim()
 
 

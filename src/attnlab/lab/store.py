@@ -45,7 +45,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,16 +153,8 @@ class MechanismSummary:
     cost: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "spec": self.spec,
-            "n": self.n,
-            "failed": self.failed,
-            "seeds": self.seeds,
-            "mean": self.mean,
-            "std": self.std,
-            "cost": self.cost,
-        }
+        """Every field, by name (copies of the containers)."""
+        return asdict(self)
 
 
 def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None]:

@@ -163,9 +163,11 @@ class Task(abc.ABC):
             selects the best epoch by (on the dev split).
         higher_is_better: direction of the first metric.
         defaults: the task's options and their default values: training hyper-parameters
-            (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``) and data /
-            model options (e.g. ``max_train``, ``hidden_size``, ``encoder``). Every option a
-            user may pass must appear here; unknown options raise :class:`ConfigError`.
+            (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``) where they
+            differ from the lab's (:attr:`_TRAINING_DEFAULTS`, which every task inherits)
+            and data / model options (e.g. ``max_train``, ``hidden_size``, ``encoder``).
+            Every option a user may pass must appear here or there; unknown options raise
+            :class:`ConfigError`.
         default_attention: the paper's attention for this task, as a spec dict.
         presets: named attention specs (besides the baselines).
         baselines: the attention-free references the task supports: ``mean`` (unweighted

@@ -1,8 +1,9 @@
 """Pieces the tasks of the lab share: building a text classifier from a task's options,
 the attention argument of the models that take their baselines by name, the REINFORCE
 term of a sampled (hard) attention, running a model for evaluation, the predictions and
-scores of a classifier, and :class:`ClassifierTask`, the loss and predictions of the
-tasks whose model picks one class.
+scores of a classifier, :class:`ClassifierTask`, the loss and predictions of the
+tasks whose model picks one class, and :class:`SequenceTask`, the length bucketing of the
+tasks whose examples are one token sequence each.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
 from attnlab.general.alignment import reinforce_loss
+from attnlab.lab.batching import token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData
 
 __all__ = [
     "ClassifierTask",
+    "SequenceTask",
     "accuracy_and_f1",
     "add_reinforce",
     "check_text_options",
@@ -221,6 +224,21 @@ def limited_splits(task: Task, read: Callable[[str], list[Any]]) -> tuple[list, 
     if o["max_eval"] is not None:
         dev, test = dev[: o["max_eval"]], test[: o["max_eval"]]
     return train, dev, test
+
+
+class SequenceTask(Task):
+    """A task whose examples are one token-id sequence each (``part.ids[i]``) with one
+    class index (``part.labels[i]``): batches bucket and pad by the sequence's length."""
+
+    def example_size(self, part: Any, i: int) -> int:
+        return len(part.ids[i])
+
+    def make_batch(self, data: TaskData, part: Any, idx: list[int]) -> dict[str, Tensor]:
+        """The :func:`~attnlab.lab.batching.token_batch` of the examples ``idx`` (padded with
+        the pad id of ``data.info["vocab"]``, 0 without one) and their ``labels`` ``[B]``."""
+        pad = getattr(data.info.get("vocab"), "pad_index", None)
+        batch = token_batch(part.ids, idx, pad or 0)
+        return {**batch, "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long)}
 
 
 class ClassifierTask(Task):

@@ -142,10 +142,7 @@ class CaptioningTask(Task):
     higher_is_better: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {
         **SCALES["small"],
-        "batch_size": 32,
         "lr": 2e-3,
-        "weight_decay": 0.0,
-        "grad_clip": 5.0,
         "scale": "small",
         "data_seed": 0,
         "dropout": 0.0,

@@ -152,7 +152,6 @@ class DocumentTask(ClassifierTask):
         "batch_size": 16,
         "lr": 2e-3,
         "weight_decay": 1e-5,
-        "grad_clip": 5.0,
         "source": "amazon",
         "split_seed": 0,
         "max_train": None,

@@ -118,7 +118,6 @@ class InpaintingTask(Task):
     higher_is_better: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 15,
-        "batch_size": 32,
         "lr": 3e-3,
         "size": 16,
         "cell": 2,

@@ -35,9 +35,8 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.data.vocab import Vocab
-from attnlab.lab.batching import token_batch
-from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import named_attention
+from attnlab.lab.task import AttentionExample, TaskData, register_task
+from attnlab.lab.tasks._shared import SequenceTask, named_attention
 from attnlab.lab.tasks.multilabel import (
     EncodedSplit,
     first_texts,
@@ -87,7 +86,7 @@ def load_table(name: str) -> Any:
 
 
 @register_task("meta-embedding", aliases=("dme-sentiment",))
-class MetaEmbeddingTask(Task):
+class MetaEmbeddingTask(SequenceTask):
     """Sentence sentiment (Rotten Tomatoes) over dynamic meta-embeddings of GloVe + spaCy.
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the
@@ -121,9 +120,6 @@ class MetaEmbeddingTask(Task):
         },
     }
     defaults: ClassVar[dict[str, Any]] = {
-        "epochs": 5,
-        "batch_size": 32,
-        "lr": 1e-3,
         "max_train": None,
         "max_eval": None,
         "max_len": 50,
@@ -200,12 +196,8 @@ class MetaEmbeddingTask(Task):
         encoded = {}
         for name in ("train", "dev", "test"):
             _, labels, ids = splits[name]
-            encoded[name] = EncodedSplit(
-                tuple(tokens[name]),
-                tuple(tuple(vocab.encode(t)) for t in tokens[name]),
-                tuple(int(y) for y in labels),
-                tuple(ids),
-            )
+            label_ids = (int(y) for y in labels)
+            encoded[name] = EncodedSplit.encode(tokens[name], vocab, label_ids, ids)
         info = {
             "vocab": vocab,
             "tables": tuple(vectors),
@@ -240,13 +232,6 @@ class MetaEmbeddingTask(Task):
         )
 
     # ------------------------------------------------------------------ batches
-
-    def example_size(self, part: EncodedSplit, i: int) -> int:
-        return len(part.ids[i])
-
-    def make_batch(self, data: TaskData, part: EncodedSplit, idx: list[int]) -> dict[str, Any]:
-        labels = torch.tensor([part.labels[i] for i in idx], dtype=torch.long)
-        return {**token_batch(part.ids, idx), "labels": labels}
 
     def loss(self, model: nn.Module, batch: Mapping[str, Any]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])

@@ -24,7 +24,7 @@ scikit-learn.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,7 +36,7 @@ from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.lab.batching import pad_ids, token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import evaluating, named_attention
+from attnlab.lab.tasks._shared import SequenceTask, evaluating, named_attention
 from attnlab.models.multilabel import CapsuleClassifier
 
 __all__ = [
@@ -67,6 +67,18 @@ class EncodedSplit:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @classmethod
+    def encode(
+        cls,
+        tokens: Sequence[tuple[str, ...]],
+        vocab: Vocab,
+        labels: Iterable[Any],
+        names: Iterable[str],
+    ) -> EncodedSplit:
+        """The split of the texts ``tokens``, their ids in ``vocab`` beside them."""
+        ids = tuple(tuple(vocab.encode(t)) for t in tokens)
+        return cls(tuple(tokens), ids, tuple(labels), tuple(names))
 
 
 def subsample(n: int, limit: int | None, seed: int) -> list[int]:
@@ -123,7 +135,7 @@ _CACHE: dict[tuple, TaskData] = {}
 
 
 @register_task("multilabel", aliases=("debtags",))
-class MultiLabelTask(Task):
+class MultiLabelTask(SequenceTask):
     """Multi-label classification of Debian package descriptions (debtags) with capsules.
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the capsule
@@ -236,12 +248,8 @@ class MultiLabelTask(Task):
             for labels in label_sets:
                 if any(not 0 <= lab < L for lab in labels):
                     raise ValueError(f"{name}: label set {labels!r} outside [0, {L})")
-            encoded[name] = EncodedSplit(
-                tuple(tokens[name]),
-                tuple(tuple(vocab.encode(t)) for t in tokens[name]),
-                tuple(tuple(sorted(s)) for s in label_sets),
-                tuple(ids),
-            )
+            label_ids = (tuple(sorted(s)) for s in label_sets)
+            encoded[name] = EncodedSplit.encode(tokens[name], vocab, label_ids, ids)
         info = {
             "vocab": vocab,
             "embeddings": matrix,
@@ -275,9 +283,6 @@ class MultiLabelTask(Task):
         )
 
     # ------------------------------------------------------------------ batches
-
-    def example_size(self, part: EncodedSplit, i: int) -> int:
-        return len(part.ids[i])
 
     def make_batch(self, data: TaskData, part: EncodedSplit, idx: list[int]) -> dict[str, Any]:
         targets = torch.zeros(len(idx), data.info["num_labels"])

@@ -111,7 +111,6 @@ class PointerTask(Task):
         "epochs": 10,
         "batch_size": 64,
         "lr": 2e-3,
-        "weight_decay": 0.0,
         "grad_clip": 2.0,
         "problem": "sort",
         "n": 8,

@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError, simple_tokenize
 from attnlab.data.vocab import Vocab
-from attnlab.lab.batching import token_batch
-from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
+from attnlab.lab.task import AttentionExample, TaskData, register_task
 from attnlab.lab.tasks._shared import (
+    SequenceTask,
     add_reinforce,
     check_text_options,
     first_test_batch,
@@ -143,7 +143,7 @@ def jain_wallace_filter(
 
 
 @register_task("sentiment")
-class SentimentTask(Task):
+class SentimentTask(SequenceTask):
     """Sentence sentiment with :class:`~attnlab.models.sentence.SentenceClassifier`.
 
     Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
@@ -187,10 +187,7 @@ class SentimentTask(Task):
     higher_is_better: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 8,
-        "batch_size": 32,
-        "lr": 1e-3,
         "weight_decay": 1e-5,
-        "grad_clip": 5.0,
         "data": "rotten-tomatoes",
         "path": None,
         "text_column": "text",
@@ -339,13 +336,6 @@ class SentimentTask(Task):
             info["embeddings"] = emb.matrix
             info["coverage"] = emb.coverage
         return TaskData(encode(train), encode(dev), encode(test), info)
-
-    def example_size(self, part: SentenceData, i: int) -> int:
-        return len(part.ids[i])
-
-    def make_batch(self, data: TaskData, part: SentenceData, idx: list[int]) -> dict[str, Tensor]:
-        batch = token_batch(part.ids, idx, data.info["vocab"].pad_index or 0)
-        return {**batch, "labels": torch.tensor([part.labels[i] for i in idx], dtype=torch.long)}
 
     # ------------------------------------------------------------------ model
 

@@ -127,10 +127,7 @@ class SpeechTask(Task):
     higher_is_better: ClassVar[bool] = False
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 15,
-        "batch_size": 32,
         "lr": 3e-3,
-        "weight_decay": 0.0,
-        "grad_clip": 5.0,
         "targets": "phonemes",
         "words": 10,
         "min_words": 2,

@@ -128,10 +128,8 @@ class TargetSentimentTask(ClassifierTask):
     eval_batch_size = 256
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 4,
-        "batch_size": 32,
         "lr": 2e-3,
         "weight_decay": 1e-5,
-        "grad_clip": 5.0,
         "split_seed": 0,
         "max_train": None,
         "max_eval": None,

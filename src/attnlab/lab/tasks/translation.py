@@ -158,7 +158,6 @@ class TranslationTask(Task):
     }
     defaults: ClassVar[dict[str, Any]] = {
         "epochs": 8,
-        "batch_size": 32,
         "lr": 2e-3,
         "corpus": "bible",
         "source": "KJV",

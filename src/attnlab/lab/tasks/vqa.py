@@ -121,8 +121,6 @@ class VQATask(ClassifierTask):
         "epochs": 4,
         "batch_size": 64,
         "lr": 2e-3,
-        "weight_decay": 0.0,
-        "grad_clip": 5.0,
         "max_train": 12000,
         "max_dev": 2000,
         "max_test": None,

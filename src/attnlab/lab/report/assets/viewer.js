@@ -252,16 +252,23 @@
     return p;
   };
 
+  // A token line (named ``label`` in its tooltips) with ``label`` in front of it.
+  Viewer.prototype.labelledLine = function (tokens, weights, label) {
+    var line = this.tokenLine(tokens, weights, label);
+    line.insertBefore(make("span", "rowlabel", label), line.firstChild);
+    return line;
+  };
+
   Viewer.prototype.drawTokens = function (body, example) {
     var self = this;
     var many = example.weights.length > 1;
     example.weights.forEach(function (row, i) {
       var label = example.rows[i] || "";
-      var line = self.tokenLine(example.cols, row, many || label !== "attention" ? label : "");
       if (many || (label && label !== "attention")) {
-        line.insertBefore(make("span", "rowlabel", label), line.firstChild);
+        body.appendChild(self.labelledLine(example.cols, row, label));
+      } else {
+        body.appendChild(self.tokenLine(example.cols, row, label !== "attention" ? label : ""));
       }
-      body.appendChild(line);
     });
   };
 
@@ -409,9 +416,7 @@
     var self = this;
     if (views.words) {
       var w = make("div", "view");
-      var line = this.tokenLine(views.words.words, views.words.weights, views.words.name);
-      line.insertBefore(make("span", "rowlabel", views.words.name), line.firstChild);
-      w.appendChild(line);
+      w.appendChild(this.labelledLine(views.words.words, views.words.weights, views.words.name));
       body.appendChild(w);
     }
     if (views.hierarchy) {
@@ -449,9 +454,8 @@
       var cv = make("div", "view vcoattention");
       cv.appendChild(make("div", "meta", "co-attention"));
       [["a", co.name_a], ["b", co.name_b]].forEach(function (side) {
-        var line = self.tokenLine(co["tokens_" + side[0]], co["weights_" + side[0]], side[1]);
-        line.insertBefore(make("span", "rowlabel", side[1]), line.firstChild);
-        cv.appendChild(line);
+        var tokens = co["tokens_" + side[0]];
+        cv.appendChild(self.labelledLine(tokens, co["weights_" + side[0]], side[1]));
       });
       if (co.affinity) {
         cv.appendChild(make("div", "meta", "affinity (rows: " + co.name_a + ", columns: " +
