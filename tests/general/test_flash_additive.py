@@ -327,6 +327,10 @@ def test_errors_are_one_line_and_name_the_fix():
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match=r"fast_tanh=True .* needs a CUDA GPU"):
             flash_additive_attention(q1, k2, w, v, fast_tanh=True)
+    with pytest.raises(TypeError, match=r"^flash_additive_attention\(\) got an unexpected keyword argument 'casual'$"):
+        flash_additive_attention(q1, k2, w, v, casual=True)
+    with pytest.raises(TypeError, match=r"^flash_multi_dim_attention\(\) got an unexpected keyword argument 'blockm'$"):
+        flash_multi_dim_attention(q1, k2, t["W_d"], None, v, blockm=32)
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):

@@ -535,6 +535,17 @@ class FlashOptions(TypedDict, total=False):
     block_n: int | None
 
 
+#: the defaults of :class:`FlashOptions`
+_FLASH_DEFAULTS: dict[str, Any] = {
+    "causal": False,
+    "need_weights": False,
+    "fast_tanh": None,
+    "allow_tf32": False,
+    "block_m": None,
+    "block_n": None,
+}
+
+
 def _check_score_weights(
     multi: bool, q1: Tensor, v: Tensor, w: object, b_d: object
 ) -> tuple[Tensor, Tensor | None]:
@@ -565,17 +576,18 @@ def _launch(
     inputs: tuple[object, object, object, object, object],
     mask: Tensor | None,
     act: str | Callable[[Tensor], Tensor],
-    *,
-    causal: bool = False,
-    need_weights: bool = False,
-    fast_tanh: bool | None = None,
-    allow_tf32: bool = False,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    options: dict[str, Any],
 ) -> tuple[Tensor, Tensor | None]:
     """The front door of both public functions: check the inputs ``(q1, k2, w or W_d,
-    b_d, v)`` and the options (:class:`FlashOptions`), plan, run the kernels (and the
-    weights pass if asked)."""
+    b_d, v)`` and the options (:class:`FlashOptions`; an unknown one is a ``TypeError``
+    naming the public function), plan, run the kernels (and the weights pass if asked)."""
+    unknown = [k for k in options if k not in FlashOptions.__annotations__]
+    if unknown:
+        public = "flash_multi_dim_attention" if multi else "flash_additive_attention"
+        raise TypeError(f"{public}() got an unexpected keyword argument {unknown[0]!r}")
+    o = {**_FLASH_DEFAULTS, **options}
+    causal, need_weights, fast_tanh = o["causal"], o["need_weights"], o["fast_tanh"]
+    allow_tf32, block_m, block_n = o["allow_tf32"], o["block_m"], o["block_n"]
     q1, k2, w, b_d, v = inputs
     q1c, k2c, vc, mask3, name = _check_common(q1, k2, v, mask, causal, act)
     w, b_d = _check_score_weights(multi, q1c, vc, w, b_d)
@@ -628,7 +640,7 @@ def flash_additive_attention(
 
     Gradients flow to ``q1``, ``k2``, ``w`` and ``v`` (first order only).
     """
-    return _launch(False, (q1, k2, w, None, v), mask, act, **options)
+    return _launch(False, (q1, k2, w, None, v), mask, act, dict(options))
 
 
 def flash_multi_dim_attention(
@@ -661,4 +673,4 @@ def flash_multi_dim_attention(
     Returns:
         ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``.
     """
-    return _launch(True, (q1, k2, W_d, b_d, v), mask, act, **options)
+    return _launch(True, (q1, k2, W_d, b_d, v), mask, act, dict(options))
