@@ -51,7 +51,7 @@ from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import clear_nonfinite_rows, zero_rows
-from attnlab.masks import fill_value
+from attnlab.masks import check_bool_mask, fill_value
 from attnlab.output import AttentionOutput
 from attnlab.registry import get, register
 
@@ -148,13 +148,8 @@ def _check_input(x: object, name: str, batch: int | None, d: int) -> Tensor:
 def _check_mask(mask: object, name: str, x: Tensor) -> Tensor | None:
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name} has dtype {mask.dtype}, expected torch.bool (True = real token; for "
-            "lengths use attnlab.masks.from_lengths(lengths)[:, 0])"
-        )
+    note = " (True = real token; for lengths use attnlab.masks.from_lengths(lengths)[:, 0])"
+    mask = check_bool_mask(mask, name, note)
     n = "n1" if name == "mask1" else "n2"
     if mask.shape != x.shape[:2]:
         raise ValueError(

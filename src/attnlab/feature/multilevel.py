@@ -33,6 +33,7 @@ from attnlab.general._convention import AttentionCall, ConventionAttention, reje
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import zero_rows
+from attnlab.masks import check_bool_mask
 from attnlab.output import AttentionOutput
 from attnlab.registry import get, register
 
@@ -50,10 +51,7 @@ __all__ = [
 
 
 def _bool_mask(mask: object, name: str, shape: tuple[int, ...], layout: str) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name} has dtype {mask.dtype}, expected torch.bool")
+    mask = check_bool_mask(mask, name)
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {layout} = {list(shape)}")
     return mask
