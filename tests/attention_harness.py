@@ -32,8 +32,11 @@ the shared ones.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,9 +48,12 @@ from attnlab.output import AttentionOutput
 
 __all__ = [
     "Inputs",
+    "benchmark_variants",
     "call",
+    "check_all_rows_masked",
     "check_fully_masked_row",
     "check_gradients",
+    "check_learns_against_no_attention",
     "check_masked_keys_zero",
     "check_need_weights_keeps_context",
     "check_output",
@@ -55,6 +61,7 @@ __all__ = [
     "check_weights_none_unless_asked",
     "check_wrong_dtype",
     "module_from_spec",
+    "naive_softmax",
     "run_attention_test",
 ]
 
@@ -373,4 +380,87 @@ def run_attention_test(
         check_wrong_dtype(module, inputs, dtype_arg, **extra)
     if rebuild:
         check_rebuild(module)
+    return out
+
+
+# ----------------------------------------------------------------------------- learning checks
+
+#: the script whose tasks and tiny model the learning tests of the query modules share
+BENCHMARK_VARIANTS = Path(__file__).resolve().parents[1] / "benchmarks" / "variants.py"
+
+
+def benchmark_variants() -> Any:
+    """``benchmarks/variants.py`` loaded as a fresh module: its tasks (``make_batch``),
+    the 1-layer encoder it trains (``train_and_eval``) and its cost tables."""
+    spec = importlib.util.spec_from_file_location("attnlab_bench_variants", BENCHMARK_VARIANTS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: (task, n, steps) -> accuracy of the model without attention (trained once a session)
+_NO_ATTENTION_ACCURACY: dict[tuple[str, int, int], float] = {}
+
+
+def check_learns_against_no_attention(
+    attention: str | dict[str, Any],
+    task: str,
+    *,
+    n: int = 32,
+    steps: int = 250,
+    above: float = 0.9,
+    baseline_below: float = 0.3,
+) -> tuple[float, float]:
+    """A 1-layer encoder with ``attention`` (a registry name or config) learns ``task``
+    of ``benchmarks/variants.py`` (``copy-first``: retrieval by position,
+    ``flag-recall``: by content; vocabulary 8, sequences of ``n``, ``steps`` Adam steps)
+    to an accuracy above ``above``, while the same model with no attention (the
+    feed-forward block alone) stays below ``baseline_below`` (chance 1/8).
+    ``train_and_eval`` seeds itself, so the baseline of one ``(task, n, steps)`` is
+    trained once and reused. Returns ``(accuracy, baseline accuracy)``."""
+    bench = benchmark_variants()
+    acc = bench.train_and_eval(attention, task, n=n, steps=steps)
+    key = (task, n, steps)
+    if key not in _NO_ATTENTION_ACCURACY:
+        _NO_ATTENTION_ACCURACY[key] = bench.train_and_eval(None, task, n=n, steps=steps)
+    base = _NO_ATTENTION_ACCURACY[key]
+    assert acc > above, f"{attention!r} on {task}: accuracy {acc} <= {above}"
+    assert base < baseline_below, f"no attention on {task}: accuracy {base} >= {baseline_below}"
+    return acc, base
+
+
+def naive_softmax(scores: dict[Any, float]) -> dict[Any, float]:
+    """The reference softmax of the loop implementations that tests compare a module
+    against: ``{index: score}`` of the positions a row may attend (the masked ones left
+    out) to ``{index: weight}``, ``exp(s - max) / sum exp(s - max)`` in Python floats; a
+    row with no position gives ``{}`` (the library's all-zero weights)."""
+    if not scores:
+        return {}
+    mx = max(scores.values())
+    z = sum(math.exp(s - mx) for s in scores.values())
+    return {i: math.exp(s - mx) / z for i, s in scores.items()}
+
+
+def check_all_rows_masked(
+    module: nn.Module,
+    query: Tensor,
+    *,
+    zero_context: bool = False,
+    **extra: Any,
+) -> Any:
+    """Self-attention over ``query`` ``[B, n, d]`` with a ``[B, n, n]`` mask that forbids
+    every key: :func:`check_fully_masked_row` on all rows at once (zero weights, a finite
+    context, finite gradients of the parameters), and the weights are ``[B, n, n]``, the
+    context ``[B, n, d]`` (exactly zero when ``zero_context``: a module without biases)
+    and a finite gradient reaches ``query``. Returns the output."""
+    B, n, d = query.shape
+    x = query.detach().clone().requires_grad_(True)
+    none = torch.zeros(B, n, n, dtype=torch.bool, device=query.device)
+    out = check_fully_masked_row(module, Inputs((x,), {"mask": none}), (...,), **extra)
+    assert tuple(out.weights.shape) == (B, n, n), f"weights {tuple(out.weights.shape)}"
+    assert tuple(out.context.shape) == (B, n, d), f"context {tuple(out.context.shape)}"
+    if zero_context:
+        assert torch.equal(out.context, torch.zeros_like(out.context)), "the context is not 0"
+    assert x.grad is not None, "no gradient reaches the query"
+    assert torch.isfinite(x.grad).all(), "the gradient of the query is not finite"
     return out

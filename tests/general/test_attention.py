@@ -12,6 +12,17 @@ import re
 
 import pytest
 import torch
+from attention_harness import (
+    Inputs,
+    check_fully_masked_row,
+    check_gradients,
+    check_masked_keys_zero,
+    check_need_weights_keeps_context,
+    check_output,
+    check_weights_none_unless_asked,
+    check_wrong_dtype,
+    naive_softmax,
+)
 
 import attnlab
 from attnlab import Attention, ConfigError, masks
@@ -129,14 +140,12 @@ def test_every_valid_combination_builds_and_runs(score, align, dim):
     torch.manual_seed(0)
     attn = Attention(score, align, dim, d_q=D, d_k=D)
     q, k, v = _inputs(grad=True)
+    n_q_shape = () if score in QUERYLESS else (N_Q,)
+    w_shape = (B, *n_q_shape, N_K) + ((D,) if dim == "multi" else ())
     for mode in ("train", "eval"):
         getattr(attn, mode)()
-        out = attn(q, k, v, need_weights=True)
-        n_q_shape = () if score in QUERYLESS else (N_Q,)
-        assert out.context.shape == (B, *n_q_shape, D)
-        w_shape = (B, *n_q_shape, N_K) + ((D,) if dim == "multi" else ())
-        assert out.weights.shape == w_shape
-        assert torch.isfinite(out.context).all()
+        # the context [B, (n_q,) d_v] and the weights [B, (n_q,) n_k (, d)], finite
+        out = check_output(attn, (q, k, v), context_shape=(B, *n_q_shape, D), weights_shape=w_shape)
         if align in ("hard", "reinforced"):
             assert out.log_prob is not None
         out.context.sum().backward()
@@ -237,10 +246,15 @@ MASK_CASES = ["none", "padding", "causal", "fully-masked-row"]
 def test_auto_path_agrees_with_explicit(score, align, dim, case):
     fast, slow = _pair(score, align, dim)
     mask = _mask(case, score)
+    # rows with nothing to attend to: zero weights, finite context (the harness), and
+    # exactly zero context, finite weights (below), never NaN
+    empty = _empty_rows(mask, score)
+    if score in QUERYLESS:
+        empty = empty[:, 0]
     qf, kf, vf = _inputs(grad=True)
     qs, ks, vs = _inputs(grad=True)
-    a = fast(qf, kf, vf, mask=mask, need_weights=True)
-    b = slow(qs, ks, vs, mask=mask, need_weights=True)
+    a = check_fully_masked_row(fast, Inputs((qf, kf, vf), {"mask": mask}), (empty,), backward=False)
+    b = check_fully_masked_row(slow, Inputs((qs, ks, vs), {"mask": mask}), (empty,), backward=False)
     assert a.path == fast.explain(need_weights=True)[0]
     assert b.path == "explicit"
     torch.testing.assert_close(a.context, b.context, rtol=1e-5, atol=1e-5)
@@ -248,15 +262,9 @@ def test_auto_path_agrees_with_explicit(score, align, dim, case):
     if a.log_prob is not None or b.log_prob is not None:
         torch.testing.assert_close(a.log_prob, b.log_prob, rtol=1e-5, atol=1e-5)
 
-    # rows with nothing to attend to: zero context, zero weights, never NaN
-    empty = _empty_rows(mask, score)
-    if score in QUERYLESS:
-        empty = empty[:, 0]
     for out in (a, b):
-        assert torch.isfinite(out.context).all()
         assert torch.isfinite(out.weights).all()
         assert (out.context[empty] == 0).all()
-        assert (out.weights[empty] == 0).all()
 
     # backward: finite, and the same gradients on both paths
     g = torch.Generator().manual_seed(7)
@@ -372,16 +380,12 @@ def test_multi_lean_with_dropout_in_training_is_explicit():
 def test_need_weights_does_not_change_the_context(score, align, dim):
     torch.manual_seed(0)
     attn = Attention(score, align, dim, d_q=D, d_k=D).eval()
-    q, k, v = _inputs()
-    mask = _mask("fully-masked-row", score)
-    a = attn(q, k, v, mask=mask)
-    b = attn(q, k, v, mask=mask, need_weights=True)
-    assert a.weights is None
-    assert b.weights is not None
+    inputs = Inputs(_inputs(), {"mask": _mask("fully-masked-row", score)})
+    check_weights_none_unless_asked(attn, inputs)
+    a, b = check_need_weights_keeps_context(attn, inputs, rtol=1e-6, atol=1e-7)
     if (score, align, dim) == ("additive", "soft", "multi"):
         # the only combination whose path changes: lean-multi -> explicit (documented)
         assert (a.path, b.path) == ("lean-multi", "explicit")
-        torch.testing.assert_close(a.context, b.context, rtol=1e-6, atol=1e-7)
     else:
         assert a.path == b.path
         assert torch.equal(a.context, b.context)
@@ -408,7 +412,8 @@ def test_single_query(score, align, dim):
     attn = Attention(score, align, dim, d_q=D, d_k=D).eval()
     q, k, v = _inputs()
     key_mask = torch.tensor([[True] * N_K, [True, False, True, True, False, False]])  # [B, n_k]
-    one = attn(q[:, 0], k, v, mask=key_mask, need_weights=True)
+    # every masked key (1, 4 and 5 of example 1) gets exactly zero weight
+    one = check_masked_keys_zero(attn, Inputs((q[:, 0], k, v), {"mask": key_mask}), key_mask)
     three = attn(q[:, :1], k, v, mask=key_mask[:, None, :], need_weights=True)
     assert one.context.shape == (B, D)
     assert one.weights.shape == ((B, N_K, D) if dim == "multi" else (B, N_K))
@@ -427,9 +432,8 @@ def test_queryless_without_query(dim):
     attn = Attention("queryless", "soft", dim, d_k=D, d_v=3).eval()
     _, k, _ = _inputs()
     v = torch.randn(B, N_K, 3)
-    out = attn(None, k, v, need_weights=True)
-    assert out.context.shape == (B, 3)
-    assert out.weights.shape == ((B, N_K, 3) if dim == "multi" else (B, N_K))
+    w_shape = (B, N_K, 3) if dim == "multi" else (B, N_K)
+    check_output(attn, (None, k, v), context_shape=(B, 3), weights_shape=w_shape)
     out2 = attn(
         key=k, value=v, mask=torch.tensor([[True] * N_K, [True, True, False, False, False, False]])
     )
@@ -528,15 +532,14 @@ def _naive_scaled_dot(q, keys, values, mask):
     d = keys.shape[-1]
     for b in range(q.shape[0]):
         for i in range(q.shape[1]):
-            allowed = [bool(mask[b, 0, l]) for l in range(keys.shape[1])]
-            e = [
-                sum(float(q[b, i, x]) * float(keys[b, l, x]) for x in range(d)) / math.sqrt(d)
+            e = {
+                l: sum(float(q[b, i, x]) * float(keys[b, l, x]) for x in range(d)) / math.sqrt(d)
                 for l in range(keys.shape[1])
-            ]
-            m = max(e[l] for l in range(len(e)) if allowed[l])
-            ex = [math.exp(e[l] - m) if allowed[l] else 0.0 for l in range(len(e))]
+                if bool(mask[b, 0, l])
+            }
+            a = naive_softmax(e)
             for f in range(values.shape[-1]):
-                out[b, i, f] = sum(ex[l] * float(values[b, l, f]) for l in range(len(e))) / sum(ex)
+                out[b, i, f] = sum(a_l * float(values[b, l, f]) for l, a_l in a.items())
     return out
 
 
@@ -685,12 +688,12 @@ def test_bad_masks():
         lambda: attn(q, k, v, mask=torch.ones(B, N_Q, N_K - 1, dtype=torch.bool)),
         "mask has shape (2, 4, 5)",
     )
-    _err(
-        TypeError,
-        lambda: attn(q, k, v, mask=torch.zeros(B, 1, N_K)),
-        "mask has dtype torch.float32",
-        "from_additive",
+    # a float mask: a one-line TypeError naming the mask and the fix
+    allowed = torch.ones(B, 1, N_K, dtype=torch.bool)
+    err = check_wrong_dtype(
+        attn, Inputs((q, k, v), {"mask": allowed}), "mask", match=r"mask has dtype torch\.float32"
     )
+    assert "from_additive" in str(err.value)
     _err(
         ValueError,
         lambda: attn(q, k, v, mask=torch.ones(B, 1, N_K, dtype=torch.bool, device="meta")),
@@ -701,14 +704,14 @@ def test_bad_masks():
 def test_dtype_and_device_mismatch():
     attn = Attention("scaled-dot", d_q=D, d_k=D)
     q, k, v = _inputs()
-    _err(
-        TypeError,
-        lambda: attn(q.double(), k, v),
-        "query has dtype torch.float64",
-        "key has dtype torch.float32",
+    # one input of another dtype: a one-line TypeError naming it (float64 by default)
+    err = check_wrong_dtype(attn, (q, k, v), "query", match=r"query has dtype torch\.float64")
+    assert "key has dtype torch.float32" in str(err.value)
+    check_wrong_dtype(attn, (q, k, v), "value", match=r"value has dtype torch\.float64")
+    err = check_wrong_dtype(
+        attn, (q, k, v), "key", dtype=torch.int64, match=r"key has dtype torch\.int64"
     )
-    _err(TypeError, lambda: attn(q, k, v.double()), "value has dtype torch.float64")
-    _err(TypeError, lambda: attn(q, k.long(), v), "key has dtype torch.int64", "floating-point")
+    assert "floating-point" in str(err.value)
     _err(ValueError, lambda: attn(q.to("meta"), k, v), "query is on meta")
     # inputs of another dtype than the module's parameters: a TypeError, not a matmul crash
     with_params = Attention("general", d_q=D, d_k=D)
@@ -736,14 +739,15 @@ def test_empty_key_set(score, align, dim, mode):
     torch.manual_seed(0)
     attn = getattr(Attention(score, align, dim, d_q=D, d_k=D), mode)()
     q, k, v = _inputs(n_k=0, grad=True)
-    out = attn(q, k, v, need_weights=True)
+    # every row may attend to nothing: finite context, finite gradients (the harness, which
+    # also runs the backward pass); exactly zero context and gradients (below)
+    out = check_fully_masked_row(attn, (q, k, v), (...,))
     n_q_shape = () if score in QUERYLESS else (N_Q,)
     assert out.path == "explicit"
     assert torch.equal(out.context, torch.zeros(B, *n_q_shape, D))
     assert out.weights.shape == (B, *n_q_shape, 0) + ((D,) if dim == "multi" else ())
     if align in ("hard", "reinforced"):
         assert not out.log_prob.any()
-    out.context.sum().backward()
     for t in (q, k, v):
         assert t.grad is None or not t.grad.any()
 
@@ -838,15 +842,15 @@ def test_half_precision_close_to_float32(score, align, dim, dtype, tol):
     q, k, v = _inputs()
     mask = _mask("fully-masked-row", score)
     want = ref(q, k, v, mask=mask, need_weights=True)
-    qh, kh, vh = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    qh, kh, vh = (t.to(dtype) for t in (q, k, v))
     got = half(qh, kh, vh, mask=mask, need_weights=True)
     assert got.context.dtype == dtype
     assert got.weights.dtype == dtype
     assert got.path == want.path
     torch.testing.assert_close(got.context.float(), want.context, rtol=tol, atol=tol)
     torch.testing.assert_close(got.weights.float(), want.weights, rtol=tol, atol=tol)
-    got.context.float().sum().backward()
-    assert all(torch.isfinite(t.grad).all() for t in (qh, kh, vh))
+    # finite gradients reach the query, the key, the value and every parameter
+    check_gradients(half, Inputs((qh, kh, vh), {"mask": mask}), need_weights=True)
 
 
 def test_half_inputs_with_a_float32_module_is_a_type_error():

@@ -13,11 +13,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_harness import (
+    Inputs,
+    check_fully_masked_row,
+    check_weights_none_unless_asked,
+    naive_softmax,
+)
+from torch import nn
 
 import attnlab
 from attnlab.general.alignment import local_align
 from attnlab.general.local import local_window_attend
 from attnlab.general.scoring import AdditiveScore, DotScore, GeneralScore
+from attnlab.output import AttentionOutput
 
 D_Q = D_K = 4
 
@@ -53,13 +61,8 @@ def naive_local_context(e, v, center, D, gaussian):
     for b in range(B):
         for i in range(n_q):
             p = float(center[b, i])
-            window = [l for l in range(n_k) if abs(l - p) <= D]
-            if not window:
-                continue
-            mx = max(float(e[b, i, l]) for l in window)
-            z = sum(math.exp(float(e[b, i, l]) - mx) for l in window)
-            for l in window:
-                a = math.exp(float(e[b, i, l]) - mx) / z
+            window = {l: float(e[b, i, l]) for l in range(n_k) if abs(l - p) <= D}
+            for l, a in naive_softmax(window).items():
                 if gaussian:
                     a *= math.exp(-((l - p) ** 2) / (2 * (D / 2) ** 2))
                 out[b, i] += a * v[b, l].double()
@@ -166,6 +169,26 @@ def test_window_attend_gradcheck(score_name):
     assert torch.autograd.gradcheck(f, (q, k, v, center))
 
 
+class WindowAttend(nn.Module):
+    """``local_window_attend`` with a fixed score, D and mask as a module that returns an
+    :class:`AttentionOutput` (context, dense weights), so the shared harness can call it
+    as ``module(query, key, value, center, need_weights=...)``."""
+
+    def __init__(self, score, D, mask=None):
+        super().__init__()
+        self.score, self.D, self.mask = score, D, mask
+
+    def forward(self, q, k, v, center, *, need_weights=False) -> AttentionOutput:
+        ctx, dense, _ = local_window_attend(
+            self.score, q, k, v, center, self.D, self.mask, need_weights=need_weights
+        )
+        return AttentionOutput(ctx, dense)
+
+
+def window_inputs(q, k, v, center) -> Inputs:
+    return Inputs((q, k, v, center), names=("query", "key", "value", "center"))
+
+
 def test_window_attend_fully_masked_rows_zero_context_finite_grads():
     B, n_q, n_k = 2, 3, 8
     q, k, v, _ = inputs(B, n_q, n_k, 4, torch.float32, seed=9)
@@ -174,11 +197,15 @@ def test_window_attend_fully_masked_rows_zero_context_finite_grads():
     mask[0, 2] = False  # masked row; centres -9 and 30 give empty windows
     for t in (q, k, v):
         t.requires_grad_()
-    ctx, dense, _ = local_window_attend(DotScore(), q, k, v, center, 2, mask, need_weights=True)
     empty = torch.tensor([[False, True, True], [True, False, False]])
-    assert (ctx[empty] == 0).all() and (dense[empty] == 0).all()
+    # the empty rows: zero weights, a finite context, and (the harness runs the backward
+    # pass of ctx.sum()) finite gradients
+    out = check_fully_masked_row(
+        WindowAttend(DotScore(), 2, mask), window_inputs(q, k, v, center), (empty,)
+    )
+    ctx = out.context
+    assert (ctx[empty] == 0).all()
     assert (ctx[~empty] != 0).any(-1).all()
-    ctx.sum().backward()
     for t in (q, k, v, center):
         assert torch.isfinite(t.grad).all()
     assert (q.grad[empty] == 0).all() and (center.grad[empty] == 0).all()
@@ -187,13 +214,14 @@ def test_window_attend_fully_masked_rows_zero_context_finite_grads():
 def test_window_attend_edge_cases_and_errors():
     q, k, v, _ = inputs(2, 3, 5, 2, torch.float32, seed=10)
     center = torch.ones(2, 3)
-    ctx, dense, _ = local_window_attend(DotScore(), q, k, v, center, 1)
-    assert dense is None and ctx.shape == (2, 3, 2)
+    window = WindowAttend(DotScore(), 1)
+    # the dense weights are None unless asked for
+    out = check_weights_none_unless_asked(window, window_inputs(q, k, v, center))
+    assert out.context.shape == (2, 3, 2)
     # no keys at all: zero context, no error
-    ctx0, dense0, _ = local_window_attend(
-        DotScore(), q, k[:, :0], v[:, :0], center, 1, need_weights=True
-    )
-    assert ctx0.shape == (2, 3, 2) and (ctx0 == 0).all() and dense0.shape == (2, 3, 0)
+    out0 = check_fully_masked_row(window, window_inputs(q, k[:, :0], v[:, :0], center), (...,))
+    assert out0.context.shape == (2, 3, 2) and (out0.context == 0).all()
+    assert out0.weights.shape == (2, 3, 0)
     with pytest.raises(ValueError, match="center"):
         local_window_attend(DotScore(), q, k, v, torch.ones(2, 4), 1)
     for D in (0, 1.5, -1):

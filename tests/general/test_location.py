@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_harness import Inputs, check_fully_masked_row, check_masked_keys_zero, check_output
 
 import attnlab
 from attnlab.general.location import LocationAwareScore, location_aware_score
@@ -79,7 +80,8 @@ def test_attention_masks_and_padding() -> None:
     lengths = torch.tensor([5, 3])
     mask = attnlab.masks.from_lengths(lengths, 5)[:, 0]  # [B, n_k]
     prev = torch.softmax(torch.randn(2, 5), -1) * mask
-    out = attn(q, k, mask=mask, need_weights=True, prev_weights=prev)
+    # the padded keys (3 and 4 of example 1) get exactly zero weight
+    out = check_masked_keys_zero(attn, Inputs((q, k), {"mask": mask, "prev_weights": prev}), mask)
     assert out.path == "explicit" and out.weights.shape == (2, 5)
     assert (out.weights[1, 3:] == 0).all()
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(2))
@@ -91,8 +93,9 @@ def test_attention_masks_and_padding() -> None:
     # the previous weights change the result
     other = attn(q, k, mask=mask, need_weights=True, prev_weights=prev.flip(-1) * mask)
     assert not torch.allclose(other.weights[0], out.weights[0])
-    # a fully masked row: zero weights and context
-    none = attn(q, k, mask=torch.zeros(2, 5, dtype=torch.bool), need_weights=True)
+    # a fully masked row: zero weights and context, finite gradients
+    nothing = torch.zeros(2, 5, dtype=torch.bool)
+    none = check_fully_masked_row(attn, Inputs((q, k), {"mask": nothing}), (...,))
     assert (none.weights == 0).all() and (none.context == 0).all()
 
 
@@ -102,7 +105,8 @@ def test_every_alignment_runs_and_local_takes_the_explicit_path() -> None:
     for align in ("soft", "hard", "sparsemax", "local-m", "local-p"):
         window = {"D": 2} if align.startswith("local") else {}
         attn = attnlab.Attention("location-aware", align, d_q=3, d_k=4, **window)
-        out = attn(q, k, prev_weights=prev, need_weights=True)
+        inputs = Inputs((q, k), {"prev_weights": prev})
+        out = check_output(attn, inputs, context_shape=(2, 3, 4), weights_shape=(2, 3, 6))
         assert out.path == "explicit" and out.weights.shape == (2, 3, 6), align
 
 

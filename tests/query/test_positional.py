@@ -7,6 +7,16 @@ import math
 
 import pytest
 import torch
+from attention_harness import (
+    Inputs,
+    check_fully_masked_row,
+    check_masked_keys_zero,
+    check_need_weights_keeps_context,
+    check_output,
+    check_rebuild,
+    check_wrong_dtype,
+    naive_softmax,
+)
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -254,12 +264,7 @@ def naive_relative(q, k, v, rel_k, rel_v, K, mask=None):
                     float(k[j, c]) + (float(rel_k[r, c]) if rel_k is not None else 0.0)
                 )
             e[j] = s / math.sqrt(d)
-        if not e:
-            continue
-        m = max(e.values())
-        zsum = sum(math.exp(x - m) for x in e.values())
-        for j, x in e.items():
-            a = math.exp(x - m) / zsum
+        for j, a in naive_softmax(e).items():
             w[i, j] = a
             r = max(-K, min(K, j - ipos)) + K
             for c in range(v.shape[1]):
@@ -311,8 +316,10 @@ def test_relative_attention_module_matches_loops() -> None:
     # averaged weights
     avg = m(x, mask=mask, causal=True, need_weights=True).weights
     torch.testing.assert_close(avg, out.weights.mean(1))
-    # need_weights does not change the output
-    torch.testing.assert_close(m(x, mask=mask, causal=True).context, out.context)
+    # need_weights does not change the output (at the float64 tolerance)
+    inputs = Inputs((x,), {"mask": mask, "causal": True, "average_weights": False})
+    plain, _ = check_need_weights_keeps_context(m, inputs, atol=1e-7, rtol=1e-7)
+    torch.testing.assert_close(plain.context, out.context)
 
 
 def test_relative_attention_unshared_tables_and_no_value_term() -> None:
@@ -337,25 +344,28 @@ def test_relative_attention_masks() -> None:
     mask = torch.ones(2, 4, 4, dtype=torch.bool)
     mask[0, :, 3] = False
     mask[1, 0, :] = False
-    out = m(x, mask=mask, need_weights=True, average_weights=False)
-    assert (out.weights[0, :, :, 3] == 0).all()
-    assert (out.weights[1, :, 0] == 0).all()
-    torch.testing.assert_close(out.context[1, 0], m.out_proj.bias)  # zero context
+    inputs = Inputs((x,), {"mask": mask, "average_weights": False})
+    check_masked_keys_zero(m, inputs, mask)  # key 3 of example 0 in every head
+    # query 0 of example 1 (its weights in every head): a zero context, the output bias
+    out = check_fully_masked_row(
+        m,
+        inputs,
+        (1, 0),
+        expected_context=m.out_proj.bias,
+        weights_of=lambda o: o.weights.transpose(1, 2),  # [B, n_q, h, n_k]
+    )
     torch.testing.assert_close(out.weights.sum(-1)[0], torch.ones(2, 4, dtype=torch.float64))
-    out.context.sum().backward()
     assert torch.isfinite(x.grad).all()
     # a per-head mask [B, h, n_q, n_k]
     hm = torch.ones(2, 2, 4, 4, dtype=torch.bool)
     hm[:, 1, :, 0] = False
-    w = m(x, mask=hm, need_weights=True, average_weights=False).weights
-    assert (w[:, 1, :, 0] == 0).all() and (w[:, 0, :, 0] > 0).all()
+    w = check_masked_keys_zero(m, inputs.with_arg("mask", hm), hm).weights
+    assert (w[:, 0, :, 0] > 0).all()
     # causal
-    w = m(x, causal=True, need_weights=True).weights
-    assert (w.triu(1) == 0).all()
+    check_masked_keys_zero(m, [x], torch.ones(1, 4, 4, dtype=torch.bool).tril(), causal=True)
     with pytest.raises(ValueError, match="mask has shape"):
         m(x, mask=torch.ones(2, 3, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask has dtype"):
-        m(x, mask=torch.ones(2, 4, 4))
+    check_wrong_dtype(m, inputs, "mask", match="mask has dtype")
 
 
 def test_relative_attention_sparse_alignment() -> None:
@@ -371,10 +381,18 @@ def test_relative_attention_sparse_alignment() -> None:
 
 def test_relative_attention_cross_and_empty() -> None:
     m = RelativePositionAttention(4, 2, max_distance=1, d_k=3)
-    out = m(torch.randn(2, 2, 4), torch.randn(2, 5, 3), need_weights=True)
-    assert out.context.shape == (2, 2, 4) and out.weights.shape == (2, 2, 5)
-    empty = m(torch.randn(2, 2, 4), torch.randn(2, 0, 3), need_weights=True)
-    assert empty.weights.shape == (2, 2, 0)
+    check_output(
+        m,
+        [torch.randn(2, 2, 4), torch.randn(2, 5, 3)],
+        context_shape=(2, 2, 4),
+        weights_shape=(2, 2, 5),
+    )
+    empty = check_output(
+        m,
+        [torch.randn(2, 2, 4), torch.randn(2, 0, 3)],
+        context_shape=(2, 2, 4),
+        weights_shape=(2, 2, 0),
+    )
     torch.testing.assert_close(empty.context, m.out_proj.bias.expand(2, 2, 4))
     assert m(torch.randn(2, 0, 4), torch.randn(2, 5, 3)).context.shape == (2, 0, 4)
     with pytest.raises(ValueError, match=r"key has shape \(2, 5, 4\), expected \[B, n_k, d_k\]"):
@@ -439,9 +457,7 @@ def test_registry_entries() -> None:
         RelativePositionAttention(6, 2, max_distance=3, values=False),
         RotaryPositions(6, interleaved=False),
     ):
-        rebuilt = attnlab.build(module.get_config())
-        assert type(rebuilt) is type(module)
-        assert rebuilt.get_config() == module.get_config()
+        check_rebuild(module)  # same class, config and parameter shapes
 
 
 # ----------------------------------------------------------------------------- learning
@@ -539,5 +555,9 @@ def test_empty_sequences() -> None:
     assert SinusoidalPositions(4)(torch.zeros(2, 0, 4)).shape == (2, 0, 4)
     assert LearnedPositions(3, 4)(torch.zeros(2, 0, 4)).shape == (2, 0, 4)
     assert rotary_embedding(torch.zeros(2, 0, 4)).shape == (2, 0, 4)
-    out = RelativePositionAttention(4, 2, max_distance=1)(torch.zeros(2, 0, 4), need_weights=True)
-    assert out.context.shape == (2, 0, 4) and out.weights.shape == (2, 0, 0)
+    check_output(
+        RelativePositionAttention(4, 2, max_distance=1),
+        [torch.zeros(2, 0, 4)],
+        context_shape=(2, 0, 4),
+        weights_shape=(2, 0, 0),
+    )

@@ -52,6 +52,14 @@ def _real(out: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------- self-attention forms
 
 
+def _check_case(table, case: str, padding_invariant) -> None:
+    """Build ``table[case]()`` = ``(module, call, inputs, padding)`` under a fixed seed and
+    check that padding never matters, the module in eval mode."""
+    torch.manual_seed(0)
+    module, call, inputs, padding = table[case]()
+    padding_invariant(module.eval(), call, inputs, padding)
+
+
 def _self_attention(module, **kw):
     return module, lambda m, x: _real(m(x, mask=KEY_MASK, **kw).context), {"x": _x(1)}, {"x": PAD}
 
@@ -88,9 +96,7 @@ SELF = {
 
 @pytest.mark.parametrize("case", sorted(SELF))
 def test_self_attention_padding_never_matters(case, padding_invariant):
-    torch.manual_seed(0)
-    module, call, inputs, padding = SELF[case]()
-    padding_invariant(module.eval(), call, inputs, padding)
+    _check_case(SELF, case, padding_invariant)
 
 
 def test_decoder_layer_padding_never_matters(padding_invariant):
@@ -164,9 +170,7 @@ CROSS = {
 
 @pytest.mark.parametrize("case", sorted(CROSS))
 def test_cross_attention_padding_never_matters(case, padding_invariant):
-    torch.manual_seed(0)
-    module, call, inputs, padding = CROSS[case]()
-    padding_invariant(module.eval(), call, inputs, padding)
+    _check_case(CROSS, case, padding_invariant)
 
 
 def test_linformer_cross_attention_padding_never_matters(padding_invariant):
@@ -183,29 +187,33 @@ def test_linformer_cross_attention_padding_never_matters(padding_invariant):
 # ----------------------------------------------------------- internal-query modules
 
 
-INTERNAL = {
-    "constant-query": lambda: ConstantQuerySelfAttention(D),
-    "constant-query-multi": lambda: ConstantQuerySelfAttention(D, dim="multi"),
-    "learned-query": lambda: LearnedQuerySelfAttention(D, 3, key_dim=5),
-    "learned-query-single": lambda: LearnedQuerySelfAttention(D, key_dim=5, score="additive"),
-    "capsule-attention": lambda: CapsuleAttention(D, 3),
-    "capsule-attention-projected": lambda: CapsuleAttention(D, 3, key_dim=5, value_dim=4),
-}
-
-
 def _internal_output(out) -> torch.Tensor:
     if hasattr(out, "probs"):  # capsules: every output that depends on the features
         return torch.cat([out.probs.flatten(), out.contexts.flatten(), out.mean_features.flatten()])
     return out.context
 
 
+def _internal(module):
+    return module, lambda m, x: _internal_output(m(x, mask=REAL)), {"x": _x(1)}, {"x": PAD}
+
+
+INTERNAL = {
+    "constant-query": lambda: _internal(ConstantQuerySelfAttention(D)),
+    "constant-query-multi": lambda: _internal(ConstantQuerySelfAttention(D, dim="multi")),
+    "learned-query": lambda: _internal(LearnedQuerySelfAttention(D, 3, key_dim=5)),
+    "learned-query-single": lambda: _internal(
+        LearnedQuerySelfAttention(D, key_dim=5, score="additive")
+    ),
+    "capsule-attention": lambda: _internal(CapsuleAttention(D, 3)),
+    "capsule-attention-projected": lambda: _internal(
+        CapsuleAttention(D, 3, key_dim=5, value_dim=4)
+    ),
+}
+
+
 @pytest.mark.parametrize("case", sorted(INTERNAL))
 def test_internal_query_padding_never_matters(case, padding_invariant):
-    torch.manual_seed(0)
-    module = INTERNAL[case]().eval()
-    padding_invariant(
-        module, lambda m, x: _internal_output(m(x, mask=REAL)), {"x": _x(1)}, {"x": PAD}
-    )
+    _check_case(INTERNAL, case, padding_invariant)
 
 
 def test_capsule_routing_padding_never_matters(padding_invariant):

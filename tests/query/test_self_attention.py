@@ -2,6 +2,14 @@ import math
 
 import pytest
 import torch
+from attention_harness import (
+    Inputs,
+    check_fully_masked_row,
+    check_output,
+    check_rebuild,
+    check_wrong_dtype,
+    naive_softmax,
+)
 from torch import nn
 
 import attnlab
@@ -12,15 +20,6 @@ from attnlab.query.self_attention import (
     RelationalSelfAttention,
     orthogonality_penalty,
 )
-
-
-def _softmax_rows(scores):
-    """scores: list of (index, value) -> {index: weight}; empty -> {}."""
-    if not scores:
-        return {}
-    mx = max(s for _, s in scores)
-    z = sum(math.exp(s - mx) for _, s in scores)
-    return {l: math.exp(s - mx) / z for l, s in scores}
 
 
 def _matvec(W, x, b=None):
@@ -59,13 +58,13 @@ def _naive_constant(m, F, mask):
     ctx = torch.zeros(B, d, dtype=torch.float64)
     A = torch.zeros(B, n, dtype=torch.float64)
     for bi in range(B):
-        scores = []
+        scores = {}
         for l in range(n):
             if mask is not None and not mask[bi, l]:
                 continue
             h = [math.tanh(x) for x in _matvec(W, F[bi, l], b)]
-            scores.append((l, sum(float(w[j]) * h[j] for j in range(len(h)))))
-        for l, a in _softmax_rows(scores).items():
+            scores[l] = sum(float(w[j]) * h[j] for j in range(len(h)))
+        for l, a in naive_softmax(scores).items():
             A[bi, l] = a
             for i in range(d):
                 ctx[bi, i] += a * float(F[bi, l, i])
@@ -97,8 +96,9 @@ def test_constant_query_value_projection_and_multi_dim():
                 ref[b, i] += float(ref_w[b, l]) * v[i]
     torch.testing.assert_close(out.context, ref)
     multi = ConstantQuerySelfAttention(3, dim="multi").double()
-    out = multi(F, mask=mask, need_weights=True)
-    assert out.weights.shape == (3, 4, 3)
+    out = check_output(
+        multi, Inputs((F,), {"mask": mask}), context_shape=(3, 3), weights_shape=(3, 4, 3)
+    )
     torch.testing.assert_close(out.weights.sum(1)[0], torch.ones(3, dtype=torch.float64))
 
 
@@ -114,7 +114,7 @@ def _naive_learned(m, F, mask):
     A = torch.zeros(B, r, n, dtype=torch.float64)
     for bi in range(B):
         for j in range(r):
-            scores = []
+            scores = {}
             for l in range(n):
                 if mask is not None and not mask[bi, l]:
                     continue
@@ -122,8 +122,8 @@ def _naive_learned(m, F, mask):
                     k = [math.tanh(x) for x in _matvec(m.key_proj.weight.detach(), F[bi, l])]
                 else:
                     k = [float(x) for x in F[bi, l]]
-                scores.append((l, sum(float(Q[j, i]) * k[i] for i in range(len(k)))))
-            for l, a in _softmax_rows(scores).items():
+                scores[l] = sum(float(Q[j, i]) * k[i] for i in range(len(k)))
+            for l, a in naive_softmax(scores).items():
                 A[bi, j, l] = a
                 for i in range(d):
                     ctx[bi, j, i] += a * float(F[bi, l, i])
@@ -134,9 +134,9 @@ def _naive_learned(m, F, mask):
 def test_learned_queries_match_naive_loop(key_dim):
     m = _randomize(LearnedQuerySelfAttention(3, 2, key_dim=key_dim)).double()
     F, mask = _inputs()
-    out = m(F, mask=mask, need_weights=True)
+    inputs = Inputs((F,), {"mask": mask})
+    out = check_output(m, inputs, context_shape=(3, 2, 3), weights_shape=(3, 2, 4))
     ref_c, ref_w = _naive_learned(m, F, mask)
-    assert out.context.shape == (3, 2, 3) and out.weights.shape == (3, 2, 4)
     torch.testing.assert_close(out.context, ref_c)
     torch.testing.assert_close(out.weights, ref_w)
 
@@ -144,9 +144,8 @@ def test_learned_queries_match_naive_loop(key_dim):
 def test_single_learned_query_returns_rank_two():
     m = _randomize(LearnedQuerySelfAttention(3, key_dim=4)).double()
     F, mask = _inputs()
-    out = m(F, mask=mask, need_weights=True)
+    out = check_output(m, Inputs((F,), {"mask": mask}), context_shape=(3, 3), weights_shape=(3, 4))
     ref_c, ref_w = _naive_learned(m, F, mask)
-    assert out.context.shape == (3, 3) and out.weights.shape == (3, 4)
     torch.testing.assert_close(out.context, ref_c[:, 0])
     torch.testing.assert_close(out.weights, ref_w[:, 0])
 
@@ -155,8 +154,7 @@ def test_learned_query_pluggable_score():
     m = LearnedQuerySelfAttention(3, 3, d_q=2, score="additive", d_w=4)
     assert m.queries.shape == (3, 2)
     assert m.attention.score.W1.weight.shape == (4, 2)
-    out = m(torch.randn(2, 5, 3), need_weights=True)
-    assert out.weights.shape == (2, 3, 5)
+    check_output(m, [torch.randn(2, 5, 3)], context_shape=(2, 3, 3), weights_shape=(2, 3, 5))
 
 
 def test_orthogonality_penalty_by_hand():
@@ -237,13 +235,13 @@ def _naive_relational(m, F, allowed):
             for l in range(n)
         ]
         for i in range(n):
-            scores = [
-                (l, sum(x * y for x, y in zip(Q[i], K[l], strict=True)) / math.sqrt(m.d_qk))
+            scores = {
+                l: sum(x * y for x, y in zip(Q[i], K[l], strict=True)) / math.sqrt(m.d_qk)
                 for l in range(n)
                 if allowed[b][i][l]
-            ]
+            }
             c = [0.0] * m.d_v
-            for l, w in _softmax_rows(scores).items():
+            for l, w in naive_softmax(scores).items():
                 A[b, i, l] = w
                 c = [c[t] + w * V[l][t] for t in range(m.d_v)]
             if m.update == "replace":
@@ -300,8 +298,7 @@ def test_relational_pluggable_score_and_local_alignment():
     m = RelationalSelfAttention(4, score="additive", d_w=6)
     assert m.attention.score.W1.weight.shape == (6, 4)
     F = torch.randn(2, 7, 4)
-    out = m(F, need_weights=True)
-    assert out.weights.shape == (2, 7, 7)
+    check_output(m, [F], context_shape=(2, 7, 4), weights_shape=(2, 7, 7))
     local = RelationalSelfAttention(4, align="local-m", D=1)
     w = local(F, need_weights=True).weights
     # local-m centres the window on the position itself: |i - l| <= 1
@@ -321,8 +318,7 @@ def test_relational_inside_a_transformer_encoder_layer():
         dim_feedforward=16,
     )
     x = torch.randn(2, 5, 8)
-    out = layer(x, causal=True, need_weights=True)
-    assert out.context.shape == (2, 5, 8)
+    out = check_output(layer, Inputs((x,), {"causal": True}), context_shape=(2, 5, 8))
     assert torch.equal(out.weights[0] > 0, torch.ones(5, 5, dtype=torch.bool).tril())
     # with update="replace" the module returns the bare c; the layer adds x and norms
     sa = layer.self_attn(x, causal=True)
@@ -333,79 +329,75 @@ def test_relational_inside_a_transformer_encoder_layer():
 # ----------------------------------------------------------------------------- shared behaviour
 
 
-def _all_modules():
-    return [
-        ConstantQuerySelfAttention(3, d_w=4),
-        LearnedQuerySelfAttention(3, 2, key_dim=4),
-        LearnedQuerySelfAttention(3),
-        RelationalSelfAttention(3),
-        RelationalSelfAttention(3, update="replace", d_v=2),
-    ]
+#: the self-attention forms (built fresh for each test); the first three take a key mask
+#: ``[B, n]``, the relational ones a mask ``[B, n_q, n_k]`` (or ``[B, 1, n]``)
+MODULES = {
+    "constant-query": lambda: ConstantQuerySelfAttention(3, d_w=4),
+    "learned-queries": lambda: LearnedQuerySelfAttention(3, 2, key_dim=4),
+    "learned-query-single": lambda: LearnedQuerySelfAttention(3),
+    "relational": lambda: RelationalSelfAttention(3),
+    "relational-replace": lambda: RelationalSelfAttention(3, update="replace", d_v=2),
+}
 
 
-def test_gradcheck_all_forms():
+@pytest.mark.parametrize("case", list(MODULES))
+def test_gradcheck_all_forms(case):
     F, mask = _inputs()
     mask = mask.clone()
     mask[2, 1] = True
-    for m in _all_modules():
-        m = _randomize(m, std=0.5).double()
-        m_arg = (
-            masks.from_lengths(torch.tensor([4, 2, 1]), 4)
-            if isinstance(m, RelationalSelfAttention)
-            else mask
-        )
-        x = F.clone().requires_grad_()
-        assert torch.autograd.gradcheck(lambda f, m=m, a=m_arg: m(f, mask=a).context, [x]), m
+    m = _randomize(MODULES[case](), std=0.5).double()
+    if isinstance(m, RelationalSelfAttention):
+        mask = masks.from_lengths(torch.tensor([4, 2, 1]), 4)
+    x = F.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda f: m(f, mask=mask).context, [x]), m
 
 
-def test_fully_masked_and_empty_inputs():
+@pytest.mark.parametrize("case", list(MODULES))
+def test_fully_masked_and_empty_inputs(case):
     F, _ = _inputs()
     none = torch.zeros(3, 4, dtype=torch.bool)
-    for m in _all_modules():
-        m = m.double()
-        x = F.clone().requires_grad_()
-        if isinstance(m, RelationalSelfAttention):
-            out = m(x, mask=none[:, None, :], need_weights=True)
-            assert torch.equal(out.extras["attended"], torch.zeros_like(out.extras["attended"]))
-        else:
-            out = m(x, mask=none, need_weights=True)
-            assert torch.equal(out.context, torch.zeros_like(out.context))
-        assert torch.equal(out.weights, torch.zeros_like(out.weights))
-        out.context.sum().backward()
-        assert torch.isfinite(x.grad).all()
-        for p in m.parameters():
-            assert p.grad is None or torch.isfinite(p.grad).all()
-        # empty sequences (n = 0)
-        x0 = torch.zeros(3, 0, 3, dtype=torch.float64, requires_grad=True)
-        out = m(x0, need_weights=True)
-        assert torch.isfinite(out.context).all()
-        if not isinstance(m, RelationalSelfAttention):
-            assert torch.equal(out.context, torch.zeros_like(out.context))
-        assert out.weights.shape[-1] == 0
-        out.context.sum().backward()
+    m = MODULES[case]().double()
+    relational = isinstance(m, RelationalSelfAttention)
+    x = F.clone().requires_grad_()
+    # every example fully masked: zero weights, finite context and finite gradients
+    inputs = Inputs((x,), {"mask": none[:, None, :] if relational else none})
+    out = check_fully_masked_row(m, inputs, (slice(None),))
+    # c = 0 (the relational forms then return Normalize(f + 0), or 0 for replace)
+    attended = out.extras["attended"] if relational else out.context
+    assert torch.equal(attended, torch.zeros_like(attended))
+    assert torch.isfinite(x.grad).all()
+    # empty sequences (n = 0)
+    x0 = torch.zeros(3, 0, 3, dtype=torch.float64, requires_grad=True)
+    out = m(x0, need_weights=True)
+    assert torch.isfinite(out.context).all()
+    if not relational:
+        assert torch.equal(out.context, torch.zeros_like(out.context))
+    assert out.weights.shape[-1] == 0
+    out.context.sum().backward()
 
 
-def test_bad_input_names_argument_and_shape():
+@pytest.mark.parametrize("case", list(MODULES))
+def test_bad_input_names_argument_and_shape(case):
     F = torch.randn(2, 4, 3)
-    for m in _all_modules():
-        with pytest.raises(
-            ValueError,
-            match=r"query has shape \(2, 4, 5\), expected \[B, n, d_f\] = \[B, n, 3\]",
-        ):
-            m(torch.randn(2, 4, 5))
-        with pytest.raises(ValueError, match=r"query has shape \(4, 3\)"):
-            m(F[0])
-        with pytest.raises(TypeError, match=r"query has dtype torch\.float64"):
-            m(F.double())
-        with pytest.raises(TypeError, match=r"mask has dtype torch\.float32"):
-            m(F, mask=torch.ones(2, 4))
-    for m in _all_modules()[:3]:
+    m = MODULES[case]()
+    with pytest.raises(
+        ValueError,
+        match=r"query has shape \(2, 4, 5\), expected \[B, n, d_f\] = \[B, n, 3\]",
+    ):
+        m(torch.randn(2, 4, 5))
+    with pytest.raises(ValueError, match=r"query has shape \(4, 3\)"):
+        m(F[0])
+    check_wrong_dtype(m, [F], "query", match=r"query has dtype torch\.float64")
+    key_mask = Inputs((F,), {"mask": torch.ones(2, 4, dtype=torch.bool)})
+    check_wrong_dtype(m, key_mask, "mask", match=r"mask has dtype torch\.float32")
+    if not isinstance(m, RelationalSelfAttention):
         with pytest.raises(
             ValueError, match=r"mask has shape \(2, 5\), expected a key mask \[B, n\] = \[2, 4\]"
         ):
             m(F, mask=torch.ones(2, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"mask has shape \(2, 4, 5\)"):
-        RelationalSelfAttention(3)(F, mask=torch.ones(2, 4, 5, dtype=torch.bool))
+    else:
+        with pytest.raises(ValueError, match=r"mask has shape \(2, 4, 5\)"):
+            m(F, mask=torch.ones(2, 4, 5, dtype=torch.bool))
 
 
 def test_config_errors():
@@ -438,7 +430,7 @@ def test_config_errors():
 def test_registry_roundtrip(module, name):
     cfg = module.get_config()
     assert cfg["name"] == name and cfg["kind"] == "query"
-    rebuilt = attnlab.build(cfg)
+    rebuilt = check_rebuild(module)  # same class, config and parameter shapes
     rebuilt.load_state_dict(module.state_dict())
     F = torch.randn(2, 5, 3)
     torch.testing.assert_close(module(F).context, rebuilt(F).context)

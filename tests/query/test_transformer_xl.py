@@ -1,24 +1,23 @@
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from attention_harness import (
+    Inputs,
+    check_all_rows_masked,
+    check_learns_against_no_attention,
+    check_masked_keys_zero,
+    check_output,
+    check_rebuild,
+    check_wrong_dtype,
+    naive_softmax,
+)
 from torch import nn
 
 import attnlab
 from attnlab import masks
 from attnlab.query.transformer import TransformerEncoderLayer
 from attnlab.query.transformer_xl import TransformerXLAttention, rel_shift, sinusoid_encoding
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "variants.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("attnlab_bench_variants", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _sinusoid(t: int, d: int) -> list[float]:
@@ -46,7 +45,7 @@ def _naive(m: TransformerXLAttention, x, memory, allowed):
         for j in range(H):
             sl = slice(j * hd, (j + 1) * hd)
             for i in range(n):
-                scores = []
+                scores = {}
                 for key in range(M + n):
                     if not allowed[b, i, key]:
                         continue
@@ -57,13 +56,8 @@ def _naive(m: TransformerXLAttention, x, memory, allowed):
                     bb = float(q @ r)  # (b) content-position
                     c = float(u[j] @ k)  # (c) global content bias
                     dd = float(v[j] @ r)  # (d) global position bias
-                    scores.append((key, (a + bb + c + dd) / math.sqrt(hd)))
-                if not scores:
-                    continue
-                mx = max(s for _, s in scores)
-                z = sum(math.exp(s - mx) for _, s in scores)
-                for key, s in scores:
-                    w = math.exp(s - mx) / z
+                    scores[key] = (a + bb + c + dd) / math.sqrt(hd)
+                for key, w in naive_softmax(scores).items():  # a fully masked row: none
                     W[b, j, i, key] = w
                     ctx[b, i, sl] += w * V[b, key, sl]
     return m.out_proj(ctx).detach(), W
@@ -149,10 +143,11 @@ def test_segment_mask_is_extended_over_the_memory():
     x, mem = torch.randn(2, 3, 8), torch.randn(2, 2, 8)
     seg = masks.from_lengths(torch.tensor([3, 2]))  # [B, 1, n]: the segment only
     full = torch.cat([torch.ones(2, 1, 2, dtype=torch.bool), seg], -1)
-    a = m(x, memory=mem, mask=seg, need_weights=True)
+    segment_only = Inputs((x,), {"memory": mem, "mask": seg})
+    a = check_output(m, segment_only, context_shape=(2, 3, 8), weights_shape=(2, 3, 5))
+    check_masked_keys_zero(m, segment_only, full)  # e.g. a.weights[1, :, 4] (padding) is 0
     b = m(x, memory=mem, mask=full, need_weights=True)
     torch.testing.assert_close(a.context, b.context)
-    assert a.weights.shape == (2, 3, 5) and torch.equal(a.weights[1, :, 4], torch.zeros(3))
 
 
 def test_gradcheck_with_memory_mask_and_causal():
@@ -170,18 +165,15 @@ def test_gradcheck_with_memory_mask_and_causal():
 
 def test_fully_masked_rows_are_zero_not_nan():
     m = TransformerXLAttention(8, 2)
-    x = torch.randn(2, 3, 8, requires_grad=True)
-    out = m(x, mask=torch.zeros(2, 3, 3, dtype=torch.bool), need_weights=True)
-    assert torch.equal(out.weights, torch.zeros(2, 3, 3))
-    assert out.context.abs().sum() == 0  # no biases in the paper's projections
-    out.context.sum().backward()
-    assert torch.isfinite(x.grad).all()
+    # zero [2, 3, 3] weights, finite gradients and an exactly zero context: no biases in
+    # the paper's projections
+    check_all_rows_masked(m, torch.randn(2, 3, 8), zero_context=True)
 
 
 def test_empty_segment_and_memory_update():
     m = TransformerXLAttention(8, 2, mem_len=3)
-    out = m(torch.randn(2, 0, 8), need_weights=True)
-    assert out.context.shape == (2, 0, 8) and out.weights.shape == (2, 0, 0)
+    empty = Inputs((torch.randn(2, 0, 8),))
+    check_output(m, empty, context_shape=(2, 0, 8), weights_shape=(2, 0, 0))
     mem = torch.randn(2, 4, 8)
     out = m(torch.randn(2, 0, 8), memory=mem)
     assert out.context.shape == (2, 0, 8)
@@ -199,10 +191,9 @@ def test_bad_input_names_the_argument():
         m(x, memory=torch.randn(3, 2, 8))
     with pytest.raises(ValueError, match="mask has shape"):
         m(x, mask=torch.ones(2, 3, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask has dtype"):
-        m(x, mask=torch.ones(2, 1, 3))
-    with pytest.raises(TypeError, match=r"query has dtype torch\.float64"):
-        m(x.double())
+    key_mask = torch.ones(2, 1, 3, dtype=torch.bool)
+    check_wrong_dtype(m, Inputs((x,), {"mask": key_mask}), "mask", match="mask has dtype")
+    check_wrong_dtype(m, Inputs((x,)), "query", match=r"query has dtype torch\.float64")
     with pytest.raises(attnlab.ConfigError, match="mem_len"):
         TransformerXLAttention(8, 2, mem_len=-1)
     with pytest.raises(attnlab.ConfigError, match="divisible"):
@@ -213,8 +204,7 @@ def test_registry_and_config_round_trip():
     m = TransformerXLAttention(8, 2, mem_len=4, dropout=0.1)
     cfg = m.get_config()
     assert cfg["name"] == "transformer-xl" and cfg["kind"] == "query" and cfg["mem_len"] == 4
-    rebuilt = attnlab.build(cfg)
-    assert isinstance(rebuilt, TransformerXLAttention) and rebuilt.mem_len == 4
+    check_rebuild(m, mem_len=4)  # attnlab.build(cfg): a TransformerXLAttention
     assert attnlab.registry.get("query", "txl").cls is TransformerXLAttention
 
 
@@ -292,9 +282,5 @@ def test_learns_to_recall_a_token_from_the_previous_segment(one_thread):
 def test_learns_copy_at_distance_against_no_attention(one_thread):
     """copy-first (benchmarks/variants.py): answer the first of 32 tokens at the last
     position. Transformer-XL (relative positions only) solves it; no attention cannot."""
-    V = _bench()
-    acc = V.train_and_eval("transformer-xl", "copy-first", n=32, steps=250)
-    base = V.train_and_eval(None, "copy-first", n=32, steps=250)
     # measured: transformer-xl 1.0, no attention ~0.13 (chance 0.125)
-    assert acc > 0.9, acc
-    assert base < 0.3, base
+    check_learns_against_no_attention("transformer-xl", "copy-first", n=32, steps=250)
