@@ -19,7 +19,10 @@ Usage (``tests/`` is on ``sys.path`` because ``tests/conftest.py`` lives there):
 
 or one check at a time (``check_output``, ``check_need_weights_keeps_context``,
 ``check_weights_none_unless_asked``, ``check_masked_keys_zero``,
-``check_fully_masked_row``, ``check_gradients``, ``check_wrong_dtype``, ``check_rebuild``).
+``check_fully_masked_row``, ``check_all_rows_masked``, ``check_gradients``,
+``check_wrong_dtype``, ``check_rebuild``); for the reference loops, ``naive_softmax``; for
+the learning tests, ``check_learns_against_no_attention`` on the tasks of
+``benchmarks/variants.py`` (``benchmark_variants`` loads that module).
 
 Every check calls the module as ``module(*inputs.args, **inputs.kwargs, **extra)``: the
 call convention ``forward(query, key=None, value=None, *, mask=None, need_weights=False,

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from attention_harness import check_rebuild
+from attention_harness import check_rebuild, naive_softmax
 from torch import nn
 
 import attnlab
@@ -22,12 +22,7 @@ def _naive_kv(q, K, V, allowed, score):
     W = torch.zeros(B, n_k, dtype=torch.float64)
     for b in range(B):
         scores = {l: score(q[b], K[b, l]) for l in range(n_k) if allowed is None or allowed[b][l]}
-        if not scores:
-            continue
-        mx = max(scores.values())
-        z = sum(math.exp(s - mx) for s in scores.values())
-        for l, s in scores.items():
-            a = math.exp(s - mx) / z
+        for l, a in naive_softmax(scores).items():
             W[b, l] = a
             for i in range(d_v):
                 ctx[b, i] += a * float(V[b, l, i])
