@@ -39,3 +39,66 @@ def test_every_gpu_case_runs_at_toy_size_on_cpu():
 def test_device_cuda_without_cuda_says_so_and_exits_0(capsys):
     assert R.main(["--device", "cuda"]) == []
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def _session_steps() -> list[tuple[str, int]]:
+    text = (BENCH / "gpu_session.sh").read_text()
+    return [
+        (line.split()[1], int(line.split()[2]))
+        for line in text.splitlines()
+        if line.startswith("step ") and line.split()[2].isdigit()
+    ]
+
+
+def test_gpu_session_script_fits_one_lease_call():
+    """benchmarks/gpu_session.sh (one GPU lease, one call): valid bash, its step limits sum
+    to well inside the 10-minute limit of one call, and at most 8 files come back."""
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    syntax = subprocess.run([bash, "-n", str(BENCH / "gpu_session.sh")], capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr.decode()
+    steps = _session_steps()
+    assert [name for name, _ in steps] == [
+        "device",
+        "cuda-tests",
+        "kernel-tests",
+        "cuda-bench",
+        "gpu-kernels",
+    ]
+    assert sum(limit for _, limit in steps) <= 540
+    # one .txt per step, summary.txt, gpu.json and gpu-kernels.json
+    assert len(steps) + 3 <= 8
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
+    """The whole script on a machine without CUDA (the kernel tests left out: they run in
+    tests/general): every step exits 0 and says there is nothing to measure."""
+    import os
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    env = {**os.environ, "PYTHON": sys.executable, "KERNEL_TESTS": "--co tests/test_output.py"}
+    done = subprocess.run(
+        [bash, str(BENCH / "gpu_session.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    for name, _ in _session_steps():
+        assert f"{name} " in summary and "cut at its limit" not in summary
+    assert "rc=0" in summary and "rc=1" not in summary
+    assert "no CUDA device" in (tmp_path / "device.txt").read_text()
+    assert "nothing measured" in (tmp_path / "cuda-bench.txt").read_text()
+    assert "nothing measured" in (tmp_path / "gpu-kernels.txt").read_text()
+    assert "skipped" in (tmp_path / "cuda-tests.txt").read_text()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Everything a GPU lease has to do, in one call that ends inside 10 minutes:
+#
+#   1. the device, torch, CUDA and triton versions;
+#   2. the CUDA tests (`pytest -m cuda`) and the Triton kernel tests on the device;
+#   3. the GPU anchors of benchmarks/cuda_bench.py (--quick: 5 repeats);
+#   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py).
+#
+# Each step runs under its own time limit (a step that runs over is cut and the next one
+# starts), writes its whole output to OUTDIR/<step>.txt and one line to
+# OUTDIR/summary.txt. The tables end up in OUTDIR/cuda-bench.txt and gpu-kernels.txt,
+# and the raw figures in gpu.json and gpu-kernels.json.
+#
+#   bash benchmarks/gpu_session.sh [OUTDIR]     # default: $OUT if set, else ./gpu-out
+#
+# Without a GPU every step says so and exits 0 (the CUDA tests skip). At most 8 files
+# come back from a lease's $OUT: these are the 8.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-gpu-out}}"
+mkdir -p "$out"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+# the Triton kernel tests (a smoke test of this script points it at a cheaper target)
+kernel_tests="${KERNEL_TESTS:-tests/general/test_flash_additive.py}"
+
+step() {  # step NAME LIMIT_SECONDS COMMAND...
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+    rc=$?
+    local why=""
+    [ "$rc" -eq 124 ] && why=" (cut at its limit)"
+    printf '%-12s rc=%-3s %4s s of %s s%s\n' "$name" "$rc" "$((SECONDS - start))" "$limit" "$why" |
+        tee -a "$out/summary.txt"
+}
+
+: >"$out/summary.txt"
+step device 30 "$py" -c "
+import torch
+print('torch', torch.__version__, '| CUDA', torch.version.cuda)
+try:
+    import triton
+    print('triton', triton.__version__)
+except ImportError:
+    print('triton: not installed')
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(p.name, '|', round(p.total_memory / 2**30), 'GiB |', p.multi_processor_count, 'SMs')
+else:
+    print('no CUDA device')
+"
+cat "$out/device.txt" >>"$out/summary.txt"
+step cuda-tests 150 "$py" -m pytest -q -m cuda -p no:cacheprovider tests
+step kernel-tests 60 "$py" -m pytest -q -p no:cacheprovider $kernel_tests
+step cuda-bench 150 "$py" -c "
+import sys
+sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json']
+sys.path.insert(0, 'benchmarks')
+import run, gpu_kernels
+gpu_kernels.main = lambda argv: 0  # the kernels are the next step, under their own limit
+run.main()
+"
+step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json"
+echo "done: $out/summary.txt" | tee -a "$out/summary.txt"
