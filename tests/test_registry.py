@@ -291,6 +291,22 @@ def test_register_reads_the_card_from_the_docstring_fields(monkeypatch):
     assert (entry.formula, entry.source, entry.cost) == ("x", "Given 2025", "")
 
 
+def test_a_wrong_constructor_argument_names_the_class():
+    from attnlab.query.reformer import LSHAttention
+    from attnlab.query.transformer import TransformerDecoderLayer
+
+    with pytest.raises(
+        TypeError, match=r"^LSHAttention.__init__\(\) got an unexpected keyword argument 'bucket_sise'$"
+    ):
+        LSHAttention(8, 2, bucket_sise=4)
+    with pytest.raises(
+        TypeError, match=r"^LSHAttention.__init__\(\) missing a required argument: 'num_heads'$"
+    ):
+        LSHAttention(8)
+    with pytest.raises(TypeError, match=r"^TransformerDecoderLayer.__init__\(\) got an unexpected"):
+        TransformerDecoderLayer(8, 2, dim_feedforwad=16)
+
+
 def test_register_without_a_card_is_a_one_line_error():
     with pytest.raises(ValueError, match=r"no formula and no source: give formula= or"):
 

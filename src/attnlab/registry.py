@@ -283,7 +283,10 @@ class Configurable(nn.Module):
         signature = inspect.signature(original)
 
         def __init__(self, *args: Any, **kw: Any) -> None:
-            bound = signature.bind(self, *args, **kw)
+            try:
+                bound = signature.bind(self, *args, **kw)
+            except TypeError as error:  # bind's message names no function: name the class
+                raise TypeError(f"{type(self).__name__}.__init__() {error}") from None
             bound.apply_defaults()
             config = {k: v for k, v in list(bound.arguments.items())[1:]}
             var_kw = [p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
