@@ -436,6 +436,10 @@ def find_chromium() -> str | None:
 
 
 CHROMIUM = find_chromium()
+#: the mark of the tests that open the report in headless Chromium
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no headless Chromium (apt install chromium)"
+)
 
 
 def run_chromium(url: str, tmp: Path, *args: str) -> tuple[str, str]:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 from report_fixtures import (
-    CHROMIUM,
     colour_pixels,
     console_errors,
     image_example,
     matrix_example,
+    needs_chromium,
     run_chromium,
     tokens_example,
     write_ablation_dir,
@@ -25,9 +24,7 @@ from report_fixtures import (
 
 from attnlab.lab.report import theme, write_report
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no headless Chromium (apt install chromium)"
-)
+pytestmark = needs_chromium
 
 
 def load_page(page: Path, tmp: Path) -> tuple[list[str], Path]:

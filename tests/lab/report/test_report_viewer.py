@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 from report_fixtures import (
-    CHROMIUM,
     coattention_example,
     colour_pixels,
     console_errors,
@@ -29,6 +28,7 @@ from report_fixtures import (
     hierarchy_example,
     image_example,
     matrix_example,
+    needs_chromium,
     run_chromium,
     tokens_example,
     write_ablation_dir,
@@ -36,9 +36,7 @@ from report_fixtures import (
 
 from attnlab.lab.report import theme, write_report
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no headless Chromium (apt install chromium)"
-)
+pytestmark = needs_chromium
 
 WINDOW = "--window-size=1280,4000"
 

@@ -16,6 +16,7 @@ Each task's test file keeps its own checks of what only that task draws or compu
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -58,24 +59,33 @@ def train_steps(
     shuffle: bool = True,
     generator_seed: int | None = 0,
     lr: float = 1e-2,
+    epochs: int | None = 1,
+    grad_clip: float | None = None,
 ) -> list[float]:
     """Adam over the trainable parameters on the train batches (shuffled by a generator
     seeded with ``generator_seed``, or a fresh unseeded one for None), at most ``steps``
-    of them; every loss must be a finite scalar. Returns the losses."""
+    of them over at most ``epochs`` passes (None: as many as ``steps`` needs), the
+    gradient norm clipped to ``grad_clip`` if given; every loss must be a finite scalar.
+    Returns the losses."""
+    if steps is None and epochs is None:
+        raise ValueError("train_steps needs steps or epochs")
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     gen = torch.Generator()
     if generator_seed is not None:
         gen.manual_seed(generator_seed)
     model.train()
     losses = []
-    batches = task.batches(data, "train", batch_size, shuffle=shuffle, generator=gen)
-    for i, batch in enumerate(batches):
-        if i == steps:
-            break
+    passes = itertools.count() if epochs is None else range(epochs)
+    batches = itertools.chain.from_iterable(
+        task.batches(data, "train", batch_size, shuffle=shuffle, generator=gen) for _ in passes
+    )
+    for batch in itertools.islice(batches, steps):
         loss = task.loss(model, batch)
         assert loss.dim() == 0 and torch.isfinite(loss), loss
         opt.zero_grad()
         loss.backward()
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         losses.append(loss.item())
     assert losses and all(math.isfinite(x) for x in losses)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from task_harness import check_deterministic, check_train_run, run_spec, spec_id
+from task_harness import build, check_deterministic, check_train_run, run_spec, spec_id, train_steps
 
 from attnlab._checks import ConfigError
 from attnlab.lab.tasks.captioning import CaptioningTask
@@ -118,19 +118,10 @@ def _learn(spec: dict, seed: int, steps: int = 150) -> tuple[float, float, float
         shapes=1, hidden_size=32, embed_dim=16, channels=[16],
     )  # fmt: skip
     data = task.load_data()
-    torch.manual_seed(seed)
-    model = task.build_model(data, task.resolve_attention(spec))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    g = torch.Generator().manual_seed(seed)
-    step = 0
-    while step < steps:
-        for batch in task.batches(data, "train", 32, shuffle=True, generator=g):
-            opt.zero_grad()
-            task.loss(model, batch).backward()
-            opt.step()
-            step += 1
-            if step == steps:
-                break
+    model = build(task, data, spec, seed)
+    train_steps(
+        task, data, model, 32, steps=steps, generator_seed=seed, lr=5e-3, epochs=None
+    )
     model.eval()
     with torch.no_grad():
         m = task.evaluate(model, data, "test")

@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from task_harness import check_deterministic, check_train_run, run_spec, spec_id
+from task_harness import build, check_deterministic, check_train_run, run_spec, spec_id, train_steps
 
 from attnlab import registry
 from attnlab._checks import ConfigError
@@ -160,20 +160,10 @@ def _learn(spec: dict, seed: int, steps: int = 120) -> dict[str, float]:
         embed_dim=16, stack=3, pyramid=1,
     )  # fmt: skip
     data = task.load_data()
-    torch.manual_seed(seed)
-    model = task.build_model(data, task.resolve_attention(spec))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    g = torch.Generator().manual_seed(seed)
-    step = 0
-    while step < steps:
-        for batch in task.batches(data, "train", 32, shuffle=True, generator=g):
-            opt.zero_grad()
-            task.loss(model, batch).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            opt.step()
-            step += 1
-            if step == steps:
-                break
+    model = build(task, data, spec, seed)
+    train_steps(
+        task, data, model, 32, steps=steps, generator_seed=seed, lr=5e-3, epochs=None, grad_clip=5.0
+    )
     model.eval()
     with torch.no_grad():
         return task.evaluate(model, data, "test")
