@@ -110,6 +110,21 @@ def test_head_modules_share_one_forward(case):
     assert {"mask", "causal", "need_weights", "average_weights"} <= keyword_only
 
 
+@pytest.mark.parametrize("case", sorted(HEADS))
+def test_head_modules_refuse_an_unknown_keyword_by_the_module_name(case):
+    module = HEADS[case][0]()
+    name = type(module).__name__
+    x = _x(1)
+    with pytest.raises(
+        TypeError, match=rf"^{name}\.forward\(\) got an unexpected keyword argument 'kees'$"
+    ):
+        module(x, kees=x)
+    # the mechanism's own keywords still arrive
+    if case == "transformer-xl":
+        memory = _x(2, B, 3, D)
+        assert module(x, memory=memory).context.shape == (B, N, D)
+
+
 @pytest.mark.parametrize("case", ["reformer", "transformer-xl"])
 def test_self_only_modules_refuse_another_key(case):
     module = HEADS[case][0]()

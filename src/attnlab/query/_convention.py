@@ -12,9 +12,9 @@ This module holds what the modules would otherwise each repeat:
 * :func:`check_call` validates ``query``/``key``/``value`` once, with messages that name
   the argument, its shape and the expected shape;
 * :class:`HeadAttention` is the base of the multi-head-style modules (multi-head,
-  relative-position, Linformer, Synthesizer, Reformer, Transformer-XL): one ``forward``
-  (the preamble: validation, defaults, the dtype check) that hands an
-  :class:`AttentionCall` to the subclass's ``_attend``;
+  relative-position, Linformer, Synthesizer, Reformer, Transformer-XL), on the shared
+  ``forward``: its ``_inputs`` (validation, defaults, the dtype check, ``causal`` and
+  ``average_weights``) hands an :class:`AttentionCall` to the subclass's ``_attend``;
 * :class:`~attnlab.general._convention.ConventionAttention` (defined in the general
   layer, where the feature-related modules inherit it too, and re-exported here with
   :class:`AttentionCall`) is the one ``forward`` of the plain convention (key-value,
@@ -39,7 +39,6 @@ from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general._convention import AttentionCall, ConventionAttention
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
-from attnlab.registry import Configurable
 
 __all__ = [
     "AttentionCall",
@@ -102,17 +101,19 @@ def check_self_only(
             )
 
 
-class HeadAttention(Configurable):
+class HeadAttention(ConventionAttention):
     """Base of the multi-head-style attention modules (multi-head, relative-position,
-    Linformer, Synthesizer, Reformer, Transformer-XL): one ``forward``
+    Linformer, Synthesizer, Reformer, Transformer-XL), on the one ``forward`` of
+    :class:`ConventionAttention`::
 
         forward(query [B, n_q, d_model], key=None, value=None, *, mask=None,
                 causal=False, need_weights=False, average_weights=True, **extras)
 
-    that validates the call (:func:`check_call`; self-attention-only mechanisms, with
-    ``supports_cross = False``, refuse a separate ``key``/``value``) and passes an
-    :class:`AttentionCall` plus the mechanism's extras (``memory=``, ``generator=``) to
-    ``_attend``. Subclasses set ``d_model`` (and ``d_k``/``d_v`` when they differ)."""
+    Its ``_inputs`` validates the call (:func:`check_call`; self-attention-only mechanisms,
+    with ``supports_cross = False``, refuse a separate ``key``/``value``) and moves
+    ``causal`` and ``average_weights`` into the :class:`AttentionCall`; ``_attend`` gets
+    the call plus the mechanism's own keywords (``memory=``, ``generator=``). Subclasses
+    set ``d_model`` (and ``d_k``/``d_v`` when they differ)."""
 
     supports_cross: bool = True
     supports_causal: bool = True
@@ -137,6 +138,22 @@ class HeadAttention(Configurable):
         average_weights: bool = True,
         **extras: Any,
     ) -> AttentionOutput:
+        """The convention's ``forward`` with the multi-head keywords ``causal`` and
+        ``average_weights`` named in the signature; ``extras``: the mechanism's own
+        keywords (a keyword it does not take is a one-line ``TypeError``)."""
+        return super().forward(
+            query,
+            key,
+            value,
+            mask=mask,
+            need_weights=need_weights,
+            causal=causal,
+            average_weights=average_weights,
+            **extras,
+        )
+
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        query, key, value = call.query, call.key, call.value
         if self.supports_cross:
             d_k = getattr(self, "d_k", self.d_model)
             d_v = getattr(self, "d_v", d_k)
@@ -153,8 +170,11 @@ class HeadAttention(Configurable):
             check_self_only(self.registry_name, query, key, value)
             check_module_dtype(self, query)
             key = value = query
-        call = AttentionCall(query, key, value, mask, causal, need_weights, average_weights)
-        return self._attend(call, **extras)
+        causal = extras.pop("causal", False)
+        average_weights = extras.pop("average_weights", True)
+        return replace(
+            call, key=key, value=value, causal=causal, average_weights=average_weights
+        )
 
     def _attend(self, call: AttentionCall, **extras: Any) -> AttentionOutput:
         raise NotImplementedError
