@@ -405,3 +405,50 @@ def test_aoa_positional_masks_and_old_keywords_warn():
     )
     with pytest.raises(TypeError, match="got both 'document' and its new name 'query'"):
         m(d, document=d)
+
+
+# ----------------------------------------------------------------------------- query-scored attention
+
+
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (
+            lambda: CapsuleAttention(3, 2, score="queryless"),
+            "capsule attention needs a score that takes the capsule query",
+        ),
+        (
+            lambda: MultiHopAttention(4, 4, score="queryless"),
+            "multi-hop attention needs a score that takes the query",
+        ),
+        (
+            lambda: LearnedQuerySelfAttention(4, score="queryless"),
+            "learned-query self-attention needs a score that takes the query; for a "
+            "query-less score use ConstantQuerySelfAttention",
+        ),
+        (
+            lambda: RelationalSelfAttention(4, score="queryless"),
+            "relational self-attention needs a score that takes the query (Q = W_Q F); for a "
+            "query-less score use ConstantQuerySelfAttention",
+        ),
+    ],
+    ids=["capsule", "multi-hop", "learned-query", "relational"],
+)
+def test_a_query_scored_mechanism_refuses_a_queryless_score_in_one_line(build, message):
+    with pytest.raises(attnlab.ConfigError) as caught:
+        build()
+    assert str(caught.value) == message
+
+
+def test_query_scored_attention_builds_the_general_model():
+    from attnlab.query._convention import query_scored_attention
+
+    torch.manual_seed(0)
+    built = query_scored_attention("toy", "additive", d_q=3, d_k=D, d_v=D)
+    torch.manual_seed(0)
+    plain = attnlab.Attention("additive", d_q=3, d_k=D, d_v=D)
+    assert isinstance(built, attnlab.Attention)
+    q, k = _x(1, B, 1, 3), _x(2)
+    torch.testing.assert_close(built(q, k).context, plain(q, k).context, rtol=0, atol=0)
+    with pytest.raises(attnlab.ConfigError, match=r"^toy needs a score that takes it!$"):
+        query_scored_attention("toy", "queryless", d_k=D, query="it", hint="!")

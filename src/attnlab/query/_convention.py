@@ -34,9 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import check_module_dtype, check_same, check_tensor
+from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
 from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general._convention import AttentionCall, ConventionAttention
+from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
 
@@ -46,6 +47,7 @@ __all__ = [
     "HeadAttention",
     "SequenceAttention",
     "check_call",
+    "query_scored_attention",
     "sequence_inputs",
 ]
 
@@ -172,12 +174,24 @@ class HeadAttention(ConventionAttention):
             key = value = query
         causal = extras.pop("causal", False)
         average_weights = extras.pop("average_weights", True)
-        return replace(
-            call, key=key, value=value, causal=causal, average_weights=average_weights
-        )
+        return replace(call, key=key, value=value, causal=causal, average_weights=average_weights)
 
     def _attend(self, call: AttentionCall, **extras: Any) -> AttentionOutput:
         raise NotImplementedError
+
+
+def query_scored_attention(
+    mechanism: str, *args: Any, query: str = "the query", hint: str = "", **options: Any
+) -> Attention:
+    """A general :class:`~attnlab.general.attention.Attention` (``Attention(*args,
+    **options)``) for a mechanism that scores its keys against a query -- a learned query
+    (capsule, learned-query and relational self-attention) or a state (multi-hop). A score
+    that takes no query is a one-line ``ConfigError``: "``mechanism`` needs a score that
+    takes ``query``" followed by ``hint``."""
+    attention = Attention(*args, **options)
+    if not attention.score.needs_query:
+        raise ConfigError(f"{mechanism} needs a score that takes {query}{hint}")
+    return attention
 
 
 # ----------------------------------------------------------------------------- learned queries

@@ -36,10 +36,9 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, check_int, check_tensor
 from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.alignment import masked_softmax
-from attnlab.general.attention import Attention
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
-from attnlab.query._convention import AttentionCall, SequenceAttention
+from attnlab.query._convention import AttentionCall, SequenceAttention, query_scored_attention
 from attnlab.query.self_attention import check_position_mask
 from attnlab.registry import register
 
@@ -234,9 +233,11 @@ class CapsuleAttention(SequenceAttention):
         self.d_v = value_dim if value_dim is not None else d_features
         self.capsules = nn.ModuleList(
             [
-                Attention(
+                query_scored_attention(
+                    "capsule attention",
                     score,
                     align,
+                    query="the capsule query",
                     d_q=d_q,
                     d_k=d_features,
                     key_dim=key_dim,
@@ -247,8 +248,6 @@ class CapsuleAttention(SequenceAttention):
                 for _ in range(num_classes)
             ]
         )
-        if not self.capsules[0].score.needs_query:
-            raise ConfigError("capsule attention needs a score that takes the capsule query")
         bound_q = 1.0 / math.sqrt(d_q)
         self.queries = nn.Parameter(torch.empty(num_classes, d_q).uniform_(-bound_q, bound_q))
         bound = 1.0 / math.sqrt(self.d_v)

@@ -42,7 +42,6 @@ from torch import Tensor, nn
 from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
 from attnlab._deprecation import renamed_keywords
-from attnlab.general.attention import Attention
 from attnlab.general.padding import (
     attended_keys,
     attending_rows,
@@ -51,7 +50,7 @@ from attnlab.general.padding import (
     zero_rows,
 )
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, ConventionAttention
+from attnlab.query._convention import AttentionCall, ConventionAttention, query_scored_attention
 from attnlab.registry import register
 
 __all__ = ["TRANSFORMS", "MultiHopAttention", "masked_mean_values"]
@@ -206,7 +205,8 @@ class MultiHopAttention(ConventionAttention):
         n = 1 if share_weights else hops
         self.attentions = nn.ModuleList(
             [
-                Attention(
+                query_scored_attention(
+                    "multi-hop attention",
                     score,
                     align,
                     d_q=d_score,
@@ -219,8 +219,6 @@ class MultiHopAttention(ConventionAttention):
                 for _ in range(n)
             ]
         )
-        if not self.attentions[0].score.needs_query:
-            raise ConfigError("multi-hop attention needs a score that takes the query")
         transforms = [_make_transform(transform, d_q, d_v) for _ in range(n)]
         if all(isinstance(t, nn.Module) for t in transforms):
             self.transforms: nn.ModuleList | list[Any] = nn.ModuleList(transforms)

@@ -37,7 +37,7 @@ from attnlab.general.attention import Attention
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows, zero_rows
 from attnlab.general.scoring import Score
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, SequenceAttention
+from attnlab.query._convention import AttentionCall, SequenceAttention, query_scored_attention
 from attnlab.registry import register
 
 __all__ = [
@@ -49,6 +49,9 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
+
+#: what a learned-query module's message offers instead of a query-less score
+_QUERYLESS_HINT = "; for a query-less score use ConstantQuerySelfAttention"
 
 
 def check_position_mask(mask: object) -> None:
@@ -273,9 +276,11 @@ class LearnedQuerySelfAttention(SequenceAttention):
         key_size = key_dim if key_dim is not None else d_features
         d_q = key_size if d_q is None else d_q
         self.d_q = d_q
-        self.attention = Attention(
+        self.attention = query_scored_attention(
+            "learned-query self-attention",
             score,
             align,
+            hint=_QUERYLESS_HINT,
             d_q=d_q,
             d_k=key_size,
             d_v=d_features,
@@ -283,11 +288,6 @@ class LearnedQuerySelfAttention(SequenceAttention):
             dropout=dropout,
             **options,
         )
-        if not self.attention.score.needs_query:
-            raise ConfigError(
-                "learned-query self-attention needs a score that takes the query; for a "
-                "query-less score use ConstantQuerySelfAttention"
-            )
         bound = 1.0 / math.sqrt(d_q)
         self.queries = nn.Parameter(torch.empty(num_queries, d_q).uniform_(-bound, bound))
 
@@ -413,10 +413,13 @@ class RelationalSelfAttention(SequenceAttention):
         self.d_f, self.d_qk, self.d_v, self.update = d_f, d_qk, d_v, update
         self.d_features = d_f
         self.query_proj = nn.Linear(d_f, d_qk)
-        self.attention = Attention(
+        self.attention = query_scored_attention(
+            "relational self-attention",
             score,
             align,
             dim,
+            query="the query (Q = W_Q F)",
+            hint=_QUERYLESS_HINT,
             d_q=d_qk,
             d_k=d_f,
             key_dim=d_qk,
@@ -424,11 +427,6 @@ class RelationalSelfAttention(SequenceAttention):
             dropout=dropout,
             **options,
         )
-        if not self.attention.score.needs_query:
-            raise ConfigError(
-                "relational self-attention needs a score that takes the query (Q = W_Q F); "
-                "for a query-less score use ConstantQuerySelfAttention"
-            )
         self.norm: nn.Module | Callable[[Tensor], Tensor] | None
         if norm is None or norm == "none":
             self.norm = None
