@@ -3,6 +3,7 @@ computed independently with naive Python loops on tiny float64 inputs."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -323,6 +324,19 @@ def test_registry_and_config_roundtrip():
         {"name": "dme", "kind": "feature", "embeddings": [3, (10, 2)], "d_proj": 5}
     )
     assert isinstance(built, DME) and built.d_proj == 5
+
+
+def test_the_gate_size_and_the_default_act_come_from_the_class():
+    dme = DME([(5, 3), 2], 4)
+    cdme = CDME([(5, 3), 2], 4, lstm_hidden=3)
+    assert dme.gate_dim == 4 and dme.gate.score.W.in_features == 4  # the projections themselves
+    assert cdme.gate_dim == 6 and cdme.gate.score.W.in_features == 6  # the BiLSTM states
+    for model in (dme, cdme):
+        assert model.gate.score.act == "identity"  # the paper's linear score
+    assert DME([(5, 3)], 4, act="tanh").gate.score.act == "tanh"
+    assert "gate_dim" not in inspect.signature(DME).parameters
+    with pytest.raises(TypeError, match=r"unknown options \['gate_dim'\]"):
+        DME([(5, 3)], 4, gate_dim=2)  # not a DME option: it follows from the class
 
 
 # ----------------------------------------------------------------------------- learning

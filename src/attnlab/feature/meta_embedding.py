@@ -50,8 +50,10 @@ def _checked_mask(m: object, name: str, B: int, n: int, *, dtype_too: bool = Fal
 class MetaEmbedding(ConventionAttention):
     """Shared machinery of :class:`DME` and :class:`CDME`: the ``E`` embedding tables,
     their projections to the common size ``d_proj``, per-embedding OOV handling, and
-    the query-less attention over the embeddings. Subclasses define :meth:`gate_keys`
-    (the vectors the weights are scored from)."""
+    the query-less attention over the embeddings (``act="identity"`` by default: the
+    linear score of the paper). Subclasses define :meth:`gate_keys` (the vectors the
+    weights are scored from) and, where those are not of size ``d_proj``,
+    :meth:`gate_size`. The arguments are :class:`DME`'s."""
 
     def __init__(
         self,
@@ -61,10 +63,10 @@ class MetaEmbedding(ConventionAttention):
         align: str = "soft",
         oov_index: int | Sequence[int | None] | None = None,
         freeze: bool = True,
-        gate_dim: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
+        options.setdefault("act", "identity")
         if isinstance(embeddings, Tensor | nn.Module) or not isinstance(embeddings, Sequence):
             raise ConfigError("embeddings must be a list with one entry per embedding")
         if len(embeddings) < 1:
@@ -91,7 +93,7 @@ class MetaEmbedding(ConventionAttention):
             self.tables.append(table if table is not None else nn.Identity())
             self.dims.append(dim)
         self.proj = nn.ModuleList(nn.Linear(d, d_proj) for d in self.dims)
-        self.gate_dim = d_proj if gate_dim is None else gate_dim
+        self.gate_dim = self.gate_size()
         self.gate = Attention(
             score="queryless", align=align, d_k=self.gate_dim, d_v=d_proj, **options
         )
@@ -244,6 +246,11 @@ class MetaEmbedding(ConventionAttention):
         """The vectors the weights are scored from, ``[B, n, E, gate_dim]``."""
         raise NotImplementedError
 
+    def gate_size(self) -> int:
+        """``gate_dim``, the size of :meth:`gate_keys`' vectors: ``d_proj`` (the
+        projected embeddings themselves)."""
+        return self.d_proj
+
     def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
         """The call ``module(inputs, *, mask=None, masks=None, need_weights=False)``:
         ``query`` = the inputs (named ``inputs`` in messages), one tensor per embedding;
@@ -339,21 +346,6 @@ class DME(MetaEmbedding):
     :cost: O(B n (sum_i d_i d' + E d' d_w)) time, O(B n E d') memory
     """
 
-    def __init__(
-        self,
-        embeddings: Sequence[EmbeddingSpec],
-        d_proj: int,
-        *,
-        align: str = "soft",
-        oov_index: int | Sequence[int | None] | None = None,
-        freeze: bool = True,
-        **options: Any,
-    ) -> None:
-        options.setdefault("act", "identity")
-        super().__init__(
-            embeddings, d_proj, align=align, oov_index=oov_index, freeze=freeze, **options
-        )
-
     def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
         return xt
 
@@ -399,18 +391,15 @@ class CDME(MetaEmbedding):
         freeze: bool = True,
         **options: Any,
     ) -> None:
-        check_int(lstm_hidden, "lstm_hidden", wording="a positive int")
-        options.setdefault("act", "identity")
+        self.lstm_hidden = check_int(lstm_hidden, "lstm_hidden", wording="a positive int")
         super().__init__(
-            embeddings,
-            d_proj,
-            align=align,
-            oov_index=oov_index,
-            freeze=freeze,
-            gate_dim=2 * lstm_hidden,
-            **options,
+            embeddings, d_proj, align=align, oov_index=oov_index, freeze=freeze, **options
         )
         self.lstm = MaskedRNN(d_proj, lstm_hidden, cell="lstm", bidirectional=True)
+
+    def gate_size(self) -> int:
+        """The BiLSTM states: ``2 * lstm_hidden``."""
+        return 2 * self.lstm_hidden
 
     def gate_keys(self, xt: Tensor, available: Tensor, token_mask: Tensor | None) -> Tensor:
         B, n, E, d = xt.shape
