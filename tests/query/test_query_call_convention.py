@@ -119,6 +119,8 @@ def test_head_modules_refuse_an_unknown_keyword_by_the_module_name(case):
         TypeError, match=rf"^{name}\.forward\(\) got an unexpected keyword argument 'kees'$"
     ):
         module(x, kees=x)
+    with pytest.raises(TypeError, match=rf"^{name}\.forward\(\) takes from 1 to 4 positional"):
+        module(x, None, None, x)
     # the mechanism's own keywords still arrive
     if case == "transformer-xl":
         memory = _x(2, B, 3, D)

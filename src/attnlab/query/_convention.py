@@ -133,7 +133,7 @@ class HeadAttention(ConventionAttention):
         query: Tensor,
         key: Tensor | None = None,
         value: Tensor | None = None,
-        *,
+        *more: Tensor | None,
         mask: Tensor | None = None,
         causal: bool = False,
         need_weights: bool = False,
@@ -142,11 +142,13 @@ class HeadAttention(ConventionAttention):
     ) -> AttentionOutput:
         """The convention's ``forward`` with the multi-head keywords ``causal`` and
         ``average_weights`` named in the signature; ``extras``: the mechanism's own
-        keywords (a keyword it does not take is a one-line ``TypeError``)."""
+        keywords. A keyword the mechanism does not take, or a fourth positional argument
+        (``more``), is a one-line ``TypeError`` naming the module."""
         return super().forward(
             query,
             key,
             value,
+            *more,
             mask=mask,
             need_weights=need_weights,
             causal=causal,
