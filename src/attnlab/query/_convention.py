@@ -176,7 +176,9 @@ class HeadAttention(ConventionAttention):
             key = value = query
         causal = extras.pop("causal", False)
         average_weights = extras.pop("average_weights", True)
-        return replace(call, key=key, value=value, causal=causal, average_weights=average_weights)
+        return AttentionCall(
+            query, key, value, call.mask, causal, call.need_weights, average_weights
+        )
 
     def _attend(self, call: AttentionCall, **extras: Any) -> AttentionOutput:
         raise NotImplementedError
