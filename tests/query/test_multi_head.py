@@ -227,3 +227,40 @@ def test_learns_retrieval_by_content():
     # measured: multi-head ~1.0, mean pooling ~0.35 (chance 0.25)
     assert acc > 0.9, acc
     assert base < 0.6, base
+
+
+# ----------------------------------------------------------------------------- shared projections
+
+
+def test_the_head_modules_build_their_projections_in_one_place():
+    from attnlab.query import (
+        LinformerAttention,
+        LSHAttention,
+        RelativePositionAttention,
+        SynthesizerAttention,
+        TransformerXLAttention,
+    )
+    from attnlab.query.multi_head import ProjectedHeadAttention
+
+    modules = {
+        "mha": MultiHeadAttention(8, 4, d_k=6, d_v=5, num_kv_heads=2, head_dim=3, out_dim=7),
+        "relative": RelativePositionAttention(8, 2, d_k=6, d_v=5, out_dim=7),
+        "linformer": LinformerAttention(8, 2, max_len=5, proj_len=3),
+        "synthesizer": SynthesizerAttention(8, 2, max_len=5),
+        "reformer": LSHAttention(8, 2),
+        "transformer-xl": TransformerXLAttention(8, 2, bias=False),
+    }
+    for name, m in modules.items():
+        assert isinstance(m, ProjectedHeadAttention), name
+    mha = modules["mha"]  # W_q [d_model -> h d_head], W_k/W_v [d_k, d_v -> h_kv d_head]
+    assert (mha.q_proj.in_features, mha.q_proj.out_features) == (8, 4 * 3)
+    assert (mha.k_proj.in_features, mha.k_proj.out_features) == (6, 2 * 3)
+    assert (mha.v_proj.in_features, mha.v_proj.out_features) == (5, 2 * 3)
+    assert (mha.out_proj.in_features, mha.out_proj.out_features) == (4 * 3, 7)
+    rel = modules["relative"]
+    assert (rel.k_proj.in_features, rel.v_proj.in_features, rel.out_proj.out_features) == (6, 5, 7)
+    assert not hasattr(modules["reformer"], "k_proj")  # W_q is shared with the keys
+    txl = modules["transformer-xl"]
+    assert txl.q_proj.bias is None and txl.out_proj.bias is None and txl.r_proj.bias is None
+    with pytest.raises(attnlab.ConfigError, match=r"^num_kv_heads=0 must be >= 1 and divide"):
+        MultiHeadAttention(8, 4, num_kv_heads=0)

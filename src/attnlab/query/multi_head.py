@@ -35,16 +35,19 @@ __all__ = ["MultiHeadAttention"]
 
 
 class ProjectedHeadAttention(HeadAttention):
-    """Base of the multi-head variants whose inputs all have ``d_model`` features
-    (Linformer, Synthesizer, Reformer): the constructor part they share.
+    """Base of the multi-head modules that project their inputs per head (multi-head,
+    relative-position, Linformer, Synthesizer, Reformer, Transformer-XL): the constructor
+    part they share.
 
     It checks and sets ``d_model``, ``num_heads`` and ``head_dim`` (default
-    ``d_model // num_heads``) and the weight dropout ``dropout`` (a float in ``[0, 1)``),
-    and builds the projections of multi-head attention, in this order: ``<x>_proj``
-    ``= nn.Linear(d_model, h d_head)`` for each ``x`` of ``inputs`` (``"q"``, ``"k"``,
-    ``"v"``: a mechanism that synthesises its scores, or shares ``W_q`` with the keys,
-    leaves some out) and ``out_proj = nn.Linear(h d_head, d_model)`` (``W_O``). Cost of
-    each projection: O(B n d_model h d_head)."""
+    ``d_model // num_heads``), the weight dropout ``dropout`` (a float in ``[0, 1)``),
+    ``d_k`` (default ``d_model``) and ``d_v`` (default ``d_k``), and builds the projections
+    of multi-head attention, in this order: ``<x>_proj`` for each ``x`` of ``inputs`` --
+    ``q_proj = nn.Linear(d_model, h d_head)``, ``k_proj = nn.Linear(d_k, h_kv d_head)``,
+    ``v_proj = nn.Linear(d_v, h_kv d_head)`` (a mechanism that synthesises its scores, or
+    shares ``W_q`` with the keys, leaves some out; ``h_kv = num_kv_heads``, default ``h``,
+    must divide ``h``) -- and ``out_proj = nn.Linear(h d_head, out_dim or d_model)``
+    (``W_O``). Cost of each projection: O(B n d_in h d_head)."""
 
     def __init__(
         self,
@@ -53,20 +56,33 @@ class ProjectedHeadAttention(HeadAttention):
         head_dim: int | None = None,
         *,
         inputs: tuple[str, ...] = ("q", "k", "v"),
+        d_k: int | None = None,
+        d_v: int | None = None,
+        num_kv_heads: int | None = None,
+        out_dim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
     ) -> None:
         super().__init__()
         hd = self._init_heads(d_model, num_heads, head_dim)
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if kv_heads < 1 or num_heads % kv_heads:
+            raise ConfigError(
+                f"num_kv_heads={kv_heads} must be >= 1 and divide num_heads={num_heads}"
+            )
         self.dropout = check_dropout(dropout)
-        inner = num_heads * hd
+        self.d_k = d_model if d_k is None else d_k
+        self.d_v = self.d_k if d_v is None else d_v
+        self.num_kv_heads = kv_heads
+        sizes = {"q": (d_model, num_heads), "k": (self.d_k, kv_heads), "v": (self.d_v, kv_heads)}
         for name in inputs:
-            setattr(self, f"{name}_proj", nn.Linear(d_model, inner, bias=bias))
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+            d_in, heads = sizes[name]
+            setattr(self, f"{name}_proj", nn.Linear(d_in, heads * hd, bias=bias))
+        self.out_proj = nn.Linear(num_heads * hd, out_dim or d_model, bias=bias)
 
 
 @register("query", "multi-head", aliases=("mha", "multihead"))
-class MultiHeadAttention(HeadAttention):
+class MultiHeadAttention(ProjectedHeadAttention):
     """Multi-head attention with any score and alignment per head.
 
     Args:
@@ -116,21 +132,18 @@ class MultiHeadAttention(HeadAttention):
         out_dim: int | None = None,
         **options: Any,
     ) -> None:
-        super().__init__()
-        head_dim = self._init_heads(d_model, num_heads, head_dim)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ConfigError(
-                f"num_kv_heads={num_kv_heads} must be >= 1 and divide num_heads={num_heads}"
-            )
-        self.dropout = check_dropout(dropout)
-        d_k = d_model if d_k is None else d_k
-        d_v = d_k if d_v is None else d_v
-        self.d_k, self.d_v, self.num_kv_heads = d_k, d_v, num_kv_heads
-        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_k, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_v, num_kv_heads * head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * head_dim, out_dim or d_model, bias=bias)
+        super().__init__(
+            d_model,
+            num_heads,
+            head_dim,
+            d_k=d_k,
+            d_v=d_v,
+            num_kv_heads=num_kv_heads,
+            out_dim=out_dim,
+            dropout=dropout,
+            bias=bias,
+        )
+        head_dim = self.head_dim
         self.heads = nn.ModuleList(
             [
                 Attention(score, align, d_q=head_dim, d_k=head_dim, dropout=dropout, **options)

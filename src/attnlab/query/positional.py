@@ -26,8 +26,9 @@ from attnlab import masks as _masks
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
 from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, HeadAttention
-from attnlab.query.efficient import check_dropout, reduce_weights
+from attnlab.query._convention import AttentionCall
+from attnlab.query.efficient import reduce_weights
+from attnlab.query.multi_head import ProjectedHeadAttention
 from attnlab.registry import Configurable, get, register
 
 __all__ = [
@@ -458,7 +459,7 @@ def relative_position_attention(
 
 
 @register("query", "relative-positions", aliases=("relative", "shaw"))
-class RelativePositionAttention(HeadAttention):
+class RelativePositionAttention(ProjectedHeadAttention):
     """Multi-head self-attention with relative position representations (Shaw et al. 2018).
 
     Per head, with ``q = W_Q x``, ``k = W_K x``, ``v = W_V x`` split into heads of size
@@ -527,10 +528,18 @@ class RelativePositionAttention(HeadAttention):
         bias: bool = True,
         out_dim: int | None = None,
     ) -> None:
-        super().__init__()
-        head_dim = self._init_heads(d_model, num_heads, head_dim)
         check_int(max_distance, "max_distance", 0)
-        self.dropout = check_dropout(dropout)
+        super().__init__(
+            d_model,
+            num_heads,
+            head_dim,
+            d_k=d_k,
+            d_v=d_v,
+            out_dim=out_dim,
+            dropout=dropout,
+            bias=bias,
+        )
+        head_dim = self.head_dim
         entry = get("align", align)
         if not entry.cls.supports_multi:
             raise ConfigError(
@@ -538,15 +547,8 @@ class RelativePositionAttention(HeadAttention):
                 "position attention takes soft, sparsemax or entmax15"
             )
         self.align = entry.cls()
-        d_k = d_model if d_k is None else d_k
-        d_v = d_k if d_v is None else d_v
-        self.d_k, self.d_v = d_k, d_v
         self.max_distance = max_distance
         self.share_heads = bool(share_heads)
-        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_k, num_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_v, num_heads * head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * head_dim, out_dim or d_model, bias=bias)
         tables = 1 if self.share_heads else num_heads
         rows = 2 * max_distance + 1
         std = 1.0 / math.sqrt(head_dim)

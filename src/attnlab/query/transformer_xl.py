@@ -65,14 +65,14 @@ from attnlab.general.padding import (
     zero_rows,
 )
 from attnlab.output import AttentionOutput
-from attnlab.query._convention import AttentionCall, HeadAttention
+from attnlab.query._convention import AttentionCall
 from attnlab.query.efficient import (
-    check_dropout,
     head_mask,
     merge_heads,
     reduce_weights,
     split_heads,
 )
+from attnlab.query.multi_head import ProjectedHeadAttention
 from attnlab.registry import register
 
 __all__ = ["TransformerXLAttention", "rel_shift", "sinusoid_encoding"]
@@ -114,7 +114,7 @@ def rel_shift(x: Tensor, n_k: int) -> Tensor:
     "transformer-xl",
     aliases=("txl", "transformer_xl", "relative-xl"),
 )
-class TransformerXLAttention(HeadAttention):
+class TransformerXLAttention(ProjectedHeadAttention):
     """Transformer-XL multi-head attention: relative positions and a segment memory.
 
     Args:
@@ -154,20 +154,15 @@ class TransformerXLAttention(HeadAttention):
         dropout: float = 0.0,
         bias: bool = False,
     ) -> None:
-        super().__init__()
-        hd = self._init_heads(d_model, num_heads, head_dim)
         self.mem_len = check_int(mem_len, "mem_len", minimum=0)
-        self.dropout = check_dropout(dropout)
-        inner = num_heads * hd
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.k_proj = nn.Linear(d_model, inner, bias=bias)  # W_{k,E}
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
-        self.r_proj = nn.Linear(d_model, inner, bias=False)  # W_{k,R}
+        # q_proj, k_proj (W_{k,E}), v_proj and out_proj
+        super().__init__(d_model, num_heads, head_dim, dropout=dropout, bias=bias)
+        hd = self.head_dim
+        self.r_proj = nn.Linear(d_model, num_heads * hd, bias=False)  # W_{k,R}
         self.content_bias = nn.Parameter(torch.empty(num_heads, hd))  # u
         self.position_bias = nn.Parameter(torch.empty(num_heads, hd))  # v
         nn.init.normal_(self.content_bias, std=0.02)
         nn.init.normal_(self.position_bias, std=0.02)
-        self.out_proj = nn.Linear(inner, d_model, bias=bias)
 
     def relative_keys(self, n: int, n_k: int, causal: bool, like: Tensor) -> Tensor:
         """``r_t = W_{k,R} R_t`` for the distances ``n_k - 1`` down to ``0`` (causal) or
