@@ -20,7 +20,8 @@ Usage (``tests/`` is on ``sys.path`` because ``tests/conftest.py`` lives there):
 or one check at a time (``check_output``, ``check_need_weights_keeps_context``,
 ``check_weights_none_unless_asked``, ``check_masked_keys_zero``,
 ``check_fully_masked_row``, ``check_all_rows_masked``, ``check_gradients``,
-``check_wrong_dtype``, ``check_rebuild``); for the reference loops, ``naive_softmax``; for
+``check_wrong_dtype``, ``check_rebuild``, ``check_rebuild_same_output``,
+``check_dropout_only_in_training``); for the reference loops, ``naive_softmax``; for
 the learning tests, ``check_learns_against_no_attention`` on the tasks of
 ``benchmarks/variants.py`` (``benchmark_variants`` loads that module).
 
@@ -54,6 +55,7 @@ __all__ = [
     "benchmark_variants",
     "call",
     "check_all_rows_masked",
+    "check_dropout_only_in_training",
     "check_fully_masked_row",
     "check_gradients",
     "check_learns_against_no_attention",
@@ -61,6 +63,7 @@ __all__ = [
     "check_need_weights_keeps_context",
     "check_output",
     "check_rebuild",
+    "check_rebuild_same_output",
     "check_weights_none_unless_asked",
     "check_wrong_dtype",
     "module_from_spec",
@@ -467,3 +470,49 @@ def check_all_rows_masked(
     assert x.grad is not None, "no gradient reaches the query"
     assert torch.isfinite(x.grad).all(), "the gradient of the query is not finite"
     return out
+
+
+def check_dropout_only_in_training(
+    module: nn.Module, inputs: Inputs | Sequence[Any], **extra: Any
+) -> tuple[Any, Any, Any]:
+    """A module with dropout: in evaluation mode two calls give the same context; in
+    training mode two calls under different seeds (1 and 2) give different contexts, each
+    different from the evaluation context. The module's mode is restored. Returns the
+    outputs ``(evaluation, training seed 1, training seed 2)``, so that a test can check
+    more of them (e.g. that the returned weights are those before dropout)."""
+    was = module.training
+    try:
+        module.eval()
+        e1, e2 = call(module, inputs, **extra), call(module, inputs, **extra)
+        assert torch.equal(e1.context, e2.context), "evaluation is not deterministic"
+        module.train()
+        torch.manual_seed(1)
+        t1 = call(module, inputs, **extra)
+        torch.manual_seed(2)
+        t2 = call(module, inputs, **extra)
+    finally:
+        module.train(was)
+    assert not torch.allclose(t1.context, e1.context), "training equals evaluation"
+    assert not torch.allclose(t1.context, t2.context), "two training calls are equal"
+    return e1, t1, t2
+
+
+def check_rebuild_same_output(
+    module: nn.Module,
+    inputs: Inputs | Sequence[Any],
+    *,
+    output: str = "context",
+    **expected_attrs: Any,
+) -> nn.Module:
+    """:func:`check_rebuild`, then the rebuilt module, given ``module``'s parameters
+    (``load_state_dict``) and put in the same training or evaluation mode, computes the
+    same ``output`` (an attribute of the result, the context by default) on ``inputs`` as
+    ``module``. Returns the rebuilt module."""
+    rebuilt = check_rebuild(module, **expected_attrs)
+    rebuilt.load_state_dict(module.state_dict())
+    rebuilt.train(module.training)
+    with torch.no_grad():
+        want = getattr(call(module, inputs), output)
+        got = getattr(call(rebuilt, inputs), output)
+    torch.testing.assert_close(got, want, msg=lambda m: f"rebuilt {output}: {m}")
+    return rebuilt

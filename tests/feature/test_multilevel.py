@@ -731,6 +731,19 @@ def _accuracy(model, data, labels) -> float:
         return (model(*data).argmax(-1) == labels).float().mean().item()
 
 
+def _test_accuracies(makers, train, test, epochs) -> dict[str, float]:
+    """Each contender ``makers[name]()``, built under seed 0 and trained by ``_train`` for
+    ``epochs`` on ``train`` ``(data, labels)``: its accuracy on ``test`` ``(data,
+    labels)``, by name."""
+    results = {}
+    for name, make in makers.items():
+        torch.manual_seed(0)
+        model = make()
+        _train(model, *train, len(train[1]), epochs=epochs)
+        results[name] = _accuracy(model, *test)
+    return results
+
+
 # HAN task: 6-12 sentences of 0-6 filler words (empty sentences included); one sentence
 # holds the MARK word and the key word K_y, another sentence the other key K_{1-y}.
 # Every document holds the same bag {MARK, K0, K1} + fillers, so mean pooling is at chance;
@@ -783,12 +796,9 @@ def test_han_learns_key_word_in_marked_sentence():
     g = torch.Generator().manual_seed(0)
     train, y_train = _han_task(800, g)
     test, y_test = _han_task(500, g)
-    results = {}
-    for name, cls in (("han", _HanModel), ("mean", _MeanPoolModel)):
-        torch.manual_seed(0)
-        model = cls()
-        _train(model, train, y_train, 800, epochs=6)
-        results[name] = _accuracy(model, test, y_test)
+    results = _test_accuracies(
+        {"han": _HanModel, "mean": _MeanPoolModel}, (train, y_train), (test, y_test), epochs=6
+    )
     assert results["han"] >= 0.95, results
     assert results["mean"] <= 0.60, results
 
@@ -859,16 +869,12 @@ def test_ava_learns_character_inside_attended_word():
     g = torch.Generator().manual_seed(0)
     train, y_train = _ava_task(1000, g)
     test, y_test = _ava_task(500, g)
-    results = {}
-    for name, make in (
-        ("mixture", lambda: _AvAModel("mixture")),
-        ("query", lambda: _AvAModel("query")),
-        ("mean", _AvAMeanModel),
-    ):
-        torch.manual_seed(0)
-        model = make()
-        _train(model, train, y_train, 1000, epochs=8)
-        results[name] = _accuracy(model, test, y_test)
+    contenders = {
+        "mixture": lambda: _AvAModel("mixture"),
+        "query": lambda: _AvAModel("query"),
+        "mean": _AvAMeanModel,
+    }
+    results = _test_accuracies(contenders, (train, y_train), (test, y_test), epochs=8)
     assert results["mixture"] >= 0.95, results
     assert results["query"] <= 0.62, results
     assert results["mean"] <= 0.62, results

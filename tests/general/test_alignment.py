@@ -992,29 +992,49 @@ def _train_mean_pooling_baseline(seed: int, steps: int) -> float:
         return (clf(x.mean(1)).argmax(-1) == y).float().mean().item()
 
 
-def _train_hard(estimator: str, seed: int, steps: int) -> tuple[float, float]:
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    attn = attnlab.Attention(
-        score="general", align="hard", d_q=1, d_k=3, d_v=2, estimator=estimator
-    )
+def _train_on_flagged_items(
+    attn: nn.Module,
+    q: torch.Tensor,
+    gen: torch.Generator,
+    steps: int,
+    *,
+    reinforce: bool,
+    sparsity: float = 0.0,
+) -> nn.Module:
+    """Train ``attn`` (queries ``q``, keys and values of ``flagged_items_task``, batches of
+    128) and a new ``_classifier()`` on its context together, ``steps`` Adam steps (lr
+    1e-2): the mean cross-entropy, plus with ``reinforce`` the REINFORCE loss of the reward
+    ``-cross-entropy - sparsity * selection ratio`` against a running-mean baseline.
+    Returns the classifier; ``attn`` is left in evaluation mode."""
     clf = _classifier()
     opt = torch.optim.Adam([*attn.parameters(), *clf.parameters()], lr=1e-2)
-    q = torch.ones(128, 1)  # one constant query: the score is a learned function of the key
     baseline = 0.0
     for _ in range(steps):
         keys, x, y, _ = flagged_items_task(128, gen)
         out = attn(q, keys, x)
         ce = F.cross_entropy(clf(out.context), y, reduction="none")
         loss = ce.mean()
-        if estimator == "reinforce":
+        if reinforce:
             reward = -ce.detach()
+            if sparsity:
+                reward = reward - sparsity * out.extras["selection_ratio"]
             loss = loss + reinforce_loss(out.log_prob, reward, baseline)
             baseline = 0.9 * baseline + 0.1 * reward.mean().item()
         opt.zero_grad()
         loss.backward()
         opt.step()
     attn.eval()
+    return clf
+
+
+def _train_hard(estimator: str, seed: int, steps: int) -> tuple[float, float]:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    attn = attnlab.Attention(
+        score="general", align="hard", d_q=1, d_k=3, d_v=2, estimator=estimator
+    )
+    q = torch.ones(128, 1)  # one constant query: the score is a learned function of the key
+    clf = _train_on_flagged_items(attn, q, gen, steps, reinforce=estimator == "reinforce")
     keys, x, y, marked = flagged_items_task(2000, gen)
     with torch.no_grad():
         out = attn(torch.ones(2000, 1), keys, x, need_weights=True)
@@ -1050,21 +1070,8 @@ def test_reinforced_attention_learns_to_select_the_informative_key():
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     attn = attnlab.Attention(score="dot", align="reinforced", d_q=3, d_k=3, d_v=2)
-    clf = _classifier()
-    opt = torch.optim.Adam([*attn.parameters(), *clf.parameters()], lr=1e-2)
     q = torch.zeros(128, 3)
-    baseline = 0.0
-    for _ in range(steps):
-        keys, x, y, _ = flagged_items_task(128, gen)
-        out = attn(q, keys, x)
-        ce = F.cross_entropy(clf(out.context), y, reduction="none")
-        reward = -ce.detach() - 0.1 * out.extras["selection_ratio"]
-        loss = ce.mean() + reinforce_loss(out.log_prob, reward, baseline)
-        baseline = 0.9 * baseline + 0.1 * reward.mean().item()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    attn.eval()
+    clf = _train_on_flagged_items(attn, q, gen, steps, reinforce=True, sparsity=0.1)
     keys, x, y, marked = flagged_items_task(2000, gen)
     with torch.no_grad():
         out = attn(torch.zeros(2000, 3), keys, x)

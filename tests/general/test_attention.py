@@ -14,6 +14,7 @@ import pytest
 import torch
 from attention_harness import (
     Inputs,
+    check_dropout_only_in_training,
     check_fully_masked_row,
     check_gradients,
     check_masked_keys_zero,
@@ -612,18 +613,7 @@ def test_scaled_dot_soft_against_loops_without_projection():
 def test_dropout_train_vs_eval(score, align, dim):
     torch.manual_seed(0)
     attn = Attention(score, align, dim, d_q=D, d_k=D, dropout=0.5)
-    q, k, v = _inputs(n_k=12)
-    attn.eval()
-    e1 = attn(q, k, v, need_weights=True)
-    e2 = attn(q, k, v, need_weights=True)
-    assert torch.equal(e1.context, e2.context)  # evaluation is deterministic
-    attn.train()
-    torch.manual_seed(1)
-    t1 = attn(q, k, v, need_weights=True)
-    torch.manual_seed(2)
-    t2 = attn(q, k, v, need_weights=True)
-    assert not torch.allclose(t1.context, e1.context)
-    assert not torch.allclose(t1.context, t2.context)
+    e1, t1, t2 = check_dropout_only_in_training(attn, _inputs(n_k=12), need_weights=True)
     # the returned weights are those before dropout
     torch.testing.assert_close(t1.weights, e1.weights, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(t2.weights, e1.weights, rtol=1e-6, atol=1e-6)
@@ -755,13 +745,20 @@ def test_empty_key_set(score, align, dim, mode):
 # ------------------------------------------------------------------------------ NaN input
 
 
-@pytest.mark.parametrize(("score", "align", "dim"), VALID, ids=[ids(c) for c in VALID])
-@pytest.mark.parametrize("path", ["auto", "explicit"])
-def test_nan_in_a_key_poisons_only_its_batch_element(score, align, dim, path):
+def _attention_and_clean_rest(score, align, dim, path):
+    """For the tests that spoil batch element 0 of the inputs: the attention (seed 0, in
+    evaluation mode), the inputs ``(q, k, v)`` and its output (with weights) on the clean
+    batch elements ``1:``, to which the spoiled call's elements 1: must be equal."""
     torch.manual_seed(0)
     attn = Attention(score, align, dim, d_q=D, d_k=D, path=path).eval()
     q, k, v = _inputs()
-    clean = attn(q[1:], k[1:], v[1:], need_weights=True)
+    return attn, (q, k, v), attn(q[1:], k[1:], v[1:], need_weights=True)
+
+
+@pytest.mark.parametrize(("score", "align", "dim"), VALID, ids=[ids(c) for c in VALID])
+@pytest.mark.parametrize("path", ["auto", "explicit"])
+def test_nan_in_a_key_poisons_only_its_batch_element(score, align, dim, path):
+    attn, (q, k, v), clean = _attention_and_clean_rest(score, align, dim, path)
     k[0, 2, 1] = float("nan")  # an allowed key, inside every window (D = 8 > n_k)
     out = attn(q, k, v, need_weights=True)
     assert torch.isnan(out.context[0]).all()

@@ -26,6 +26,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first b
 
 import pytest
 import torch
+from additive_references import ref_multi_dim
 from torch import nn
 
 from attnlab import masks
@@ -71,16 +72,6 @@ def ref_additive(q1, k2, w, v, mask, fn):
         s = s.masked_fill(~mask, float("-inf"))
     a = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows without any key: zero weights
     return a @ v, a
-
-
-def ref_multi(q1, k2, W_d, b_d, v, mask, fn):
-    e = fn(q1[:, :, None, :] + k2[:, None, :, :]) @ W_d  # [B, n_q, n_k, d_v]
-    if b_d is not None:
-        e = e + b_d
-    if mask is not None:
-        e = e.masked_fill(~mask[..., None], float("-inf"))
-    a = torch.softmax(e, dim=2).nan_to_num(0.0)
-    return (a * v[:, None, :, :]).sum(2), a
 
 
 # -------------------------------------------------------------------- helpers
@@ -156,7 +147,7 @@ def _check(kernel_out, ref_out, kernel_ins, ref_ins, names, dtype, seed=7):
 #: per kernel: the function, its reference and the names of its differentiable inputs
 KERNELS = {
     "additive": (flash_additive_attention, ref_additive, ["q1", "k2", "w", "v"]),
-    "multi": (flash_multi_dim_attention, ref_multi, ["q1", "k2", "W_d", "b_d", "v"]),
+    "multi": (flash_multi_dim_attention, ref_multi_dim, ["q1", "k2", "W_d", "b_d", "v"]),
 }
 
 
@@ -178,35 +169,55 @@ def _run(kernel, act="tanh", kind="arbitrary", dtype=torch.float32, **kw):
 MASK_KINDS = ["none", "key-padding", "causal", "causal-flag", "arbitrary"]
 
 
-# ----------------------------------------------------------------- additive
+# ------------------------------------------------------------- both kernels
 
 
 @pytest.mark.parametrize("act", list(ACTS))
-def test_additive_each_activation(act):
-    _run("additive", act=act)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_each_activation(kernel, act):
+    _run(kernel, act=act)
 
 
 @pytest.mark.parametrize("kind", MASK_KINDS)
-def test_additive_each_mask(kind):
-    _run("additive", kind=kind)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_each_mask(kernel, kind):
+    _run(kernel, kind=kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_additive_half_precision(dtype):
-    _run("additive", dtype=dtype)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_half_precision(kernel, dtype):
+    _run(kernel, dtype=dtype)
 
 
-def test_additive_odd_shapes_and_tiles():
+#: per kernel: rectangular tiles (32 queries by ``block_n`` keys) that do not divide the query
+#: and key counts; the multi-dimensional kernel also with other d_w and d_v
+ODD_TILES = {
+    "additive": {"nq": 37, "nk": 21, "block_m": 32, "block_n": 16},
+    "multi": {"nq": 37, "nk": 21, "dw": 17, "dv": 3, "block_m": 32, "block_n": 8},
+}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_odd_shapes_and_tiles(kernel):
     # one query tile and three key tiles (the last one 8 wide); d_w and d_v of 1
-    _run("additive", b=1, nq=5, nk=40, dw=1, dv=1)
-    # rectangular tiles: 32 queries by 16 keys
-    _run("additive", nq=37, nk=21, block_m=32, block_n=16)
+    _run(kernel, b=1, nq=5, nk=40, dw=1, dv=1)
+    _run(kernel, **ODD_TILES[kernel])
 
 
-def test_additive_causal_with_more_queries_than_keys():
+#: per kernel: the masks by which causality reaches it (the additive kernel also takes a
+#: materialised causal mask)
+CAUSAL_KINDS = {"additive": ["causal-flag", "causal"], "multi": ["causal-flag"]}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_causal_with_more_queries_than_keys(kernel):
     # the first n_q - n_k rows may attend nothing: zero context, zero gradients
-    _run("additive", kind="causal-flag", nq=20, nk=9)
-    _run("additive", kind="causal", nq=20, nk=9)
+    for kind in CAUSAL_KINDS[kernel]:
+        _run(kernel, kind=kind, nq=20, nk=9)
+
+
+# ----------------------------------------------------------------- additive
 
 
 def test_additive_need_weights():
@@ -224,37 +235,13 @@ def test_additive_need_weights():
 # ------------------------------------------------------- multi-dimensional
 
 
-@pytest.mark.parametrize("act", list(ACTS))
-def test_multi_each_activation(act):
-    _run("multi", act=act)
-
-
-@pytest.mark.parametrize("kind", MASK_KINDS)
-def test_multi_each_mask(kind):
-    _run("multi", kind=kind)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_multi_half_precision(dtype):
-    _run("multi", dtype=dtype)
-
-
-def test_multi_odd_shapes_and_tiles():
-    _run("multi", b=1, nq=5, nk=40, dw=1, dv=1)
-    _run("multi", nq=37, nk=21, dw=17, dv=3, block_m=32, block_n=8)
-
-
-def test_multi_causal_with_more_queries_than_keys():
-    _run("multi", kind="causal-flag", nq=20, nk=9)
-
-
 def test_multi_need_weights_and_b_d():
     t = _leaves()
     mask, _, full = _mask("arbitrary")
     ins = [t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"]]
     out, a = flash_multi_dim_attention(*ins, mask, need_weights=True)
     r = _upcast(t)
-    _, ref_a = ref_multi(r["q1"], r["k2"], r["W_d"], r["b_d"], r["v"], full.cpu(), torch.tanh)
+    _, ref_a = ref_multi_dim(r["q1"], r["k2"], r["W_d"], r["b_d"], r["v"], full.cpu(), torch.tanh)
     _close(a, ref_a, torch.float32, "weights")
     assert a.shape == (B, NQ, NK, DV) and not a.requires_grad
     _close((a * t["v"][:, None]).sum(2), out, torch.float32, "weights * v vs context")
@@ -327,9 +314,15 @@ def test_errors_are_one_line_and_name_the_fix():
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match=r"fast_tanh=True .* needs a CUDA GPU"):
             flash_additive_attention(q1, k2, w, v, fast_tanh=True)
-    with pytest.raises(TypeError, match=r"^flash_additive_attention\(\) got an unexpected keyword argument 'casual'$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^flash_additive_attention\(\) got an unexpected keyword argument 'casual'$",
+    ):
         flash_additive_attention(q1, k2, w, v, casual=True)
-    with pytest.raises(TypeError, match=r"^flash_multi_dim_attention\(\) got an unexpected keyword argument 'blockm'$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^flash_multi_dim_attention\(\) got an unexpected keyword argument 'blockm'$",
+    ):
         flash_multi_dim_attention(q1, k2, t["W_d"], None, v, blockm=32)
 
 

@@ -15,6 +15,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from additive_references import ref_multi_dim
 from torch import nn
 
 from attnlab.general import fused
@@ -66,14 +67,8 @@ def naive_additive(q1, k2, w, fn):
 
 
 def naive_multi_dim(q1, k2, W_d, b_d, v, mask, fn):
-    e = fn(q1[:, :, None, :] + k2[:, None, :, :]) @ W_d  # [B, n_q, n_k, d_v]
-    if b_d is not None:
-        e = e + b_d
-    if mask is not None:
-        e = e.masked_fill(~mask[..., None], float("-inf"))
-    a = torch.softmax(e, dim=2)
-    a = torch.nan_to_num(a, nan=0.0)  # rows without any key: zero weights
-    return (a * v[:, None, :, :]).sum(2)
+    """The context of :func:`ref_multi_dim`."""
+    return ref_multi_dim(q1, k2, W_d, b_d, v, mask, fn)[0]
 
 
 def _grads(out, inputs, seed=5):

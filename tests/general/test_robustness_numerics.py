@@ -19,7 +19,18 @@ import copy
 
 import pytest
 import torch
-from test_attention import N_K, N_Q, QUERYLESS, VALID, B, D, _inputs, _mask, ids
+from test_attention import (
+    N_K,
+    N_Q,
+    QUERYLESS,
+    VALID,
+    B,
+    D,
+    _attention_and_clean_rest,
+    _inputs,
+    _mask,
+    ids,
+)
 
 from attnlab import Attention, functional, masks
 from attnlab.general.alignment import masked_softmax
@@ -135,10 +146,7 @@ def test_issue_reproducer_sparse_attention_with_an_infinite_key(align):
 @pytest.mark.parametrize(("score", "align", "dim"), VALID, ids=[ids(c) for c in VALID])
 @pytest.mark.parametrize("path", ["auto", "explicit"])
 def test_an_infinite_key_never_crashes_and_stays_in_its_batch_element(score, align, dim, path):
-    torch.manual_seed(0)
-    attn = Attention(score, align, dim, d_q=D, d_k=D, path=path).eval()
-    q, k, v = _inputs()
-    clean = attn(q[1:], k[1:], v[1:], need_weights=True)
+    attn, (q, k, v), clean = _attention_and_clean_rest(score, align, dim, path)
     for value in (INF, -INF):
         k_bad = k.clone()
         k_bad[0, 2, 1] = value

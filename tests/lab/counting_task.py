@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from attnlab.lab.task import TaskData, register_task, spec_label
-from tests.lab.toy_task import ToyTask
+from attnlab.lab.task import TaskData, spec_label
+from tests.lab.toy_task import ToyTask, register_once
 
 __all__ = ["CountedToyTask", "read_counts"]
 
@@ -48,17 +48,9 @@ def read_counts(path: str | os.PathLike[str]) -> dict[tuple[str, int], int]:
     return counts
 
 
-def _register() -> type[CountedToyTask]:
-    from attnlab import registry
-
-    existing = registry._REGISTRY.get("task", {}).get("toy-counted")
-    if existing is not None and existing.cls.__qualname__ == "CountedToyTask":
-        return existing.cls
-    return register_task(
-        "toy-counted",
-        formula="the toy task, counting its trainings",
-        source="generated test task of attnlab (tests/lab/counting_task.py), 2024",
-    )(CountedToyTask)
-
-
-CountedToyTask = _register()  # type: ignore[misc]  # noqa: F811 -- the registered class
+CountedToyTask = register_once(  # type: ignore[misc]  # the registered class
+    "toy-counted",
+    CountedToyTask,
+    formula="the toy task, counting its trainings",
+    source="generated test task of attnlab (tests/lab/counting_task.py), 2024",
+)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from ablation_processes import done_runs, sigkill_when
 from click.testing import CliRunner
 
 from attnlab._checks import ConfigError
@@ -320,19 +319,6 @@ def test_ablate_command_writes_the_report(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- SIGKILL
 
 
-def _done_count(db: Path) -> int:
-    if not db.is_file():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return con.execute("SELECT COUNT(*) FROM runs WHERE status = 'done'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.OperationalError:
-        return 0
-
-
 @pytest.mark.slow
 def test_resume_after_sigkill(tmp_path):
     """Kill `attnlab ablate` (SIGKILL) once at least one run is recorded and before all are;
@@ -348,18 +334,7 @@ def test_resume_after_sigkill(tmp_path):
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     db = out / "results.sqlite"
-    deadline = time.monotonic() + 120
-    try:
-        while _done_count(db) < 1:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no run finished within 120 s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
+    sigkill_when(proc, lambda: done_runs(out) >= 1, "no run finished within 120 s")
     store = ResultsStore(out)
     done_before = store.done_ids()
     assert 1 <= len(done_before) < total, "the kill came too late to test resuming"

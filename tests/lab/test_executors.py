@@ -104,10 +104,11 @@ def reference(tmp_path_factory, toy_task_module):
     return rows
 
 
-@pytest.mark.slow
-def test_process_pool_gives_the_same_store(tmp_path, reference):
-    out = tmp_path / "pool"
-    result = run_ablation(
+def _ablate_on_two_workers(out, **kw):
+    """The ablation of ``reference`` (GRID, seeds 0 and 1) into ``out`` on two workers,
+    each loading the toy task by its plugin; ``kw``: more run_ablation arguments (the
+    executor)."""
+    return run_ablation(
         "toy",
         GRID,
         [0, 1],
@@ -116,7 +117,14 @@ def test_process_pool_gives_the_same_store(tmp_path, reference):
         jobs=2,
         progress=False,
         plugins=["tests.lab.toy_task"],
+        **kw,
     )
+
+
+@pytest.mark.slow
+def test_process_pool_gives_the_same_store(tmp_path, reference):
+    out = tmp_path / "pool"
+    result = _ablate_on_two_workers(out)
     assert not result.failed and len(result.ran) == 6
     assert _rows(out) == reference
 
@@ -127,17 +135,7 @@ def test_ray_local_instance_gives_the_same_store(tmp_path, reference, monkeypatc
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     out = tmp_path / "ray"
-    result = run_ablation(
-        "toy",
-        GRID,
-        [0, 1],
-        out_dir=out,
-        options=TINY,
-        executor="ray",
-        jobs=2,  # ray.init(num_cpus=2)
-        progress=False,
-        plugins=["tests.lab.toy_task"],
-    )
+    result = _ablate_on_two_workers(out, executor="ray")  # ray.init(num_cpus=2)
     assert not ray.is_initialized()  # it started Ray, so it shut it down
     assert not result.failed, result.failed
     assert sorted(result.ran) == sorted(reference)

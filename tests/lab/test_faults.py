@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from ablation_processes import done_runs, sigkill_when
 from click.testing import CliRunner
 
 from attnlab.lab.ablation import ablate_command
@@ -72,20 +73,6 @@ def _run_dirs(out: Path) -> dict[str, float]:
     return {p.name: p.stat().st_mtime for p in runs.iterdir() if not p.name.startswith(".")}
 
 
-def _done(out: Path) -> int:
-    db = out / "results.sqlite"
-    if not db.is_file():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return con.execute("SELECT COUNT(*) FROM runs WHERE status = 'done'").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.OperationalError:
-        return 0
-
-
 def _worker_started(tag: str, parent: int) -> Callable[[Path], bool]:
     """Workers are starting: a spawned child of the ablation exists (its interpreter is
     still booting, long before it could ask the kernel to die with its parent)."""
@@ -104,7 +91,7 @@ def _training(out: Path) -> bool:
 MOMENTS = {
     "workers-starting": None,  # _worker_started, which needs the tag and the parent pid
     "run-training": _training,
-    "between-runs": lambda out: _done(out) >= 1,
+    "between-runs": lambda out: done_runs(out) >= 1,
 }
 
 
@@ -128,19 +115,7 @@ def test_sigkill_leaves_no_worker_and_writes_nothing_afterwards(tmp_path, moment
         stderr=subprocess.PIPE,
     )
     ready = MOMENTS[moment] or _worker_started(tag, proc.pid)
-    try:
-        deadline = time.monotonic() + 120
-        while not ready(out):
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, f"never reached the moment {moment!r}"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        proc.stderr.close()
+    sigkill_when(proc, lambda: ready(out), f"never reached the moment {moment!r}", poll_s=0.01)
     at_death = _run_dirs(out)
     # a worker still booting (importing torch) when its parent died runs on until it
     # reaches its initializer, which exits: give a slow, loaded machine time for that

@@ -35,6 +35,13 @@ def _with_data(task: Task, data: TaskData) -> Task:
     return fixed(**task.options)
 
 
+def translation_options(**options: Any) -> dict[str, Any]:
+    """The options of the tiny generated translation task (``test_translation.TINY``, 1
+    epoch), ``options`` over them: for the tests that run it by name (``train_run``,
+    ``run_ablation``)."""
+    return {**importlib.import_module("test_translation").TINY, "epochs": 1, **options}
+
+
 def tiny_task(name: str, **options: Any) -> Task:
     """The task ``name`` on its tiny data with tiny model sizes, 1 epoch (``options`` over
     them)."""
@@ -52,22 +59,10 @@ def tiny_task(name: str, **options: Any) -> Task:
         return _with_data(task, mod._tiny_data())
     if name == "translation":
         mod = importlib.import_module("test_translation")
-        return mod.TranslationTask(**{**mod.TINY, **common})
+        return mod.TranslationTask(**translation_options(**options))
     if name == "vqa":
         mod = importlib.import_module("test_vqa")
-        from attnlab.data.vocab import Vocab
-
-        vocab = Vocab(["what", "color", "is", "it"])
-        info = {
-            "vocab": vocab,
-            "answers": ("red", "blue", "yes"),
-            "num_classes": 3,
-            "image_size": 16,
-            "version": "tiny",
-        }
-        splits = [mod.tiny_split(n, seed, vocab) for n, seed in ((4, 0), (2, 1), (3, 2))]
-        opts = {"grid": 4, "channels": [4], "hidden_size": 4, "embed_dim": 4, "batch_size": 4}
-        return _with_data(mod.VQATask(**{**opts, **common}), TaskData(*splits, info))
+        return _with_data(mod.VQATask(**{**mod.TINY, **common}), mod._tiny_data())
     if name == "pointer":
         mod = importlib.import_module("test_pointer_task")
         return mod.PointerTask(problem="sort", n=6, min_points=4, **{**mod.TINY, **common})

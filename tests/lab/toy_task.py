@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,9 @@ from torch import Tensor, nn
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.models.sentence import SentenceClassifier
 
-__all__ = ["FLAG", "ToyTask"]
+__all__ = ["FLAG", "ToyTask", "register_once"]
+
+T = TypeVar("T", bound=Task)
 
 FLAG = 2
 
@@ -185,20 +187,23 @@ class ToyTask(Task):
         return examples
 
 
-def _register() -> type[ToyTask]:
-    """Register :class:`ToyTask` as ``"toy"`` once, also when this file is imported under a
-    second module name (pytest may put tests/lab on sys.path)."""
+def register_once(name: str, cls: type[T], **meta: Any) -> type[T]:
+    """Register the task class ``cls`` as ``name`` (``meta``: register_task's formula,
+    source, ...) once, also when its file is imported under a second module name (pytest
+    may put tests/lab on sys.path): the class registered first under ``name`` with the
+    same qualified name is returned instead of registering a copy."""
     from attnlab import registry
 
-    existing = registry._REGISTRY.get("task", {}).get("toy")
-    if existing is not None and existing.cls.__qualname__ == "ToyTask":
+    existing = registry._REGISTRY.get("task", {}).get(name)
+    if existing is not None and existing.cls.__qualname__ == cls.__qualname__:
         return existing.cls
-    return register_task(
-        "toy",
-        formula="y = W_o sum_t a_t ReLU(W E[w_t]) (does the flag token occur?)",
-        source="generated test task of attnlab (tests/lab/toy_task.py), 2024",
-        cost="O(n d) per sequence",
-    )(ToyTask)
+    return register_task(name, **meta)(cls)
 
 
-ToyTask = _register()  # type: ignore[misc]  # noqa: F811 -- the registered class
+ToyTask = register_once(  # type: ignore[misc]  # the registered class
+    "toy",
+    ToyTask,
+    formula="y = W_o sum_t a_t ReLU(W E[w_t]) (does the flag token occur?)",
+    source="generated test task of attnlab (tests/lab/toy_task.py), 2024",
+    cost="O(n d) per sequence",
+)

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from attention_harness import check_rebuild_same_output
 from sklearn.metrics import f1_score
+from token_input_checks import check_token_inputs_rejected
 
-from attnlab import build
 from attnlab._checks import ConfigError
 from attnlab.models.multilabel import CapsuleClassifier, MultiLabelOutput
 from attnlab.registry import get
@@ -262,14 +263,7 @@ def test_gradcheck(head):
 def test_bad_inputs():
     model = tiny()
     tokens, lengths = batch()
-    with pytest.raises(TypeError, match="tokens"):
-        model(tokens.float(), lengths)
-    with pytest.raises(ValueError, match="outside"):
-        model(tokens + V, lengths)
-    with pytest.raises(ValueError, match="lengths"):
-        model(tokens, torch.tensor([7, 1, 1]))
-    with pytest.raises(TypeError, match="mask"):
-        model(tokens, mask=torch.ones(3, 6))
+    check_token_inputs_rejected(model, tokens, lengths, V)
     with pytest.raises(ValueError, match="not both"):
         model(tokens, lengths, mask=torch.ones(3, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="tokens"):
@@ -307,10 +301,7 @@ def test_get_config_round_trip(head):
     model = tiny(HEADS[head])
     config = model.get_config()
     assert config["name"] == "capsule-classifier" and config["kind"] == "model"
-    again = build(config).eval()
-    again.load_state_dict(model.state_dict())
-    tokens, lengths = batch()
-    torch.testing.assert_close(again(tokens, lengths).probs, model(tokens, lengths).probs)
+    check_rebuild_same_output(model, batch(), output="probs")
     assert get("model", "capsule-classifier").cls is CapsuleClassifier
 
 

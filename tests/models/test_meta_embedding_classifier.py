@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_harness import check_rebuild_same_output
+from token_input_checks import check_token_inputs_rejected
 
-from attnlab import build
 from attnlab._checks import ConfigError
 from attnlab.data.glove import Embeddings
 from attnlab.data.vocab import Vocab
@@ -222,14 +223,7 @@ def test_gradcheck(meta):
 def test_bad_inputs():
     model = tiny()
     tokens, lengths = batch()
-    with pytest.raises(TypeError, match="tokens"):
-        model(tokens.double(), lengths)
-    with pytest.raises(ValueError, match="outside"):
-        model(tokens + V, lengths)
-    with pytest.raises(ValueError, match="lengths"):
-        model(tokens, torch.tensor([6, 1, 1]))
-    with pytest.raises(TypeError, match="mask"):
-        model(tokens, mask=torch.ones(3, 5, dtype=torch.long))
+    check_token_inputs_rejected(model, tokens, lengths, V)
 
 
 @pytest.mark.parametrize(
@@ -264,10 +258,7 @@ def test_get_config_round_trip(meta):
     model = tiny(meta, dtype=torch.float32)
     config = model.get_config()
     assert config["name"] == "meta-embedding-classifier"
-    again = build(config).eval()
-    again.load_state_dict(model.state_dict())
-    tokens, lengths = batch()
-    torch.testing.assert_close(again(tokens, lengths).logits, model(tokens, lengths).logits)
+    check_rebuild_same_output(model, batch(), output="logits")
     assert get("model", "meta-embedding-classifier").cls is MetaEmbeddingClassifier
 
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from attention_harness import check_rebuild
+from attention_harness import check_dropout_only_in_training, check_rebuild
 from torch import nn
 
 import attnlab
@@ -166,14 +166,7 @@ def test_empty_keys_and_bad_input():
 
 def test_dropout_train_vs_eval_and_registry():
     m = MultiHeadAttention(8, 2, dropout=0.5)
-    q = torch.randn(2, 6, 8)
-    m.eval()
-    assert torch.equal(m(q).context, m(q).context)
-    m.train()
-    torch.manual_seed(0)
-    a = m(q).context
-    torch.manual_seed(1)
-    assert not torch.allclose(a, m(q).context)
+    check_dropout_only_in_training(m, [torch.randn(2, 6, 8)])
     cfg = m.get_config()
     assert cfg["name"] == "multi-head" and cfg["kind"] == "query"
     rebuilt = check_rebuild(m, num_heads=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -482,6 +483,33 @@ def run_chromium(url: str, tmp: Path, *args: str) -> tuple[str, str]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return out, err
+
+
+def open_report_page(
+    page: Path, tmp: Path, *args: str, fragment: str = "", window: tuple[int, int] = (1280, 2400)
+) -> tuple[str, list[str], Path]:
+    """Open the report ``page`` (with ``fragment``) once in headless Chromium with the
+    extra ``args``: its DOM (``--dump-dom``), its JavaScript errors (the console error lines
+    Chromium logs to stderr, and what the page's own recorder -- window.onerror,
+    console.error -- wrote into #report-errors) and a screenshot of ``window`` (width,
+    height). Fails when no DOM or screenshot came back or the error recorder is missing."""
+    shot = tmp / f"shot-{len(list(tmp.glob('shot-*')))}.png"
+    dom, stderr = run_chromium(
+        page.resolve().as_uri() + fragment,
+        tmp,
+        "--dump-dom",
+        f"--screenshot={shot}",
+        f"--window-size={window[0]},{window[1]}",
+        *args,
+    )
+    assert "</body>" in dom.lower(), f"no DOM dumped:\n{stderr[-2000:]}"
+    assert shot.is_file(), f"chromium wrote no screenshot:\n{stderr[-2000:]}"
+    errors = console_errors(stderr)
+    recorded = re.search(r'<pre id="report-errors" data-count="(\d+)">(.*?)</pre>', dom, re.S)
+    assert recorded, "the report's error recorder is missing from the DOM"
+    if recorded.group(1) != "0":
+        errors.append(recorded.group(2))
+    return dom, errors, shot
 
 
 def console_errors(stderr: str) -> list[str]:

@@ -8,16 +8,14 @@ Chromium is installed (Debian package ``chromium``).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from report_fixtures import (
     colour_pixels,
-    console_errors,
     image_example,
     matrix_example,
     needs_chromium,
-    run_chromium,
+    open_report_page,
     tokens_example,
     write_ablation_dir,
 )
@@ -25,28 +23,6 @@ from report_fixtures import (
 from attnlab.lab.report import theme, write_report
 
 pytestmark = needs_chromium
-
-
-def load_page(page: Path, tmp: Path) -> tuple[list[str], Path]:
-    """Open ``page`` once: its JavaScript errors (console error lines Chromium logs to
-    stderr, and what the page's own recorder -- window.onerror, console.error -- wrote into
-    #report-errors, read back with --dump-dom) and a 1280 x 2400 screenshot."""
-    shot = tmp / f"{page.stem}.png"
-    dom, stderr = run_chromium(
-        page.resolve().as_uri(),
-        tmp,
-        "--dump-dom",
-        f"--screenshot={shot}",
-        "--window-size=1280,2400",
-    )
-    assert "</body>" in dom.lower(), f"no DOM dumped:\n{stderr[-2000:]}"
-    assert shot.is_file(), f"chromium wrote no screenshot:\n{stderr[-2000:]}"
-    errors = console_errors(stderr)
-    recorded = re.search(r'<pre id="report-errors" data-count="(\d+)">(.*?)</pre>', dom, re.S)
-    assert recorded, "the report's error recorder is missing from the DOM"
-    if recorded.group(1) != "0":
-        errors.append(recorded.group(2))
-    return errors, shot
 
 
 def make_ablation(root: Path, *, examples: bool) -> Path:
@@ -73,7 +49,7 @@ def make_ablation(root: Path, *, examples: bool) -> Path:
 
 def test_report_renders_without_errors_with_table_and_heatmap(tmp_path: Path) -> None:
     report = write_report(make_ablation(tmp_path / "abl", examples=True))
-    errors, shot = load_page(report, tmp_path)
+    _, errors, shot = open_report_page(report, tmp_path)
     assert errors == []
     header = colour_pixels(shot, theme.TABLE_HEADER_RGB)
     heat = colour_pixels(shot, theme.HEAT_RGB)
@@ -91,13 +67,13 @@ def test_negative_controls(tmp_path: Path) -> None:
         ),
         encoding="utf-8",
     )
-    errors, _ = load_page(broken, tmp_path)
+    _, errors, _ = open_report_page(broken, tmp_path)
     assert errors and all("undefinedFunctionForTheTest" in e for e in errors)
 
     # the same ablation without attention examples has the table but no heatmap: the heat
     # colour must be absent from its screenshot
     bare = write_report(make_ablation(tmp_path / "bare", examples=False), tmp_path / "bare.html")
-    errors, shot = load_page(bare, tmp_path)
+    _, errors, shot = open_report_page(bare, tmp_path)
     assert errors == []
     assert colour_pixels(shot, theme.TABLE_HEADER_RGB) > 2000
     assert colour_pixels(shot, theme.HEAT_RGB) == 0

@@ -23,13 +23,12 @@ import pytest
 from report_fixtures import (
     coattention_example,
     colour_pixels,
-    console_errors,
     heads_example,
     hierarchy_example,
     image_example,
     matrix_example,
     needs_chromium,
-    run_chromium,
+    open_report_page,
     tokens_example,
     write_ablation_dir,
 )
@@ -38,7 +37,7 @@ from attnlab.lab.report import theme, write_report
 
 pytestmark = needs_chromium
 
-WINDOW = "--window-size=1280,4000"
+WINDOW = (1280, 4000)
 
 
 @pytest.fixture
@@ -62,22 +61,6 @@ def report(tmp_path: Path) -> Path:
     return write_report(write_ablation_dir(tmp_path / "abl", runs), max_examples=2)
 
 
-def open_page(page: Path, tmp: Path, *args: str, fragment: str = "") -> tuple[str, list[str], Path]:
-    """(DOM, JavaScript errors, screenshot) of the page opened with ``fragment``."""
-    shot = tmp / f"shot-{len(list(tmp.glob('shot-*')))}.png"
-    dom, stderr = run_chromium(
-        page.resolve().as_uri() + fragment, tmp, "--dump-dom", f"--screenshot={shot}", WINDOW, *args
-    )
-    assert "</body>" in dom.lower(), f"no DOM dumped:\n{stderr[-2000:]}"
-    assert shot.is_file(), f"chromium wrote no screenshot:\n{stderr[-2000:]}"
-    errors = console_errors(stderr)
-    recorded = re.search(r'<pre id="report-errors" data-count="(\d+)">(.*?)</pre>', dom, re.S)
-    assert recorded, "the report's error recorder is missing from the DOM"
-    if recorded.group(1) != "0":
-        errors.append(recorded.group(2))
-    return dom, errors, shot
-
-
 def viewer_attrs(dom: str) -> dict[str, str]:
     tag = re.search(r'<div id="attention-viewer"[^>]*>', dom)
     assert tag, "no viewer element in the DOM"
@@ -92,7 +75,9 @@ def selftest_result(dom: str) -> tuple[dict[str, str], str]:
 
 
 def test_clicks_change_the_view(report: Path, tmp_path: Path) -> None:
-    dom, errors, shot = open_page(report, tmp_path, fragment="#viewer-selftest")
+    dom, errors, shot = open_report_page(
+        report, tmp_path, fragment="#viewer-selftest", window=WINDOW
+    )
     assert errors == []
     attrs, text = selftest_result(dom)
     assert attrs.get("data-status") == "done"
@@ -125,7 +110,7 @@ def test_clicks_change_the_view(report: Path, tmp_path: Path) -> None:
 
 def test_negative_controls(report: Path, tmp_path: Path) -> None:
     # without the fragment: the viewer is drawn but no click happens -- nothing changes
-    dom, errors, shot = open_page(report, tmp_path)
+    dom, errors, shot = open_report_page(report, tmp_path, window=WINDOW)
     assert errors == []
     attrs, text = selftest_result(dom)
     assert text == "" and "data-status" not in attrs
@@ -142,7 +127,7 @@ def test_negative_controls(report: Path, tmp_path: Path) -> None:
     no_js = tmp_path / "no-js.html"
     no_js.write_text(re.sub(r"<script>.*?</script>", "", text, flags=re.S), encoding="utf-8")
     assert "<script>" not in no_js.read_text(encoding="utf-8")
-    dom, _, shot = open_page(no_js, tmp_path, fragment="#viewer-selftest")
+    dom, _, shot = open_report_page(no_js, tmp_path, fragment="#viewer-selftest", window=WINDOW)
     assert "data-example" not in viewer_attrs(dom)
     assert "The interactive viewer needs JavaScript" in dom
     assert selftest_result(dom)[1] == ""
@@ -164,7 +149,7 @@ def test_script_token_does_not_break_the_page(tmp_path: Path) -> None:
         }
     ]
     page = write_report(write_ablation_dir(tmp_path / "abl", runs))
-    dom, errors, _ = open_page(page, tmp_path, fragment="#viewer-selftest")
+    dom, errors, _ = open_report_page(page, tmp_path, fragment="#viewer-selftest", window=WINDOW)
     assert errors == []
     assert selftest_result(dom)[0].get("data-status") == "done"
     # the token is text inside a viewer span (escaped in the serialised DOM)

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
+from tiny_tasks import translation_options
 
 from attnlab.lab.studies.alignment import (
     AERRow,
@@ -35,16 +36,7 @@ def test_format_aer_table() -> None:
 
 # ----------------------------------------------------------------------------- real runs
 
-TINY = {
-    "corpus": "reverse",
-    "synthetic_pairs": 60,
-    "max_len": 5,
-    "embed_dim": 8,
-    "hidden_size": 8,
-    "batch_size": 8,
-    "dropout": 0.0,
-    "epochs": 1,
-}
+TINY = translation_options()  # the tiny generated "reverse" corpus of test_translation
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,13 @@ For a task, its data and an attention spec:
 * :func:`check_metrics` checks the metrics dict (names in order, values in a range);
 * :func:`check_deterministic` checks that one seed gives one model and one loss history;
 * :func:`check_train_run` runs ``attnlab.lab.training.train_run`` end to end and checks the
-  files of the run (``run.json``, ``metrics.json``, ``history.json``, ``examples.json``).
+  files of the run (``run.json``, ``metrics.json``, ``history.json``, ``examples.json``);
+* :func:`run_spec_on_splits` trains a spec in order and checks the metrics of several
+  splits, :func:`run_every_spec` runs and checks a list of specs in one test (the
+  real-data tests);
+* :func:`real_data` and :func:`load_or_skip` give the real data or skip with the loader's
+  message; :func:`check_bad_options` and :func:`check_bad_specs` check that bad task
+  options and bad attention specs are refused.
 
 Each task's test file keeps its own checks of what only that task draws or computes.
 """
@@ -19,13 +25,14 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from attnlab._checks import ConfigError
 from attnlab.data import MissingDataError
 from attnlab.lab.task import AttentionExample, Task, TaskData
 
@@ -223,3 +230,78 @@ def check_train_run(
     if example_kind is not None:
         assert examples and examples[0]["kind"] == example_kind
     return result, examples
+
+
+def real_data(task: Task) -> tuple[Task, TaskData]:
+    """(``task``, its data) for a module-scoped real-data fixture; the test is skipped with
+    the loader's message when the data is missing (see :func:`load_or_skip`)."""
+    return task, load_or_skip(task)
+
+
+def check_bad_options(
+    task_cls: type[Task],
+    options: Mapping[str, Any],
+    match: str,
+    error: type[Exception] = ConfigError,
+) -> None:
+    """Building ``task_cls(**options)`` raises ``error`` (a ConfigError unless given) whose
+    message the regular expression ``match`` finds (as ``pytest.raises(match=...)``)."""
+    with pytest.raises(error, match=match):
+        task_cls(**options)
+
+
+def run_spec_on_splits(
+    task: Task,
+    data: TaskData,
+    spec: Mapping[str, Any],
+    batch_size: int,
+    names: Iterable[str],
+    *,
+    steps: int = 2,
+    splits: Iterable[str] = ("dev", "test"),
+    n: int | None = None,
+    seed: int = 0,
+) -> tuple[torch.nn.Module, list[AttentionExample]]:
+    """Build from ``seed``, train ``steps`` batches in order (not shuffled), then evaluate
+    and draw (:func:`evaluate_and_draw`) each of ``splits`` and check its metrics: the
+    ``names`` in this order, every value in [0, 1]. Returns (the model, the examples of the
+    last split)."""
+    names = list(names)
+    model = build(task, data, spec, seed)
+    train_steps(task, data, model, batch_size, steps=steps, shuffle=False)
+    examples: list[AttentionExample] = []
+    for split in splits:
+        metrics, examples = evaluate_and_draw(task, model, data, split, n)
+        check_metrics(metrics, names)
+    assert examples, "no split evaluated or no example drawn"
+    return model, examples
+
+
+def check_bad_specs(
+    task: Task, data: TaskData, cases: Iterable[tuple[Mapping[str, Any], str | None]]
+) -> None:
+    """For each (spec, match) of ``cases``: ``task.build_model(data, spec)``, the spec as
+    given (not resolved), raises a ConfigError whose message the regular expression
+    ``match`` finds (any message when ``match`` is None)."""
+    for spec, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            task.build_model(data, spec)
+
+
+def run_every_spec(
+    task: Task,
+    data: TaskData,
+    specs: Iterable[Mapping[str, Any]],
+    batch_size: int,
+    names: Iterable[str],
+    check_examples: Callable[[list[AttentionExample]], None],
+    **kwargs: Any,
+) -> None:
+    """:func:`run_spec` for each of ``specs`` in one test (``kwargs`` passed on: steps,
+    split, ...): its metrics checked by :func:`check_metrics` (the ``names`` in this order,
+    every value in [0, 1]) and its examples by ``check_examples``."""
+    names = list(names)
+    for spec in specs:
+        _, metrics, examples = run_spec(task, data, spec, batch_size, **kwargs)
+        check_metrics(metrics, names)
+        check_examples(examples)

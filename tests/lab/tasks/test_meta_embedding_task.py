@@ -9,12 +9,23 @@ options, every preset and baseline, and ``train_run``.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 import pytest
 import torch
-from task_harness import check_deterministic, check_train_run, load_or_skip, run_spec, train_steps
+from task_harness import (
+    check_bad_options,
+    check_bad_specs,
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    load_or_skip,
+    run_every_spec,
+    run_spec,
+    spec_id,
+)
 
 from attnlab._checks import ConfigError
 from attnlab.data.glove import WordVectors
@@ -35,6 +46,7 @@ SPECS = [
 ]
 POSITIVE, NEGATIVE = ("good", "great", "fine"), ("bad", "awful", "dull")
 FILLER = tuple(f"w{i}" for i in range(10))
+METRICS = ("accuracy", "f1")
 
 
 def generated_tables():
@@ -70,15 +82,6 @@ class GeneratedMeta(MetaEmbeddingTask):
 
     def load_data(self) -> TaskData:
         return self.prepare(generated_splits(), ("rotten", "fresh"), generated_tables())
-
-
-def few_steps(task, data, model, steps=2):
-    train_steps(task, data, model, 16, steps=steps)
-
-
-def check_metrics(metrics):
-    assert list(metrics) == ["accuracy", "f1"]
-    assert all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
 
 
 def check_examples(examples, data, n=4):
@@ -132,12 +135,12 @@ def test_vocabulary_and_availability():
     assert out.weights[0, 2].sum().item() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
 def test_every_preset_and_baseline_on_generated_data(spec):
     task = GeneratedMeta(**TINY)
     data = task.load_data()
     _, metrics, examples = run_spec(task, data, spec, 16, steps=2, split="dev")
-    check_metrics(metrics)
+    check_metrics(metrics, METRICS)
     check_examples(examples, data)
 
 
@@ -173,16 +176,15 @@ def test_metrics_against_hand_computed_numbers():
 
 
 def test_bad_specs():
-    with pytest.raises(ConfigError, match="no option"):
-        MetaEmbeddingTask(bogus=1)
+    check_bad_options(MetaEmbeddingTask, {"bogus": 1}, "no option")
     task = GeneratedMeta(**TINY)
     data = task.load_data()
-    with pytest.raises(ConfigError, match="preset"):
-        task.build_model(data, {"name": "bogus"})
-    with pytest.raises(ConfigError, match="baseline"):
-        task.build_model(data, {"name": "uniform", "align": "soft"})
-    with pytest.raises(ConfigError):
-        task.build_model(data, {"meta": "mean", "align": "soft"})
+    bad = [
+        ({"name": "bogus"}, "preset"),
+        ({"name": "uniform", "align": "soft"}, "baseline"),
+        ({"meta": "mean", "align": "soft"}, None),
+    ]
+    check_bad_specs(task, data, bad)
 
 
 def test_train_run_end_to_end_on_generated_data(tmp_path):
@@ -190,7 +192,7 @@ def test_train_run_end_to_end_on_generated_data(tmp_path):
         GeneratedMeta(**TINY), {"name": "cdme"}, tmp_path / "run",
         options={"epochs": 2, "batch_size": 16}, epochs=2,
     )  # fmt: skip
-    check_metrics(result.metrics["test"])
+    check_metrics(result.metrics["test"], METRICS)
     assert examples and examples[0]["rows"] == ["a", "b"]
 
 
@@ -205,10 +207,8 @@ def test_real_data_every_preset_and_baseline():
     assert data.info["tables"] == ("glove", "spacy")
     assert [m.shape[1] for m in data.info["matrices"]] == [50, 300]
     assert all(c > 0.8 for c in data.info["coverage"].values()), data.info["coverage"]
-    for spec in SPECS:
-        _, metrics, examples = run_spec(task, data, spec, 16, steps=1, split="dev")
-        check_metrics(metrics)
-        check_examples(examples, data)
+    check = functools.partial(check_examples, data=data)
+    run_every_spec(task, data, SPECS, 16, METRICS, check, steps=1, split="dev")
 
 
 def test_real_data_train_run(tmp_path):
@@ -217,4 +217,4 @@ def test_real_data_train_run(tmp_path):
         "meta-embedding", "mean", tmp_path / "run", options={**REAL, "epochs": 1},
         task_name="meta-embedding",
     )  # fmt: skip
-    check_metrics(result.metrics["test"])
+    check_metrics(result.metrics["test"], METRICS)

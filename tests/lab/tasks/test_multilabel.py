@@ -8,12 +8,23 @@ debtags file are missing): tiny options, every preset and baseline, and ``train_
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 import pytest
 import torch
-from task_harness import check_deterministic, check_train_run, load_or_skip, run_spec, train_steps
+from task_harness import (
+    check_bad_options,
+    check_bad_specs,
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    load_or_skip,
+    run_every_spec,
+    run_spec,
+    spec_id,
+)
 
 from attnlab._checks import ConfigError
 from attnlab.lab.task import AttentionExample, TaskData
@@ -60,16 +71,6 @@ class GeneratedMultiLabel(MultiLabelTask):
         return self.prepare(generated_splits(), LABELS, vectors=None)
 
 
-def few_steps(task, data, model, steps=2):
-    train_steps(task, data, model, 16, steps=steps)
-
-
-def check_metrics(metrics):
-    assert list(metrics) == list(MultiLabelTask.metrics)
-    for name, value in metrics.items():
-        assert 0.0 <= value <= 1.0, (name, value)
-
-
 def check_examples(examples, data, n=4):
     assert 0 < len(examples) <= n
     for ex in examples:
@@ -109,12 +110,12 @@ def test_prepare_encodes_and_batches():
     assert sizes == [5, 5, 5, 1]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spec", SPECS, ids=spec_id)
 def test_every_preset_and_baseline_on_generated_data(spec):
     task = GeneratedMultiLabel(**TINY)
     data = task.load_data()
     model, metrics, examples = run_spec(task, data, spec, 16, steps=2, split="dev")
-    check_metrics(metrics)
+    check_metrics(metrics, MultiLabelTask.metrics)
     check_examples(examples, data)
     assert not model.training
 
@@ -156,14 +157,12 @@ def test_metrics_against_hand_computed_numbers():
 
 
 def test_bad_options_and_specs():
-    with pytest.raises(ConfigError, match="no option"):
-        MultiLabelTask(bogus=1)
+    check_bad_options(MultiLabelTask, {"bogus": 1}, "no option")
     task = GeneratedMultiLabel(**TINY)
     data = task.load_data()
-    with pytest.raises(ConfigError, match="preset"):
-        task.build_model(data, {"name": "bogus"})
-    with pytest.raises(ConfigError, match="baseline"):
-        task.build_model(data, {"name": "mean", "score": "dot"})
+    check_bad_specs(
+        task, data, [({"name": "bogus"}, "preset"), ({"name": "mean", "score": "dot"}, "baseline")]
+    )
     with pytest.raises(ConfigError):
         subsample(10, 0, 0)
 
@@ -180,7 +179,7 @@ def test_train_run_end_to_end_on_generated_data(tmp_path):
         task, {"name": "routing"}, tmp_path / "run", options={"epochs": 2, "batch_size": 16},
         primary="micro_f1", epochs=2, example_kind="matrix",
     )  # fmt: skip
-    check_metrics(result.metrics["test"])
+    check_metrics(result.metrics["test"], MultiLabelTask.metrics)
     assert result.metrics["primary"] == "micro_f1"
     for name in ("run.json", "metrics.json", "history.json", "cost.json", "examples.json"):
         assert (tmp_path / "run" / name).is_file()
@@ -197,10 +196,8 @@ def test_real_data_every_preset_and_baseline():
     assert len(data.train) == 64 and len(data.dev) == 32 and len(data.test) == 32
     assert data.info["embeddings"].shape == (len(data.info["vocab"]), 50)
     assert data.info["num_labels"] >= 10
-    for spec in SPECS:
-        _, metrics, examples = run_spec(task, data, spec, 16, steps=1, split="dev")
-        check_metrics(metrics)
-        check_examples(examples, data)
+    check = functools.partial(check_examples, data=data)
+    run_every_spec(task, data, SPECS, 16, MultiLabelTask.metrics, check, steps=1, split="dev")
 
 
 def test_real_data_train_run(tmp_path):
@@ -209,4 +206,4 @@ def test_real_data_train_run(tmp_path):
         "multilabel", "mean", tmp_path / "run", options={**REAL, "epochs": 1},
         task_name="multilabel",
     )  # fmt: skip
-    check_metrics(result.metrics["test"])
+    check_metrics(result.metrics["test"], MultiLabelTask.metrics)

@@ -39,6 +39,18 @@ def _data(embeddings=None) -> TaskData:
     return TaskData(part, part, part, info)
 
 
+def _mean_model() -> tuple[SentimentTask, TaskData, torch.nn.Module]:
+    """(an averaging sentiment task, :func:`_data`, its mean-pooling model in eval mode)."""
+    task = SentimentTask(embeddings="learned", embed_dim=4, hidden_size=2, encoder="average")
+    data = _data()
+    return task, data, task.build_model(data, {"name": "mean"}).eval()
+
+
+def _forward(m, batch):
+    """The forward of a sentence classifier on a batch (what the task helpers call)."""
+    return m(batch["tokens"], batch["lengths"])
+
+
 def test_text_classifier_kwargs_learned_or_pretrained():
     task = SentimentTask(embeddings="learned", embed_dim=6, hidden_size=4, dropout=0.1)
     kwargs = text_classifier_kwargs(task, _data(), "tanh")
@@ -75,14 +87,8 @@ def test_add_reinforce():
 
 
 def test_predictions_scores_and_examples():
-    task = SentimentTask(embeddings="learned", embed_dim=4, hidden_size=2, encoder="average")
-    data = _data()
-    model = task.build_model(data, {"name": "mean"}).eval()
-
-    def forward(m, batch):
-        return m(batch["tokens"], batch["lengths"])
-
-    labels, pred = predict_classes(task, model, data, "test", 2, forward)
+    task, data, model = _mean_model()
+    labels, pred = predict_classes(task, model, data, "test", 2, _forward)
     assert labels.tolist() == [0, 1, 1] and pred.dtype == labels.dtype == np.int64
     assert len(pred) == 3
     batch = first_test_batch(task, model, data, 2)
@@ -112,17 +118,11 @@ def test_limited_splits():
 
 
 def test_first_test_predictions():
-    task = SentimentTask(embeddings="learned", embed_dim=4, hidden_size=2, encoder="average")
-    data = _data()
-    model = task.build_model(data, {"name": "mean"}).eval()
-
-    def forward(m, batch):
-        return m(batch["tokens"], batch["lengths"])
-
-    out, gold, pred = first_test_predictions(task, model, data, 5, forward)  # cut to 3
+    task, data, model = _mean_model()
+    out, gold, pred = first_test_predictions(task, model, data, 5, _forward)  # cut to 3
     assert gold == ["n", "p", "p"] and len(pred) == 3 and set(pred) <= {"n", "p"}
     assert out.logits.shape == (3, 2)
-    assert first_test_predictions(task, model, data, 0, forward) is None
+    assert first_test_predictions(task, model, data, 0, _forward) is None
 
 
 def test_evaluating_restores_the_mode_even_on_error():

@@ -13,17 +13,16 @@ import math
 
 import pytest
 from task_harness import (
-    build,
+    check_bad_options,
+    check_bad_specs,
     check_deterministic,
     check_metrics,
     check_train_run,
-    evaluate_and_draw,
+    real_data,
     run_spec,
-    train_steps,
+    run_spec_on_splits,
 )
 
-from attnlab._checks import ConfigError
-from attnlab.data import MissingDataError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData
 from attnlab.lab.tasks.target_sentiment import TargetData, TargetSentimentTask
@@ -119,10 +118,11 @@ def test_presets_and_baselines_build_the_right_model():
     assert task.build_model(data, {"name": "mean"}).rotatory is None
     uniform = task.build_model(data, {"name": "uniform"})
     assert uniform.uniform and uniform.rotatory is not None
-    with pytest.raises(ConfigError, match="takes no attention options"):
-        task.build_model(data, {"name": "mean", "hops": 2})
-    with pytest.raises(ConfigError, match="no attention preset 'nope'"):
-        task.build_model(data, {"name": "nope"})
+    bad = [
+        ({"name": "mean", "hops": 2}, "takes no attention options"),
+        ({"name": "nope"}, "no attention preset 'nope'"),
+    ]
+    check_bad_specs(task, data, bad)
 
 
 def test_batches_hold_the_three_parts():
@@ -145,8 +145,7 @@ def test_batches_hold_the_three_parts():
     ],
 )
 def test_bad_options(options, match):
-    with pytest.raises(ConfigError, match=match):
-        TargetSentimentTask(**options)
+    check_bad_options(TargetSentimentTask, options, match)
 
 
 # ----------------------------------------------------------------------------- real data
@@ -154,12 +153,7 @@ def test_bad_options(options, match):
 
 @pytest.fixture(scope="module")
 def real():
-    task = TargetSentimentTask(**TINY)
-    try:
-        data = task.load_data()
-    except MissingDataError as error:
-        pytest.skip(str(error))
-    return task, data
+    return real_data(TargetSentimentTask(**TINY))
 
 
 def test_real_data_loads_with_the_limits(real):
@@ -183,11 +177,7 @@ def test_real_data_loads_with_the_limits(real):
 def test_real_data_every_preset_trains_and_evaluates(real, spec):
     task, data = real
     resolved = task.resolve_attention(spec)
-    model = build(task, data, spec)
-    train_steps(task, data, model, 8, steps=2, shuffle=False)
-    for split in ("dev", "test"):
-        metrics, examples = evaluate_and_draw(task, model, data, split, n=3)
-        check_metrics(metrics, ["accuracy", "f1"])
+    _, examples = run_spec_on_splits(task, data, spec, 8, ["accuracy", "f1"], n=3)
     hops = 1 if spec.get("name") == "mean" else resolved.get("hops", 3)
     _check_examples(examples, data, 3, hops)
 
@@ -197,7 +187,5 @@ def test_real_data_end_to_end_train_run(real, tmp_path):
         "target-sentiment", {"name": "lcr-rot"}, tmp_path / "run", options=TINY,
         task_name="target-sentiment", primary="accuracy",
     )  # fmt: skip
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert set(metrics["test"]) == {"accuracy", "f1"}
-    assert 0.0 <= result.test["accuracy"] <= 1.0
+    check_metrics(result.test, ["accuracy", "f1"])  # metrics.json's test metrics are these
     assert examples and len(examples[0]["extra"]["hops"]) == 1

@@ -7,9 +7,14 @@ import math
 
 import pytest
 import torch
-from task_harness import check_deterministic, check_train_run, evaluate_and_draw
+from task_harness import (
+    check_bad_options,
+    check_deterministic,
+    check_train_run,
+    evaluate_and_draw,
+    load_or_skip,
+)
 
-from attnlab.data import MissingDataError
 from attnlab.data.pharaoh import Alignment
 from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.translation import (
@@ -149,20 +154,17 @@ def test_corpus_bleu() -> None:
 
 
 def test_bad_options() -> None:
-    with pytest.raises(ValueError, match="decode"):
-        TranslationTask(decode="sample")
-    with pytest.raises(ValueError, match="corpus"):
-        TranslationTask(corpus="wmt")
-    with pytest.raises(ValueError, match="no option"):
-        TranslationTask(beam=3)
+    for options, match in (
+        ({"decode": "sample"}, "decode"),
+        ({"corpus": "wmt"}, "corpus"),
+        ({"beam": 3}, "no option"),
+    ):
+        check_bad_options(TranslationTask, options, match, ValueError)
 
 
 def test_real_bible_data_tiny() -> None:
     task = TranslationTask(books=["Prov"], max_len=14, hidden_size=8, embed_dim=8, min_freq=1)
-    try:
-        data = task.load_data()
-    except MissingDataError as err:
-        pytest.skip(str(err))
+    data = load_or_skip(task)
     sizes = data.info["sizes"]
     assert sizes["train"] > 50 and sizes["dev"] > 0 and sizes["test"] > 0
     assert all(s.startswith("Prov.") for s in data.train.ids)
@@ -361,14 +363,6 @@ def _aer_after_training(supervise: float, epochs: int) -> float:
             opt.step()
     mats = task.attention_matrices(model, data, "test")
     return alignment_error_rate(list(data.test.alignments), [argmax_links(m) for m in mats]).aer
-
-
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.mark.slow

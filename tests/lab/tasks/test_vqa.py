@@ -9,10 +9,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from task_harness import check_deterministic, check_metrics, check_train_run, run_spec, spec_id
+from task_harness import (
+    check_deterministic,
+    check_metrics,
+    check_train_run,
+    real_data,
+    run_spec,
+    spec_id,
+)
 
 from attnlab._checks import ConfigError
-from attnlab.data import MissingDataError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.vqa import VQAData, VQATask, vqa_batches, vqa_metrics
@@ -23,6 +29,7 @@ SPECS += [
     {"name": "alternating", "score": "dot"},
     {"co_attention": "parallel", "align": "sparsemax"},
 ]
+TINY = {"grid": 4, "channels": [4], "hidden_size": 4, "embed_dim": 4, "batch_size": 4}
 
 
 def tiny_split(n_images: int, seed: int, vocab: Vocab) -> VQAData:
@@ -41,13 +48,8 @@ def tiny_split(n_images: int, seed: int, vocab: Vocab) -> VQAData:
     )
 
 
-@pytest.fixture
-def task():
-    return VQATask(grid=4, channels=[4], hidden_size=4, embed_dim=4, batch_size=4)
-
-
-@pytest.fixture
-def data():
+def _tiny_data() -> TaskData:
+    """Three splits of 4, 2 and 3 random 16x16 images, three questions each."""
     vocab = Vocab(["what", "color", "is", "it"])
     info = {
         "vocab": vocab,
@@ -57,6 +59,16 @@ def data():
         "version": "tiny",
     }
     return TaskData(tiny_split(4, 0, vocab), tiny_split(2, 1, vocab), tiny_split(3, 2, vocab), info)
+
+
+@pytest.fixture
+def task():
+    return VQATask(**TINY)
+
+
+@pytest.fixture
+def data():
+    return _tiny_data()
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=spec_id)
@@ -124,11 +136,7 @@ def test_options():
 
 @pytest.fixture(scope="module")
 def real():
-    task = VQATask(max_train=150, max_dev=40, max_test=40, epochs=1, batch_size=32)
-    try:
-        return task, task.load_data()
-    except MissingDataError as error:
-        pytest.skip(str(error))
+    return real_data(VQATask(max_train=150, max_dev=40, max_test=40, epochs=1, batch_size=32))
 
 
 def test_real_data_limits(real):
