@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from attention_harness import check_rebuild
+from attention_harness import Inputs, check_rebuild_same_output
 from torch import nn
 
 import attnlab
@@ -156,16 +156,13 @@ def test_pluggable_score_and_registry_roundtrip():
     assert model.rotations[0].left.score.W1.weight.shape == (5, 4)
     cfg = model.get_config()
     assert cfg["name"] == "lcr-rot-hop" and cfg["kind"] == "feature"
-    rebuilt = check_rebuild(model)  # same class, config and parameter shapes
-    rebuilt.load_state_dict(model.state_dict())
     left, target, right, lm, tm, rm = _inputs(d_c=4, d_t=4)
-    a = model(
-        left.float(), target.float(), right.float(), left_mask=lm, target_mask=tm, right_mask=rm
-    ).output
-    b = rebuilt(
-        left.float(), target.float(), right.float(), left_mask=lm, target_mask=tm, right_mask=rm
-    ).output
-    torch.testing.assert_close(a, b)
+    inputs = Inputs(
+        (left.float(), target.float(), right.float()),
+        {"left_mask": lm, "target_mask": tm, "right_mask": rm},
+    )
+    # same class, config and parameter shapes; the same output with the same parameters
+    check_rebuild_same_output(model, inputs, output="output")
     assert isinstance(attnlab.build({"name": "rotatory", "d_c": 4}), RotatoryAttention)
 
 

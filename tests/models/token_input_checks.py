@@ -1,7 +1,7 @@
 """The input checks that every classifier of token sequences makes of its ``tokens`` and
 ``lengths`` / ``mask`` arguments (attnlab.models._inputs), asserted once for the model
 tests that share them (tests/models/test_capsule_classifier.py,
-tests/models/test_meta_embedding_classifier.py)."""
+tests/models/test_meta_embedding_classifier.py, tests/models/test_vqa_model.py)."""
 
 from __future__ import annotations
 
