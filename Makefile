@@ -43,6 +43,7 @@ demo: $(DATA_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

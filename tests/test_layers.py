@@ -28,7 +28,20 @@ PACKAGE = SRC / "attnlab"
 #: may import its own group and any group of a lower layer; groups of one layer may import
 #: each other (without cycles) unless the layer is in :data:`INDEPENDENT`.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("base", frozenset({"_checks", "_deprecation", "_optional", "_flash_kernels", "masks", "output", "registry"})),
+    (
+        "base",
+        frozenset(
+            {
+                "_checks",
+                "_deprecation",
+                "_optional",
+                "_flash_kernels",
+                "masks",
+                "output",
+                "registry",
+            }
+        ),
+    ),
     ("general", frozenset({"general", "functional"})),
     ("sections", frozenset({"feature", "query"})),
     ("package", frozenset({"attnlab"})),

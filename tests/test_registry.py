@@ -296,7 +296,8 @@ def test_a_wrong_constructor_argument_names_the_class():
     from attnlab.query.transformer import TransformerDecoderLayer
 
     with pytest.raises(
-        TypeError, match=r"^LSHAttention.__init__\(\) got an unexpected keyword argument 'bucket_sise'$"
+        TypeError,
+        match=r"^LSHAttention.__init__\(\) got an unexpected keyword argument 'bucket_sise'$",
     ):
         LSHAttention(8, 2, bucket_sise=4)
     with pytest.raises(

@@ -283,7 +283,9 @@ def test_the_set_up_command_runs_without_warnings(lists_dir, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and "froze 4 tagged packages" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "attnlab.data", "nope"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "attnlab.data", "nope"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
 
 

@@ -277,9 +277,7 @@ def _open_numbers(stack: list[Tags]) -> Tags:
     return tuple(dict.fromkeys(t for tags in stack for t in tags))
 
 
-def _token_tags(
-    plain: str, segments: list[tuple[int, int, Tags]]
-) -> tuple[list[str], list[Tags]]:
+def _token_tags(plain: str, segments: list[tuple[int, int, Tags]]) -> tuple[list[str], list[Tags]]:
     """Tokens (lower-cased) of ``plain`` and the numbers of the segments each overlaps."""
     tokens: list[str] = []
     tags: list[Tags] = []

@@ -175,9 +175,7 @@ def _records(source: Source, fmt: str, *, encoding: str) -> Iterator[tuple[int, 
             yield from _table_records(f, fmt, where)
 
 
-def _table_records(
-    f: Iterable[str], fmt: str, where: str
-) -> Iterator[tuple[int, dict[str, Any]]]:
+def _table_records(f: Iterable[str], fmt: str, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows of a CSV (``fmt="csv"``) or TSV file as dicts keyed by its header."""
     if fmt == "csv":
         reader = csv.reader(f, strict=True)

@@ -42,7 +42,10 @@ def _tuplify(value: Any) -> Any:
 
 
 def tokenize_texts(
-    texts: Iterable[str], tokenizer: Callable[[str], list[str]] | None = None, *, lower: bool = False
+    texts: Iterable[str],
+    tokenizer: Callable[[str], list[str]] | None = None,
+    *,
+    lower: bool = False,
 ) -> list[list[str]]:
     """Each text as tokens: ``tokenizer(text)``, by default :func:`simple_tokenize`
     (lower-cased when ``lower``)."""
@@ -187,7 +190,12 @@ class TextDataset(_Columns[TextExample]):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "texts", "labels", "ids", "splits", "scores", "groups"
+        "texts",
+        "labels",
+        "ids",
+        "splits",
+        "scores",
+        "groups",
     )
     _example: ClassVar[Callable[..., Any]] = TextExample
 
@@ -232,7 +240,13 @@ class DocumentDataset(_Columns[DocumentExample]):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "documents", "labels", "ids", "splits", "scores", "sentence_ids", "sentence_scores"
+        "documents",
+        "labels",
+        "ids",
+        "splits",
+        "scores",
+        "sentence_ids",
+        "sentence_scores",
     )
     _example: ClassVar[Callable[..., Any]] = DocumentExample
 
@@ -286,7 +300,14 @@ class TargetDataset(_Columns[TargetExample]):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "left", "target", "right", "labels", "ids", "splits", "texts", "spans"
+        "left",
+        "target",
+        "right",
+        "labels",
+        "ids",
+        "splits",
+        "texts",
+        "spans",
     )
     _example: ClassVar[Callable[..., Any]] = TargetExample
 

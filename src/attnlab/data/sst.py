@@ -190,7 +190,12 @@ class TreeDataset(_Columns[TreeExample]):
     name: str = ""
 
     _item_fields: ClassVar[tuple[str, ...]] = (
-        "tokens", "labels", "ids", "splits", "phrases", "trees"
+        "tokens",
+        "labels",
+        "ids",
+        "splits",
+        "phrases",
+        "trees",
     )
     _example: ClassVar[Callable[..., Any]] = TreeExample
 

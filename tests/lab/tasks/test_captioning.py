@@ -119,9 +119,7 @@ def _learn(spec: dict, seed: int, steps: int = 150) -> tuple[float, float, float
     )  # fmt: skip
     data = task.load_data()
     model = build(task, data, spec, seed)
-    train_steps(
-        task, data, model, 32, steps=steps, generator_seed=seed, lr=5e-3, epochs=None
-    )
+    train_steps(task, data, model, 32, steps=steps, generator_seed=seed, lr=5e-3, epochs=None)
     model.eval()
     with torch.no_grad():
         m = task.evaluate(model, data, "test")
