@@ -453,4 +453,4 @@ def test_query_scored_attention_builds_the_general_model():
     q, k = _x(1, B, 1, 3), _x(2)
     torch.testing.assert_close(built(q, k).context, plain(q, k).context, rtol=0, atol=0)
     with pytest.raises(attnlab.ConfigError, match=r"^toy needs a score that takes it!$"):
-        query_scored_attention("toy", "queryless", d_k=D, query="it", hint="!")
+        query_scored_attention("toy", "queryless", d_k=D, query_name="it", hint="!")

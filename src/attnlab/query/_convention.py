@@ -185,16 +185,16 @@ class HeadAttention(ConventionAttention):
 
 
 def query_scored_attention(
-    mechanism: str, *args: Any, query: str = "the query", hint: str = "", **options: Any
+    mechanism: str, *args: Any, query_name: str = "the query", hint: str = "", **options: Any
 ) -> Attention:
     """A general :class:`~attnlab.general.attention.Attention` (``Attention(*args,
     **options)``) for a mechanism that scores its keys against a query -- a learned query
     (capsule, learned-query and relational self-attention) or a state (multi-hop). A score
     that takes no query is a one-line ``ConfigError``: "``mechanism`` needs a score that
-    takes ``query``" followed by ``hint``."""
+    takes ``query_name``" followed by ``hint``."""
     attention = Attention(*args, **options)
     if not attention.score.needs_query:
-        raise ConfigError(f"{mechanism} needs a score that takes {query}{hint}")
+        raise ConfigError(f"{mechanism} needs a score that takes {query_name}{hint}")
     return attention
 
 

@@ -237,7 +237,7 @@ class CapsuleAttention(SequenceAttention):
                     "capsule attention",
                     score,
                     align,
-                    query="the capsule query",
+                    query_name="the capsule query",
                     d_q=d_q,
                     d_k=d_features,
                     key_dim=key_dim,

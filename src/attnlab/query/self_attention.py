@@ -418,7 +418,7 @@ class RelationalSelfAttention(SequenceAttention):
             score,
             align,
             dim,
-            query="the query (Q = W_Q F)",
+            query_name="the query (Q = W_Q F)",
             hint=_QUERYLESS_HINT,
             d_q=d_qk,
             d_k=d_f,

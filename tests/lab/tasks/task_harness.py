@@ -151,17 +151,27 @@ def run_spec(
     *,
     model_type: type | None = None,
     steps: int | None = None,
+    shuffle: bool = True,
     generator_seed: int | None = 0,
     split: str = "test",
     n: int | None = None,
     seed: int = 0,
 ) -> tuple[torch.nn.Module, dict[str, float], list[AttentionExample]]:
-    """Build, train a few steps, evaluate and draw (see the module docstring). Returns
-    (the model, the metrics of ``split``, the examples)."""
+    """Build, train a few steps (``shuffle``: see :func:`train_steps`), evaluate and draw
+    (see the module docstring). Returns (the model, the metrics of ``split``, the
+    examples)."""
     model = build(task, data, spec, seed)
     if model_type is not None:
         assert isinstance(model, model_type)
-    train_steps(task, data, model, batch_size, steps=steps, generator_seed=generator_seed)
+    train_steps(
+        task,
+        data,
+        model,
+        batch_size,
+        steps=steps,
+        shuffle=shuffle,
+        generator_seed=generator_seed,
+    )
     metrics, examples = evaluate_and_draw(task, model, data, split, n)
     return model, metrics, examples
 
@@ -262,18 +272,20 @@ def run_spec_on_splits(
     n: int | None = None,
     seed: int = 0,
 ) -> tuple[torch.nn.Module, list[AttentionExample]]:
-    """Build from ``seed``, train ``steps`` batches in order (not shuffled), then evaluate
-    and draw (:func:`evaluate_and_draw`) each of ``splits`` and check its metrics: the
+    """:func:`run_spec` with ``steps`` batches in order (not shuffled) on the first of
+    ``splits``, then evaluate and draw (:func:`evaluate_and_draw`) each other split; the
+    metrics of each are checked: the
     ``names`` in this order, every value in [0, 1]. Returns (the model, the examples of the
     last split)."""
-    names = list(names)
-    model = build(task, data, spec, seed)
-    train_steps(task, data, model, batch_size, steps=steps, shuffle=False)
-    examples: list[AttentionExample] = []
-    for split in splits:
+    names, (first, *rest) = list(names), list(splits)
+    model, metrics, examples = run_spec(
+        task, data, spec, batch_size, steps=steps, shuffle=False, split=first, n=n, seed=seed
+    )
+    check_metrics(metrics, names)
+    for split in rest:
         metrics, examples = evaluate_and_draw(task, model, data, split, n)
         check_metrics(metrics, names)
-    assert examples, "no split evaluated or no example drawn"
+    assert examples, "no example drawn"
     return model, examples
 
 
