@@ -94,8 +94,12 @@ def check_module_dtype(module: nn.Module, x: Tensor, name: str = "query") -> Non
     ``mat1 and mat2 must have the same dtype``; this raises one line that names the
     argument, both dtypes and the two fixes. A module without floating-point parameters
     accepts any dtype, and under :func:`torch.autocast` mixed dtypes are expected, so the
-    dtype is not checked there.
+    dtype is not checked there. Under ``torch.compile`` nothing is checked: the walk over the
+    parameters would be traced into the graph, and dynamo refuses to trace an ``nn.GRU`` /
+    ``nn.LSTM`` submodule; check the call in eager mode first.
     """
+    if torch.compiler.is_compiling():
+        return
     param = next((p for p in module.parameters() if p.is_floating_point()), None)
     if param is None:
         return

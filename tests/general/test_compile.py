@@ -13,19 +13,11 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from attnlab import Attention
+from attnlab import CDME, Attention, HierarchicalAttention, PointerNetwork
 from tests.general.test_attention import QUERYLESS, VALID
 from tests.test_checks import CASES, _inputs
 
 B, N_Q, N_K, D = 2, 3, 5, 4
-
-#: registered modules whose forward still breaks the graph, and why (documented in
-#: docs/compile-and-precision.md): both run RNNs over packed sequences whose lengths are
-#: data (dynamo also does not trace nn.LSTM / nn.GRU unless torch._dynamo.config.allow_rnn)
-KNOWN_BREAKS = {
-    "cdme": "packs the sequences for its RNN encoder (nonzero rows, lengths.cpu())",
-    "pointer-network": "packs the sequences for its LSTM encoder; checks targets on the host",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -129,15 +121,7 @@ def _recorded(name: str) -> tuple[nn.Module, Any, list[torch.Tensor], Any]:
     return module, replay, drawn, want
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_BREAKS[n], strict=True))
-        if n in KNOWN_BREAKS
-        else n
-        for n in sorted(CASES)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_every_query_and_feature_module_compiles_without_graph_breaks(name):
     _, replay, drawn, want = _recorded(name)
     count, where = _breaks(replay, *drawn)
@@ -149,6 +133,65 @@ def test_every_query_and_feature_module_compiles_without_graph_breaks(name):
     for g, w in zip(flat_got, flat_want, strict=True):
         if isinstance(w, torch.Tensor):
             torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def _same_forward_and_backward(fn: Any, *inputs: torch.Tensor, params: list) -> None:
+    """``fn`` traces without graph breaks, and compiled it gives the eager output and the
+    eager gradients of every input and parameter (padding included: rows of different
+    lengths take the data-dependent branches)."""
+    count, where = _breaks(fn, *inputs)
+    assert count == 0, where
+    torch._dynamo.reset()
+    leaves = [*inputs, *params]
+    want = fn(*inputs)
+    want_grads = torch.autograd.grad(want.square().sum(), leaves)
+    got = torch.compile(fn, backend="eager", fullgraph=True)(*inputs)
+    got_grads = torch.autograd.grad(got.square().sum(), leaves)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("encoder", ["bigru", "gru", "bilstm", "lstm"])
+def test_hierarchical_attention_with_an_rnn_encoder_compiles(encoder):
+    """The MaskedRNN encoders (HAN's BiGRU) run their weights on the padded rows under
+    torch.compile; an empty sentence and a short one exercise the lengths."""
+    torch.manual_seed(0)
+    module = HierarchicalAttention(D, encoder=encoder, encoder_hidden=3)
+    x = torch.randn(B, 3, N_K, D, requires_grad=True)
+    mask = torch.ones(B, 3, N_K, dtype=torch.bool)
+    mask[0, 1, 2:] = False
+    mask[1, 2] = False
+    _same_forward_and_backward(
+        lambda x: module(x, mask=mask).context, x, params=list(module.parameters())
+    )
+
+
+def test_cdme_with_a_token_mask_compiles():
+    torch.manual_seed(0)
+    module = CDME([D, 6], 4)
+    a, b = torch.randn(B, N_K, D, requires_grad=True), torch.randn(B, N_K, 6)
+    mask = torch.tensor([[True] * N_K, [True, True, False, False, False]])
+    _same_forward_and_backward(
+        lambda a: module([a, b], mask=mask).context, a, params=list(module.parameters())
+    )
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_pointer_network_training_step_compiles(layers):
+    """Teacher forcing (the training pass) on rows of different lengths: the encoder runs
+    step by step under torch.compile, so the decoder starts from each row's own final
+    state, as with the packed encoder of eager mode."""
+    torch.manual_seed(0)
+    module = PointerNetwork(D, 6, num_layers=layers, eos=True).train()
+    x = torch.randn(B, N_K, D, requires_grad=True)
+    lengths = torch.tensor([N_K, 2])
+    targets = torch.tensor([[4, 0, 3, 1, 2, N_K], [1, 0, N_K, -1, -1, -1]])
+    _same_forward_and_backward(
+        lambda x: module.loss(x, targets, lengths=lengths, reduction="sum"),
+        x,
+        params=list(module.parameters()),
+    )
 
 
 @pytest.mark.slow

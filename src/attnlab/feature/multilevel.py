@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._recurrent import RNNWeights, padded_rnn
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
@@ -251,6 +252,8 @@ class MaskedRNN(nn.Module):
     positions get zeros. So a row's output never depends on its padding, whatever the
     mask pattern. ``out_dim = hidden * (2 if bidirectional else 1)``. The HAN encoder of
     Yang et al. 2016 is ``MaskedRNN(d_in, hidden, cell="gru", bidirectional=True)``.
+    Under ``torch.compile`` the same weights run on the padded rows instead
+    (:func:`attnlab._recurrent.padded_rnn`: same outputs, no host synchronisation, one graph).
     Cost: that of the recurrent cell, O(N n d_in hidden).
     """
 
@@ -262,6 +265,7 @@ class MaskedRNN(nn.Module):
         if cell not in cells:
             raise ConfigError(f"cell must be 'gru' or 'lstm', got {cell!r}")
         self.rnn = cells[cell](d_in, hidden, batch_first=True, bidirectional=bidirectional)
+        self._weights = RNNWeights(self.rnn)
         self.d_in = d_in
         self.out_dim = hidden * (2 if bidirectional else 1)
 
@@ -281,6 +285,9 @@ class MaskedRNN(nn.Module):
         lengths = mask.sum(1)
         order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
         packed_x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
+        if torch.compiler.is_compiling():  # dynamo traces neither nn.GRU/LSTM nor packing
+            o = padded_rnn(self._weights, packed_x, lengths, training=self.training)
+            return self._put_back(o.to(out.dtype), order, mask)
         rows = (lengths > 0).nonzero().squeeze(1)
         if rows.numel():
             packed = pack_padded_sequence(
@@ -289,6 +296,12 @@ class MaskedRNN(nn.Module):
             o, _ = self.rnn(packed)
             o, _ = pad_packed_sequence(o, batch_first=True, total_length=n)
             out = out.index_copy(0, rows, o.to(out.dtype))
+        return self._put_back(out, order, mask)
+
+    @staticmethod
+    def _put_back(out: Tensor, order: Tensor, mask: Tensor) -> Tensor:
+        """The outputs of the real positions moved to the front (``order``) put back in
+        place, zeros at the padding."""
         back = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
         return torch.where(mask[..., None], back, back.new_zeros(()))
 

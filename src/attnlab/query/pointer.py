@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
+from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value
@@ -114,6 +115,13 @@ def pointer_loss(
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+def _found(bad: Tensor) -> bool:
+    """Whether a check of the values finds a bad entry in ``bad``. Such checks read the
+    tensor on the host, so under ``torch.compile`` (one graph, no synchronisation) they are
+    skipped, like the checks inside ``torch.nn``'s kernels."""
+    return not torch.compiler.is_compiling() and bool(bad.any())
+
+
 def _check_targets(targets: Tensor, batch: int, n: int, ignore_index: int) -> Tensor:
     if not isinstance(targets, Tensor):
         raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
@@ -125,7 +133,7 @@ def _check_targets(targets: Tensor, batch: int, n: int, ignore_index: int) -> Te
         )
     targets = targets.long()
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= n))
-    if bool(bad.any()):
+    if _found(bad):
         b, t = (int(i) for i in bad.nonzero()[0])
         raise ValueError(
             f"targets[{b}, {t}] = {int(targets[b, t])} is not a position in [0, {n}) nor the "
@@ -246,6 +254,8 @@ class PointerNetwork(Configurable):
         self.embed = nn.Linear(d_in, d_embed)
         self.encoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
         self.decoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
+        self._encoder_weights = RNNWeights(self.encoder)
+        self._decoder_weights = RNNWeights(self.decoder)
         self.start = nn.Parameter(torch.empty(d_embed).uniform_(-0.1, 0.1))
         if self.eos:
             self.eos_key = nn.Parameter(torch.empty(d_hidden).uniform_(-0.1, 0.1))
@@ -309,7 +319,7 @@ class PointerNetwork(Configurable):
                 )
             lengths = mask.sum(1)
             prefix = torch.arange(n, device=mask.device)[None, :] < lengths[:, None]
-            if not bool((prefix == mask).all()):
+            if _found(prefix != mask):
                 raise ValueError(
                     "mask must mark a prefix of each row (real inputs first, padding last): "
                     "the encoder LSTM reads the inputs in order"
@@ -324,7 +334,8 @@ class PointerNetwork(Configurable):
             if tuple(lengths.shape) != (B,):
                 raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
             lengths = lengths.to(device=x.device, dtype=torch.long)
-            if bool(((lengths < 0) | (lengths > n)).any()):
+            bad = (lengths < 0) | (lengths > n)
+            if _found(bad):
                 raise ValueError(f"lengths must lie in [0, n] = [0, {n}], got {lengths.tolist()}")
         allowed = torch.arange(n, device=x.device)[None, :] < lengths[:, None]
         return lengths, allowed
@@ -343,6 +354,10 @@ class PointerNetwork(Configurable):
         if n == 0 or B == 0:
             enc = emb.new_zeros(B, n, h)
             state = (emb.new_zeros(L, B, h), emb.new_zeros(L, B, h))
+        elif torch.compiler.is_compiling():  # dynamo traces neither nn.LSTM nor packing
+            enc, state = stepped_rnn(
+                self._encoder_weights, emb, lengths.clamp(min=1), training=self.training
+            )
         elif bool((lengths == n).all()):
             enc, state = self.encoder(emb)
         else:
@@ -426,6 +441,8 @@ class PointerNetwork(Configurable):
             dec = x.new_zeros(B, 0, self.d_hidden)
         elif B == 0:
             dec = x.new_zeros(0, T, self.d_hidden)
+        elif torch.compiler.is_compiling():
+            dec = padded_rnn(self._decoder_weights, inputs, state=enc.state, training=self.training)
         else:
             dec, _ = self.decoder(inputs, enc.state)
         allowed = enc.allowed[:, None, :].expand(B, T, N)
@@ -439,7 +456,7 @@ class PointerNetwork(Configurable):
         if self.eos:
             ended = ended | (targets == n)
         after_end = (ended.long().cumsum(1) - ended.long()) > 0  # a step after an end
-        if bool((after_end & counted).any()):
+        if _found(after_end & counted):
             b, t = (int(i) for i in (after_end & counted).nonzero()[0])
             raise ValueError(
                 f"targets[{b}, {t}] = {int(targets[b, t])} comes after the end of the sequence "
@@ -447,7 +464,7 @@ class PointerNetwork(Configurable):
                 "after the end"
             )
         ok = allowed.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) | ~counted
-        if not bool(ok.all()):
+        if _found(~ok):
             b, t = (int(i) for i in (~ok).nonzero()[0])
             why = "padding" if int(targets[b, t]) >= int(enc.lengths[b]) else "already chosen"
             raise ValueError(

@@ -1,0 +1,182 @@
+"""Recurrent encoders that ``torch.compile`` can trace into one graph.
+
+Two things stop dynamo at a recurrent encoder over padded sequences: it refuses to trace
+an ``nn.GRU`` / ``nn.LSTM`` module (unless ``torch._dynamo.config.allow_rnn``), and
+packing a batch (``pack_padded_sequence``) needs the lengths on the host. The modules that
+own such an RNN keep it: its parameters, their names in the ``state_dict`` and their
+initialisation stay those of ``torch.nn``, and in eager mode they still call it on packed
+sequences (cuDNN's flat weights, no padded steps). Under ``torch.compiler.is_compiling()``
+they run the same weights through the same ATen recurrences on the padded batch instead:
+
+* :class:`RNNWeights` reads the RNN's parameters without touching the module (dynamo
+  traces it, and a moved, loaded or replaced parameter shows through);
+* :func:`padded_rnn`: the outputs of a (bidirectional, multi-layer) GRU / LSTM over rows
+  whose first ``lengths[i]`` positions are real, as a packed run gives them. The forward
+  direction reads the row as it is (the padding comes after the real positions, so it never
+  reaches them); the reverse direction reads each row reversed within its length and its
+  outputs are put back in place. Cost: the padded steps, ``O(N n d h)`` per direction and
+  layer, where a packed run does ``sum(lengths)`` steps.
+* :func:`stepped_rnn`: a one-direction RNN step by step with each row's state frozen after
+  its last real position, so it also gives the final state a packed run returns (which
+  :func:`padded_rnn` cannot: a fused recurrence returns the state after the last padded
+  step). The loop over ``n`` is unrolled by the compiler, as inductor unrolls an LSTM.
+
+Both compute what the packed run does at the real positions (and zeros at the padding), up
+to floating-point rounding; ``tests/test_recurrent.py`` checks them against ``torch.nn``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["RNNWeights", "padded_rnn", "stepped_rnn"]
+
+#: An LSTM's state ``(h, c)`` or a GRU's ``h``, each ``[layers * directions, N, hidden]``.
+State = Tensor | tuple[Tensor, Tensor]
+
+
+class RNNWeights:
+    """The weights of an ``nn.GRU`` / ``nn.LSTM`` (``batch_first=True``, no ``proj_size``)
+    as the ATen recurrences take them, read through the module's own parameter dict.
+
+    Kept as a plain attribute of the module that owns the RNN: it is not a module, so it
+    adds nothing to ``state_dict()`` or ``parameters()``, and ``copy.deepcopy`` / pickling
+    keep it pointing at the copy's RNN.
+    """
+
+    def __init__(self, rnn: nn.Module) -> None:
+        if not isinstance(rnn, (nn.GRU, nn.LSTM)):
+            raise TypeError(f"rnn must be an nn.GRU or nn.LSTM, got {type(rnn).__name__}")
+        if not rnn.batch_first or getattr(rnn, "proj_size", 0):
+            raise ValueError("rnn must be batch_first=True and have no proj_size")
+        self.cell = "lstm" if isinstance(rnn, nn.LSTM) else "gru"
+        self.num_layers: int = rnn.num_layers
+        self.hidden: int = rnn.hidden_size
+        self.directions = 2 if rnn.bidirectional else 1
+        self.bias: bool = rnn.bias
+        self.dropout: float = float(rnn.dropout)
+        self._params = rnn._parameters
+
+    def layer(self, layer: int, reverse: bool = False) -> list[Tensor]:
+        """``[W_ih, W_hh(, b_ih, b_hh)]`` of one layer and direction."""
+        suffix = f"_l{layer}" + ("_reverse" if reverse else "")
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")[: 4 if self.bias else 2]
+        return [self._params[name + suffix] for name in names]
+
+    def zeros(self, x: Tensor) -> Tensor:
+        """A zero state ``[layers * directions, N, hidden]`` for the batch ``x`` ``[N, n, d]``."""
+        return x.new_zeros(self.num_layers * self.directions, x.shape[0], self.hidden)
+
+
+def _split(weights: RNNWeights, state: State | None, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(h0, c0)`` ``[layers * directions, N, hidden]`` (``c0`` unused for a GRU)."""
+    if state is None:
+        zero = weights.zeros(x)
+        return zero, zero
+    if weights.cell == "lstm":
+        h0, c0 = state  # type: ignore[misc]
+        return h0, c0
+    return state, state  # type: ignore[return-value]
+
+
+def _run(
+    weights: RNNWeights,
+    x: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    layer: int,
+    reverse: bool,
+    training: bool,
+) -> Tensor:
+    """Outputs ``[N, n, hidden]`` of one layer and direction over the whole of ``x``."""
+    params = weights.layer(layer, reverse)
+    if weights.cell == "lstm":
+        out, _, _ = torch.lstm(
+            x, (h0[None], c0[None]), params, weights.bias, 1, 0.0, training, False, True
+        )
+    else:
+        out, _ = torch.gru(x, h0[None], params, weights.bias, 1, 0.0, training, False, True)
+    return out
+
+
+def _real(x: Tensor, lengths: Tensor | None) -> Tensor:
+    """``[N, n]`` True at the real positions ``t < lengths[i]``."""
+    N, n = x.shape[:2]
+    if lengths is None:
+        return torch.ones(N, n, dtype=torch.bool, device=x.device)
+    return torch.arange(n, device=x.device)[None, :] < lengths[:, None]
+
+
+def padded_rnn(
+    weights: RNNWeights,
+    x: Tensor,
+    lengths: Tensor | None = None,
+    state: State | None = None,
+    *,
+    training: bool = False,
+) -> Tensor:
+    """The RNN's outputs ``[N, n, directions * hidden]`` over ``x`` ``[N, n, d_in]``, whose
+    row ``i`` is real at its first ``lengths[i]`` positions (all of them when ``lengths``
+    is None); zeros at the padding.
+
+    ``state`` is the initial state (zeros when None), as ``nn.GRU`` / ``nn.LSTM`` take it.
+    Between layers, dropout ``weights.dropout`` applies in training, as in ``torch.nn``.
+    """
+    real = _real(x, lengths)
+    h0, c0 = _split(weights, state, x)
+    flip = None
+    if weights.directions == 2:  # reverse each row within its length: an involution
+        t = torch.arange(x.shape[1], device=x.device)[None, :]
+        flip = torch.where(real, real.sum(1, keepdim=True) - 1 - t, t)
+    out = x
+    for layer in range(weights.num_layers):
+        if layer and weights.dropout and training:
+            out = F.dropout(out, weights.dropout, True)
+        i = layer * weights.directions
+        parts = [_run(weights, out, h0[i], c0[i], layer, False, training)]
+        if flip is not None:
+            index = flip[..., None].expand(-1, -1, out.shape[-1])
+            back = _run(weights, out.gather(1, index), h0[i + 1], c0[i + 1], layer, True, training)
+            parts.append(back.gather(1, flip[..., None].expand_as(back)))
+        out = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+    return torch.where(real[..., None], out, out.new_zeros(()))
+
+
+def stepped_rnn(
+    weights: RNNWeights,
+    x: Tensor,
+    lengths: Tensor | None = None,
+    state: State | None = None,
+    *,
+    training: bool = False,
+) -> tuple[Tensor, State]:
+    """A one-direction RNN over ``x`` ``[N, n, d_in]`` step by step: the outputs ``[N, n,
+    hidden]`` (zeros at the padding) and the final state, each row's state after its last
+    real position (its initial state where ``lengths[i] == 0``), as a packed run returns
+    it: ``(h, c)`` for an LSTM, ``h`` for a GRU, each ``[layers, N, hidden]``."""
+    if weights.directions != 1:
+        raise ValueError("stepped_rnn runs one direction; use padded_rnn for a bidirectional RNN")
+    real = _real(x, lengths)
+    h0, c0 = _split(weights, state, x)
+    h, c = list(h0.unbind(0)), list(c0.unbind(0))
+    outputs = []
+    for t in range(x.shape[1]):
+        keep = real[:, t, None]
+        inp = x[:, t]
+        for layer in range(weights.num_layers):
+            if layer and weights.dropout and training:
+                inp = F.dropout(inp, weights.dropout, True)
+            params = weights.layer(layer)
+            if weights.cell == "lstm":
+                h_new, c_new = torch.lstm_cell(inp, (h[layer], c[layer]), *params)
+                c[layer] = torch.where(keep, c_new, c[layer])
+            else:
+                h_new = torch.gru_cell(inp, h[layer], *params)
+            h[layer] = torch.where(keep, h_new, h[layer])
+            inp = h_new
+        outputs.append(torch.where(keep, inp, inp.new_zeros(())))
+    out = torch.stack(outputs, 1) if outputs else x.new_zeros(x.shape[0], 0, weights.hidden)
+    final_h = torch.stack(h)
+    return out, ((final_h, torch.stack(c)) if weights.cell == "lstm" else final_h)

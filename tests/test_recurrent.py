@@ -1,0 +1,178 @@
+"""attnlab._recurrent: the traceable recurrences agree with torch.nn's packed runs.
+
+The reference is ``nn.GRU`` / ``nn.LSTM`` on a packed batch (``pack_padded_sequence``),
+computed independently of the code under test; float64, so agreement is to rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
+
+N, n, D_IN, H = 5, 6, 3, 4
+#: one full row, a row with one real position, an empty row and two in between
+LENGTHS = torch.tensor([6, 3, 1, 0, 4])
+TOL = {"rtol": 1e-10, "atol": 1e-12}
+
+
+def _rnn(cell: str, layers: int, bidirectional: bool, **kw) -> nn.Module:
+    torch.manual_seed(0)
+    cls = nn.LSTM if cell == "lstm" else nn.GRU
+    return cls(D_IN, H, layers, batch_first=True, bidirectional=bidirectional, **kw).double()
+
+
+def _x(requires_grad: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(N, n, D_IN, generator=g, dtype=torch.float64, requires_grad=requires_grad)
+
+
+def _packed(rnn: nn.Module, x: torch.Tensor, lengths: torch.Tensor, state=None):
+    """The reference: torch.nn on the packed rows (an empty row is read for one step, as
+    packing needs, and its outputs are then cleared)."""
+    packed = pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True, enforce_sorted=False)
+    out, final = rnn(packed, state)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    return out * (lengths > 0)[:, None, None], final
+
+
+CONFIGS = [
+    (cell, layers, bi) for cell in ("gru", "lstm") for layers in (1, 2) for bi in (False, True)
+]
+
+
+@pytest.mark.parametrize("cell,layers,bi", CONFIGS)
+def test_padded_rnn_gives_the_packed_outputs_and_gradients(cell, layers, bi):
+    rnn = _rnn(cell, layers, bi)
+    x = _x(requires_grad=True)
+    got = padded_rnn(RNNWeights(rnn), x, LENGTHS)
+    want, _ = _packed(rnn, x, LENGTHS)
+    assert got.shape == (N, n, H * (2 if bi else 1))
+    torch.testing.assert_close(got, want, **TOL)
+    # the padding is zero and the empty row is all zeros
+    real = torch.arange(n)[None, :] < LENGTHS[:, None]
+    assert got[~real].abs().max() == 0
+    # gradients with respect to the input and every weight
+    probe = torch.randn_like(got)
+    params = list(rnn.parameters())
+    g_got = torch.autograd.grad((got * probe).sum(), [x, *params])
+    g_want = torch.autograd.grad((want * probe).sum(), [x, *params])
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("cell,layers,bi", CONFIGS)
+def test_padded_rnn_takes_an_initial_state_and_no_lengths(cell, layers, bi):
+    rnn = _rnn(cell, layers, bi)
+    x = _x()
+    g = torch.Generator().manual_seed(2)
+    h0 = torch.randn(layers * (2 if bi else 1), N, H, generator=g, dtype=torch.float64)
+    state = (h0, torch.randn(h0.shape, generator=g, dtype=torch.float64)) if cell == "lstm" else h0
+    want, _ = rnn(x, state)
+    torch.testing.assert_close(padded_rnn(RNNWeights(rnn), x, state=state), want, **TOL)
+
+
+@pytest.mark.parametrize("cell,layers", [(c, layer) for c in ("gru", "lstm") for layer in (1, 2)])
+def test_stepped_rnn_gives_the_packed_outputs_and_final_state(cell, layers):
+    rnn = _rnn(cell, layers, False)
+    x = _x(requires_grad=True)
+    lengths = LENGTHS.clamp(min=1)
+    out, final = stepped_rnn(RNNWeights(rnn), x, lengths)
+    want, want_final = _packed(rnn, x, lengths)
+    torch.testing.assert_close(out, want, **TOL)
+    got_states = final if cell == "lstm" else (final,)
+    want_states = want_final if cell == "lstm" else (want_final,)
+    for a, b in zip(got_states, want_states, strict=True):
+        assert a.shape == (layers, N, H)
+        torch.testing.assert_close(a, b, **TOL)
+    loss = out.square().sum() + sum(s.sum() for s in got_states)
+    ref = want.square().sum() + sum(s.sum() for s in want_states)
+    for a, b in zip(
+        torch.autograd.grad(loss, [x, *rnn.parameters()]),
+        torch.autograd.grad(ref, [x, *rnn.parameters()]),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_stepped_rnn_keeps_the_initial_state_of_an_empty_row():
+    rnn = _rnn("lstm", 1, False)
+    h0 = torch.randn(1, N, H, dtype=torch.float64)
+    c0 = torch.randn(1, N, H, dtype=torch.float64)
+    out, (h, c) = stepped_rnn(RNNWeights(rnn), _x(), LENGTHS, (h0, c0))
+    empty = int((LENGTHS == 0).nonzero()[0])
+    torch.testing.assert_close(h[:, empty], h0[:, empty])
+    torch.testing.assert_close(c[:, empty], c0[:, empty])
+    assert out[empty].abs().max() == 0
+
+
+def test_dropout_between_layers_only_in_training():
+    rnn = _rnn("gru", 2, True, dropout=0.5)
+    weights, x = RNNWeights(rnn), _x()
+    want, _ = _packed(rnn.eval(), x, LENGTHS)
+    torch.testing.assert_close(padded_rnn(weights, x, LENGTHS), want, **TOL)
+    torch.manual_seed(3)
+    trained = padded_rnn(weights, x, LENGTHS, training=True)
+    assert not torch.allclose(trained, want)
+    step_rnn = _rnn("lstm", 2, False, dropout=0.5)
+    eval_out, _ = stepped_rnn(RNNWeights(step_rnn), x, LENGTHS)
+    torch.manual_seed(3)
+    train_out, _ = stepped_rnn(RNNWeights(step_rnn), x, LENGTHS, training=True)
+    assert not torch.allclose(train_out, eval_out)
+
+
+def test_the_weights_follow_the_module():
+    """Moves, loads, copies and replaced parameters show through; nothing is added to the
+    module's parameters or state."""
+    rnn = _rnn("gru", 1, True).float()
+    owner = nn.Module()
+    owner.rnn = rnn
+    owner.weights = RNNWeights(rnn)
+    assert list(owner.state_dict()) == [f"rnn.{k}" for k in rnn.state_dict()]
+    owner.double()
+    assert owner.weights.layer(0)[0].dtype == torch.float64
+    x = _x()
+    other = _rnn("gru", 1, True)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    owner.rnn.load_state_dict(other.state_dict())
+    torch.testing.assert_close(padded_rnn(owner.weights, x), other(x)[0], **TOL)
+    for copied in (copy.deepcopy(owner), pickle.loads(pickle.dumps(owner))):
+        assert copied.weights.layer(0, reverse=True)[1] is copied.rnn.weight_hh_l0_reverse
+    before = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        owner.float()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(before)
+    assert owner.weights.layer(0)[0] is owner.rnn.weight_ih_l0
+    assert owner.weights.layer(0)[0].dtype == torch.float32
+
+
+def test_bad_rnns_and_directions_are_refused_in_one_line():
+    with pytest.raises(TypeError, match=r"must be an nn\.GRU or nn\.LSTM, got RNN"):
+        RNNWeights(nn.RNN(2, 3, batch_first=True))
+    with pytest.raises(ValueError, match="batch_first=True and have no proj_size"):
+        RNNWeights(nn.GRU(2, 3))
+    with pytest.raises(ValueError, match="batch_first=True and have no proj_size"):
+        RNNWeights(nn.LSTM(2, 3, batch_first=True, proj_size=2))
+    with pytest.raises(ValueError, match="one direction; use padded_rnn"):
+        stepped_rnn(RNNWeights(_rnn("gru", 1, True)), _x())
+
+
+def test_bias_free_rnns():
+    for cell in ("gru", "lstm"):
+        rnn = _rnn(cell, 2, True, bias=False)
+        want, _ = _packed(rnn, _x(), LENGTHS)
+        torch.testing.assert_close(padded_rnn(RNNWeights(rnn), _x(), LENGTHS), want, **TOL)
+        uni = _rnn(cell, 1, False, bias=False)
+        want, _ = _packed(uni, _x(), LENGTHS.clamp(min=1))
+        got, _ = stepped_rnn(RNNWeights(uni), _x(), LENGTHS.clamp(min=1))
+        torch.testing.assert_close(got, want, **TOL)
