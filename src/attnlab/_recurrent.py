@@ -145,22 +145,18 @@ def padded_rnn(
 
 
 def stepped_rnn(
-    weights: RNNWeights,
-    x: Tensor,
-    lengths: Tensor | None = None,
-    state: State | None = None,
-    *,
-    training: bool = False,
+    weights: RNNWeights, x: Tensor, lengths: Tensor, *, training: bool = False
 ) -> tuple[Tensor, State]:
-    """A one-direction RNN over ``x`` ``[N, n, d_in]`` step by step: the outputs ``[N, n,
+    """A one-direction RNN from a zero state over ``x`` ``[N, n, d_in]``, whose row ``i``
+    is real at its first ``lengths[i]`` positions, step by step: the outputs ``[N, n,
     hidden]`` (zeros at the padding) and the final state, each row's state after its last
-    real position (its initial state where ``lengths[i] == 0``), as a packed run returns
-    it: ``(h, c)`` for an LSTM, ``h`` for a GRU, each ``[layers, N, hidden]``."""
+    real position (zeros where ``lengths[i] == 0``), as a packed run returns it: ``(h, c)``
+    for an LSTM, ``h`` for a GRU, each ``[layers, N, hidden]``."""
     if weights.directions != 1:
         raise ValueError("stepped_rnn runs one direction; use padded_rnn for a bidirectional RNN")
     real = _real(x, lengths)
-    h0, c0 = _split(weights, state, x)
-    h, c = list(h0.unbind(0)), list(c0.unbind(0))
+    zero = weights.zeros(x)
+    h, c = list(zero.unbind(0)), list(zero.unbind(0))
     outputs = []
     for t in range(x.shape[1]):
         keep = real[:, t, None]
