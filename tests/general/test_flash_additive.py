@@ -525,3 +525,69 @@ def test_attnlab_and_its_registry_do_not_import_triton():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------- the GPU launch plan
+
+
+def _gpu_tiles() -> list[tuple[str, int, int]]:
+    """The distinct ``(kernel, BLOCK_M, BLOCK_N)`` of the GPU plans, d = 16 .. the widest
+    the kernels take, in every product mode."""
+    from attnlab.general import flash_additive as fa
+
+    out = set()
+    for multi, dots in ((False, (0, 1, 2)), (True, (0, 1))):
+        for dot in dots:
+            for width in (16, 64, 128, 256, 512, 1024):
+                if width <= fa.TRITON_MAX_WIDTH[multi]:
+                    bm, bn, _ = fa._tiles(multi, True, dot, width, width, None, None)
+                    out.add(("multi" if multi else "additive", bm, bn))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("kernel,block_m,block_n", _gpu_tiles())
+def test_the_gpu_tiles_compute_the_formula(kernel, block_m, block_n):
+    """The tiles a GPU launch gets (benchmarks/sm90_kernels.py picked them), here in the
+    interpreter: a full tile and a partial one each way."""
+    _run(kernel, nq=block_m + 3, nk=max(2 * block_n + 1, 9), block_m=block_m, block_n=block_n)
+
+
+def test_the_gpu_plan_refuses_what_its_tiles_cannot_hold():
+    from attnlab.general import flash_additive as fa
+
+    K = fa._kernels(torch.device(DEVICE))
+    q1 = torch.zeros(1, 2, 4)
+
+    def plan(multi, d_w, d_v):
+        sizes = (d_w, d_v, 3)
+        return fa._plan(
+            K, multi, q1, None, "tanh", sizes, False, None, False, None, None, on_gpu=True
+        )
+
+    with pytest.raises(ValueError, match=r"^flash_additive_attention: max\(d_w, d_v\) = 2048 "):
+        plan(False, 2048, 64)
+    with pytest.raises(ValueError, match=r"wider than the GPU kernels take \(128: the tiles"):
+        plan(True, 64, 256)
+    assert plan(False, 1000, 1024).block_m == 16  # the widest that fits: smaller tiles
+    assert plan(True, 128, 128).block_n == 1
+    assert fa.triton_fits(False, 1024, 33) and not fa.triton_fits(False, 1025, 1)
+    # TF32 only where its tiles fit: the widest float32 tiles multiply exactly
+    assert fa._dot_mode(False, True, False, True, fa.TF32_MAX_WIDTH) == 1
+    assert fa._dot_mode(False, True, False, True, 2 * fa.TF32_MAX_WIDTH) == 0
+    assert fa._dot_mode(False, False, False, True, 64) == 0  # and on a GPU only
+    # the interpreter has no shared memory to run out of: any width runs there
+    assert fa._plan(K, True, q1, None, "tanh", (4, 256, 3), False, None, False, None, None)
+
+
+def test_explain_takes_the_chunked_kernels_past_the_gpu_widths():
+    from attnlab import Attention
+
+    assert Attention("additive", d_q=3, d_k=4, d_w=1024).explain(device="cuda")[0] == "triton"
+    wide = Attention("additive", d_q=3, d_k=4, d_w=2048)
+    assert wide.explain(device="cuda")[0] == "lean-additive"
+    single = Attention("additive", d_q=3, d_k=4)
+    assert single.plan(device="cuda", value_dim=1024).path == "triton"
+    assert single.plan(device="cuda", value_dim=1025).path == "lean-additive"
+    assert Attention("additive", dim="multi", d_q=3, d_k=128).explain(device="cuda")[0] == "triton"
+    wide_multi = Attention("additive", dim="multi", d_q=3, d_k=129)
+    assert wide_multi.explain(device="cuda")[0] == "lean-multi"

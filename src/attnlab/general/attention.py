@@ -14,7 +14,7 @@ and runs each combination on the fastest correct implementation:
 | ``sdpa`` | the score reduces to a scaled dot product (dot, scaled-dot, general, biased-general, cosine), soft alignment, single-dimensional | PyTorch's fused kernel |
 | ``lean-additive`` | additive score, soft alignment, single-dimensional | scores from a chunked kernel: memory O(B n_q n_k), never ``[B, n_q, n_k, d_w]`` |
 | ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
-| ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
+| ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most 1024 (multi 128) (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
 | ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights requested, no dropout | FlexAttention's sliding-window block mask (:mod:`attnlab.general.local_flex`) |
 | ``local-window`` | local-m / local-p otherwise | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
 | ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
@@ -448,10 +448,12 @@ class Attention(Configurable):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         head_dim: int | None = None,
+        value_dim: int | None = None,
     ) -> Plan:
         """The :class:`~attnlab.general.planner.Plan` of a call with these settings on
         ``device`` / ``dtype`` (default: those of the parameters; CPU without any) with
-        keys and values of at least ``head_dim`` features."""
+        keys and values of at least ``head_dim`` features and values of ``value_dim``
+        (``None``: unknown)."""
         param = next(self.parameters(), None)
         if device is None:
             device = param.device if param is not None else torch.device("cpu")
@@ -466,7 +468,16 @@ class Attention(Configurable):
             dtype=dtype,
             dropout=self.dropout > 0 and self.training,
             head_dim=head_dim,
+            widths=self._additive_widths(value_dim),
         )
+
+    def _additive_widths(self, value_dim: int | None) -> tuple[int, int] | None:
+        """``(d_w, d_v)`` of an additive score (what the Triton kernels' tiles hold): the
+        hidden units, and the values (multi-dimensional: ``W_d``'s columns)."""
+        if not isinstance(self.score, AdditiveScore):
+            return None
+        d_v = self.score.w.shape[-1] if self.multi else value_dim
+        return self.score.W1.weight.shape[0], d_v or 1
 
     def explain(
         self,
@@ -586,7 +597,14 @@ class Attention(Configurable):
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
-        path = self.plan(need_weights, n_k, device=k.device, dtype=k.dtype, head_dim=head_dim).path
+        path = self.plan(
+            need_weights,
+            n_k,
+            device=k.device,
+            dtype=k.dtype,
+            head_dim=head_dim,
+            value_dim=values.shape[-1],
+        ).path
         call = _Call(
             q3,
             keys,

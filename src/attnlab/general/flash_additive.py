@@ -247,30 +247,69 @@ def _fast_tanh(fast_tanh: bool | None, on_gpu: bool, half: bool, act: str) -> bo
     return fast_tanh
 
 
-def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool) -> int:
+def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool, width: int = 0) -> int:
     """The kernels' ``DOT`` mode: half inputs multiply ``p @ v`` on tensor cores (emulated
     in float32 by the interpreter) and the multi-dimensional ``h @ W_d`` in TF32; float32
-    uses TF32 only when allowed, on a GPU."""
+    uses TF32 only when allowed, on a GPU, and for tiles up to :data:`TF32_MAX_WIDTH`
+    (``width``: the widest tile)."""
     if not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
     if half and multi:
         return 1 if on_gpu else 0
     if half:
         return 2 if on_gpu else 3
-    return 1 if allow_tf32 and on_gpu else 0
+    return 1 if allow_tf32 and on_gpu and width <= TF32_MAX_WIDTH else 0
+
+
+#: The widest ``max(d_w, d_v)`` (rounded up to a power of two) the kernels take on a GPU,
+#: per score (``multi``): wider tiles need more shared memory than a block of an H100 has
+#: (``W_d`` alone is ``d_w x d_v`` floats in the multi-dimensional kernels).
+TRITON_MAX_WIDTH = {False: 1024, True: 128}
+
+
+def triton_fits(multi: bool, d_w: int, d_v: int) -> bool:
+    """Whether the GPU kernels take these sizes (see :data:`TRITON_MAX_WIDTH`)."""
+    return max(_pow2(d_w, 16), _pow2(d_v, 16)) <= TRITON_MAX_WIDTH[multi]
+
+
+#: GPU tiles ``(BLOCK_M, BLOCK_N)`` of the additive kernels by the widest tile they serve
+#: (``max(d_w, d_v)`` rounded up to a power of two): ``(exact float32 products, tensor-core
+#: products)``.
+_ADDITIVE_GPU_TILES = (
+    (128, ((32, 32), (64, 32))),
+    (256, ((16, 32), (64, 32))),
+    (1024, ((16, 16), (16, 32))),
+)
+#: The widest tile whose float32 products may use TF32: wider TF32 tiles spill registers or
+#: outgrow the shared memory, where exact float32 products do not.
+TF32_MAX_WIDTH = 512
 
 
 def _tiles(
-    multi: bool, on_gpu: bool, bd: int, bdv: int, block_m: int | None, block_n: int | None
+    multi: bool,
+    on_gpu: bool,
+    dot: int,
+    bd: int,
+    bdv: int,
+    block_m: int | None,
+    block_n: int | None,
 ) -> tuple[int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps)``: the given tiles, else the defaults by device."""
-    if not multi:
-        bm = block_m or (16 if not on_gpu else (64 if bd <= 128 else 32))
-        bn = block_n or (16 if not on_gpu else 64)
-        return bm, bn, 4
-    bm = block_m or 16
-    bn = block_n or (16 if not on_gpu else max(1, min(16, 512 // max(bd, bdv))))
-    return bm, bn, 8 if on_gpu else 4
+    """``(BLOCK_M, BLOCK_N, num_warps)``: the given tiles, else the defaults by device.
+
+    The GPU defaults were picked with ``benchmarks/sm90_kernels.py`` (compiled for sm_90,
+    not yet timed on a GPU): the largest tiles whose four kernels fit the 255 registers
+    of a thread (no spills, or a few bytes; the widest half-precision tiles spill up to
+    2 KiB) and an H100 block's shared memory, for d = 32 .. 1024, 8 warps. Additive: see
+    :data:`_ADDITIVE_GPU_TILES`; multi-dimensional: ``16 x 2`` (``16 x 1`` past 64).
+    """
+    if not on_gpu:
+        return block_m or 16, block_n or 16, 4
+    width = max(bd, bdv)
+    if multi:
+        return block_m or 16, block_n or (2 if width <= 64 else 1), 8
+    tiles = next(t for w, t in _ADDITIVE_GPU_TILES if width <= w or w == 1024)
+    bm, bn = tiles[0 if dot == 0 else 1]
+    return block_m or bm, block_n or bn, 8
 
 
 def _plan(
@@ -285,16 +324,28 @@ def _plan(
     allow_tf32: bool,
     block_m: int | None,
     block_n: int | None,
+    *,
+    on_gpu: bool | None = None,
 ) -> _Plan:
-    """The launch plan; ``sizes`` is ``(d_w, d_v, n_k)``."""
+    """The launch plan; ``sizes`` is ``(d_w, d_v, n_k)``. ``on_gpu`` (default: whether
+    ``q1`` is on CUDA with compiled kernels) picks the GPU tiles and modes; the sm_90
+    compile check (``benchmarks/sm90_kernels.py``) plans GPU launches on CPU tensors."""
     d_w, d_v, n_k = sizes
     B, n_q = q1.shape[0], q1.shape[1]
-    on_gpu = q1.device.type == "cuda" and not K.INTERPRETED
+    if on_gpu is None:
+        on_gpu = q1.device.type == "cuda" and not K.INTERPRETED
     half = q1.dtype in (torch.bfloat16, torch.float16)
     fast = _fast_tanh(fast_tanh, on_gpu, half, act)
-    dot = _dot_mode(multi, on_gpu, half, allow_tf32)
+    if on_gpu and not triton_fits(multi, d_w, d_v):
+        public = "flash_multi_dim_attention" if multi else "flash_additive_attention"
+        raise ValueError(
+            f"{public}: max(d_w, d_v) = {max(d_w, d_v)} is wider than the GPU kernels take "
+            f"({TRITON_MAX_WIDTH[multi]}: the tiles would need more shared memory than a "
+            "block has); use the chunked kernels (Attention(path='auto') picks them)"
+        )
     bd, bdv = _pow2(d_w, 16), _pow2(d_v, 16)
-    bm, bn, warps = _tiles(multi, on_gpu, bd, bdv, block_m, block_n)
+    dot = _dot_mode(multi, on_gpu, half, allow_tf32, max(bd, bdv))
+    bm, bn, warps = _tiles(multi, on_gpu, dot, bd, bdv, block_m, block_n)
     if mask is None:
         m8 = torch.zeros(1, dtype=torch.uint8, device=q1.device)
         strides: tuple[int, int, int] = (0, 0, 0)

@@ -10,7 +10,7 @@ the *call*: its device, dtype, shapes, whether weights are requested, dropout an
 | --- | --- |
 | ``sdpa`` | a dot-product score (dot, scaled-dot, general, biased-general, cosine), soft alignment, single-dimensional: PyTorch's fused kernel on the 4-D layout ``[B, H, n, d]``; ``is_causal=True`` for a causal call without another mask |
 | ``lean-multi`` | multi-dimensional additive, soft, no weights requested, no dropout |
-| ``triton`` | additive (or multi-dimensional additive), soft, no weights, no dropout, on CUDA with ``triton`` installed |
+| ``triton`` | additive (or multi-dimensional additive), soft, no weights, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most ``TRITON_MAX_WIDTH`` (1024; multi 128) |
 | ``lean-additive`` | additive score, any alignment that is not local |
 | ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights, no dropout: FlexAttention's sliding-window block mask (local-p: two passes with the log-sum-exp) |
 | ``local-window`` | local-m / local-p otherwise: only the ``2D + 1`` window keys are scored |
@@ -29,7 +29,7 @@ import torch
 
 from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
-from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name
+from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_fits
 from attnlab.general.scoring import AdditiveScore, Score
 
 __all__ = [
@@ -159,11 +159,17 @@ _TRITON_REASON = (
 )
 
 
-def _triton_fits(caps: Capabilities, device: torch.device, dtype: torch.dtype | None) -> bool:
+def _triton_fits(
+    caps: Capabilities,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    widths: tuple[int, int] | None,
+) -> bool:
     return (
         device.type == "cuda"
         and (dtype is None or dtype in TRITON_DTYPES)
         and caps.triton_act
+        and (widths is None or triton_fits(caps.multi, *widths))
         and triton_available()
     )
 
@@ -177,9 +183,10 @@ class _Call:
     need_weights: bool
     dropout: bool
     head_dim: int | None
+    widths: tuple[int, int] | None
 
     def fits_triton(self, caps: Capabilities) -> bool:
-        return _triton_fits(caps, self.device, self.dtype)
+        return _triton_fits(caps, self.device, self.dtype, self.widths)
 
     def fits_flex(self) -> bool:
         """FlexAttention's sliding window: CUDA, no weights, no dropout, a dtype and a head
@@ -204,6 +211,7 @@ def plan_attention(
     dtype: torch.dtype | None = None,
     dropout: bool = False,
     head_dim: int | None = None,
+    widths: tuple[int, int] | None = None,
 ) -> Plan:
     """The path of one attention call.
 
@@ -216,12 +224,16 @@ def plan_attention(
         dropout: attention dropout is active (training with ``dropout > 0``).
         head_dim: the smaller of the key and value sizes of the call (``None``: unknown);
             FlexAttention's CUDA kernels need at least ``FLEX_MIN_DIM``.
+        widths: ``(d_w, d_v)`` of an additive score's hidden units and of the values
+            (``None``: unknown); the Triton kernels take them up to
+            :data:`~attnlab.general.flash_additive.TRITON_MAX_WIDTH`, wider calls take the
+            chunked kernels.
     """
     forced = _forced_plan(caps, mode, n_k, need_weights)
     if forced is not None:
         return forced
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    call = _Call(dev, dtype, need_weights, dropout, head_dim)
+    call = _Call(dev, dtype, need_weights, dropout, head_dim, widths)
     if caps.local:
         return _plan_local(caps, call)
     if caps.multi:
