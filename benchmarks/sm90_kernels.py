@@ -3,6 +3,7 @@ on a machine without a GPU, and report what each launch would use.
 
     python benchmarks/sm90_kernels.py                 # every variant, a markdown table
     python benchmarks/sm90_kernels.py --quick         # one variant per code path
+    python benchmarks/sm90_kernels.py --widths        # the widest sizes the kernels take
     python benchmarks/sm90_kernels.py --json out.json # also the figures as JSON
 
 Triton's interpreter (``TRITON_INTERPRET=1``, what the suite runs without CUDA) checks
