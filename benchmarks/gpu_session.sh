@@ -52,7 +52,7 @@ else:
 "
 cat "$out/device.txt" >>"$out/summary.txt"
 step cuda-tests 150 "$py" -m pytest -q -m cuda -p no:cacheprovider tests
-step kernel-tests 60 "$py" -m pytest -q -p no:cacheprovider $kernel_tests
+step kernel-tests 90 "$py" -m pytest -q -p no:cacheprovider $kernel_tests
 step cuda-bench 150 "$py" -c "
 import sys
 sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json']
