@@ -307,7 +307,8 @@ def _tiles(
     width = max(bd, bdv)
     if multi:
         return block_m or 16, block_n or (2 if width <= 64 else 1), 8
-    tiles = next(t for w, t in _ADDITIVE_GPU_TILES if width <= w or w == 1024)
+    widest = _ADDITIVE_GPU_TILES[-1][1]  # unused on a GPU: _plan refuses wider calls first
+    tiles = next((t for w, t in _ADDITIVE_GPU_TILES if width <= w), widest)
     bm, bn = tiles[0 if dot == 0 else 1]
     return block_m or bm, block_n or bn, 8
 
