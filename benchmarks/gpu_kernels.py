@@ -4,6 +4,8 @@
     python benchmarks/gpu_kernels.py                  # every case, on the CUDA device
     python benchmarks/gpu_kernels.py --only additive-1024 --no-compile
     python benchmarks/gpu_kernels.py --json out.json  # also save the raw figures
+    python benchmarks/gpu_kernels.py --tiles multi:16x4,additive:64x64
+                                                      # also the kernels at other tiles
     TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --tiny --device cpu
                                                       # toy sizes on the interpreter:
                                                       # checks the code, measures nothing
@@ -142,9 +144,38 @@ def _chunked(kind: str) -> Callable[..., Tensor]:
     return additive if kind == "additive" else multi
 
 
+def _tile_side(side: str) -> tuple[int, int] | None:
+    """``(BLOCK_M, BLOCK_N)`` of a side ``triton@BMxBN`` (the kernels at other tiles than
+    the defaults), else ``None``."""
+    if not side.startswith("triton@"):
+        return None
+    bm, bn = side.removeprefix("triton@").split("x")
+    return int(bm), int(bn)
+
+
+def _tiled(case: Case, q, k, v, attn, tiles: tuple[int, int]) -> Callable[[], Tensor]:
+    """The Triton kernels called directly with ``block_m`` / ``block_n`` (the same
+    arithmetic as the ``triton`` path of ``attnlab.Attention``)."""
+    from attnlab.general.flash_additive import flash_additive_attention, flash_multi_dim_attention
+
+    s, (bm, bn) = attn.score, tiles
+
+    def run() -> Tensor:
+        q1, k2 = s.lean_parts(q, k)
+        w, b_d = s.work_params()
+        if case.kind == "multi":
+            return flash_multi_dim_attention(q1, k2, w, b_d, v, block_m=bm, block_n=bn)[0]
+        return flash_additive_attention(q1, k2, w, v, block_m=bm, block_n=bn)[0]
+
+    return run
+
+
 def _side_fn(side: str, case: Case, q, k, v, attn) -> Callable[[], Tensor]:
     s = attn.score
     params = (s.W1.weight, s.W2.weight, s.b, s.w, s.b_d)
+    tiles = _tile_side(side)
+    if tiles is not None:
+        return _tiled(case, q, k, v, attn, tiles)
     if side == "triton":
         if q.device.type == "cuda":  # the automatic choice on CUDA
             want = attn.explain(device=q.device)[0]
@@ -172,7 +203,7 @@ def attn_dim(attn) -> str:
 def _estimate_bytes(side: str, case: Case, B: int, n: int) -> int:
     """A rough lower bound of a side's peak memory (what autograd keeps)."""
     pairs = B * n * n
-    if side == "triton":
+    if side.startswith("triton"):
         return 0
     if side == "chunked":
         return 3 * pairs * F32 if case.kind == "additive" else 0
@@ -306,20 +337,23 @@ def _f(x: float | None, fmt: str) -> str:
     return "" if x is None or not math.isfinite(x) else format(x, fmt)
 
 
-def format_table(results: list[Result]) -> str:
-    head = (
-        "| case | side | config | fwd+bwd ms | fwd ms | peak MiB | tanh limit (fwd+bwd) "
-        "| fwd tanh limit | max rel diff | note |"
+TABLE_HEAD = (
+    "| case | side | config | fwd+bwd ms | fwd ms | peak MiB | tanh limit (fwd+bwd) "
+    "| fwd tanh limit | max rel diff | note |\n|" + " --- |" * 10
+)
+
+
+def format_row(r: Result) -> str:
+    fwd_frac = r.details.get("fwd_tanh_fraction")
+    return (
+        f"| {r.case} | {r.side} | {r.config} | {_f(r.step_ms, '.2f')} | "
+        f"{_f(r.fwd_ms, '.2f')} | {_f(r.peak_mib, '.1f')} | {_f(r.tanh_fraction, '.3f')} | "
+        f"{_f(fwd_frac, '.3f')} | {_f(r.max_rel_diff, '.1e')} | {r.note} |"
     )
-    lines = [head, "|" + " --- |" * 10]
-    for r in results:
-        fwd_frac = r.details.get("fwd_tanh_fraction")
-        lines.append(
-            f"| {r.case} | {r.side} | {r.config} | {_f(r.step_ms, '.2f')} | "
-            f"{_f(r.fwd_ms, '.2f')} | {_f(r.peak_mib, '.1f')} | {_f(r.tanh_fraction, '.3f')} | "
-            f"{_f(fwd_frac, '.3f')} | {_f(r.max_rel_diff, '.1e')} | {r.note} |"
-        )
-    return "\n".join(lines)
+
+
+def format_table(results: list[Result]) -> str:
+    return "\n".join([TABLE_HEAD, *(format_row(r) for r in results)])
 
 
 def _device_line(device: str) -> str:
@@ -327,6 +361,18 @@ def _device_line(device: str) -> str:
         p = torch.cuda.get_device_properties(0)
         return f"{p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}"
     return f"CPU (Triton interpreter), torch {torch.__version__}"
+
+
+def _parse_tiles(ap: argparse.ArgumentParser, spec: str) -> list[tuple[str, str]]:
+    """``[(kind, "BMxBN"), ...]`` from ``--tiles``; a malformed entry is a usage error."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        kind, _, tile = item.partition(":")
+        bm, _, bn = tile.partition("x")
+        if kind not in ("additive", "multi") or not (bm.isdigit() and bn.isdigit()):
+            ap.error(f"--tiles entry {item!r}: expected KIND:BMxBN with KIND additive or multi")
+        out.append((kind, f"{int(bm)}x{int(bn)}"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the raw figures here")
+    ap.add_argument(
+        "--tiles",
+        default="",
+        help="extra Triton sides at other tiles, timed after the others: comma-separated "
+        "KIND:BMxBN, e.g. multi:16x4,additive:64x64 (side triton@BMxBN on KIND's cases)",
+    )
     args = ap.parse_args(argv)
 
     from attnlab.general.flash_additive import TRITON_INSTALL, triton_available
@@ -364,24 +416,29 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in sides if s not in SIDES]
     if bad:
         ap.error(f"unknown side {bad}; choose from {list(SIDES)}")
+    extra = _parse_tiles(ap, args.tiles)
     repeats = args.repeats or (1 if args.tiny else 10)
     warmup = 0 if args.tiny else 2
     small_n = 17 if args.tiny else 256
 
-    results = []
-    for name in names:
-        for side in sides:
-            print(f"[{name}] {side} ...", file=sys.stderr, flush=True)
-            results.append(run_case(table[name], side, device, repeats, warmup, small_n))
+    runs = [(name, side) for name in names for side in sides]
+    runs += [(n, f"triton@{t}") for kind, t in extra for n in names if table[n].kind == kind]
+    # each row is printed (and the JSON rewritten) as soon as it is measured: a run cut by
+    # a time limit keeps what it measured
     print(f"device: {_device_line(device)}; tanh limit {TANH_PER_S:.0e}/s")
-    print(format_table(results))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {"device": _device_line(device), "results": [asdict(r) for r in results]},
-                fh,
-                indent=1,
-            )
+    print(TABLE_HEAD, flush=True)
+    results = []
+    for name, side in runs:
+        print(f"[{name}] {side} ...", file=sys.stderr, flush=True)
+        results.append(run_case(table[name], side, device, repeats, warmup, small_n))
+        print(format_row(results[-1]), flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(
+                    {"device": _device_line(device), "results": [asdict(r) for r in results]},
+                    fh,
+                    indent=1,
+                )
     worst = max((r.max_rel_diff or 0.0) for r in results)
     if worst > 1e-3:
         print(f"agreement check failed: max rel diff {worst:.1e} > 1e-3", file=sys.stderr)

@@ -4,7 +4,8 @@
 #   1. the device, torch, CUDA and triton versions;
 #   2. the CUDA tests (`pytest -m cuda`) and the Triton kernel tests on the device;
 #   3. the GPU anchors of benchmarks/cuda_bench.py (--quick: 5 repeats);
-#   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py).
+#   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py), then at
+#      the tiles their defaults were chosen over.
 #
 # Each step runs under its own time limit (a step that runs over is cut and the next one
 # starts), writes its whole output to OUTDIR/<step>.txt and one line to
@@ -61,5 +62,8 @@ import run, gpu_kernels
 gpu_kernels.main = lambda argv: 0  # the kernels are the next step, under their own limit
 run.main()
 "
-step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json"
+# the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
+# printed as they are measured, so a cut keeps the default table
+step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
+    --tiles multi:16x4,multi:16x8,additive:64x64,additive:32x32
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

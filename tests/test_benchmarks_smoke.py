@@ -184,3 +184,35 @@ def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
     assert G.main(argv) == 0
     out = capsys.readouterr().out
     assert "| additive-1024 | triton |" in out and "| additive-1024 | broadcast |" in out
+
+
+def test_gpu_kernel_benchmark_times_other_tiles_on_the_interpreter(monkeypatch, capsys):
+    # --tiles adds a side triton@BMxBN per case of its kind, after the others; it is
+    # checked against the broadcast form like every side
+    from attnlab.general.flash_additive import triton_unavailable_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
+    reason = triton_unavailable_reason("cpu")
+    if reason is not None:
+        pytest.skip(reason)
+    argv = [
+        "--tiny",
+        "--device",
+        "cpu",
+        "--sides",
+        "broadcast",
+        "--tiles",
+        "multi:16x4,additive:32x16",
+    ]
+    assert G.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    sides = [(row.split(" | ")[0][2:], row.split(" | ")[1]) for row in rows[2:]]
+    assert sides == [
+        ("additive-1024", "broadcast"),
+        ("multidim-512", "broadcast"),
+        ("multidim-512", "triton@16x4"),
+        ("additive-1024", "triton@32x16"),
+    ]
+    with pytest.raises(SystemExit):
+        G.main(["--tiny", "--device", "cpu", "--tiles", "multi16x4"])
