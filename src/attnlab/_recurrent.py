@@ -19,7 +19,7 @@ they run the same weights through the same ATen recurrences on the padded batch 
 * :func:`stepped_rnn`: a one-direction RNN step by step with each row's state frozen after
   its last real position, so it also gives the final state a packed run returns (which
   :func:`padded_rnn` cannot: a fused recurrence returns the state after the last padded
-  step). The loop over ``n`` is unrolled by the compiler, as inductor unrolls an LSTM.
+  step). The loop over ``n`` is unrolled in the graph, which grows with ``n``.
 
 Both compute what the packed run does at the real positions (and zeros at the padding), up
 to floating-point rounding; ``tests/test_recurrent.py`` checks them against ``torch.nn``.
