@@ -86,6 +86,14 @@ def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
             raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
+def found_on_host(bad: Tensor) -> bool:
+    """Whether a check of tensor values finds a bad entry in the bool tensor ``bad``.
+    Reading the values needs the host, so under ``torch.compile`` (one graph, no
+    synchronisation) the check is skipped and this returns False; run a call in eager
+    mode for the one-line errors."""
+    return not torch.compiler.is_compiling() and bool(bad.any())
+
+
 def check_module_dtype(module: nn.Module, x: Tensor, name: str = "query") -> None:
     """Check that the input ``x`` (called ``name`` in the caller's signature) has the dtype
     and device of ``module``'s floating-point parameters.

@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_int,
+    check_module_dtype,
+    check_same,
+    check_tensor,
+    found_on_host,
+)
 from attnlab._recurrent import RNNWeights, padded_rnn
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
@@ -600,7 +607,7 @@ def char_word_map(
     if char_mask is not None:
         M = M & char_mask[:, None, :]
     # a data-dependent check: skipped under torch.compile (it would break the graph)
-    if M.numel() and not torch.compiler.is_compiling() and bool((M.sum(1) > 1).any()):
+    if M.numel() and found_on_host(M.sum(1) > 1):
         raise ValueError(
             "char_to_word maps a character to more than one word; every character belongs to at most one word"
         )

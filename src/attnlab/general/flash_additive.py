@@ -247,7 +247,7 @@ def _fast_tanh(fast_tanh: bool | None, on_gpu: bool, half: bool, act: str) -> bo
     return fast_tanh
 
 
-def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool, width: int = 0) -> int:
+def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool, width: int) -> int:
     """The kernels' ``DOT`` mode: half inputs multiply ``p @ v`` on tensor cores (emulated
     in float32 by the interpreter) and the multi-dimensional ``h @ W_d`` in TF32; float32
     uses TF32 only when allowed, on a GPU, and for tiles up to :data:`TF32_MAX_WIDTH`

@@ -48,7 +48,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_int,
+    check_module_dtype,
+    check_tensor,
+    found_on_host,
+)
 from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
@@ -115,13 +121,6 @@ def pointer_loss(
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _found(bad: Tensor) -> bool:
-    """Whether a check of the values finds a bad entry in ``bad``. Such checks read the
-    tensor on the host, so under ``torch.compile`` (one graph, no synchronisation) they are
-    skipped, like the checks inside ``torch.nn``'s kernels."""
-    return not torch.compiler.is_compiling() and bool(bad.any())
-
-
 def _check_targets(targets: Tensor, batch: int, n: int, ignore_index: int) -> Tensor:
     if not isinstance(targets, Tensor):
         raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
@@ -133,7 +132,7 @@ def _check_targets(targets: Tensor, batch: int, n: int, ignore_index: int) -> Te
         )
     targets = targets.long()
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= n))
-    if _found(bad):
+    if found_on_host(bad):
         b, t = (int(i) for i in bad.nonzero()[0])
         raise ValueError(
             f"targets[{b}, {t}] = {int(targets[b, t])} is not a position in [0, {n}) nor the "
@@ -319,7 +318,7 @@ class PointerNetwork(Configurable):
                 )
             lengths = mask.sum(1)
             prefix = torch.arange(n, device=mask.device)[None, :] < lengths[:, None]
-            if _found(prefix != mask):
+            if found_on_host(prefix != mask):
                 raise ValueError(
                     "mask must mark a prefix of each row (real inputs first, padding last): "
                     "the encoder LSTM reads the inputs in order"
@@ -335,7 +334,7 @@ class PointerNetwork(Configurable):
                 raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}]")
             lengths = lengths.to(device=x.device, dtype=torch.long)
             bad = (lengths < 0) | (lengths > n)
-            if _found(bad):
+            if found_on_host(bad):
                 raise ValueError(f"lengths must lie in [0, n] = [0, {n}], got {lengths.tolist()}")
         allowed = torch.arange(n, device=x.device)[None, :] < lengths[:, None]
         return lengths, allowed
@@ -456,7 +455,7 @@ class PointerNetwork(Configurable):
         if self.eos:
             ended = ended | (targets == n)
         after_end = (ended.long().cumsum(1) - ended.long()) > 0  # a step after an end
-        if _found(after_end & counted):
+        if found_on_host(after_end & counted):
             b, t = (int(i) for i in (after_end & counted).nonzero()[0])
             raise ValueError(
                 f"targets[{b}, {t}] = {int(targets[b, t])} comes after the end of the sequence "
@@ -464,7 +463,7 @@ class PointerNetwork(Configurable):
                 "after the end"
             )
         ok = allowed.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) | ~counted
-        if _found(~ok):
+        if found_on_host(~ok):
             b, t = (int(i) for i in (~ok).nonzero()[0])
             why = "padding" if int(targets[b, t]) >= int(enc.lengths[b]) else "already chosen"
             raise ValueError(
