@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +61,7 @@ class Result:
     peak_mib: float | None
     ratio: float | None  # attnlab / this side
     target: float | None
+    error: str = ""  # the side raised: its exception, and no timing
 
 
 def _sync(device: str) -> None:
@@ -132,18 +134,12 @@ def build_cases(device: str, dtype: torch.dtype, tiny: bool) -> list[Case]:
     q, k, v = (_leaf((B, n, d), dtype, device, g) for _ in range(3))
     flex_side = None
     if device == "cuda":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        flex = torch.compile(flex_attention, dynamic=False)
-        block = create_block_mask(
-            lambda b, hh, qi, ki: (qi - ki).abs() <= D, None, None, n, n, device=device
-        )
-
-        def flex_fn() -> Tensor:
-            out = flex(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), block_mask=block)
-            return out.squeeze(1)
-
-        flex_side = Side(f"FlexAttention window ({2 * D + 1} keys)", _step(flex_fn, [q, k, v]))
+        flex_name = f"FlexAttention window ({2 * D + 1} keys)"
+        try:
+            flex_fn = _flex_window(q, k, v, D)
+            flex_side = Side(flex_name, _step(flex_fn, [q, k, v]))
+        except Exception as err:  # the row shows it; the other sides still run
+            flex_side = Side(flex_name, _raiser(err))
     for align, score in (("local-m", "scaled-dot"), ("local-p", "general")):
         kw = {"d_q": d, "d_k": d} if score == "general" else {"d_q": d}
         mod = Attention(score, align, D=D, **kw).to(device=device, dtype=dtype)
@@ -166,6 +162,29 @@ def build_cases(device: str, dtype: torch.dtype, tiny: bool) -> list[Case]:
         )
         cases.append(case)
     return cases
+
+
+def _flex_window(q: Tensor, k: Tensor, v: Tensor, D: int) -> Callable[[], Tensor]:
+    """FlexAttention (compiled) over the keys within ``D`` positions of each query."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    n = q.shape[1]
+    flex = torch.compile(flex_attention, dynamic=False)
+    block = create_block_mask(
+        lambda b, hh, qi, ki: (qi - ki).abs() <= D, None, None, n, n, device=q.device
+    )
+
+    def flex_fn() -> Tensor:
+        return flex(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), block_mask=block).squeeze(1)
+
+    return flex_fn
+
+
+def _raiser(err: Exception) -> Callable[[], None]:
+    def step() -> None:
+        raise err
+
+    return step
 
 
 def _time(step: Callable[[], None], device: str, repeats: int, warmup: int) -> float:
@@ -199,44 +218,62 @@ def run(
     repeats: int = 20,
     warmup: int = 3,
     only: list[str] | None = None,
+    on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
-    """Every case in every dtype; the sides of a case are timed in turn in this process."""
+    """Every case in every dtype; the sides of a case are timed in turn in this process.
+
+    ``on_result`` sees each row as soon as its case is measured (a run cut by a time limit
+    keeps what it measured). A side that raises is a row with ``error`` set, and the other
+    sides and cases still run."""
     results = []
     for dt in dtypes:
         for case in build_cases(device, DTYPES[dt], tiny):
             if only and case.name not in only:
                 continue
-            ms = {}
+            ms: dict[str, float] = {}
+            errors: dict[str, str] = {}
             for side in case.sides:
-                ms[side.name] = _time(side.step, device, repeats, warmup)
-            mine = ms["attnlab"]
-            for side in case.sides:
-                results.append(
-                    Result(
-                        case.name,
-                        dt,
-                        side.name,
-                        case.config,
-                        ms[side.name],
-                        _peak(side.step, device),
-                        None if side.name == "attnlab" else mine / ms[side.name],
-                        None if side.name == "attnlab" else case.target,
+                try:
+                    ms[side.name] = _time(side.step, device, repeats, warmup)
+                except Exception as err:  # reported in the row
+                    traceback.print_exc()
+                    errors[side.name] = (
+                        f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"
                     )
+            mine = ms.get("attnlab", math.nan)
+            for side in case.sides:
+                ok = side.name in ms
+                r = Result(
+                    case.name,
+                    dt,
+                    side.name,
+                    case.config,
+                    ms.get(side.name, math.nan),
+                    _peak(side.step, device) if ok else None,
+                    None if side.name == "attnlab" or not ok else mine / ms[side.name],
+                    None if side.name == "attnlab" else case.target,
+                    errors.get(side.name, ""),
                 )
+                results.append(r)
+                if on_result is not None:
+                    on_result(r)
     return results
 
 
+TABLE_HEAD = (
+    "| case | dtype | side | config | fwd+bwd ms | peak MiB | attnlab / side | target |\n|"
+    + " --- |" * 8
+)
+
+
+def format_row(r: Result) -> str:
+    """One table row; a side that raised shows its error in place of the timing."""
+    peak = "" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+    ratio = "" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.2f}x"
+    target = "" if r.target is None or "informational" in r.side else f"<= {r.target}x"
+    ms = f"error: {r.error}" if r.error else f"{r.ms:.2f}"
+    return f"| {r.case} | {r.dtype} | {r.side} | {r.config} | {ms} | {peak} | {ratio} | {target} |"
+
+
 def format_table(results: list[Result]) -> str:
-    lines = [
-        "| case | dtype | side | config | fwd+bwd ms | peak MiB | attnlab / side | target |",
-        "|" + " --- |" * 8,
-    ]
-    for r in results:
-        peak = "" if r.peak_mib is None else f"{r.peak_mib:.0f}"
-        ratio = "" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.2f}x"
-        target = "" if r.target is None or "informational" in r.side else f"<= {r.target}x"
-        lines.append(
-            f"| {r.case} | {r.dtype} | {r.side} | {r.config} | {r.ms:.2f} | {peak} | "
-            f"{ratio} | {target} |"
-        )
-    return "\n".join(lines)
+    return "\n".join([TABLE_HEAD, *(format_row(r) for r in results)])

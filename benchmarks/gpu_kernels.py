@@ -47,6 +47,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -318,6 +319,10 @@ def run_case(case: Case, side: str, device: str, repeats: int, warmup: int, smal
         torch.cuda.empty_cache()
         r.note = f"out of memory: {str(err).splitlines()[0][:80]}"
         return r
+    except Exception as err:  # one side failing must not cost the other rows of a lease
+        traceback.print_exc()
+        r.note = f"error: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"
+        return r
     r.step_ms = statistics.median(step_times)
     r.fwd_ms = statistics.median(fwd_times)
     tanh = case.B * case.n * case.n * case.d
@@ -421,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     warmup = 0 if args.tiny else 2
     small_n = 17 if args.tiny else 256
 
-    runs = [(name, side) for name in names for side in sides]
+    # side by side over the cases, the compiled side (minutes of compiling) after the others
+    runs = [(name, side) for side in sides for name in names]
     runs += [(n, f"triton@{t}") for kind, t in extra for n in names if table[n].kind == kind]
     # each row is printed (and the JSON rewritten) as soon as it is measured: a run cut by
     # a time limit keeps what it measured
@@ -442,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     worst = max((r.max_rel_diff or 0.0) for r in results)
     if worst > 1e-3:
         print(f"agreement check failed: max rel diff {worst:.1e} > 1e-3", file=sys.stderr)
+        return 1
+    failed = [f"{r.case} {r.side}" for r in results if r.note.startswith("error:")]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 

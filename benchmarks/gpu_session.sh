@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything a GPU lease has to do, in one call that ends inside 10 minutes:
 #
-#   1. the device, torch, CUDA and triton versions;
-#   2. the CUDA tests (`pytest -m cuda`) and the Triton kernel tests on the device;
+#   1. the device, torch, CUDA and triton versions (into summary.txt);
+#   2. the CUDA tests (`pytest -m cuda`) and the Triton kernel tests on the device
+#      (with pytest-xdist's workers where it is installed: Triton compiles on the CPU);
 #   3. the GPU anchors of benchmarks/cuda_bench.py (--quick: 5 repeats);
 #   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py), then at
-#      the tiles their defaults were chosen over.
+#      the tiles their defaults were chosen over (TILES, empty for none);
+#   5. the cold compile time of torch.compile(Attention("additive")) (compile_time.py).
 #
 # Each step runs under its own time limit (a step that runs over is cut and the next one
 # starts), writes its whole output to OUTDIR/<step>.txt and one line to
@@ -13,6 +15,8 @@
 # and the raw figures in gpu.json and gpu-kernels.json.
 #
 #   bash benchmarks/gpu_session.sh [OUTDIR]     # default: $OUT if set, else ./gpu-out
+#   STEPS="device cuda-tests" bash benchmarks/gpu_session.sh   # some steps only
+#   CUDA_TESTS="tests/general/test_cuda.py::test_x" ...        # some CUDA tests only
 #
 # Without a GPU every step says so and exits 0 (the CUDA tests skip). At most 8 files
 # come back from a lease's $OUT: these are the 8.
@@ -25,9 +29,17 @@ py="${PYTHON:-python3}"
 # the Triton kernel tests (a smoke test of this script points it at a cheaper target)
 kernel_tests="${KERNEL_TESTS:-tests/general/test_flash_additive.py}"
 
+# the steps to run (all by default), the CUDA tests, and the extra tiles of step 4
+steps=" ${STEPS:-device cuda-tests kernel-tests cuda-bench gpu-kernels compile-time} "
+cuda_tests="${CUDA_TESTS:-tests}"
+tiles="${TILES-multi:16x4,multi:16x8,additive:64x64,additive:32x32}"
+workers=""
+"$py" -c "import xdist" 2>/dev/null && workers="-n 8"
+
 step() {  # step NAME LIMIT_SECONDS COMMAND...
     local name=$1 limit=$2 start=$SECONDS rc
     shift 2
+    [[ "$steps" == *" $name "* ]] || return 0
     timeout "$limit" "$@" >"$out/$name.txt" 2>&1
     rc=$?
     local why=""
@@ -37,7 +49,7 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 }
 
 : >"$out/summary.txt"
-step device 30 "$py" -c "
+step device 20 "$py" -c "
 import torch
 print('torch', torch.__version__, '| CUDA', torch.version.cuda)
 try:
@@ -51,10 +63,13 @@ if torch.cuda.is_available():
 else:
     print('no CUDA device')
 "
-cat "$out/device.txt" >>"$out/summary.txt"
-step cuda-tests 150 "$py" -m pytest -q -m cuda -p no:cacheprovider tests
-step kernel-tests 90 "$py" -m pytest -q -p no:cacheprovider $kernel_tests
-step cuda-bench 150 "$py" -c "
+if [ -f "$out/device.txt" ]; then  # into the summary: 8 files at most come back
+    cat "$out/device.txt" >>"$out/summary.txt" && rm "$out/device.txt"
+fi
+pytest_args="-q -p no:cacheprovider -rfE --tb=short --durations=10"
+step cuda-tests 150 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
+step kernel-tests 80 "$py" -m pytest $pytest_args $workers $kernel_tests
+step cuda-bench 130 "$py" -c "
 import sys
 sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json']
 sys.path.insert(0, 'benchmarks')
@@ -65,5 +80,6 @@ run.main()
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
 step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
-    --tiles multi:16x4,multi:16x8,additive:64x64,additive:32x32
+    --tiles "$tiles"
+step compile-time 40 "$py" benchmarks/compile_time.py --device cuda
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

@@ -322,19 +322,35 @@ def main_cuda(args: argparse.Namespace) -> int:
     p = torch.cuda.get_device_properties(0)
     print(f"attnlab GPU benchmarks: {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     quick = args.quick or args.tiny
-    results = cuda_bench.run(
-        "cuda", tiny=args.tiny, repeats=5 if quick else 20, warmup=1 if quick else 3
+    rows: list[cuda_bench.Result] = []
+
+    def shown(r: cuda_bench.Result) -> None:
+        # each row printed (and the JSON rewritten) as it is measured: a cut run keeps them
+        rows.append(r)
+        print(cuda_bench.format_row(r), flush=True)
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps({"device": p.name, "results": [x.__dict__ for x in rows]}, indent=1)
+            )
+
+    print(cuda_bench.TABLE_HEAD, flush=True)
+    cuda_bench.run(
+        "cuda",
+        tiny=args.tiny,
+        repeats=5 if quick else 20,
+        warmup=1 if quick else 3,
+        on_result=shown,
     )
-    print(cuda_bench.format_table(results))
     print()
     print("Additive / multi-dimensional: Triton kernels vs the textbook form and its compile:")
     kernel_args = ["--tiny"] if args.tiny else []
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"device": p.name, "results": [r.__dict__ for r in results]}, indent=1)
-        )
         kernel_args += ["--json", str(Path(args.json).with_suffix(".kernels.json"))]
-    return gpu_kernels.main(kernel_args)
+    rc = gpu_kernels.main(kernel_args)
+    failed = [f"{r.case} {r.dtype} {r.side}" for r in rows if r.error]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return rc or int(bool(failed))
 
 
 def main(argv: list[str] | None = None) -> list[H.Row]:

@@ -68,10 +68,12 @@ def test_gpu_session_script_fits_one_lease_call():
         "kernel-tests",
         "cuda-bench",
         "gpu-kernels",
+        "compile-time",
     ]
     assert sum(limit for _, limit in steps) <= 540
-    # one .txt per step, summary.txt, gpu.json and gpu-kernels.json
-    assert len(steps) + 3 <= 8
+    # one .txt per step but the device's (it goes into summary.txt), summary.txt,
+    # gpu.json and gpu-kernels.json
+    assert len(steps) - 1 + 3 <= 8
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -98,7 +100,39 @@ def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
     for name, _ in _session_steps():
         assert f"{name} " in summary and "cut at its limit" not in summary
     assert "rc=0" in summary and "rc=1" not in summary
-    assert "no CUDA device" in (tmp_path / "device.txt").read_text()
+    assert "no CUDA device" in summary and not (tmp_path / "device.txt").exists()
+    assert len(list(tmp_path.iterdir())) <= 8
     assert "nothing measured" in (tmp_path / "cuda-bench.txt").read_text()
     assert "nothing measured" in (tmp_path / "gpu-kernels.txt").read_text()
     assert "skipped" in (tmp_path / "cuda-tests.txt").read_text()
+    assert "nothing measured" in (tmp_path / "compile-time.txt").read_text()
+
+
+def test_a_side_that_raises_is_an_error_row_and_the_rest_still_runs(monkeypatch):
+    """One lease, one call: a side that fails (a missing kernel, say) is reported in its row
+    and the other sides and cases are still timed, each row passed on as it is measured."""
+
+    def boom() -> None:
+        raise RuntimeError("no kernel for this\nsecond line")
+
+    def cases(device, dtype, tiny):
+        ok = cuda_bench.Side("attnlab", lambda: None)
+        return [
+            cuda_bench.Case("a", "cfg", 1.0, [ok, cuda_bench.Side("anchor", boom)]),
+            cuda_bench.Case("b", "cfg", 1.0, [ok, cuda_bench.Side("anchor", lambda: None)]),
+        ]
+
+    monkeypatch.setattr(cuda_bench, "build_cases", cases)
+    seen = []
+    results = cuda_bench.run("cpu", dtypes=("fp32",), repeats=1, warmup=0, on_result=seen.append)
+    assert seen == results and [(r.case, r.side) for r in results] == [
+        ("a", "attnlab"),
+        ("a", "anchor"),
+        ("b", "attnlab"),
+        ("b", "anchor"),
+    ]
+    bad = results[1]
+    assert bad.error == "RuntimeError: no kernel for this" and bad.ratio is None
+    assert "error: RuntimeError: no kernel for this" in cuda_bench.format_row(bad)
+    assert all(not r.error and math.isfinite(r.ms) for r in results[2:])
+    assert math.isfinite(results[2 + 1].ratio)
