@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = attn(q, k, v).context
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
     diff = max(
-        float((a - b).detach().abs().max()) for a, b in zip((out, *grads), (ref, *ref_grads), strict=True)
+        float((a - b).detach().abs().max())
+        for a, b in zip((out, *grads), (ref, *ref_grads), strict=True)
     )
     print(f"max |compiled - eager| over the output and input gradients: {diff:.1e}")
     ok = explained.graph_break_count == 0 and diff <= 1e-4

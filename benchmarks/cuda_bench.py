@@ -35,6 +35,7 @@ from attnlab import Attention
 from attnlab.query.multi_head import MultiHeadAttention
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CASE_NAMES = ("sdpa", "mha-causal", "mha", "local-m", "local-p")
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Result:
     ratio: float | None  # attnlab / this side
     target: float | None
     error: str = ""  # the side raised: its exception, and no timing
+    first_ms: float | None = None  # the first call (compiling included), not in ``ms``
 
 
 def _sync(device: str) -> None:
@@ -187,8 +189,14 @@ def _raiser(err: Exception) -> Callable[[], None]:
     return step
 
 
-def _time(step: Callable[[], None], device: str, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
+def _time(step: Callable[[], None], device: str, repeats: int, warmup: int) -> tuple[float, float]:
+    """``(median ms, ms of the first call)``: the first call holds any compiling."""
+    _sync(device)
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    first = (time.perf_counter() - t0) * 1e3
+    for _ in range(warmup - 1):
         step()
     _sync(device)
     times = []
@@ -197,7 +205,7 @@ def _time(step: Callable[[], None], device: str, repeats: int, warmup: int) -> f
         step()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3, first
 
 
 def _peak(step: Callable[[], None], device: str) -> float | None:
@@ -231,10 +239,13 @@ def run(
             if only and case.name not in only:
                 continue
             ms: dict[str, float] = {}
+            first: dict[str, float] = {}
             errors: dict[str, str] = {}
             for side in case.sides:
                 try:
-                    ms[side.name] = _time(side.step, device, repeats, warmup)
+                    ms[side.name], first[side.name] = _time(
+                        side.step, device, repeats, max(warmup, 1)
+                    )
                 except Exception as err:  # reported in the row
                     traceback.print_exc()
                     errors[side.name] = (
@@ -253,6 +264,7 @@ def run(
                     None if side.name == "attnlab" or not ok else mine / ms[side.name],
                     None if side.name == "attnlab" else case.target,
                     errors.get(side.name, ""),
+                    first.get(side.name),
                 )
                 results.append(r)
                 if on_result is not None:
@@ -261,8 +273,8 @@ def run(
 
 
 TABLE_HEAD = (
-    "| case | dtype | side | config | fwd+bwd ms | peak MiB | attnlab / side | target |\n|"
-    + " --- |" * 8
+    "| case | dtype | side | config | fwd+bwd ms | peak MiB | attnlab / side | target "
+    "| first call s |\n|" + " --- |" * 9
 )
 
 
@@ -272,7 +284,11 @@ def format_row(r: Result) -> str:
     ratio = "" if r.ratio is None or not math.isfinite(r.ratio) else f"{r.ratio:.2f}x"
     target = "" if r.target is None or "informational" in r.side else f"<= {r.target}x"
     ms = f"error: {r.error}" if r.error else f"{r.ms:.2f}"
-    return f"| {r.case} | {r.dtype} | {r.side} | {r.config} | {ms} | {peak} | {ratio} | {target} |"
+    first = "" if r.first_ms is None else f"{r.first_ms / 1e3:.2f}"
+    return (
+        f"| {r.case} | {r.dtype} | {r.side} | {r.config} | {ms} | {peak} | {ratio} | {target} "
+        f"| {first} |"
+    )
 
 
 def format_table(results: list[Result]) -> str:

@@ -16,7 +16,10 @@
 #
 #   bash benchmarks/gpu_session.sh [OUTDIR]     # default: $OUT if set, else ./gpu-out
 #   STEPS="device cuda-tests" bash benchmarks/gpu_session.sh   # some steps only
+#   LIMITS="cuda-tests=60 gpu-kernels=200" ...                  # other time limits
 #   CUDA_TESTS="tests/general/test_cuda.py::test_x" ...        # some CUDA tests only
+#   CUDA_CASES=local-p CUDA_DTYPES=bf16 ...   # some cases of step 3 (run.py --cases, --dtypes)
+#   KERNEL_SIDES=triton,compiled ...          # some sides of step 4 (gpu_kernels.py --sides)
 #
 # Without a GPU every step says so and exits 0 (the CUDA tests skip). At most 8 files
 # come back from a lease's $OUT: these are the 8.
@@ -36,10 +39,13 @@ tiles="${TILES-multi:16x4,multi:16x8,additive:64x64,additive:32x32}"
 workers=""
 "$py" -c "import xdist" 2>/dev/null && workers="-n 8"
 
-step() {  # step NAME LIMIT_SECONDS COMMAND...
-    local name=$1 limit=$2 start=$SECONDS rc
+step() {  # step NAME LIMIT_SECONDS COMMAND...   (LIMITS="NAME=SECONDS ..." overrides)
+    local name=$1 limit=$2 start=$SECONDS rc item
     shift 2
     [[ "$steps" == *" $name "* ]] || return 0
+    for item in ${LIMITS:-}; do
+        [ "${item%%=*}" = "$name" ] && limit=${item#*=}
+    done
     timeout "$limit" "$@" >"$out/$name.txt" 2>&1
     rc=$?
     local why=""
@@ -71,7 +77,8 @@ step cuda-tests 150 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
 step kernel-tests 80 "$py" -m pytest $pytest_args $workers $kernel_tests
 step cuda-bench 130 "$py" -c "
 import sys
-sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json']
+sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json',
+            '--cases', '${CUDA_CASES:-}', '--dtypes', '${CUDA_DTYPES:-bf16,fp32}']
 sys.path.insert(0, 'benchmarks')
 import run, gpu_kernels
 gpu_kernels.main = lambda argv: 0  # the kernels are the next step, under their own limit
@@ -80,6 +87,6 @@ run.main()
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
 step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
-    --tiles "$tiles"
+    --sides "${KERNEL_SIDES:-triton,chunked,broadcast,compiled}" --tiles "$tiles"
 step compile-time 40 "$py" benchmarks/compile_time.py --device cuda
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

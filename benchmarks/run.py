@@ -291,6 +291,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="cpu: the CPU benchmarks above; cuda: the GPU anchors of benchmarks/cuda_bench.py "
         "and the Triton kernels of benchmarks/gpu_kernels.py (bf16 and fp32)",
     )
+    ap.add_argument(
+        "--cases",
+        default="",
+        help="with --device cuda: only these GPU cases, comma-separated "
+        "(sdpa, mha-causal, mha, local-m, local-p)",
+    )
+    ap.add_argument(
+        "--dtypes", default="bf16,fp32", help="with --device cuda: comma-separated bf16, fp32"
+    )
     ap.add_argument("--memory-child", nargs=2, metavar=("CASE", "SIDE"), help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=C.MODES, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -313,11 +322,19 @@ def selected(only: list[str] | None) -> list[str]:
 def main_cuda(args: argparse.Namespace) -> int:
     """``--device cuda``: every GPU anchor, fwd + bwd, bf16 and fp32, ratios in one run.
     Without a CUDA device it says so and returns 0."""
+    import cuda_bench
+    import gpu_kernels
+
+    for flag, given, known in (
+        ("--cases", args.cases, cuda_bench.CASE_NAMES),
+        ("--dtypes", args.dtypes, tuple(cuda_bench.DTYPES)),
+    ):
+        bad = [x for x in given.split(",") if x and x not in known]
+        if bad:
+            raise SystemExit(f"error: {flag}: unknown {bad}; choose from {', '.join(known)}")
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmarks (--device cuda) need one; nothing measured")
         return 0
-    import cuda_bench
-    import gpu_kernels
 
     p = torch.cuda.get_device_properties(0)
     print(f"attnlab GPU benchmarks: {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
@@ -336,6 +353,8 @@ def main_cuda(args: argparse.Namespace) -> int:
     print(cuda_bench.TABLE_HEAD, flush=True)
     cuda_bench.run(
         "cuda",
+        dtypes=tuple(x for x in args.dtypes.split(",") if x),
+        only=[x for x in args.cases.split(",") if x] or None,
         tiny=args.tiny,
         repeats=5 if quick else 20,
         warmup=1 if quick else 3,

@@ -136,3 +136,14 @@ def test_a_side_that_raises_is_an_error_row_and_the_rest_still_runs(monkeypatch)
     assert "error: RuntimeError: no kernel for this" in cuda_bench.format_row(bad)
     assert all(not r.error and math.isfinite(r.ms) for r in results[2:])
     assert math.isfinite(results[2 + 1].ratio)
+
+
+def test_gpu_case_and_dtype_names_are_checked_in_one_line():
+    for flag, value in (("--cases", "sdpa,nope"), ("--dtypes", "fp64")):
+        with pytest.raises(SystemExit, match=f"error: {flag}: unknown"):
+            R.main(["--device", "cuda", flag, value])
+
+
+def test_the_gpu_case_names_are_the_cases_built():
+    built = {c.name for c in cuda_bench.build_cases("cpu", torch.float32, tiny=True)}
+    assert built == set(cuda_bench.CASE_NAMES)

@@ -143,6 +143,47 @@ def test_every_attention_combination_on_cuda(combo, dtype):
     _check(attn, call, inputs, dtype, discrete=align in DISCRETE_ALIGNS)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+def test_sdpa_on_cuda_keeps_a_bad_query_row_nan_on_every_kernel(dtype, bad, masked):
+    """The sdpa path adds no NaN guard on CUDA (the CPU fused kernel needs one): each CUDA
+    kernel that SDPA may pick itself gives a NaN context to a query row holding NaN or
+    inf, and leaves the other rows finite."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    attn = Attention("scaled-dot").cuda()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 128, 64, generator=g).to("cuda", dtype) for _ in range(3))
+    q[0, 5, 7] = bad
+    mask = None
+    if masked:  # padding of the second row's keys
+        mask = (torch.arange(128, device="cuda") < torch.tensor([[128], [100]], device="cuda"))[
+            :, None, :
+        ]
+    ran = []
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
+        try:
+            with sdpa_kernel([backend]):
+                res = attn(q, k, v, mask=mask)
+        except RuntimeError as err:  # this kernel does not take this dtype or mask
+            assert "kernel" in str(err).lower(), err
+            continue
+        ran.append(backend.name)
+        assert res.path == "sdpa"
+        out = res.context
+        assert torch.isnan(out[0, 5]).all(), backend
+        rest = torch.ones(2, 128, dtype=torch.bool, device="cuda")
+        rest[0, 5] = False
+        assert torch.isfinite(out[rest]).all(), backend
+    assert "MATH" in ran and len(ran) >= 2, ran
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_mha_causal_on_cuda_uses_is_causal_without_sync(dtype):
     from attnlab.query.multi_head import MultiHeadAttention
@@ -199,20 +240,17 @@ def test_query_modules_on_cuda(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", ["constant-query", "learned-query", "capsule-attention"])
+@pytest.mark.parametrize("case", sorted(_load("query/test_query_padding.py", "cpu").INTERNAL))
 def test_internal_query_modules_on_cuda(case, dtype):
     cpu = _load("query/test_query_padding.py", "cpu")
     dev = _load("query/test_query_padding.py", "cuda")
     torch.manual_seed(0)
-    module = cpu.INTERNAL[case]().eval()
-
-    def call_for(mod):
-        return lambda m, x: mod._internal_output(m(x, mask=mod.REAL))
-
-    _check(module, call_for(cpu), {"x": cpu._x(1)}, dtype, call_cuda=call_for(dev))
+    module, call, inputs, _ = cpu.INTERNAL[case]()
+    torch.manual_seed(0)
+    _, call_cuda, _, _ = dev.INTERNAL[case]()
+    _check(module.eval(), call, inputs, dtype, call_cuda=call_cuda)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "case", ["alternating", "interactive", "parallel-bilinear", "multi-grained"]
 )

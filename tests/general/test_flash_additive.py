@@ -1,12 +1,14 @@
 """Tests of the Triton kernels for additive and multi-dimensional attention
 (attnlab.general.flash_additive).
 
-They run on the CPU under Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when it
-is first imported (and when the kernels are built), so it is set here, at collection time,
-before anything imports triton. It is a ``setdefault``: on a machine with a CUDA GPU,
-``TRITON_INTERPRET=0 pytest tests/general/test_flash_additive.py`` runs the same tests on
-the GPU. If triton was imported earlier in the process without the variable, the module
-skips with that reason instead of failing inside the interpreter. The interpreter is
+Without a CUDA GPU they run on the CPU under Triton's interpreter. Triton reads
+``TRITON_INTERPRET`` when it is first imported (and when the kernels are built), so it is
+set here, at collection time, before anything imports triton -- only where there is no
+CUDA device: on a GPU machine the same tests run on the GPU (and the rest of the suite,
+collected in the same process, keeps compiled Triton for torch.compile and
+FlexAttention); ``TRITON_INTERPRET=1`` there forces the interpreter. If triton was imported
+earlier in the process without the variable, the module skips with that reason instead
+of failing inside the interpreter. The interpreter is
 slow, so the sizes are tiny -- but never multiples of the 16-wide tiles, and always more
 than one tile of queries and of keys, so that tile boundaries, the online softmax across
 key tiles and the reductions across tiles are all exercised.
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first built
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first built
 from additive_references import ref_multi_dim
 from torch import nn
 

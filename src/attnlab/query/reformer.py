@@ -170,12 +170,16 @@ class LSHAttention(ProjectedHeadAttention):
     def draw_rotations(
         self, n_buckets: int, like: Tensor, generator: torch.Generator | None = None
     ) -> Tensor:
-        """Random rotations ``[h, d_head, n_hashes, n_buckets / 2]`` (standard normal)."""
+        """Random rotations ``[h, d_head, n_hashes, n_buckets / 2]`` (standard normal).
+
+        With ``seed`` they are drawn on the CPU and moved to ``like``'s device, so a seeded
+        module hashes alike on every device (a CUDA generator draws other numbers)."""
         if generator is None and self.seed is not None:
-            generator = torch.Generator(device=like.device).manual_seed(self.seed)
+            generator = torch.Generator().manual_seed(self.seed)
         shape = (self.num_heads, self.head_dim, self.n_hashes, max(n_buckets // 2, 1))
-        rot = torch.randn(shape, generator=generator, device=like.device, dtype=torch.float32)
-        return rot.to(like.dtype)
+        device = like.device if generator is None else generator.device
+        rot = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        return rot.to(device=like.device, dtype=like.dtype)
 
     def _chunk(self, q: Tensor, v: Tensor, buckets: Tensor, nb: int) -> _Chunks:
         """Sort the positions of every round by (bucket, position), pad them to whole
