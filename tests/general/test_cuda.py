@@ -203,18 +203,22 @@ def test_mha_causal_on_cuda_uses_is_causal_without_sync(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("align", ["local-m", "local-p"])
-def test_local_flex_path_on_cuda(align, dtype):
+@pytest.mark.parametrize(
+    "align,path", [("local-m", "local-flex"), ("local-p", "local-window")], ids=str
+)
+def test_local_paths_on_cuda(align, path, dtype):
+    # local-m on FlexAttention (d >= 16); local-p on the gathered window, its centres in
+    # float32 (a bf16 centre past 256 moves by 2 positions)
     torch.manual_seed(0)
-    attn = Attention("general", align, d_q=16, d_k=16, D=3).eval()  # Flex: d >= 16
-    assert attn.explain(device="cuda")[0] == "local-flex"
+    attn = Attention("general", align, d_q=16, d_k=16, D=3).eval()
+    assert attn.explain(device="cuda")[0] == path
     g = torch.Generator().manual_seed(1)
     n = 300  # beyond bf16's exact integers
     inputs = {k: torch.randn(2, n, 16, generator=g) for k in ("q", "k", "v")}
 
     def call(m, q, k, v):
         out = m(q, k, v)
-        assert out.path == ("local-flex" if q.is_cuda else "local-window")
+        assert out.path == (path if q.is_cuda else "local-window")
         return out.context
 
     _check(attn, call, inputs, dtype)
@@ -251,6 +255,7 @@ def test_internal_query_modules_on_cuda(case, dtype):
     _check(module.eval(), call, inputs, dtype, call_cuda=call_cuda)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "case", ["alternating", "interactive", "parallel-bilinear", "multi-grained"]
 )

@@ -311,7 +311,8 @@ def test_errors_are_one_line_and_name_the_fix():
     with pytest.raises(ValueError, match="w has shape"):
         flash_additive_attention(q1, k2, w[:-1], v)
     with pytest.raises(ValueError, match="mask has shape"):
-        flash_additive_attention(q1, k2, w, v, torch.ones(3, NQ, NK, dtype=torch.bool))
+        bad = torch.ones(3, NQ, NK, dtype=torch.bool, device=DEVICE)
+        flash_additive_attention(q1, k2, w, v, bad)
     with pytest.raises(ValueError, match="v has shape"):
         flash_multi_dim_attention(q1, k2, t["W_d"], None, v[..., :-1])
     if DEVICE == "cpu":

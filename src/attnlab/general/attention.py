@@ -15,8 +15,8 @@ and runs each combination on the fastest correct implementation:
 | ``lean-additive`` | additive score, soft alignment, single-dimensional | scores from a chunked kernel: memory O(B n_q n_k), never ``[B, n_q, n_k, d_w]`` |
 | ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
 | ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most 1024 (multi 128) (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
-| ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights requested, no dropout | FlexAttention's sliding-window block mask (:mod:`attnlab.general.local_flex`) |
-| ``local-window`` | local-m / local-p otherwise | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
+| ``local-flex`` | local-m without the Gaussian factor, a dot-product score, on CUDA, no weights requested, no dropout | FlexAttention's sliding-window block mask (:mod:`attnlab.general.local_flex`) |
+| ``local-window`` | local-m / local-p otherwise (local-p everywhere) | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
 | ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
 
 The path is decided by :mod:`attnlab.general.planner` from the combination's capabilities
@@ -694,7 +694,6 @@ class Attention(Configurable):
             centers,
             self.align.D,
             call.mask,  # type: ignore[arg-type]
-            self.align.gaussian,
             static_window=static,  # type: ignore[arg-type]
         )
         return context, None, None, {"centers": centers}

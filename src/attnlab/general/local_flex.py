@@ -1,19 +1,15 @@
-"""Local-m / local-p attention on FlexAttention's sliding window (the CUDA path).
+"""Local-m attention on FlexAttention's sliding window (the CUDA path).
 
 The window of query ``i`` is the keys ``l`` with ``|l - p_i| <= D`` (and allowed by the
 mask); FlexAttention's block mask skips every key block outside it, so the cost is that of
-the ``2D + 1`` window keys, linear in ``n``. Local-p multiplies each window weight by
-``g_l = exp(-(l - p)^2 / (2 sigma^2))`` *after* the softmax, without renormalising:
+the ``2D + 1`` window keys, linear in ``n``. A query whose window is empty gets a zero
+context (its log-sum-exp is ``-inf``), without a host synchronisation.
 
-    c = sum_l softmax_window(e)_l g_l v_l = out_2 * exp(lse_2 - lse_1)
-
-where pass 1 gives ``lse_1``, the log-sum-exp of the window scores, and pass 2 runs with
-the score ``e_l + log g_l`` (``out_2``, ``lse_2``). The centres and the Gaussian are in
-float32 whatever the input dtype. A query whose window is empty gets a zero context
-(``lse_1 = -inf``), without a host synchronisation.
-
-:class:`attnlab.Attention` takes this path on CUDA (see :mod:`attnlab.general.planner`);
-on CPU it runs FlexAttention's unfused reference implementation (used by the tests).
+:class:`attnlab.Attention` takes this path on CUDA for local-m without the Gaussian factor
+(see :mod:`attnlab.general.planner`); on CPU it runs FlexAttention's unfused reference
+implementation (used by the tests). Local-p is not computed here: its Gaussian factor as a
+second FlexAttention pass with a ``score_mod`` gave wrong results on an H200 (torch 2.11,
+docs/benchmarks.md), so it takes the gathered window (:mod:`attnlab.general.local`).
 """
 
 from __future__ import annotations
@@ -47,20 +43,18 @@ def local_flex_attend(
     centers: Tensor,
     D: int,
     mask: Tensor | None = None,
-    gaussian: bool = False,
     *,
     compiled: bool | None = None,
     static_window: bool = False,
 ) -> Tensor:
-    """``sum_l softmax_window(scale q^T k)_l (g_l) v_l`` over ``|l - p| <= D``.
+    """``sum_l softmax_window(scale q^T k)_l v_l`` over ``|l - p| <= D``.
 
     Args:
         q: ``[B, n_q, d]``; k: ``[B, n_k, d]``; v: ``[B, n_k, d_v]`` (one dtype).
         scale: the factor of ``q^T k`` (the score's dot form).
-        centers: window centres ``[B, n_q]`` (float; gradients reach them through the
-            Gaussian).
+        centers: window centres ``[B, n_q]`` (float; they only select keys: no gradient
+            reaches them).
         D: half window width. mask: bool broadcastable to ``[B, n_q, n_k]``.
-        gaussian: apply local-p's Gaussian factor after the softmax.
         compiled: run ``torch.compile(flex_attention)`` (default: on CUDA).
         static_window: the centres are the query positions ``0 .. n_q - 1`` and there is
             no mask (local-m's default): the block mask ``|i - l| <= D`` is the same for
@@ -72,23 +66,21 @@ def local_flex_attend(
 
     if compiled is None:
         compiled = q.device.type == "cuda"
-    p = centers.to(torch.float32)
+    p = centers.detach().to(torch.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
-        block = _block_mask(p.detach(), k.shape[1], D, mask, static_window)
+        block = _block_mask(p, k.shape[1], D, mask, static_window)
         flex = _flex(compiled)
-        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        out1, aux1 = flex(
-            q4, k4, v4, block_mask=block, scale=scale, return_aux=AuxRequest(lse=True)
+        out, aux = flex(
+            q.unsqueeze(1),
+            k.unsqueeze(1),
+            v.unsqueeze(1),
+            block_mask=block,
+            scale=scale,
+            return_aux=AuxRequest(lse=True),
         )
-        lse1 = aux1.lse  # [B, 1, n_q], float32
-        if gaussian:
-            ctx = _gaussian_pass(flex, q4, k4, v4, block, scale, p, D, lse1)
-        else:
-            ctx = out1.to(torch.float32)
-    empty = (lse1 == float("-inf")).unsqueeze(-1)  # a window with no allowed key
-    ctx = torch.where(empty, ctx.new_zeros(()), ctx)
-    return ctx.squeeze(1).to(v.dtype)
+    empty = (aux.lse == float("-inf")).unsqueeze(-1)  # a window with no allowed key
+    return torch.where(empty, out.new_zeros(()), out).squeeze(1).to(v.dtype)
 
 
 def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window: bool) -> Any:
@@ -117,30 +109,3 @@ def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window:
     # (compiled)
     cuda = p.device.type == "cuda"
     return create_block_mask(window, B, None, n_q, n_k, device=p.device, _compile=cuda)
-
-
-def _gaussian_pass(
-    flex: Any,
-    q4: Tensor,
-    k4: Tensor,
-    v4: Tensor,
-    block: Any,
-    scale: float,
-    p: Tensor,
-    D: int,
-    lse1: Tensor,
-) -> Tensor:
-    """Local-p: the second pass, with the score ``e_l - (l - p)^2 / (2 sigma^2)``, rescaled
-    by ``exp(lse_2 - lse_1)`` to the softmax of the first pass times the Gaussian (float32)."""
-    from torch.nn.attention.flex_attention import AuxRequest
-
-    inv = 1.0 / (2 * (D / 2) ** 2)
-
-    def gauss(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        return score - (ki - p[b, qi]) ** 2 * inv
-
-    out2, aux2 = flex(
-        q4, k4, v4, score_mod=gauss, block_mask=block, scale=scale, return_aux=AuxRequest(lse=True)
-    )
-    factor = torch.exp(aux2.lse - lse1)
-    return out2.to(torch.float32) * factor.unsqueeze(-1)

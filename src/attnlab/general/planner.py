@@ -12,8 +12,8 @@ the *call*: its device, dtype, shapes, whether weights are requested, dropout an
 | ``lean-multi`` | multi-dimensional additive, soft, no weights requested, no dropout |
 | ``triton`` | additive (or multi-dimensional additive), soft, no weights, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most ``TRITON_MAX_WIDTH`` (1024; multi 128) |
 | ``lean-additive`` | additive score, any alignment that is not local |
-| ``local-flex`` | local-m / local-p with a dot-product score on CUDA, no weights, no dropout: FlexAttention's sliding-window block mask (local-p: two passes with the log-sum-exp) |
-| ``local-window`` | local-m / local-p otherwise: only the ``2D + 1`` window keys are scored |
+| ``local-flex`` | local-m (no Gaussian factor) with a dot-product score on CUDA, no weights, no dropout: FlexAttention's sliding-window block mask |
+| ``local-window`` | local-m / local-p otherwise (local-p on every device): only the ``2D + 1`` window keys are scored |
 | ``explicit`` | everything else |
 
 :func:`plan_attention` returns a :class:`Plan` ``(path, reason)``; every ``explain()``
@@ -65,6 +65,7 @@ class Capabilities:
     window: int = 0  # 2D + 1 for local alignments
     triton_act: bool = False  # the additive activation is one the Triton kernels implement
     centres_are_positions: bool = False  # local-m: window centres are the query positions
+    gaussian: bool = False  # local: the weights are multiplied by a Gaussian of the offset
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def capabilities(score: torch.nn.Module, align: torch.nn.Module, multi: bool) ->
         window=2 * align.D + 1 if local else 0,  # type: ignore[operator]
         triton_act=additive and triton_act_name(score.act) is not None,  # type: ignore[arg-type]
         centres_are_positions=isinstance(align, LocalMAlign),
+        gaussian=local and bool(getattr(align, "gaussian", False)),
     )
 
 
@@ -262,18 +264,19 @@ def _forced_plan(caps: Capabilities, mode: str, n_k: int | None, need_weights: b
 
 
 def _plan_local(caps: Capabilities, call: _Call) -> Plan:
-    """local-m / local-p: FlexAttention's sliding window, else the gathered window."""
+    """local-m: FlexAttention's sliding window on CUDA; else the gathered window.
+
+    Only a plain window softmax goes to FlexAttention. Local-p's learned centres and the
+    Gaussian factor ran there as a ``score_mod`` in a second pass; on an H200 (torch 2.11)
+    that pass gave wrong bfloat16 contexts and wrong gradients for the centre parameters,
+    and its first call compiled for two minutes (docs/benchmarks.md), so those take the
+    gathered window, which is correct on every device."""
     a, s = caps.align, caps.score
-    if caps.dot and call.fits_flex():
-        extra = (
-            ", then the Gaussian factor in a second pass with the log-sum-exp of the first"
-            if a == "local-p"
-            else ""
-        )
+    if caps.dot and caps.centres_are_positions and not caps.gaussian and call.fits_flex():
         return Plan(
             "local-flex",
             f"{a} with the dot-product score {s!r} on CUDA: FlexAttention with a "
-            f"sliding-window block mask over the 2D+1 = {caps.window} keys{extra}",
+            f"sliding-window block mask over the 2D+1 = {caps.window} keys",
         )
     return Plan(
         "local-window",

@@ -61,6 +61,17 @@ def sdpa_attend(
     return _sdpa_attend(q, k, v, scale, mask, dropout_p, need_weights, clear=True)
 
 
+def _keep_bad_query_rows_nan(context: Tensor, q: Tensor) -> Tensor:
+    """A NaN or inf in a query row makes its context NaN (as on the explicit path): the
+    fused CPU kernel returns 0 for such a row, so on the CPU ``sum(q * 0)`` (0 where q is
+    finite, without overflow and without a host synchronisation) is added. The CUDA
+    kernels propagate the NaN themselves (tests/general/test_cuda.py), so they are spared
+    these six extra kernels of the forward and backward passes."""
+    if q.device.type != "cpu":
+        return context
+    return context + (q * 0).sum(-1, keepdim=True).to(context.dtype)
+
+
 def _sdpa_attend(
     q: Tensor,
     k: Tensor,
@@ -116,12 +127,7 @@ def _sdpa_attend(
         is_causal=causal,
         scale=scale,
     )
-    # a NaN or inf in a query row makes its context NaN (as on the explicit path): the
-    # fused CPU kernel returns 0 for such a row. q * 0 is 0 where q is finite, without
-    # overflow and without a host synchronisation. The CUDA kernels propagate the NaN
-    # themselves (tests/general/test_cuda.py), so they are spared these six kernels.
-    if q.device.type == "cpu":
-        context = context + (q * 0).sum(-1, keepdim=True).to(context.dtype)
+    context = _keep_bad_query_rows_nan(context, q)
     if row_ok is not None:
         # where, not a product: an opened row must come back as exactly 0 even if a key it
         # was opened to holds NaN or inf (0 * NaN = NaN)
