@@ -595,3 +595,58 @@ def test_explain_takes_the_chunked_kernels_past_the_gpu_widths():
     assert Attention("additive", dim="multi", d_q=3, d_k=128).explain(device="cuda")[0] == "triton"
     wide_multi = Attention("additive", dim="multi", d_q=3, d_k=129)
     assert wide_multi.explain(device="cuda")[0] == "lean-multi"
+
+
+# ------------------------------------------------------------------ torch.compile
+
+
+def test_the_launches_are_custom_ops_that_pass_opcheck():
+    """The forward, backward and weights launches are PyTorch custom operators
+    (``attnlab::flash_attend*``) with fake (shape) functions and an autograd formula:
+    ``torch.library.opcheck`` runs them eagerly, on fake tensors and through AOT autograd
+    and compares."""
+    from attnlab.general import flash_additive as fa
+
+    t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
+    mask = masks.from_lengths(torch.tensor([7, 4]), 7).to(DEVICE).expand(2, 9, 7)
+    add = (False, "tanh", False, None, False, None, None)
+    multi = (True, "sigmoid", True, None, False, None, None)
+    cases = [
+        (fa._attend_op, (t["q1"], t["k2"], t["w"], None, t["v"], mask, *add)),
+        (fa._attend_op, (t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"], None, *multi)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+    _, lse = fa._attend_op(*cases[0][1])
+    with torch.no_grad():
+        args = (t["q1"], t["k2"], t["w"], lse, mask, torch.float32, 8, *add)
+        result = torch.library.opcheck(fa._weights_op, args, test_utils=("test_schema",))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("dim", ["single", "multi"])
+def test_compiled_triton_path_has_no_graph_break_and_matches_eager(dim):
+    """``torch.compile(Attention(score="additive", path="triton"), fullgraph=True)``: the
+    kernels are custom operators, so dynamo traces no launch code (on an H200 it broke the
+    graph twice before). Forward and every input gradient equal to eager."""
+    from attnlab import Attention
+
+    torch.manual_seed(0)
+    attn = Attention("additive", dim=dim, d_q=16, d_k=16, path="triton").to(DEVICE)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, n, 16, generator=g).to(DEVICE) for n in (19, 21, 21))
+    mask = (torch.rand(2, 19, 21, generator=g) > 0.3).to(DEVICE)
+    explained = torch._dynamo.explain(attn)(q, k, v, mask=mask)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(attn, fullgraph=True)
+    results = []
+    for fn in (compiled, attn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = fn(*leaves, mask=mask)
+        assert out.path == "triton"
+        grads = torch.autograd.grad(out.context.square().sum(), leaves)
+        results.append((out.context, *grads))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlab
 from attnlab import Attention, masks
-from attnlab.general import planner
+from attnlab.general import flash_additive, planner
 from attnlab.general.local import local_window_attend
 from attnlab.general.local_flex import local_flex_attend
 from attnlab.general.planner import Plan, plan_attention, score_class_capabilities
@@ -286,3 +286,30 @@ def test_local_flex_static_window_is_the_position_window():
         again = local_flex_attend(q, k, v, 0.5, centers, 2, static_window=True)  # cached
     torch.testing.assert_close(static, dynamic, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(again, static, atol=0, rtol=0)
+
+
+def test_availability_look_ups_are_constants_to_torch_compile():
+    """The planner asks whether triton / FlexAttention are installed on every CUDA call;
+    the look-up (importlib's find_spec, an import) cannot be traced, so it is a constant
+    to dynamo: no graph break (on an H200, compiling Attention("additive") broke there)."""
+
+    def f(x):
+        if planner.triton_available() and planner.flex_available():
+            return x * 2
+        return x * 3
+
+    explained = torch._dynamo.explain(f)(torch.ones(3))
+    assert explained.graph_break_count == 0
+    assert planner.triton_available() is flash_additive.triton_available()
+
+
+def test_availability_is_looked_up_once_at_import(monkeypatch):
+    # a call never looks again (dynamo in torch 2.11 could not trace the look-up)
+    import importlib.util
+
+    def no_look_up(*a, **kw):
+        raise AssertionError("looked up at call time")
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_look_up)
+    assert planner.triton_available() in (True, False)
+    assert planner.flex_available() in (True, False)

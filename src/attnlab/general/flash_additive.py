@@ -50,7 +50,6 @@ from typing import Any, TypedDict, Unpack
 
 import torch
 from torch import Tensor
-from torch.autograd.function import FunctionCtx
 
 from attnlab import masks as _masks
 from attnlab.general.fused import (
@@ -518,48 +517,151 @@ def _weights(
     return a
 
 
-class _FlashFn(torch.autograd.Function):
-    """``(context, lse)`` of either score; ``w`` is ``w`` or ``W_d``, and ``b_d`` (multi
-    only, else ``None``) takes part only to receive its gradient, which is exactly zero:
-    it is constant across keys and cancels in the softmax."""
+# The launches as PyTorch custom operators: opaque to torch.compile (dynamo never traces
+# the launch code, inductor calls them as they are) and one path for eager and compiled
+# calls. Each op re-derives the launch plan from its arguments (deterministically), so the
+# forward, backward and weights ops agree. ``b_d`` (multi only, else None) takes part only
+# to receive its gradient, which is exactly zero: constant across keys, it cancels in the
+# softmax.
+_FLAGS = (
+    "bool multi, str act, bool causal, bool? fast_tanh, bool allow_tf32, "
+    "SymInt? block_m, SymInt? block_n"
+)
 
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        q1: Tensor,
-        k2: Tensor,
-        w: Tensor,
-        b_d: Tensor | None,
-        v: Tensor,
-        K: ModuleType,
-        p: _Plan,
-    ) -> tuple[Tensor, Tensor]:
-        out, lse = _forward(K, q1, k2, w, v, p)
-        ctx.save_for_backward(q1, k2, w, v, out, lse)
-        ctx.kernels, ctx.plan = K, p  # type: ignore[attr-defined]
-        ctx.b_d = None if b_d is None else (b_d.shape, b_d.dtype, b_d.device)  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(lse)
-        return out, lse
 
-    @staticmethod
-    @_once_differentiable
-    def backward(ctx: FunctionCtx, grad: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
-        q1, k2, w, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        dq, dk, dw, dv = _backward(ctx.kernels, q1, k2, w, v, out, lse, grad, ctx.plan)  # type: ignore[attr-defined]
-        n = ctx.needs_input_grad  # type: ignore[attr-defined]
-        gb = None
-        if n[3]:
-            shape, dtype, device = ctx.b_d  # type: ignore[attr-defined]
-            gb = torch.zeros(shape, dtype=dtype, device=device)
-        return (
-            dq.to(q1.dtype) if n[0] else None,
-            dk.to(k2.dtype) if n[1] else None,
-            dw.to(w.dtype) if n[2] else None,
-            gb,
-            dv.to(v.dtype) if n[4] else None,
-            None,
-            None,
-        )
+def _op_plan(
+    q1: Tensor, mask: Tensor | None, sizes: tuple[int, int, int], flags: tuple[Any, ...]
+) -> tuple[ModuleType, _Plan]:
+    """The kernels and the launch plan of an op call (``sizes``: ``(d_w, d_v, n_k)``)."""
+    multi, act, causal, fast_tanh, allow_tf32, block_m, block_n = flags
+    K = _kernels(q1.device)
+    return K, _plan(K, multi, q1, mask, act, sizes, causal, fast_tanh, allow_tf32, block_m, block_n)
+
+
+def _attend_impl(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    b_d: Tensor | None,
+    v: Tensor,
+    mask: Tensor | None,
+    *flags: Any,
+) -> tuple[Tensor, Tensor]:
+    K, p = _op_plan(q1, mask, (q1.shape[2], v.shape[2], k2.shape[1]), flags)
+    return _forward(K, q1, k2, w, v, p)
+
+
+def _attend_fake(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    b_d: Tensor | None,
+    v: Tensor,
+    mask: Tensor | None,
+    multi: bool,
+    *flags: Any,
+) -> tuple[Tensor, Tensor]:
+    (B, n_q), d_v = q1.shape[:2], v.shape[2]
+    lse_shape = (B, n_q, d_v) if multi else (B, n_q)
+    return q1.new_empty(B, n_q, d_v, dtype=v.dtype), q1.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _attend_backward_impl(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    *flags: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    K, p = _op_plan(q1, mask, (q1.shape[2], v.shape[2], k2.shape[1]), flags)
+    dq, dk, dw, dv = _backward(K, q1, k2, w, v, out, lse, grad, p)
+    return dq, dk, dw.contiguous(), dv
+
+
+def _attend_backward_fake(
+    q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q1, k2, w, v))  # type: ignore[return-value]
+
+
+def _weights_impl(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    dtype: torch.dtype,
+    d_v: int,
+    *flags: Any,
+) -> Tensor:
+    K, p = _op_plan(q1, mask, (q1.shape[2], d_v, k2.shape[1]), flags)
+    return _weights(K, q1, k2, w, lse, dtype, p)
+
+
+def _weights_fake(
+    q1: Tensor,
+    k2: Tensor,
+    w: Tensor,
+    lse: Tensor,
+    mask: Tensor | None,
+    dtype: torch.dtype,
+    d_v: int,
+    multi: bool,
+    *flags: Any,
+) -> Tensor:
+    per_row = (w.shape[-1],) if multi else ()
+    return q1.new_empty(q1.shape[0], q1.shape[1], k2.shape[1], *per_row, dtype=dtype)
+
+
+_attend_op = torch.library.custom_op(
+    "attnlab::flash_attend",
+    _attend_impl,
+    mutates_args=(),
+    schema=f"(Tensor q1, Tensor k2, Tensor w, Tensor? b_d, Tensor v, Tensor? mask, {_FLAGS})"
+    " -> (Tensor, Tensor)",
+)
+_attend_op.register_fake(_attend_fake)
+_attend_backward_op = torch.library.custom_op(
+    "attnlab::flash_attend_backward",
+    _attend_backward_impl,
+    mutates_args=(),
+    schema="(Tensor q1, Tensor k2, Tensor w, Tensor v, Tensor? mask, Tensor out, Tensor lse, "
+    f"Tensor grad, {_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+_attend_backward_op.register_fake(_attend_backward_fake)
+_weights_op = torch.library.custom_op(
+    "attnlab::flash_attend_weights",
+    _weights_impl,
+    mutates_args=(),
+    schema="(Tensor q1, Tensor k2, Tensor w, Tensor lse, Tensor? mask, ScalarType dtype, "
+    f"SymInt d_v, {_FLAGS}) -> Tensor",
+)
+_weights_op.register_fake(_weights_fake)
+
+
+def _attend_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q1, k2, w, b_d, v, mask, *flags = inputs
+    out, lse = output
+    ctx.save_for_backward(q1, k2, w, v, mask, out, lse)
+    ctx.flags = tuple(flags)
+    ctx.b_d = None if b_d is None else (b_d.shape, b_d.dtype, b_d.device)
+    ctx.mark_non_differentiable(lse)
+
+
+@_once_differentiable
+def _attend_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
+    q1, k2, w, v, mask, out, lse = ctx.saved_tensors
+    dq, dk, dw, dv = _attend_backward_op(q1, k2, w, v, mask, out, lse, grad, *ctx.flags)
+    gb = None if ctx.b_d is None else torch.zeros(ctx.b_d[0], dtype=ctx.b_d[1], device=ctx.b_d[2])
+    nones = (None,) * (1 + len(ctx.flags))  # mask and the flags
+    return (dq.to(q1.dtype), dk.to(k2.dtype), dw.to(w.dtype), gb, dv.to(v.dtype), *nones)
+
+
+_attend_op.register_autograd(_attend_backward, setup_context=_attend_setup)
 
 
 class FlashOptions(TypedDict, total=False):
@@ -645,14 +747,16 @@ def _launch(
     w, b_d = _check_score_weights(multi, q1c, vc, w, b_d)
     bm = _check_block(block_m, "block_m", 16)
     bn = _check_block(block_n, "block_n", 1 if multi else 16)
-    K = _kernels(q1c.device)
-    sizes = (q1c.shape[2], vc.shape[2], k2c.shape[1])
-    p = _plan(K, multi, q1c, mask3, name, sizes, causal, fast_tanh, allow_tf32, bm, bn)
-    out, lse = _FlashFn.apply(q1c, k2c, w, b_d, vc, K, p)
+    if fast_tanh is not None and not isinstance(fast_tanh, bool):
+        raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
+    if not isinstance(allow_tf32, bool):
+        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
+    flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn)
+    out, lse = _attend_op(q1c, k2c, w, b_d, vc, mask3, *flags)
     weights = None
     if need_weights:
         with torch.no_grad():
-            weights = _weights(K, q1c, k2c, w, lse, vc.dtype, p)
+            weights = _weights_op(q1c, k2c, w, lse, mask3, vc.dtype, vc.shape[2], *flags)
     return out, weights
 
 

@@ -22,7 +22,7 @@ prints its reason.
 
 from __future__ import annotations
 
-import functools
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -91,18 +91,28 @@ def sdpa_four_d(device: torch.device | str) -> bool:
     return torch.device(device).type != "cpu"
 
 
+#: Looked up once, at import, without importing the module: a plain bool that
+#: torch.compile reads as a constant (an import inside a compiled call breaks the graph).
+_FLEX_FOUND = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
 def flex_available() -> bool:
-    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:  # pragma: no cover - torch < 2.5
-        return False
-    return True
+    """Whether ``torch.nn.attention.flex_attention`` is there (torch >= 2.5)."""
+    return _FLEX_FOUND
 
 
-#: Whether the ``triton`` package is installed: looked up once per process (the planner
-#: asks on every CUDA call). A module attribute, so that tests can replace it.
-triton_available = functools.cache(flash_additive.triton_available)
+_TRITON_FOUND = flash_additive.triton_available()
+
+
+def _triton_found() -> bool:
+    return _TRITON_FOUND
+
+
+#: Whether the ``triton`` package is installed: looked up once, at import (the planner
+#: asks on every CUDA call), and a constant to torch.compile (the look-up itself,
+#: ``importlib.util.find_spec``, broke the graph on an H200 with torch 2.11). A module
+#: attribute, so that tests can replace it.
+triton_available = _triton_found
 
 
 def _is_dot(score_cls: type) -> bool:
