@@ -106,6 +106,9 @@ def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window:
         return inside if full is None else inside & full[b, qi, ki]
 
     # data-dependent centres: built per call, on CUDA without materialising [B, n_q, n_k]
-    # (compiled)
-    cuda = p.device.type == "cuda"
-    return create_block_mask(window, B, None, n_q, n_k, device=p.device, _compile=cuda)
+    # (compiled once; the compiled function is reused for every closure)
+    if p.device.type != "cuda":
+        return create_block_mask(window, B, None, n_q, n_k, device=p.device)
+    if "block_mask" not in _COMPILED:
+        _COMPILED["block_mask"] = torch.compile(create_block_mask)
+    return _COMPILED["block_mask"](window, B, None, n_q, n_k, device=p.device)
