@@ -286,6 +286,16 @@ def test_local_flex_static_window_is_the_position_window():
         again = local_flex_attend(q, k, v, 0.5, centers, 2, static_window=True)  # cached
     torch.testing.assert_close(static, dynamic, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(again, static, atol=0, rtol=0)
+    # more queries than keys + D: the last windows are empty and get a zero context
+    q9 = torch.randn(2, 9, 4, generator=g)
+    k3, v3 = k[:, :3], v[:, :3]
+    with torch.no_grad():
+        static = local_flex_attend(
+            q9, k3, v3, 0.5, torch.arange(9.0).expand(2, 9), 2, static_window=True
+        )
+        dynamic = local_flex_attend(q9, k3, v3, 0.5, torch.arange(9.0).expand(2, 9), 2)
+    torch.testing.assert_close(static, dynamic, atol=1e-6, rtol=1e-6)
+    assert torch.equal(static[:, 5:], torch.zeros(2, 4, 3)) and static[:, :5].abs().sum() > 0
 
 
 def test_availability_look_ups_are_constants_to_torch_compile():

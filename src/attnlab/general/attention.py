@@ -454,11 +454,12 @@ class Attention(Configurable):
         ``device`` / ``dtype`` (default: those of the parameters; CPU without any) with
         keys and values of at least ``head_dim`` features and values of ``value_dim``
         (``None``: unknown)."""
-        param = next(self.parameters(), None)
-        if device is None:
-            device = param.device if param is not None else torch.device("cpu")
-        if dtype is None and param is not None:
-            dtype = param.dtype
+        if device is None or dtype is None:  # (forward passes both: no walk per call)
+            param = next(self.parameters(), None)
+            if device is None:
+                device = param.device if param is not None else torch.device("cpu")
+            if dtype is None and param is not None:
+                dtype = param.dtype
         return plan_attention(
             self._caps,
             mode=self.path_mode,

@@ -67,18 +67,18 @@ def local_flex_attend(
     if compiled is None:
         compiled = q.device.type == "cuda"
     p = centers.detach().to(torch.float32)
+    n_q, n_k = q.shape[1], k.shape[1]
+    # the band |i - l| <= D has no empty window while n_q <= n_k + D: then no log-sum-exp
+    # and no zeroing are needed
+    may_be_empty = not (static_window and mask is None and n_q <= n_k + D)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
-        block = _block_mask(p, k.shape[1], D, mask, static_window)
+        block = _block_mask(p, n_k, D, mask, static_window)
         flex = _flex(compiled)
-        out, aux = flex(
-            q.unsqueeze(1),
-            k.unsqueeze(1),
-            v.unsqueeze(1),
-            block_mask=block,
-            scale=scale,
-            return_aux=AuxRequest(lse=True),
-        )
+        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        if not may_be_empty:
+            return flex(q4, k4, v4, block_mask=block, scale=scale).squeeze(1).to(v.dtype)
+        out, aux = flex(q4, k4, v4, block_mask=block, scale=scale, return_aux=AuxRequest(lse=True))
     empty = (aux.lse == float("-inf")).unsqueeze(-1)  # a window with no allowed key
     return torch.where(empty, out.new_zeros(()), out).squeeze(1).to(v.dtype)
 
