@@ -19,7 +19,8 @@ Cases (forward + backward, float32, tanh, self-attention shapes ``n_q = n_k = n`
 * ``multidim-512``: multi-dimensional (DiSAN) attention, B=8.
 
 Sides: ``triton`` (``attnlab.Attention``, which takes the ``triton`` path on CUDA),
-``chunked`` (the chunked ``attnlab.general.fused`` kernels that were the CUDA path
+``triton-fused`` (the kernels with ``fused_backward=True``: one backward launch, ``dq1``
+by atomics), ``chunked`` (the chunked ``attnlab.general.fused`` kernels that were the CUDA path
 before), ``broadcast`` (the textbook formula in eager PyTorch) and ``compiled``
 (``torch.compile`` of the same formula). A side whose estimated memory exceeds the free
 device memory is skipped with the estimate (the broadcast form holds several
@@ -50,6 +51,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +80,7 @@ TINY = {
     "additive-1024": Case("additive-1024", "additive", 2, 20, 8),
     "multidim-512": Case("multidim-512", "multi", 2, 18, 8),
 }
-SIDES = ("triton", "chunked", "broadcast", "compiled")
+SIDES = ("triton", "triton-fused", "chunked", "broadcast", "compiled")
 #: the chunked kernels grow as n^2 in time: 1.15 s per step at n = 4096 on an H200
 #: (float32), so about 74 s at n = 32768 -- longer than a lease's benchmark step
 CHUNKED_MAX_N = 4096
@@ -157,19 +159,20 @@ def _tile_side(side: str) -> tuple[int, int] | None:
     return int(bm), int(bn)
 
 
-def _tiled(case: Case, q, k, v, attn, tiles: tuple[int, int]) -> Callable[[], Tensor]:
-    """The Triton kernels called directly with ``block_m`` / ``block_n`` (the same
-    arithmetic as the ``triton`` path of ``attnlab.Attention``)."""
+def _direct(case: Case, q, k, v, attn, **options: Any) -> Callable[[], Tensor]:
+    """The Triton kernels called directly with ``options`` (``block_m`` / ``block_n``,
+    ``fused_backward``): the same arithmetic as the ``triton`` path of
+    ``attnlab.Attention``."""
     from attnlab.general.flash_additive import flash_additive_attention, flash_multi_dim_attention
 
-    s, (bm, bn) = attn.score, tiles
+    s = attn.score
 
     def run() -> Tensor:
         q1, k2 = s.lean_parts(q, k)
         w, b_d = s.work_params()
         if case.kind == "multi":
-            return flash_multi_dim_attention(q1, k2, w, b_d, v, block_m=bm, block_n=bn)[0]
-        return flash_additive_attention(q1, k2, w, v, block_m=bm, block_n=bn)[0]
+            return flash_multi_dim_attention(q1, k2, w, b_d, v, **options)[0]
+        return flash_additive_attention(q1, k2, w, v, **options)[0]
 
     return run
 
@@ -179,7 +182,9 @@ def _side_fn(side: str, case: Case, q, k, v, attn) -> Callable[[], Tensor]:
     params = (s.W1.weight, s.W2.weight, s.b, s.w, s.b_d)
     tiles = _tile_side(side)
     if tiles is not None:
-        return _tiled(case, q, k, v, attn, tiles)
+        return _direct(case, q, k, v, attn, block_m=tiles[0], block_n=tiles[1])
+    if side == "triton-fused":
+        return _direct(case, q, k, v, attn, fused_backward=True)
     if side == "triton":
         if q.device.type == "cuda":  # the automatic choice on CUDA
             want = attn.explain(device=q.device)[0]

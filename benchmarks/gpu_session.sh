@@ -87,6 +87,6 @@ run.main()
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
 step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
-    --sides "${KERNEL_SIDES:-triton,chunked,broadcast,compiled}" --tiles "$tiles"
+    --sides "${KERNEL_SIDES:-triton,triton-fused,chunked,broadcast,compiled}" --tiles "$tiles"
 step compile-time 40 "$py" benchmarks/compile_time.py --device cuda
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

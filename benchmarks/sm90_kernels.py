@@ -67,6 +67,7 @@ class Case:
     tf32: bool
     d_w: int
     d_v: int
+    fused: bool = False  # the fused backward (FlashOptions.fused_backward)
 
     def label(self) -> str:
         parts = [
@@ -78,6 +79,7 @@ class Case:
             "tf32" if self.tf32 else "",
             f"d_w={self.d_w}",
             f"d_v={self.d_v}",
+            "fused-bwd" if self.fused else "",
         ]
         return " ".join(p for p in parts if p)
 
@@ -122,6 +124,12 @@ def cases(quick: bool) -> list[Case]:
             Case(False, "bfloat16", "tanh", True, True, False, 1024, 1024),
             Case(True, "float32", "tanh", True, True, False, 128, 128),
         ]
+        # the fused backward at d = 64 in float32 and bfloat16, each score
+        out += [
+            Case(multi, dtype, "tanh", True, True, False, 64, 64, fused=True)
+            for multi in (False, True)
+            for dtype in ("float32", "bfloat16")
+        ]
         return out
     grid = itertools.product(
         (False, True),
@@ -131,7 +139,10 @@ def cases(quick: bool) -> list[Case]:
         (False, True),
     )
     out = [Case(m, dt, a, mk, c, dt == "float32", 64, 64) for m, dt, a, mk, c in grid]
-    return out + width_cases()
+    fused = [
+        Case(m, dt, "tanh", True, True, dt == "float32", 64, 64, fused=True) for m, dt, _ in MODES
+    ]
+    return out + fused + width_cases()
 
 
 class _Recorder:
@@ -174,7 +185,7 @@ def record(case: Case) -> list[tuple[str, tuple, dict]]:
     sizes = (case.d_w, case.d_v, n_k)
     plan = FA._plan(
         rec, case.multi, q1, mask, case.act, sizes, case.causal, None, case.tf32, None, None,
-        on_gpu=True,
+        on_gpu=True, fused_backward=case.fused,
     )  # fmt: skip
     out, lse = FA._forward(rec, q1, k2, w, v, plan)
     FA._backward(rec, q1, k2, w, v, out, lse, torch.randn_like(out), plan)

@@ -180,10 +180,12 @@ def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
     reason = triton_unavailable_reason("cpu")  # e.g. triton was imported without it
     if reason is not None:
         pytest.skip(reason)
-    argv = ["--tiny", "--device", "cpu", "--sides", "triton,broadcast", "--only", "additive-1024"]
+    sides = "triton,triton-fused,broadcast"
+    argv = ["--tiny", "--device", "cpu", "--sides", sides, "--only", "additive-1024"]
     assert G.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| additive-1024 | triton |" in out and "| additive-1024 | broadcast |" in out
+    for side in sides.split(","):
+        assert f"| additive-1024 | {side} |" in out, side
 
 
 def test_gpu_kernel_benchmark_times_other_tiles_on_the_interpreter(monkeypatch, capsys):

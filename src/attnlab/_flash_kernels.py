@@ -476,6 +476,37 @@ def _act_grads(
 
 
 @triton.jit
+def _act_grads_both(
+    dk, dw, ds, h, q, k, w, wt, DQ, b, sdb, sdm, sdd, offs_m, offs_n, n_q, n_k,
+    sqm, sqd, skn, skd, D,
+    MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """:func:`_act_grads` over both axes at once (the fused backward): ``dk2`` summed over
+    the queries and ``dw`` as with ``AXIS=0``, and the tile's share of ``dq1`` summed over
+    the keys, added to ``DQ`` (float32, zeroed by the caller) with atomics -- each
+    activation is evaluated once here instead of once in each of two kernels."""
+    rows = offs_m < n_q
+    if MULTI:
+        de, dx = _hidden_grad(ds, h, wt, ACT, DOT, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+        dw += _dot(tl.trans(h), de, DOT)
+        dk += tl.sum(dx, 0)
+        offs_d = tl.arange(0, BLOCK_D)
+        ptr = DQ + b * sdb + offs_m[:, None] * sdm + offs_d[None, :] * sdd
+        tl.atomic_add(ptr, tl.sum(dx, 1), mask=rows[:, None] & (offs_d[None, :] < D))
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        for d in range(0, D):
+            t, wd = _unit(q, k, w, d, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, ACT, FAST)
+            ga = ds * _act_grad(t, ACT)
+            dk += tl.where(offs_d[None, :] == d, (tl.sum(ga, 0) * wd)[:, None], 0.0)
+            dw += tl.where(offs_d == d, tl.sum(tl.sum(ds * t, 1), 0), 0.0)
+            tl.atomic_add(DQ + b * sdb + offs_m * sdm + d * sdd, tl.sum(ga, 1) * wd, mask=rows)
+    return dk, dw
+
+
+@triton.jit
 def _weight_share_start(MULTI: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """A zero share of the score weights' gradient: ``[BLOCK_D]`` (additive) or
     ``[BLOCK_D, BLOCK_DV]`` (multi)."""
@@ -583,19 +614,17 @@ def attend_bwd_q(
 
 
 @triton.jit
-def attend_bwd_kv(
-    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW,
+def _bwd_kv_body(
+    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
     sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd,
+    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
     n_q, n_k, D, DV, causal_offset,
     MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
     CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, FUSED_DQ: tl.constexpr,
 ):  # fmt: skip
-    """``dk2``, ``dv`` of one key tile and this program's share of the score weights'
-    gradient (row ``b * num_key_tiles + pid`` of ``DW``, summed by the caller): for every
-    query tile, recompute ``p`` and the score gradient as in :func:`attend_bwd_q`, add
-    the value gradient, then reduce through the activation."""
+    """The body of :func:`attend_bwd_kv` (``FUSED_DQ`` off: ``DQ`` unused) and of
+    :func:`attend_bwd_fused` (on)."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     start_n = pid * BLOCK_N
@@ -620,13 +649,65 @@ def attend_bwd_kv(
         )  # fmt: skip
         dv = _value_grad(dv, p, g, MULTI, DOT)
         ds = _score_grad(p, v, g, c, MULTI, DOT)
-        dk, dw = _act_grads(
-            dk, dw, ds, h, q, k, w, wt, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, D,
-            0, MULTI, ACT, FAST, DOT, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-        )  # fmt: skip
+        if FUSED_DQ:
+            dk, dw = _act_grads_both(
+                dk, dw, ds, h, q, k, w, wt, DQ, b, sdb, sdm, sdd, offs_m, offs_n, n_q, n_k,
+                sqm, sqd, skn, skd, D, MULTI, ACT, FAST, DOT,
+                BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+            )  # fmt: skip
+        else:
+            dk, dw = _act_grads(
+                dk, dw, ds, h, q, k, w, wt, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, D,
+                0, MULTI, ACT, FAST, DOT, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+            )  # fmt: skip
     _store_tile(DK, dk, b, offs_n, n_k, skgb, skgn, skgd, D, BLOCK_D)
     _store_tile(DV_, dv, b, offs_n, n_k, svgb, svgn, svgd, DV, BLOCK_DV)
     _store_weight_share(DW, dw, b * tl.num_programs(0) + pid, MULTI, BLOCK_D, BLOCK_DV)
+
+
+@triton.jit
+def attend_bwd_kv(
+    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW,
+    sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
+    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd,
+    n_q, n_k, D, DV, causal_offset,
+    MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """``dk2``, ``dv`` of one key tile and this program's share of the score weights'
+    gradient (row ``b * num_key_tiles + pid`` of ``DW``, summed by the caller): for every
+    query tile, recompute ``p`` and the score gradient as in :func:`attend_bwd_q`, add
+    the value gradient, then reduce through the activation."""
+    _bwd_kv_body(
+        Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DK,
+        sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
+        sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, 0, 0, 0,
+        n_q, n_k, D, DV, causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def attend_bwd_fused(
+    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
+    sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
+    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
+    n_q, n_k, D, DV, causal_offset,
+    MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """The whole backward in one launch over key tiles: :func:`attend_bwd_kv`, plus each
+    tile's share of ``dq1`` added to ``DQ`` (float32, zeroed) with atomics, so that
+    :func:`attend_bwd_q` -- which evaluates every activation again -- is not launched."""
+    _bwd_kv_body(
+        Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
+        sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
+        sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
+        n_q, n_k, D, DV, causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,
+        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, True,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -193,6 +193,20 @@ def test_half_precision(kernel, dtype):
     _run(kernel, dtype=dtype)
 
 
+# the fused backward (one kernel over key tiles, dq1 by atomics) computes the same
+# gradients: every mask kind, half precision, tiles that do not divide the sizes
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_fused_backward_each_mask(kernel, kind):
+    _run(kernel, kind=kind, fused_backward=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_fused_backward_half_precision(kernel, dtype):
+    _run(kernel, dtype=dtype, act="sigmoid", fused_backward=True)
+
+
 #: per kernel: rectangular tiles (32 queries by ``block_n`` keys) that do not divide the query
 #: and key counts; the multi-dimensional kernel also with other d_w and d_v
 ODD_TILES = {
@@ -206,6 +220,7 @@ def test_odd_shapes_and_tiles(kernel):
     # one query tile and three key tiles (the last one 8 wide); d_w and d_v of 1
     _run(kernel, b=1, nq=5, nk=40, dw=1, dv=1)
     _run(kernel, **ODD_TILES[kernel])
+    _run(kernel, fused_backward=True, **ODD_TILES[kernel])
 
 
 #: per kernel: the masks by which causality reaches it (the additive kernel also takes a
@@ -609,8 +624,8 @@ def test_the_launches_are_custom_ops_that_pass_opcheck():
 
     t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
     mask = masks.from_lengths(torch.tensor([7, 4]), 7).to(DEVICE).expand(2, 9, 7)
-    add = (False, "tanh", False, None, False, None, None)
-    multi = (True, "sigmoid", True, None, False, None, None)
+    add = (False, "tanh", False, None, False, None, None, False)
+    multi = (True, "sigmoid", True, None, False, None, None, True)
     cases = [
         (fa._attend_op, (t["q1"], t["k2"], t["w"], None, t["v"], mask, *add)),
         (fa._attend_op, (t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"], None, *multi)),

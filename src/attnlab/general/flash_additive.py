@@ -210,6 +210,7 @@ class _Plan:
     block_d: int
     block_dv: int
     num_warps: int
+    fused_dq: bool = False  # one backward kernel (dq1 by atomics), see FlashOptions
 
     def consts(self) -> dict[str, Any]:
         """The kernels' compile-time arguments and launch options."""
@@ -326,6 +327,7 @@ def _plan(
     block_n: int | None,
     *,
     on_gpu: bool | None = None,
+    fused_backward: bool = False,
 ) -> _Plan:
     """The launch plan; ``sizes`` is ``(d_w, d_v, n_k)``. ``on_gpu`` (default: whether
     ``q1`` is on CUDA with compiled kernels) picks the GPU tiles and modes; the sm_90
@@ -367,6 +369,7 @@ def _plan(
         block_d=bd,
         block_dv=bdv,
         num_warps=warps,
+        fused_dq=fused_backward,
     )
 
 
@@ -483,15 +486,22 @@ def _backward(
         aux = (g.to(f32) * out.to(f32)).sum(-1, keepdim=True)
     common = (*_s(qx), *_s(kx), *_s(v), *p.mask_strides, *_s(g), *_s(aux))
     tail = (n_q, n_k, d_w, d_v, p.causal_offset)
-    K.attend_bwd_q[(_cdiv(n_q, p.block_m), B)](
-        qx, kx, wx, wt, v, p.mask, lse, g, aux, dq, *common, *_s(dq), *tail, **p.consts()
-    )
+    if not p.fused_dq:
+        K.attend_bwd_q[(_cdiv(n_q, p.block_m), B)](
+            qx, kx, wx, wt, v, p.mask, lse, g, aux, dq, *common, *_s(dq), *tail, **p.consts()
+        )
     tiles = _cdiv(n_k, p.block_n)
     shares = torch.empty(B * tiles, p.block_d, *p.per_row(p.block_dv), dtype=f32, device=v.device)
-    K.attend_bwd_kv[(tiles, B)](
-        qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares,
-        *common, *_s(dk), *_s(dv), *tail, **p.consts(),
-    )  # fmt: skip
+    if p.fused_dq:
+        K.attend_bwd_fused[(tiles, B)](
+            qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares, dq,
+            *common, *_s(dk), *_s(dv), *_s(dq), *tail, **p.consts(),
+        )  # fmt: skip
+    else:
+        K.attend_bwd_kv[(tiles, B)](
+            qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares,
+            *common, *_s(dk), *_s(dv), *tail, **p.consts(),
+        )  # fmt: skip
     dw = shares.sum(0)[tuple(slice(0, n) for n in w.shape)]
     return dq, dk, dw, dv
 
@@ -525,7 +535,7 @@ def _weights(
 # softmax.
 _FLAGS = (
     "bool multi, str act, bool causal, bool? fast_tanh, bool allow_tf32, "
-    "SymInt? block_m, SymInt? block_n"
+    "SymInt? block_m, SymInt? block_n, bool fused_backward"
 )
 
 
@@ -533,9 +543,12 @@ def _op_plan(
     q1: Tensor, mask: Tensor | None, sizes: tuple[int, int, int], flags: tuple[Any, ...]
 ) -> tuple[ModuleType, _Plan]:
     """The kernels and the launch plan of an op call (``sizes``: ``(d_w, d_v, n_k)``)."""
-    multi, act, causal, fast_tanh, allow_tf32, block_m, block_n = flags
+    multi, act, causal, fast_tanh, allow_tf32, block_m, block_n, fused = flags
     K = _kernels(q1.device)
-    return K, _plan(K, multi, q1, mask, act, sizes, causal, fast_tanh, allow_tf32, block_m, block_n)
+    return K, _plan(
+        K, multi, q1, mask, act, sizes, causal, fast_tanh, allow_tf32, block_m, block_n,
+        fused_backward=fused,
+    )  # fmt: skip
 
 
 def _attend_impl(
@@ -679,6 +692,11 @@ class FlashOptions(TypedDict, total=False):
         allow_tf32: let the float32 products use TF32 tensor cores (CUDA). Default
             ``False``.
         block_m, block_n: tile sizes (powers of two >= 16); default (``None``) by device.
+        fused_backward: one backward kernel over key tiles that also adds each tile's
+            share of ``dq1`` with atomics, instead of a second kernel over query tiles
+            that evaluates every activation again (the backward then evaluates them
+            twice, not four times). Not yet timed on a GPU, so off by default; the sums
+            of ``dq1`` then run in no fixed order. Default ``False``.
     """
 
     causal: bool
@@ -687,6 +705,7 @@ class FlashOptions(TypedDict, total=False):
     allow_tf32: bool
     block_m: int | None
     block_n: int | None
+    fused_backward: bool
 
 
 #: the defaults of :class:`FlashOptions`
@@ -697,6 +716,7 @@ _FLASH_DEFAULTS: dict[str, Any] = {
     "allow_tf32": False,
     "block_m": None,
     "block_n": None,
+    "fused_backward": False,
 }
 
 
@@ -751,7 +771,10 @@ def _launch(
         raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
     if not isinstance(allow_tf32, bool):
         raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
-    flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn)
+    fused = o["fused_backward"]
+    if not isinstance(fused, bool):
+        raise TypeError(f"fused_backward must be a bool, got {fused!r}")
+    flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn, fused)
     out, lse = _attend_op(q1c, k2c, w, b_d, vc, mask3, *flags)
     weights = None
     if need_weights:
