@@ -614,17 +614,24 @@ def attend_bwd_q(
 
 
 @triton.jit
-def _bwd_kv_body(
+def attend_bwd_kv(
     Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
     sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
+    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd,
     n_q, n_k, D, DV, causal_offset,
     MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
     CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, FUSED_DQ: tl.constexpr,
 ):  # fmt: skip
-    """The body of :func:`attend_bwd_kv` (``FUSED_DQ`` off: ``DQ`` unused) and of
-    :func:`attend_bwd_fused` (on)."""
+    """``dk2``, ``dv`` of one key tile and this program's share of the score weights'
+    gradient (row ``b * num_key_tiles + pid`` of ``DW``, summed by the caller): for every
+    query tile, recompute ``p`` and the score gradient as in :func:`attend_bwd_q`, add
+    the value gradient, then reduce through the activation.
+
+    ``FUSED_DQ`` (the fused backward): also add each tile's share of ``dq1`` to ``DQ``
+    (float32 ``[B, n_q, D]``, contiguous, zeroed by the caller) with atomics, so that
+    :func:`attend_bwd_q` -- which evaluates every activation again -- is not launched.
+    Without it ``DQ`` is not read."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     start_n = pid * BLOCK_N
@@ -651,7 +658,7 @@ def _bwd_kv_body(
         ds = _score_grad(p, v, g, c, MULTI, DOT)
         if FUSED_DQ:
             dk, dw = _act_grads_both(
-                dk, dw, ds, h, q, k, w, wt, DQ, b, sdb, sdm, sdd, offs_m, offs_n, n_q, n_k,
+                dk, dw, ds, h, q, k, w, wt, DQ, b, n_q * D, D, 1, offs_m, offs_n, n_q, n_k,
                 sqm, sqd, skn, skd, D, MULTI, ACT, FAST, DOT,
                 BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
             )  # fmt: skip
@@ -663,51 +670,6 @@ def _bwd_kv_body(
     _store_tile(DK, dk, b, offs_n, n_k, skgb, skgn, skgd, D, BLOCK_D)
     _store_tile(DV_, dv, b, offs_n, n_k, svgb, svgn, svgd, DV, BLOCK_DV)
     _store_weight_share(DW, dw, b * tl.num_programs(0) + pid, MULTI, BLOCK_D, BLOCK_DV)
-
-
-@triton.jit
-def attend_bwd_kv(
-    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW,
-    sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd,
-    n_q, n_k, D, DV, causal_offset,
-    MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-):  # fmt: skip
-    """``dk2``, ``dv`` of one key tile and this program's share of the score weights'
-    gradient (row ``b * num_key_tiles + pid`` of ``DW``, summed by the caller): for every
-    query tile, recompute ``p`` and the score gradient as in :func:`attend_bwd_q`, add
-    the value gradient, then reduce through the activation."""
-    _bwd_kv_body(
-        Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DK,
-        sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-        sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, 0, 0, 0,
-        n_q, n_k, D, DV, causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,
-        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, False,
-    )  # fmt: skip
-
-
-@triton.jit
-def attend_bwd_fused(
-    Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
-    sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-    sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
-    n_q, n_k, D, DV, causal_offset,
-    MULTI: tl.constexpr, ACT: tl.constexpr, FAST: tl.constexpr, HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-):  # fmt: skip
-    """The whole backward in one launch over key tiles: :func:`attend_bwd_kv`, plus each
-    tile's share of ``dq1`` added to ``DQ`` (float32, zeroed) with atomics, so that
-    :func:`attend_bwd_q` -- which evaluates every activation again -- is not launched."""
-    _bwd_kv_body(
-        Q, K, W, WT, V, M, L, DO, AUX, DK, DV_, DW, DQ,
-        sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, smb, smi, smj,
-        sgb, sgm, sgd, scb, scm, scd, skgb, skgn, skgd, svgb, svgn, svgd, sdb, sdm, sdd,
-        n_q, n_k, D, DV, causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,
-        BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, True,
-    )  # fmt: skip
 
 
 @triton.jit

@@ -492,16 +492,10 @@ def _backward(
         )
     tiles = _cdiv(n_k, p.block_n)
     shares = torch.empty(B * tiles, p.block_d, *p.per_row(p.block_dv), dtype=f32, device=v.device)
-    if p.fused_dq:
-        K.attend_bwd_fused[(tiles, B)](
-            qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares, dq,
-            *common, *_s(dk), *_s(dv), *_s(dq), *tail, **p.consts(),
-        )  # fmt: skip
-    else:
-        K.attend_bwd_kv[(tiles, B)](
-            qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares,
-            *common, *_s(dk), *_s(dv), *tail, **p.consts(),
-        )  # fmt: skip
+    K.attend_bwd_kv[(tiles, B)](
+        qx, kx, wx, wt, v, p.mask, lse, g, aux, dk, dv, shares, dq,
+        *common, *_s(dk), *_s(dv), *tail, **p.consts(), FUSED_DQ=p.fused_dq,
+    )  # fmt: skip
     dw = shares.sum(0)[tuple(slice(0, n) for n in w.shape)]
     return dq, dk, dw, dv
 
@@ -564,16 +558,9 @@ def _attend_impl(
     return _forward(K, q1, k2, w, v, p)
 
 
-def _attend_fake(
-    q1: Tensor,
-    k2: Tensor,
-    w: Tensor,
-    b_d: Tensor | None,
-    v: Tensor,
-    mask: Tensor | None,
-    multi: bool,
-    *flags: Any,
-) -> tuple[Tensor, Tensor]:
+def _attend_fake(q1: Tensor, k2: Tensor, w: Tensor, *rest: Any) -> tuple[Tensor, Tensor]:
+    # rest: b_d, v, mask and the flags (multi first)
+    v, multi = rest[1], rest[3]
     (B, n_q), d_v = q1.shape[:2], v.shape[2]
     lse_shape = (B, n_q, d_v) if multi else (B, n_q)
     return q1.new_empty(B, n_q, d_v, dtype=v.dtype), q1.new_empty(lse_shape, dtype=torch.float32)
@@ -615,45 +602,41 @@ def _weights_impl(
     return _weights(K, q1, k2, w, lse, dtype, p)
 
 
-def _weights_fake(
-    q1: Tensor,
-    k2: Tensor,
-    w: Tensor,
-    lse: Tensor,
-    mask: Tensor | None,
-    dtype: torch.dtype,
-    d_v: int,
-    multi: bool,
-    *flags: Any,
-) -> Tensor:
+def _weights_fake(q1: Tensor, k2: Tensor, w: Tensor, *rest: Any) -> Tensor:
+    # rest: lse, mask, dtype, d_v and the flags (multi first)
+    dtype, multi = rest[2], rest[4]
     per_row = (w.shape[-1],) if multi else ()
     return q1.new_empty(q1.shape[0], q1.shape[1], k2.shape[1], *per_row, dtype=dtype)
 
 
-_attend_op = torch.library.custom_op(
-    "attnlab::flash_attend",
+def _custom_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], schema: str) -> Any:
+    """``attnlab::name``, a functional custom operator with its fake (shape) function."""
+    op = torch.library.custom_op(f"attnlab::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+_attend_op = _custom_op(
+    "flash_attend",
     _attend_impl,
-    mutates_args=(),
-    schema=f"(Tensor q1, Tensor k2, Tensor w, Tensor? b_d, Tensor v, Tensor? mask, {_FLAGS})"
+    _attend_fake,
+    f"(Tensor q1, Tensor k2, Tensor w, Tensor? b_d, Tensor v, Tensor? mask, {_FLAGS})"
     " -> (Tensor, Tensor)",
 )
-_attend_op.register_fake(_attend_fake)
-_attend_backward_op = torch.library.custom_op(
-    "attnlab::flash_attend_backward",
+_attend_backward_op = _custom_op(
+    "flash_attend_backward",
     _attend_backward_impl,
-    mutates_args=(),
-    schema="(Tensor q1, Tensor k2, Tensor w, Tensor v, Tensor? mask, Tensor out, Tensor lse, "
+    _attend_backward_fake,
+    "(Tensor q1, Tensor k2, Tensor w, Tensor v, Tensor? mask, Tensor out, Tensor lse, "
     f"Tensor grad, {_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-_attend_backward_op.register_fake(_attend_backward_fake)
-_weights_op = torch.library.custom_op(
-    "attnlab::flash_attend_weights",
+_weights_op = _custom_op(
+    "flash_attend_weights",
     _weights_impl,
-    mutates_args=(),
-    schema="(Tensor q1, Tensor k2, Tensor w, Tensor lse, Tensor? mask, ScalarType dtype, "
+    _weights_fake,
+    "(Tensor q1, Tensor k2, Tensor w, Tensor lse, Tensor? mask, ScalarType dtype, "
     f"SymInt d_v, {_FLAGS}) -> Tensor",
 )
-_weights_op.register_fake(_weights_fake)
 
 
 def _attend_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:

@@ -36,17 +36,9 @@ def _flex(compiled: bool) -> Any:
 
 
 def local_flex_attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    centers: Tensor,
-    D: int,
-    mask: Tensor | None = None,
-    *,
-    compiled: bool | None = None,
-    static_window: bool = False,
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, scale: float, centers: Tensor, D: int,
+    mask: Tensor | None = None, *, static_window: bool = False,
+) -> Tensor:  # fmt: skip
     """``sum_l softmax_window(scale q^T k)_l v_l`` over ``|l - p| <= D``.
 
     Args:
@@ -55,17 +47,15 @@ def local_flex_attend(
         centers: window centres ``[B, n_q]`` (float; they only select keys: no gradient
             reaches them).
         D: half window width. mask: bool broadcastable to ``[B, n_q, n_k]``.
-        compiled: run ``torch.compile(flex_attention)`` (default: on CUDA).
         static_window: the centres are the query positions ``0 .. n_q - 1`` and there is
             no mask (local-m's default): the block mask ``|i - l| <= D`` is the same for
             every call of these sizes and is built once and cached.
 
-    Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype.
+    Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype. On CUDA FlexAttention runs
+    compiled (its fused kernel), on the CPU as its unfused reference.
     """
     from torch.nn.attention.flex_attention import AuxRequest
 
-    if compiled is None:
-        compiled = q.device.type == "cuda"
     p = centers.detach().to(torch.float32)
     n_q, n_k = q.shape[1], k.shape[1]
     # the band |i - l| <= D has no empty window while n_q <= n_k + D: then no log-sum-exp
@@ -74,7 +64,7 @@ def local_flex_attend(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
         block = _block_mask(p, n_k, D, mask, static_window)
-        flex = _flex(compiled)
+        flex = _flex(q.device.type == "cuda")
         q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
         if not may_be_empty:
             return flex(q4, k4, v4, block_mask=block, scale=scale).squeeze(1).to(v.dtype)
