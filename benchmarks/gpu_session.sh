@@ -72,7 +72,7 @@ else:
 if [ -f "$out/device.txt" ]; then  # into the summary: 8 files at most come back
     cat "$out/device.txt" >>"$out/summary.txt" && rm "$out/device.txt"
 fi
-pytest_args="-q -p no:cacheprovider -rfE --tb=short --durations=10"
+pytest_args="-q -p no:cacheprovider -rfEs --tb=short --durations=10"
 step cuda-tests 150 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
 step kernel-tests 80 "$py" -m pytest $pytest_args $workers $kernel_tests
 step cuda-bench 130 "$py" -c "
