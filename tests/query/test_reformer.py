@@ -208,6 +208,25 @@ def test_deterministic_with_seed_or_generator():
     assert torch.equal(r1, free(x).extras["rotations"])
 
 
+def test_seeded_rotations_are_the_seeds_cpu_draw_made_once():
+    """A seeded module uses the CPU generator's draw for its seed on every device (so CPU
+    and CUDA hash alike), made once per shape, seed, device and dtype: a caller changing
+    the rotations it got back, or a new seed, never leaves stale rotations behind."""
+    m = LSHAttention(8, 2, bucket_size=4, n_hashes=2, seed=3).eval()
+    x = torch.randn(2, 16, 8)
+    shape = (m.num_heads, m.head_dim, m.n_hashes, m.buckets_for(16) // 2)
+    want = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    first = m(x).extras["rotations"]
+    assert torch.equal(first, want)
+    first.zero_()  # the caller's copy, not the module's
+    assert torch.equal(m(x).extras["rotations"], want)
+    assert torch.equal(m.double()(x.double()).extras["rotations"], want.double())
+    m.seed = 4
+    again = torch.randn(shape, generator=torch.Generator().manual_seed(4)).double()
+    assert torch.equal(m(x.double()).extras["rotations"], again)
+    assert "_seeded" not in m.state_dict()
+
+
 def test_gradcheck_float64():
     torch.manual_seed(0)
     m = LSHAttention(4, 2, bucket_size=3, n_hashes=2, num_buckets=2, seed=1).double()

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -157,6 +158,8 @@ class LSHAttention(ProjectedHeadAttention):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         self.seed = seed
+        # the seeded rotations, drawn once per shape, seed, device and dtype (not state)
+        self._seeded: tuple[tuple[Any, ...], Tensor] | None = None
 
     # ------------------------------------------------------------------ hashing
 
@@ -173,10 +176,17 @@ class LSHAttention(ProjectedHeadAttention):
         """Random rotations ``[h, d_head, n_hashes, n_buckets / 2]`` (standard normal).
 
         With ``seed`` they are drawn on the CPU and moved to ``like``'s device, so a seeded
-        module hashes alike on every device (a CUDA generator draws other numbers)."""
-        if generator is None and self.seed is not None:
-            generator = torch.Generator().manual_seed(self.seed)
+        module hashes alike on every device (a CUDA generator draws other numbers); they
+        are drawn and copied once per shape and device, not at every call (a copy from
+        the host waits for the device)."""
         shape = (self.num_heads, self.head_dim, self.n_hashes, max(n_buckets // 2, 1))
+        if generator is None and self.seed is not None:
+            key = (shape, self.seed, like.device, like.dtype)
+            if self._seeded is None or self._seeded[0] != key:
+                g = torch.Generator().manual_seed(self.seed)
+                rot = torch.randn(shape, generator=g, dtype=torch.float32)
+                self._seeded = (key, rot.to(device=like.device, dtype=like.dtype))
+            return self._seeded[1].clone()  # the caller may keep and change its copy
         device = like.device if generator is None else generator.device
         rot = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         return rot.to(device=like.device, dtype=like.dtype)
