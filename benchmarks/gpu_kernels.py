@@ -228,10 +228,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+#: the time one side's repeats may take: slow steps (seconds each at n = 32768) get fewer
+#: repeats, never fewer than MIN_REPEATS, so that a lease's step measures every side
+BUDGET_MS = 8000.0
+MIN_REPEATS = 3
+
+
 def _timed(f: Callable[[], object], device: str, repeats: int, warmup: int) -> list[float]:
+    """Times of ``repeats`` calls after ``warmup`` (at most :data:`BUDGET_MS` in all,
+    judged from the last warm-up call; at least :data:`MIN_REPEATS`)."""
+    last = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         f()
-    _sync(device)
+        _sync(device)
+        last = (time.perf_counter() - t0) * 1e3
+    if last > 0:
+        repeats = max(min(repeats, MIN_REPEATS), min(repeats, int(BUDGET_MS / last)))
     times = []
     for _ in range(repeats):
         if device == "cuda":

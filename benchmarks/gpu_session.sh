@@ -73,9 +73,9 @@ if [ -f "$out/device.txt" ]; then  # into the summary: 8 files at most come back
     cat "$out/device.txt" >>"$out/summary.txt" && rm "$out/device.txt"
 fi
 pytest_args="-q -p no:cacheprovider -rfEs --tb=short --durations=10"
-step cuda-tests 150 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
-step kernel-tests 80 "$py" -m pytest $pytest_args $workers $kernel_tests
-step cuda-bench 130 "$py" -c "
+step cuda-tests 90 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
+step kernel-tests 60 "$py" -m pytest $pytest_args $workers $kernel_tests
+step cuda-bench 110 "$py" -c "
 import sys
 sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json',
             '--cases', '${CUDA_CASES:-}', '--dtypes', '${CUDA_DTYPES:-bf16,fp32}']
@@ -86,7 +86,7 @@ run.main()
 "
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
-step gpu-kernels 120 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
+step gpu-kernels 200 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
     --sides "${KERNEL_SIDES:-triton,triton-fused,chunked,broadcast,compiled}" --tiles "$tiles"
-step compile-time 40 "$py" benchmarks/compile_time.py --device cuda
+step compile-time 60 "$py" benchmarks/compile_time.py --device cuda
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

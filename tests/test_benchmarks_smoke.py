@@ -218,3 +218,29 @@ def test_gpu_kernel_benchmark_times_other_tiles_on_the_interpreter(monkeypatch, 
     ]
     with pytest.raises(SystemExit):
         G.main(["--tiny", "--device", "cpu", "--tiles", "multi16x4"])
+
+
+def test_gpu_kernel_timing_caps_the_repeats_of_slow_steps(monkeypatch):
+    # a side whose step takes seconds (n = 32768) gets fewer repeats, never under 3; a fake
+    # clock stands in for the step times (no wall-clock timing in a test)
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(G, "time", clock)
+    calls = []
+
+    def step(seconds: float):
+        def f() -> None:
+            calls.append(1)
+            clock.now += seconds
+
+        return f
+
+    assert len(G._timed(step(4.0), "cpu", repeats=10, warmup=2)) == 3  # 8 s budget
+    assert len(G._timed(step(0.5), "cpu", repeats=10, warmup=2)) == 10
+    assert len(G._timed(step(1.0), "cpu", repeats=10, warmup=2)) == 8
+    assert len(calls) == 2 + 3 + 2 + 10 + 2 + 8
