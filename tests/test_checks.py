@@ -323,6 +323,29 @@ def test_check_module_dtype_reports_the_device():
     assert "x.to('meta')" in msg and "module.to('cpu')" in msg
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_parameter_checked_is_the_first_floating_one_of_the_walk(name):
+    # the fast walk finds what next(p for p in module.parameters() if float) finds
+    from attnlab._checks import _first_float_parameter
+
+    torch.manual_seed(0)
+    module = CASES[name][1]()
+    want = next((p for p in module.parameters() if p.is_floating_point()), None)
+    assert _first_float_parameter(module) is want
+
+
+def test_the_first_floating_parameter_skips_integer_and_absent_ones():
+    from attnlab._checks import _first_float_parameter
+
+    outer = nn.Module()
+    outer.register_parameter("none", None)
+    outer.count = nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
+    outer.empty = nn.Identity()
+    outer.inner = nn.Sequential(nn.ReLU(), nn.Linear(2, 2))
+    assert _first_float_parameter(outer) is outer.inner[1].weight
+    assert _first_float_parameter(nn.ReLU()) is None
+
+
 def test_check_module_dtype_passes_a_matching_input():
     check_module_dtype(nn.Linear(2, 2).double(), torch.zeros(1, 2, dtype=torch.float64), "x")
 
