@@ -63,11 +63,12 @@ def sdpa_attend(
 
 def _keep_bad_query_rows_nan(context: Tensor, q: Tensor) -> Tensor:
     """A NaN or inf in a query row makes its context NaN (as on the explicit path): the
-    fused CPU kernel returns 0 for such a row, so on the CPU ``sum(q * 0)`` (0 where q is
-    finite, without overflow and without a host synchronisation) is added. The CUDA
-    kernels propagate the NaN themselves (tests/general/test_cuda.py), so they are spared
-    these six extra kernels of the forward and backward passes."""
-    if q.device.type != "cpu":
+    fused CPU kernel returns 0 for such a row, so ``sum(q * 0)`` (0 where q is finite,
+    without overflow and without a host synchronisation) is added. The CUDA kernels
+    propagate the NaN themselves (tests/general/test_cuda.py, every SDPA backend on an
+    H200), so on CUDA -- and only there, the one device checked -- they are spared these
+    six extra kernels of the forward and backward passes."""
+    if q.device.type == "cuda":
         return context
     return context + (q * 0).sum(-1, keepdim=True).to(context.dtype)
 
