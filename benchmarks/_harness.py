@@ -363,3 +363,9 @@ def to_json(rows: Sequence[Row], info: dict, extra: dict | None = None) -> str:
     return json.dumps(
         {"machine": info, "rows": [asdict(r) for r in rows], **(extra or {})}, indent=2
     )
+
+
+def error_line(err: BaseException) -> str:
+    """``Type: first line of the message`` (at most 100 characters of it): how a benchmark
+    row reports a side that raised."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"

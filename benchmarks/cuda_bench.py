@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from _harness import error_line
 from torch import Tensor, nn
 
 from attnlab import Attention
@@ -248,9 +249,7 @@ def run(
                     )
                 except Exception as err:  # reported in the row
                     traceback.print_exc()
-                    errors[side.name] = (
-                        f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"
-                    )
+                    errors[side.name] = error_line(err)
             mine = ms.get("attnlab", math.nan)
             for side in case.sides:
                 ok = side.name in ms

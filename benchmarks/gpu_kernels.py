@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _harness import error_line
 from torch import Tensor
 
 TANH_PER_S = 4.0e12
@@ -345,7 +346,7 @@ def run_case(case: Case, side: str, device: str, repeats: int, warmup: int, smal
         return r
     except Exception as err:  # one side failing must not cost the other rows of a lease
         traceback.print_exc()
-        r.note = f"error: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"
+        r.note = f"error: {error_line(err)}"
         return r
     r.step_ms = statistics.median(step_times)
     r.fwd_ms = statistics.median(fwd_times)

@@ -237,8 +237,6 @@ class _Plan:
 def _fast_tanh(fast_tanh: bool | None, on_gpu: bool, half: bool, act: str) -> bool:
     if fast_tanh is None:
         return on_gpu and half and act in ("tanh", "sigmoid")
-    if not isinstance(fast_tanh, bool):
-        raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
     if fast_tanh and not on_gpu:
         raise ValueError(
             "fast_tanh=True uses the PTX instruction tanh.approx.f32, which needs a CUDA "
@@ -252,8 +250,6 @@ def _dot_mode(multi: bool, on_gpu: bool, half: bool, allow_tf32: bool, width: in
     in float32 by the interpreter) and the multi-dimensional ``h @ W_d`` in TF32; float32
     uses TF32 only when allowed, on a GPU, and for tiles up to :data:`TF32_MAX_WIDTH`
     (``width``: the widest tile)."""
-    if not isinstance(allow_tf32, bool):
-        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
     if half and multi:
         return 1 if on_gpu else 0
     if half:
@@ -750,14 +746,13 @@ def _launch(
     w, b_d = _check_score_weights(multi, q1c, vc, w, b_d)
     bm = _check_block(block_m, "block_m", 16)
     bn = _check_block(block_n, "block_n", 1 if multi else 16)
+    # the op schemas take plain bools: the options are checked here, once
     if fast_tanh is not None and not isinstance(fast_tanh, bool):
         raise TypeError(f"fast_tanh must be a bool or None, got {fast_tanh!r}")
-    if not isinstance(allow_tf32, bool):
-        raise TypeError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
-    fused = o["fused_backward"]
-    if not isinstance(fused, bool):
-        raise TypeError(f"fused_backward must be a bool, got {fused!r}")
-    flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn, fused)
+    for key in ("allow_tf32", "fused_backward"):
+        if not isinstance(o[key], bool):
+            raise TypeError(f"{key} must be a bool, got {o[key]!r}")
+    flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn, o["fused_backward"])
     out, lse = _attend_op(q1c, k2c, w, b_d, vc, mask3, *flags)
     weights = None
     if need_weights:

@@ -104,15 +104,12 @@ def flex_available() -> bool:
 _TRITON_FOUND = flash_additive.triton_available()
 
 
-def _triton_found() -> bool:
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed: looked up once, at import (the planner
+    asks on every CUDA call), and a constant to torch.compile (the look-up itself,
+    ``importlib.util.find_spec``, broke the graph on an H200 with torch 2.11). A module
+    attribute, so that tests can replace it."""
     return _TRITON_FOUND
-
-
-#: Whether the ``triton`` package is installed: looked up once, at import (the planner
-#: asks on every CUDA call), and a constant to torch.compile (the look-up itself,
-#: ``importlib.util.find_spec``, broke the graph on an H200 with torch 2.11). A module
-#: attribute, so that tests can replace it.
-triton_available = _triton_found
 
 
 def _is_dot(score_cls: type) -> bool:
