@@ -349,6 +349,7 @@ ATTENTION_CONFIGS = [
     {"score": "cosine", "align": "hard", "d_q": 4, "d_k": 4, "eval_mode": "argmax"},
     {"score": "queryless", "align": "reinforced", "d_k": 6, "d_h": 5},
     {"score": "activated-general", "align": "sparsemax", "d_q": 4, "d_k": 6, "path": "explicit"},
+    {"score": "general", "align": "structured", "d_q": 4, "d_k": 6, "pairwise": False},
 ]
 
 
@@ -395,6 +396,7 @@ COMPONENTS = [
     ("align", "local-m", {"D": 1}),
     ("align", "local-p", {"d_q": 4, "D": 2}),
     ("align", "reinforced", {"d_k": 4, "d_h": 3}),
+    ("align", "structured", {"sum_to_one": True}),
     ("dim", "single", {}),
     ("dim", "multi", {}),
 ]

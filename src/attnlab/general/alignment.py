@@ -14,6 +14,7 @@ allowed key gets all-zero weights -- never NaN, in the forward or the backward p
 | reinforced | a policy selects a subset of keys (Bernoulli, REINFORCE); soft attention over it | Shen et al. 2018 (ReSAN) |
 | sparsemax | Euclidean projection onto the simplex | Martins & Astudillo 2016 |
 | entmax15 | 1.5-entmax | Peters et al. 2019 |
+| structured | marginals ``p(z_l = 1)`` of a linear-chain CRF over the keys (in :mod:`attnlab.general.structured`) | Kim et al. 2017 |
 
 Modules return an :class:`Aligned` (weights, plus ``log_prob`` for stochastic alignments
 and mechanism-specific ``extras``); the functions return the weights tensor.
