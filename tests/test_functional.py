@@ -4,6 +4,7 @@ against a naive Python loop over (batch, query, key) on tiny float64 inputs."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -341,3 +342,13 @@ def test_attend_errors():
         AF.attend(q, k, v, "dot", mask=torch.zeros(B, 1, N_K, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"mask has shape \(3, 1, 4\)"):
         AF.attend(q, k, v, "dot", mask=torch.ones(3, 1, N_K, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", AF.__all__)
+def test_every_function_documents_its_shapes_and_cost(name):
+    """The project's rule for the public API: each function's docstring gives the shapes
+    (a shape literal such as ``[B, n_q, n_k]``, or the shape of an argument) and the cost
+    (an ``O(...)``)."""
+    doc = getattr(AF, name).__doc__ or ""
+    assert re.search(r"``\[|\[B, |shape of", doc), f"{name}: no shapes in the docstring"
+    assert "O(" in doc, f"{name}: no cost O(...) in the docstring"

@@ -177,6 +177,9 @@ def attend(
     are cleared with ``torch.where`` first). Half precision inputs: the scores and the
     softmax are computed in float32.
     Returns an :class:`AttentionOutput` (``context`` ``[B, n_q, d_v]`` or ``[B, d_v]``).
+    Cost: the score's (O(B n_q n_k d) for the dot-product forms) plus O(B n_q n_k d_v) for
+    the weighted sum; memory O(B n_q n_k), or O(B n_q d_v) on the fused kernel without
+    weights.
     """
     entry = registry.get("score", score)
     caps = score_class_capabilities(entry.cls)

@@ -65,7 +65,8 @@ def masked_softmax(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tens
 
     Masked positions get exactly 0; a slice with no allowed position gets all zeros
     (forward) and zero gradients (backward). ``mask`` must broadcast to ``e``.
-    Half-precision inputs are normalised in float32 and cast back.
+    Half-precision inputs are normalised in float32 and cast back. Shapes: ``e`` any shape
+    (``[B, n_q, n_k]`` in attention) -> weights of the same shape. Cost: O(numel(e)).
     """
     x = e.to(softmax_dtype(e.dtype))
     if mask is None:
@@ -83,7 +84,8 @@ def _check_scores(e: Tensor, mask: Tensor | None) -> None:
 
 def soft_align(e: Tensor, mask: Tensor | None = None) -> Tensor:
     """Soft (global) alignment ``a_l = exp(e_l) / sum_{j allowed} exp(e_j)`` over the last
-    axis (Bahdanau et al. 2015). Cost O(B n_q n_k)."""
+    axis (Bahdanau et al. 2015). Shapes: ``e`` ``[B, n_q, n_k]`` (any ``[..., n_k]``),
+    ``mask`` bool broadcastable to it -> weights of the shape of ``e``. Cost O(B n_q n_k)."""
     _check_scores(e, mask)
     return masked_softmax(e, mask)
 
@@ -165,7 +167,7 @@ def hard_align(
     log-probability of the choice ``[...]`` (``e.shape[:-1]``) for a REINFORCE loss, and
     the soft probabilities. A row with no allowed key gets zero weights and log_prob 0.
     The weights carry no gradient; train the scores with :func:`reinforce_loss` or use
-    :func:`gumbel_softmax_align`.
+    :func:`gumbel_softmax_align`. Cost O(B n_q n_k).
     """
     _check_scores(e, mask)
     probs = masked_softmax(e, mask)
@@ -213,6 +215,8 @@ def gumbel_softmax_align(
 
     ``y = softmax((e + g) / tau)`` with Gumbel noise ``g``; with ``hard=True`` the forward
     value is ``onehot(argmax y)`` and the gradient is that of ``y`` (straight-through).
+    Shapes: ``e`` ``[B, n_q, n_k]`` (any ``[..., n_k]``), ``mask`` bool broadcastable to
+    it -> weights of the shape of ``e``. Cost O(B n_q n_k).
     """
     _check_scores(e, mask)
     if not tau > 0:
@@ -241,7 +245,7 @@ def reinforce_loss(
     ``log_prob`` without enlarging it; a per-example ``[B]`` tensor is lined up with
     ``log_prob`` ``[B, n_q]`` along the batch axis (as ``[B, 1]``), never along the queries.
     Anything else raises ``ValueError``. Minimising the loss raises the probability of
-    choices with above-baseline reward (Williams 1992).
+    choices with above-baseline reward (Williams 1992). Cost O(numel(log_prob)).
     """
     if not isinstance(log_prob, Tensor):
         raise TypeError(

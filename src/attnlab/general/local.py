@@ -76,6 +76,8 @@ def local_window_attend(
             weights are the ones before dropout).
 
     Returns ``(context [B, n_q, d_v], dense weights or None, window weights [B, n_q, W])``.
+    Cost: O(B n_q (2D + 1) (d_k + d_v)) time and O(B n_q (2D + 1)) memory for the window
+    (``W = 2 D + 1``), plus O(B n_q n_k) for the dense weights when they are asked for.
     The weights equal :func:`attnlab.general.alignment.local_align` on the full scores.
     An empty window (no existing, allowed key within ``D`` of the centre) and an empty
     key set give zero weights and a zero context. A window slot that is out of range, out

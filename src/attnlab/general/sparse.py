@@ -133,7 +133,8 @@ def sparsemax(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
     """Sparsemax over ``dim`` (Martins & Astudillo 2016, "From Softmax to Sparsemax").
 
     ``a_l = max(e_l - tau, 0)``, ``sum_l a_l = 1``. ``mask`` (bool, True = allowed) must
-    broadcast to ``e``. Cost O(n log n) per row (a sort). Half-precision inputs are
+    broadcast to ``e``; the weights have the shape of ``e`` (``[B, n_q, n_k]`` in
+    attention). Cost O(n log n) per row (a sort). Half-precision inputs are
     computed in float32.
     """
     return _masked(_Sparsemax, e, mask, dim)
@@ -142,5 +143,6 @@ def sparsemax(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
 def entmax15(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
     """1.5-entmax over ``dim`` (Peters, Niculae & Martins 2019, "Sparse Sequence-to-Sequence
     Models"): ``a_l = max(e_l / 2 - tau, 0)^2``, ``sum_l a_l = 1``; sparser than softmax,
-    smoother than sparsemax. Cost O(n log n) per row."""
+    smoother than sparsemax. ``mask`` (bool, True = allowed) must broadcast to ``e``; the
+    weights have the shape of ``e``. Cost O(n log n) per row."""
     return _masked(_Entmax15, e, mask, dim)
