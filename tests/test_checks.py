@@ -25,6 +25,7 @@ from attnlab.feature.multilevel import AttentionViaAttention, HierarchicalAttent
 from attnlab.feature.rotatory import LCRRotHop, RotatoryAttention
 from attnlab.query.attention_over_attention import AttentionOverAttention
 from attnlab.query.capsule import CapsuleAttention, CapsuleRouting
+from attnlab.query.graph import GraphAttention
 from attnlab.query.key_value import ConcatenatedKeyValueAttention, KeyValueAttention
 from attnlab.query.linformer import LinformerAttention
 from attnlab.query.multi_head import MultiHeadAttention
@@ -266,6 +267,18 @@ CASES: dict[str, Case] = {
         lambda: RotatoryAttention(D),
         lambda m, i: m(i["r"](B, N, D), i["r"](B, 2, D), i["r"](B, 3, D)),
         "left",
+    ),
+    "graph-attention": (
+        "graph-attention",
+        lambda: GraphAttention(D, 2),
+        lambda m, i: m(i["r"](B, N, D), mask=torch.eye(N, dtype=torch.bool)),
+        "query",
+    ),
+    "graph-attention-v2": (
+        "graph-attention",
+        lambda: GraphAttention(D, 2, version="v2", concat=False),
+        lambda m, i: m(i["r"](B, N, D)),
+        "query",
     ),
 }
 

@@ -30,6 +30,7 @@ from attnlab.query import (
     CapsuleRouting,
     ConcatenatedKeyValueAttention,
     ConstantQuerySelfAttention,
+    GraphAttention,
     KeyValueAttention,
     LearnedQuerySelfAttention,
     LinformerAttention,
@@ -66,6 +67,8 @@ HEADS = {
     "synthesizer": (lambda: SynthesizerAttention(D, 2, max_len=N), False),
     "reformer": (lambda: LSHAttention(D, 2, bucket_size=2, n_hashes=2, seed=0), True),
     "transformer-xl": (lambda: TransformerXLAttention(D, 2), True),
+    "graph-attention": (lambda: GraphAttention(D, 2, self_loops=False), True),
+    "graph-attention-v2": (lambda: GraphAttention(D, 2, version="v2", self_loops=False), True),
 }
 
 
@@ -127,7 +130,7 @@ def test_head_modules_refuse_an_unknown_keyword_by_the_module_name(case):
         assert module(x, memory=memory).context.shape == (B, N, D)
 
 
-@pytest.mark.parametrize("case", ["reformer", "transformer-xl"])
+@pytest.mark.parametrize("case", ["reformer", "transformer-xl", "graph-attention"])
 def test_self_only_modules_refuse_another_key(case):
     module = HEADS[case][0]()
     with pytest.raises(ValueError, match="is self-attention only: key must be None"):

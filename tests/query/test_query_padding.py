@@ -17,6 +17,7 @@ from attnlab.query.attention_over_attention import (
     attention_over_attention,
 )
 from attnlab.query.capsule import CapsuleAttention, CapsuleRouting
+from attnlab.query.graph import GraphAttention
 from attnlab.query.key_value import ConcatenatedKeyValueAttention, KeyValueAttention
 from attnlab.query.linformer import LinformerAttention
 from attnlab.query.multi_head import MultiHeadAttention
@@ -90,6 +91,13 @@ SELF = {
     ),
     "encoder-layer-pre-norm": lambda: _self_attention(
         TransformerEncoderLayer(D, 2, dim_feedforward=16, dropout=0.0, norm_first=True)
+    ),
+    "graph-attention": lambda: _self_attention(GraphAttention(D, 2)),
+    "graph-attention-v2-mean": lambda: _self_attention(
+        GraphAttention(D, 2, version="v2", concat=False), need_weights=True
+    ),
+    "graph-attention-no-self-loops": lambda: _self_attention(
+        GraphAttention(D, 2, self_loops=False)
     ),
 }
 

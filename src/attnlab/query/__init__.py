@@ -1,6 +1,7 @@
 """Query-related attention (survey section 3.3): mechanisms defined by their queries --
-self-attention, multi-head, multi-hop, capsule-based, attention-over-attention, pointer
-networks and the Transformer variants -- composed from :mod:`attnlab.general`.
+self-attention, multi-head, multi-hop, capsule-based, attention-over-attention, graph
+attention, pointer networks and the Transformer variants -- composed from
+:mod:`attnlab.general`.
 
 Every mechanism is importable from here (``from attnlab.query import MultiHeadAttention``)
 and as ``attnlab.<Name>``. The modules follow one call convention,
@@ -24,6 +25,7 @@ from attnlab.query.capsule import (
     margin_loss,
     squash,
 )
+from attnlab.query.graph import GraphAttention
 from attnlab.query.key_value import (
     DEPRECATED_ALIASES,
     ConcatenatedKeyValueAttention,
@@ -75,6 +77,7 @@ __all__ = [
     "CapsuleRouting",
     "ConcatenatedKeyValueAttention",
     "ConstantQuerySelfAttention",
+    "GraphAttention",
     "KeyValueAttention",
     "LSHAttention",
     "LearnedPositions",
