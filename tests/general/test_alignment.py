@@ -873,6 +873,39 @@ def test_reinforced_eval_modes():
     assert not torch.equal(sampler(e, keys=keys).extras["selection"], sel)
 
 
+def test_reinforced_gradcheck_with_the_selection_held_fixed():
+    """The gradients themselves, not only that they exist: float64 gradcheck of
+    ``log_prob`` with respect to the keys and every policy parameter, and of the weights
+    (the softmax over the selected keys) with respect to the scores. Evaluation mode keeps
+    the selection a fixed function of the keys (``pi_l > 0.5``); the keys are drawn so that
+    no ``pi_l`` lies within 0.05 of 0.5, where gradcheck's small steps could flip it."""
+    torch.manual_seed(33)
+    m = ReinforcedAlign(d_k=3, d_h=4, init_keep=0.5).double().eval()
+    with torch.no_grad():
+        m.policy[2].weight.mul_(4)
+    mask = attnlab.masks.from_lengths(torch.tensor([6, 4]))
+    g = torch.Generator().manual_seed(34)
+    for _ in range(100):
+        keys = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
+        pi = naive_keep_prob(m, keys, mask[:, 0])
+        if ((pi - 0.5).abs() > 0.05).all() and (pi > 0.5).any() and (pi < 0.5).any():
+            break
+    else:
+        raise AssertionError("no keys with every keep probability away from 0.5")
+    e = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)
+    names = [n for n, _ in m.named_parameters()]
+
+    def log_prob(keys, *params):
+        values = dict(zip(names, params, strict=True))
+        return torch.func.functional_call(m, values, (e, mask), {"keys": keys}).log_prob
+
+    params = [p.detach().clone().requires_grad_() for p in m.parameters()]
+    assert torch.autograd.gradcheck(log_prob, (keys.clone().requires_grad_(), *params))
+    assert torch.autograd.gradcheck(
+        lambda e: m(e, mask, keys=keys).weights, (e.clone().requires_grad_(),)
+    )
+
+
 def test_reinforced_training_samples_and_log_prob_has_gradient():
     torch.manual_seed(31)
     m = ReinforcedAlign(d_k=3, init_keep=0.5).train()
