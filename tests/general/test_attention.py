@@ -9,6 +9,7 @@ import inspect
 import itertools
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -27,6 +28,10 @@ from attention_harness import (
 
 import attnlab
 from attnlab import Attention, ConfigError, masks
+
+# The combination tests give every score the same query tensor; a query-less score ignores
+# it (deprecated: attnlab 0.2.0 refuses it, see test_a_query_given_to_a_query_less_score_*).
+pytestmark = pytest.mark.filterwarnings("ignore:score 'queryless' is query-less:DeprecationWarning")
 
 
 def _library(kind: str) -> list[attnlab.registry.Entry]:
@@ -888,3 +893,18 @@ def test_gradcheck_float64(score, align, dim, kw, path):
         return attn(q, k, v, mask=mask).context
 
     assert torch.autograd.gradcheck(f, (q, k, v, *params), atol=1e-6, rtol=1e-4)
+
+
+def test_a_query_given_to_a_query_less_score_is_deprecated_and_ignored():
+    # the query of a query-less score is learned: a query passed in used to be dropped
+    # silently (the context is [B, d_v] whatever its shape); now it warns, naming the fix
+    torch.manual_seed(0)
+    attn = Attention("queryless", d_k=D)
+    _, k, v = _inputs()
+    want = attn(None, k, v)
+    with pytest.warns(DeprecationWarning, match=r"query-less .* call attn\(None, key\)"):
+        got = attn(torch.randn(B, N_Q, D), k, v)
+    assert torch.equal(got.context, want.context) and got.context.shape == (B, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attn(None, k, v)  # the documented call does not warn

@@ -125,8 +125,13 @@ def test_gradcheck_float64():
 def test_bad_input_names_the_argument():
     m = LinformerAttention(8, 2, max_len=6)
     x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"key has shape \(2, 7, 8\).*max_len=6"):
+    # self-attention: the keys are the query, and the message says so
+    with pytest.raises(
+        ValueError, match=r"query \(the keys of self-attention\) has shape \(2, 7, 8\).*max_len=6"
+    ):
         m(torch.randn(2, 7, 8))
+    with pytest.raises(ValueError, match=r"^key has shape \(2, 7, 8\).*max_len=6"):
+        m(x, torch.randn(2, 7, 8))
     with pytest.raises(ValueError, match=r"value has shape \(2, 4, 8\)"):
         m(x, x, torch.randn(2, 4, 8))
     with pytest.raises(ValueError, match=r"key has shape \(3, 5, 8\)"):

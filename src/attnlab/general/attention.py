@@ -43,7 +43,7 @@ from attnlab._checks import (
     check_same,
     check_tensor,
 )
-from attnlab._deprecation import renamed_keywords
+from attnlab._deprecation import renamed_keywords, warn_deprecated
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
 from attnlab.general.dimensionality import combine_multi, combine_single
 from attnlab.general.flash_additive import (
@@ -509,6 +509,11 @@ class Attention(Configurable):
         """``query`` as ``[B, n_q, d_q]`` (``None`` for a query-less score) and whether it
         was a single query ``[B, d_q]``."""
         if not self.score.needs_query:
+            if query is not None:
+                warn_deprecated(
+                    f"score {self._score_name!r} is query-less (its query is learned): the "
+                    "query passed is ignored and the context is [B, d_v]; call attn(None, key)"
+                )
             return None, True
         if query is None:
             raise ValueError(f"score {self._score_name!r} needs a query, got query=None")

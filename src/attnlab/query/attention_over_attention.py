@@ -78,7 +78,10 @@ def _check_inputs(
     query_mask: Tensor | None,
     d_doc: int | None = None,
     d_query: int | None = None,
+    matching: str | None = None,
 ) -> None:
+    """Check the inputs; ``matching``: the name of a matching score that compares the words
+    directly, so that document and query words need the same size."""
     check_tensor(document, "document")
     if document.dim() != 3 or (d_doc is not None and document.shape[2] != d_doc):
         want = d_doc if d_doc is not None else "d"
@@ -97,6 +100,11 @@ def _check_inputs(
             f"query has shape {tuple(query.shape)}, expected [B, n_q, d] = [{B}, n_q, {want}]"
         )
     check_same(document, "document", query=query)
+    if matching is not None and document.shape[2] != query.shape[2]:
+        raise ValueError(
+            f"the {matching} matching M = D Q^T needs the same size: document has shape "
+            f"{tuple(document.shape)}, query has shape {tuple(query.shape)}"
+        )
     n_q = query.shape[1]
     for name, m, n in (("document_mask", document_mask, n_d), ("query_mask", query_mask, n_q)):
         if m is None:
@@ -173,12 +181,7 @@ def attention_over_attention(
 
     Returns :class:`AoAOutput`. Cost O(B n_d n_q d) time, O(B n_d n_q) memory.
     """
-    _check_inputs(document, query, document_mask, query_mask)
-    if document.shape[2] != query.shape[2]:
-        raise ValueError(
-            f"the dot matching M = D Q^T needs the same size: document has shape "
-            f"{tuple(document.shape)}, query has shape {tuple(query.shape)}"
-        )
+    _check_inputs(document, query, document_mask, query_mask, matching="dot")
     document, query = _clear_padding(document, query, document_mask, query_mask)
     matching = dot_score(query, document).transpose(1, 2)  # [B, n_d, n_q]
     return _aoa(matching, document, document_mask, query_mask, masked_softmax)
@@ -319,7 +322,9 @@ class AttentionOverAttention(TwoInputAttention):
         """AoA of the document ``call.query`` and the question ``call.key`` with their
         masks ``mask1`` / ``mask2`` (bool ``[B, n_d]`` / ``[B, n_q]``, True = real word)."""
         document, question = call.query, call.key
-        _check_inputs(document, question, mask1, mask2, self.d_k, self.d_q)
+        same = getattr(self.score, "same_dims", False)
+        name = getattr(self.score, "registry_name", type(self.score).__name__) if same else None
+        _check_inputs(document, question, mask1, mask2, self.d_k, self.d_q, matching=name)
         check_module_dtype(self, document, "document")
         document, question = _clear_padding(document, question, mask1, mask2)
         matching = self.matching(document, question)

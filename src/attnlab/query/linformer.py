@@ -147,8 +147,9 @@ class LinformerAttention(ProjectedHeadAttention):
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         if n_k > self.max_len:
+            keys = "query (the keys of self-attention)" if key is query else "key"
             raise ValueError(
-                f"key has shape {tuple(key.shape)}: n_k={n_k} exceeds max_len={self.max_len} "
+                f"{keys} has shape {tuple(key.shape)}: n_k={n_k} exceeds max_len={self.max_len} "
                 "(the length of the projections E, F)"
             )
         key_ok = self._key_mask(mask, B, n_q, n_k, query.device)
