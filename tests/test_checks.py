@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import attnlab
 from attnlab import registry
 from attnlab._checks import ConfigError, check_int, check_module_dtype
 from attnlab.feature.co_attention import (
@@ -389,3 +390,23 @@ def test_check_int_message_and_wording():
         check_int(True, "d1", owner="Co", wording="a positive int", error=ValueError)
     with pytest.raises(TypeError, match=r"^k must be an int >= 2, got 1\.5$"):
         check_int(1.5, "k", 2, error=TypeError)
+
+
+@pytest.mark.parametrize("value", ["yes", "no", 1])
+def test_call_switches_must_be_bools(value):
+    # a truthy string used to switch need_weights / causal on ("no" included)
+    x = torch.randn(2, 3, D)
+    calls = [
+        ("need_weights", lambda: attnlab.Attention("dot")(x, x, need_weights=value)),
+        ("need_weights", lambda: KeyValueAttention(D, D, D)(x, x, x, need_weights=value)),
+        ("causal", lambda: MultiHeadAttention(D, 2)(x, causal=value)),
+        ("average_weights", lambda: MultiHeadAttention(D, 2)(x, average_weights=value)),
+    ]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=rf"^{name} must be a bool, got {value!r}$"):
+            call()
+    # None is the convention's "the module's default" (need_weights_default), not the
+    # general module's
+    assert KeyValueAttention(D, D, D)(x, x, x, need_weights=None).weights is None
+    with pytest.raises(TypeError, match=r"^need_weights must be a bool, got None$"):
+        attnlab.Attention("dot")(x, x, need_weights=None)

@@ -39,6 +39,14 @@ def check_int(
     return value
 
 
+def check_flags(**flags: object) -> None:
+    """Each keyword is a call's switch (``need_weights``, ``causal``, ...) and must be a
+    bool: a truthy string such as ``"no"`` would otherwise switch it on."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 def check_tensor(x: object, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")

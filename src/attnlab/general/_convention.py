@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from attnlab._checks import check_flags
 from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.registry import Configurable
 
@@ -133,6 +134,7 @@ class ConventionAttention(Configurable):
         (the deprecated form, see ``positional_masks``)."""
         if need_weights is None:
             need_weights = self.need_weights_default
+        check_flags(need_weights=need_weights)
         raw = AttentionCall(query, key, value, mask, need_weights=need_weights)  # type: ignore[arg-type]
         if legacy_masks or self.positional_masks is not None:
             raw = self._masks_given_positionally(raw, legacy_masks, extras)

@@ -39,6 +39,7 @@ from attnlab import masks as _masks
 from attnlab._checks import (
     ConfigError,
     batched_query,
+    check_flags,
     check_module_dtype,
     check_same,
     check_tensor,
@@ -592,6 +593,7 @@ class Attention(Configurable):
             query, key, value = _renamed_inputs(legacy, query, key, value)
         if key is None:
             raise ValueError("key (the features / keys) is required")
+        check_flags(need_weights=need_weights)
         q3, single, value = self._check_inputs(query, key, value)
         B, n_k = key.shape[:2]
         n_q = q3.shape[1] if q3 is not None else 1

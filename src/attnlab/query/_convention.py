@@ -34,7 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_module_dtype, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_flags,
+    check_module_dtype,
+    check_same,
+    check_tensor,
+)
 from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general._convention import AttentionCall, ConventionAttention
 from attnlab.general.attention import Attention
@@ -144,6 +150,7 @@ class HeadAttention(ConventionAttention):
         ``average_weights`` named in the signature; ``extras``: the mechanism's own
         keywords. A keyword the mechanism does not take, or a fourth positional argument
         (``more``), is a one-line ``TypeError`` naming the module."""
+        check_flags(causal=causal, average_weights=average_weights)
         return super().forward(
             query,
             key,
