@@ -3,6 +3,7 @@ and the installed console script."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -334,6 +335,20 @@ def _one_line_error(result) -> str:
     return lines[0]
 
 
+# training options out of their range: torch refuses a learning rate <= 0 only once the
+# optimizer is built (after the data is loaded), and a negative grad_clip would flip the
+# gradients; all are refused with the typos, before anything is loaded or written
+BAD_TRAINING_VALUES = {  # what follows -o -> a piece of the error
+    "lr=-1": "option lr must be > 0, got -1",
+    "lr=0": "option lr must be > 0, got 0",
+    "lr=none": "option lr must be a number > 0, got 'none'",
+    "weight_decay=-0.1": "option weight_decay must be >= 0 (0 or none: no weight decay)",
+    "grad_clip=-1": "option grad_clip must be >= 0 (0 or none: no clipping), got -1",
+    "epochs=0": "option epochs must be an int >= 1, got 0",
+    "batch_size=-4": "option batch_size must be an int >= 1, got -4",
+}
+
+
 # what a user may mistype: (argv, a piece of the message). The first ones are caught from
 # the spec and the options alone; the last three only by building the task model, which
 # the trainer does before it writes anything.
@@ -348,6 +363,8 @@ BAD_TRAIN_INPUT = [
     (["-o", "epochs=3;lr=0.1"], "-o epochs=3 -o lr=0.1"),
     (["-o", "freeze=1"], "no option(s) freeze"),
     (["-o", "encoder=nope"], "encoder must be one of"),
+    (["--lr", "-1"], "option lr must be > 0, got -1.0"),
+    *[(["-o", typed], text) for typed, text in BAD_TRAINING_VALUES.items()],
     (["--attention", "score=dot,dim=multi"], "needs a vector score"),
     (["--attention", "score=additive,d_w=abc"], "d_w must be a positive int"),
 ]
@@ -359,6 +376,49 @@ def test_train_typo_is_one_line_exit_2_and_writes_nothing(tmp_path, extra, text)
     result = run(*_toy_argv(out, *extra))
     assert text in _one_line_error(result)
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize("extra", [["-o", "grad_clip=0"], ["-o", "grad_clip=none"]])
+def test_train_grad_clip_zero_or_none_turns_clipping_off(tmp_path, extra):
+    result = run(*_toy_argv(tmp_path, "--epochs", "1", *extra))
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "default--seed0" / "run.json").read_text())
+    assert info["task_options"]["grad_clip"] in (0, None)
+
+
+def _a_file(tmp_path: Path) -> Path:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    return afile
+
+
+def _nothing_but(tmp_path: Path, afile: Path) -> None:
+    assert [p.name for p in tmp_path.iterdir()] == [afile.name]
+    assert afile.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("below", ["", "x", "x/y"])
+def test_train_out_on_or_under_a_file_is_one_line_naming_it(tmp_path, below):
+    afile = _a_file(tmp_path)
+    out = afile / below if below else afile
+    line = _one_line_error(run(*_toy_argv(out)))
+    assert line == f"error: --out {out}: {afile} is a file, not a folder"
+    _nothing_but(tmp_path, afile)
+
+
+def test_ablate_out_under_a_file_is_one_line_naming_it(tmp_path):
+    afile = _a_file(tmp_path)
+    line = _one_line_error(run(*_ablate_argv(afile / "x", "-a", "tanh", "--seeds", "0")))
+    assert line == f"error: ablation directory {afile / 'x'}: {afile} is a file, not a folder"
+    _nothing_but(tmp_path, afile)
+
+
+def test_report_out_under_a_file_is_one_line_naming_it(tmp_path):
+    afile = _a_file(tmp_path)
+    target = afile / "x.html"
+    line = _one_line_error(run("report", str(tmp_path), "--out", str(target)))
+    assert line == f"error: report file {target}: {afile} is a file, not a folder"
+    _nothing_but(tmp_path, afile)
 
 
 @pytest.mark.parametrize(
@@ -430,12 +490,36 @@ def _ablate_argv(out, *extra):
         (["-a", "tanh", "-o", "lr=abc"], "option lr must be a number"),
         (["-a", "tanh", "-o", "epochs=3,lr=0.1"], "-o epochs=3 -o lr=0.1"),
         (["-a", "tanh", "--device", "cuda:99"], "cuda:99"),
+        (["-a", "tanh", "--lr", "-1"], "option lr must be > 0, got -1.0"),
+        *[(["-a", "tanh", "-o", typed], text) for typed, text in BAD_TRAINING_VALUES.items()],
     ],
 )
 def test_ablate_checks_every_spec_and_option_before_the_first_run(tmp_path, extra, text):
     out = tmp_path / "out"
     result = run(*_ablate_argv(out, "--seeds", "0", *extra))
     assert text in _one_line_error(result)
+    assert not out.exists()
+
+
+def test_ablate_stops_at_missing_data_before_the_ablation_directory(tmp_path):
+    out = tmp_path / "out"
+    result = run(
+        "ablate", "sentiment", "-a", "tanh", "-a", "dot", "--seeds", "0,1",
+        "-o", "data=sst", "-o", f"path={tmp_path / 'none.csv'}", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: the SST binary CSV is not at")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.output and "failed" not in result.output
+    assert not out.exists()
+
+
+def test_ablate_ray_executor_without_ray_writes_nothing(tmp_path):
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed")
+    out = tmp_path / "out"
+    line = _one_line_error(run(*_ablate_argv(out, "-a", "tanh", "--executor", "ray")))
+    assert "pip install 'attnlab[ray]'" in line
     assert not out.exists()
 
 

@@ -23,6 +23,7 @@ import math
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -368,8 +369,9 @@ def train_command(
     the_task, spec, run_seeds = _or_fail(
         _train_settings, task, attention, config_file, options, shortcuts, seeds, device, precision
     )
+    base = _or_fail(_out_folder, out, the_task.name)
     results = [
-        (seed, _train_seed(the_task, spec, seed, out, device, precision, not no_progress, threads))
+        (seed, _train_seed(the_task, spec, seed, base, device, precision, not no_progress, threads))
         for seed in run_seeds
     ]
     click.echo(f"{the_task.name}  attention: {results[0][1].label}")
@@ -426,27 +428,35 @@ def _train_settings(
     return the_task, spec, list(seeds) or list(config.get("seeds", [0]))
 
 
+def _out_folder(out: str | None, task: str) -> Path:
+    """The folder of the run directories of ``attnlab train`` (``--out``, by default
+    ``runs/<task>``), checked to be one that can be made (a
+    :class:`~attnlab._checks.ConfigError` names a file in the way)."""
+    from attnlab.lab.files import check_folder
+
+    base = Path(out) if out else Path("runs") / task
+    check_folder(base, f"--out {out}" if out else f"the run folder {base}")
+    return base
+
+
 def _train_seed(
     task: Any,
     spec: dict[str, Any],
     seed: int,
-    out: str | None,
+    base: Path,
     device: str,
     precision: str,
     progress: bool,
     threads: int | None,
 ) -> Any:
-    """Train one seed of ``attnlab train`` into ``OUT/<spec slug>--seed<N>``; an error of
-    the task model (exit 2, an empty new OUT removed) or missing data (exit 1) ends the
-    command."""
-    from pathlib import Path
-
+    """Train one seed of ``attnlab train`` into ``base/<spec slug>--seed<N>`` (``base``:
+    :func:`_out_folder`); an error of the task model (exit 2, an empty new ``base``
+    removed) or missing data (exit 1) ends the command."""
     from attnlab._checks import ConfigError
     from attnlab.data._common import MissingDataError
     from attnlab.lab.task import spec_slug
     from attnlab.lab.training import train_run
 
-    base = Path(out) if out else Path("runs") / task.name
     base_is_new = not base.exists()
     try:
         return train_run(

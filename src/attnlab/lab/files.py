@@ -4,7 +4,8 @@ Every file the lab writes (``run.json``, ``metrics.json``, ``ablation.json``, th
 data) goes through :func:`write_json`: the text is written to a hidden temporary file
 beside the target and moved over it with :func:`os.replace`, so a reader never sees a
 half-written file and an interrupted write leaves the old one. Timestamps are UTC
-(ISO 8601 with ``+00:00``) everywhere.
+(ISO 8601 with ``+00:00``) everywhere. :func:`check_folder` checks, before anything is
+written, that an output folder can be made where the user asked for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["jsonable", "utc_now", "write_json", "write_text"]
+from attnlab._checks import ConfigError
+
+__all__ = ["check_folder", "jsonable", "utc_now", "write_json", "write_text"]
 
 
 def utc_now() -> str:
@@ -64,3 +67,17 @@ def write_json(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = 
     """Write ``payload`` (made :func:`jsonable`) as indented JSON, atomically."""
     text = json.dumps(jsonable(payload), indent=2, sort_keys=sort_keys, allow_nan=False)
     write_text(path, text + "\n")
+
+
+def check_folder(folder: str | os.PathLike[str], what: str) -> None:
+    """Check that ``folder`` is, or can be made, a folder: raise
+    :class:`~attnlab._checks.ConfigError` with one line starting with ``what`` (e.g.
+    ``"--out runs/x"``) when it, or a folder above it, exists and is not a folder
+    (``"--out a/x: a is a file, not a folder"``). Nothing is created."""
+    folder = Path(folder)
+    for path in (folder, *folder.parents):
+        if path.is_dir():
+            return
+        if path.exists() or path.is_symlink():
+            kind = "a file, not a folder" if path.is_file() else "not a folder"
+            raise ConfigError(f"{what}: {path} is {kind}")

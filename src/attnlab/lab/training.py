@@ -85,8 +85,8 @@ from attnlab.lab.checkpoint import (
     load_state,
     save_state,
 )
-from attnlab.lab.config import parse_attention, resolve_task
-from attnlab.lab.files import jsonable, utc_now, write_json
+from attnlab.lab.config import check_training_values, parse_attention, resolve_task
+from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
@@ -669,23 +669,25 @@ def _given_spec(attention: Mapping[str, Any] | str | None) -> dict[str, Any]:
 def _check_run_args(
     task: Task, seed: int, num_threads: int | None, prefetch: int | None, device: torch.device
 ) -> int:
-    """Check the seed, the thread count, the prefetch depth and the task's ``epochs`` and
-    ``batch_size``; return the prefetch depth (None: :data:`CUDA_PREFETCH` on CUDA, 0
-    elsewhere)."""
+    """Check the seed, the thread count, the prefetch depth and the task's training options
+    (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``:
+    :func:`~attnlab.lab.config.check_training_values`); return the prefetch depth (None:
+    :data:`CUDA_PREFETCH` on CUDA, 0 elsewhere)."""
     _check_seed(seed)
     if num_threads is not None:
         check_int(num_threads, "num_threads")
     if prefetch is None:
         prefetch = CUDA_PREFETCH if device.type == "cuda" else 0
     check_int(prefetch, "prefetch", 0)
-    for name in ("epochs", "batch_size"):
-        check_int(task.options[name], f"option {name}")
+    check_training_values(task.options)
     return prefetch
 
 
 def _make_work_dir(run_dir: Path) -> Path:
     """A new hidden work folder beside ``run_dir``, owned by this process (the stale ones
-    of dead processes are removed first)."""
+    of dead processes are removed first); a file where a folder above ``run_dir`` must be
+    raises :class:`ConfigError` naming it."""
+    check_folder(run_dir.parent, f"run directory {run_dir}")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_work_dirs(run_dir.parent, run_dir.name)
     return Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
@@ -825,7 +827,7 @@ class _Best:
 
 class _Trainer:
     """The training loop of one run: Adam (weight decay, gradient-norm clipping from the
-    task's options), a gradient scaler for fp16, the seeded shuffling generator and the
+    task's options; ``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the seeded shuffling generator and the
     throughput measured over the epochs."""
 
     def __init__(

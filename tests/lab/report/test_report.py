@@ -492,6 +492,17 @@ def test_cli(ablation: Path, tmp_path: Path) -> None:
     assert "no such directory" in result.output
 
 
+def test_reading_a_wal_store_leaves_no_wal_files(ablation: Path) -> None:
+    """results.sqlite is a WAL database (attnlab.lab.store): reading it for the report must
+    not leave its -wal and -shm files behind (a read-only connection does)."""
+    con = sqlite3.connect(ablation / "results.sqlite")
+    assert con.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)
+    con.close()
+    assert not list(ablation.glob("results.sqlite-*"))  # a closed store leaves none
+    write_report(ablation)
+    assert not list(ablation.glob("results.sqlite-*"))
+
+
 def test_sections_are_extensible(ablation: Path) -> None:
     extra = Section(
         "viewer",

@@ -85,3 +85,27 @@ def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:
     assert ys == [int(v) for _, _, y in again for v in y]
     assert ys != [int(v) for _, _, y in other for v in y]
     assert 0 < sum(ys) < 24
+
+
+def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
+    """A --compare run of another task, or one without attention weights, stops the command
+    with one line naming it before any test runs (not with a traceback after all of them)."""
+    tiny = {"epochs": 1, "n_train": 64, "n_eval": 32}
+    run = train_run("toy", "tanh", options=tiny, out_dir=tmp_path / "run", progress=False)
+    pointer = train_run(
+        "pointer",
+        options={"epochs": 1, "train_size": 64, "dev_size": 16, "test_size": 16},
+        out_dir=tmp_path / "pointer",
+        progress=False,
+    )
+    mean = train_run("toy", "mean", options=tiny, out_dir=tmp_path / "mean", progress=False)
+    wrong_task = f"compare run {str(pointer.run_dir)!r} is a run of task 'pointer', not 'toy'"
+    for other, text in ((pointer, wrong_task), (mean, "attention weights")):
+        argv = [str(run.run_dir), "--quick", "--no-progress", "--compare", str(other.run_dir)]
+        res = CliRunner().invoke(explain_command, argv)
+        assert res.exit_code == 2, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+        assert text in lines[0] and str(other.run_dir) in lines[0]
+        assert not (run.run_dir / "explanation").exists()  # no test ran, nothing written

@@ -96,6 +96,34 @@ def test_cli_bad_protocol_values(toy_runs, extra, text):
     assert sorted(p.name for p in Path(run).iterdir()) == before
 
 
+@pytest.mark.parametrize("value", ["-3", "0"])
+def test_cli_permutations_below_one_are_refused(toy_runs, value):
+    run, _, _ = toy_runs
+    before = sorted(p.name for p in Path(run).iterdir())
+    for quick in ([], ["--quick"]):  # --quick used to take 0 for its default (20)
+        result = CliRunner().invoke(explain_command, [str(run), *quick, "--permutations", value])
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+        assert f"Invalid value for '--permutations': {value} is not in the range x>=1" in (
+            result.output
+        )
+    assert sorted(p.name for p in Path(run).iterdir()) == before
+
+
+def test_permutations_below_one_are_refused_before_anything_runs(toy_runs):
+    run, _, _ = toy_runs
+    with pytest.raises(ValueError, match="permutations must be an int >= 1, got 0"):
+        explain_run(run, **{**SMALL, "permutations": 0})
+
+
+def test_quick_caps_the_permutations_and_defaults_to_20():
+    from attnlab.lab.studies.explanation import _quick
+
+    assert _quick("lab", "protocol", None)["permutations"] == 20
+    assert _quick("lab", "protocol", 5)["permutations"] == 5
+    assert _quick("lab", "protocol", 50)["permutations"] == 20
+
+
 def test_cli_paper_protocol_quick(toy_runs):
     run, _, _ = toy_runs
     result = CliRunner().invoke(

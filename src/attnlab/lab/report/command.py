@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from attnlab._checks import ConfigError
+from attnlab.lab.errors import fail
 from attnlab.lab.report.data import ReportError
 from attnlab.lab.report.page import write_report
 
@@ -42,6 +44,8 @@ def report_command(directory: Path, out: Path | None, title: str | None, max_exa
         target = write_report(
             directory, out, title=title, max_examples=max_examples, on_warning=warn
         )
+    except ConfigError as err:  # a file in the way of --out, found before anything is read
+        fail(str(err))
     except (FileNotFoundError, ReportError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(str(target))

@@ -11,6 +11,7 @@ another version of the library.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -248,11 +249,18 @@ def _store_record(run_id: str, row: Mapping[str, Any]) -> RunRecord:
 
 
 def _read_store(path: Path) -> dict[str, dict[str, Any]]:
-    """The ``runs`` table of ``results.sqlite`` as {run_id: row}, read with the stdlib."""
+    """The ``runs`` table of ``results.sqlite`` as {run_id: row}, read with the stdlib.
+
+    Only read, but opened read-write where the file and its folder allow it: a read-only
+    connection to a WAL database leaves its ``-wal`` and ``-shm`` files behind, which the
+    last read-write connection to close removes."""
     if not path.is_file():
         return {}
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        con = sqlite3.connect(
+            f"file:{path}?mode={'rw' if writable else 'ro'}", uri=True, timeout=10.0
+        )
     except sqlite3.Error as err:
         raise ReportError(f"cannot open {path}: {err}") from err
     try:

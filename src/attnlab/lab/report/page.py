@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attnlab.lab.files import utc_now, write_text
+from attnlab.lab.files import check_folder, utc_now, write_text
 from attnlab.lab.report.context import ReportContext, Section
 from attnlab.lab.report.data import load_report_data
 from attnlab.lab.report.markup import esc
@@ -95,7 +95,11 @@ def write_report(
         FileNotFoundError: ``path`` does not exist.
         ReportError: ``path`` is neither kind of directory, or a file of a single run
             directory, ``ablation.json`` or ``results.sqlite`` cannot be read.
+        ConfigError: a file stands where a folder above ``out`` must be (checked before
+            anything is read).
     """
+    if out is not None:
+        check_folder(Path(out).parent, f"report file {out}")
     text = render_report(
         path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
     )

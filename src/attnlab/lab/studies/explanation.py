@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab._checks import check_int
 from attnlab.evaluation.diagnostics import (
     adversarial_model,
     frozen_weight_diagnostic,
@@ -188,6 +189,7 @@ def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
         unset = "protocol" if key in ("max_instances", "max_train") else None
         if value != unset:
             settings[key] = value
+    check_int(settings["permutations"], "permutations", error=ValueError)
     return settings
 
 
@@ -199,21 +201,59 @@ def _open_study(run_dir: Path, cfg: dict[str, Any], paper: bool, seed: int, devi
     dev = resolve_device(device)
     torch.manual_seed(seed)
     task, data, model = load_run(run_dir, device=str(dev))
-    model.eval()
+    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
+    _check_classifier(model.eval(), run_dir, test[0])
+    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
+    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
+    return _Study(run_dir, task, data, model, cfg, paper, seed, dev, test, train, dev_batches)
+
+
+def _check_classifier(model: Any, run_dir: str | Path, probe: Batch) -> None:
+    """The model of ``run_dir`` is a sentence classifier with attention weights (checked on
+    the batch ``probe``); a ValueError naming the run otherwise."""
     for name in ("encode", "classify", "classify_with_weights"):
         if not hasattr(model, name):
             raise ValueError(
                 f"the model of {run_dir} ({type(model).__name__}) has no {name}(); the "
                 "explanation tests run on sentence classifiers with one attention over tokens"
             )
-    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
-    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
-    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
-    probe = test[0]
-    weights, _ = attention_weights(model, probe[0], probe[1])
+    try:
+        weights, _ = attention_weights(model, probe[0], probe[1])
+    except ValueError as error:  # e.g. multi-dimensional weights
+        raise ValueError(f"run {run_dir}: {error}") from None
     if weights is None:
-        raise ValueError("the run's model has no attention weights (a mean-pooling baseline?)")
-    return _Study(run_dir, task, data, model, cfg, paper, seed, dev, test, train, dev_batches)
+        raise ValueError(
+            f"the model of {run_dir} has no attention weights (a mean-pooling baseline?)"
+        )
+
+
+def _check_other_runs(
+    run_dir: Path, compare: Sequence[str | Path], uniform_run: str | Path | None
+) -> None:
+    """The runs given beside ``run_dir`` (``compare``, ``uniform_run``) are runs of its
+    task: read from their ``run.json`` before anything is loaded, so a wrong one fails at
+    once, not after the other tests."""
+    from attnlab.lab.training import read_run
+
+    task = read_run(run_dir).get("task")
+    others = [("uniform_run", uniform_run)] if uniform_run is not None else []
+    for what, other in [*others, *(("compare run", p) for p in compare)]:
+        found = read_run(other).get("task")
+        if found != task:
+            raise ValueError(f"{what} {str(other)!r} is a run of task {found!r}, not {task!r}")
+
+
+def _compare_models(s: _Study, compare: Sequence[str | Path]) -> list[Any]:
+    """The models of the ``compare`` runs (other seeds), loaded and checked like the run's
+    own before the first test starts."""
+    from attnlab.lab.training import load_run
+
+    models = []
+    for path in compare:
+        model = load_run(Path(path), device=str(s.device))[2].eval()
+        _check_classifier(model, path, s.test[0])
+        models.append(model)
+    return models
 
 
 def _kendall(s: _Study) -> dict[str, Any]:
@@ -295,12 +335,7 @@ def _uniform(s: _Study, uniform_run: str | Path | None) -> dict[str, Any]:
     result = uniform_weights_gap(s.model, _iter(s.test))
     if uniform_run is None:
         return result
-    info, metrics = read_run(uniform_run), read_metrics(uniform_run)
-    if info.get("task") != s.task.name:
-        raise ValueError(
-            f"uniform_run {str(uniform_run)!r} is a run of task {info.get('task')!r}, "
-            f"not {s.task.name!r}"
-        )
+    info, metrics = read_run(uniform_run), read_metrics(uniform_run)  # its task: checked
     result["trained_uniform"] = {
         "run": str(uniform_run),
         "attention": info.get("attention"),
@@ -381,12 +416,10 @@ def _frozen_weights(s: _Study, adversary: tuple[float, Any] | None) -> dict[str,
     }
 
 
-def _seed_variance(s: _Study, compare: Sequence[str | Path]) -> dict[str, Any]:
-    """Wiegreffe & Pinter: how far the attention of runs with other seeds is."""
-    from attnlab.lab.training import load_run
-
-    models = [s.model] + [load_run(Path(p), device=str(s.device))[2].eval() for p in compare]
-    sv = seed_variance(models, s.test)
+def _seed_variance(s: _Study, compare: Sequence[str | Path], others: list[Any]) -> dict[str, Any]:
+    """Wiegreffe & Pinter: how far the attention of runs with other seeds (``compare``,
+    their models ``others``) is."""
+    sv = seed_variance([s.model, *others], s.test)
     keys = (
         "mean_jsd",
         "mean_tvd",
@@ -453,7 +486,9 @@ def explain_run(
     }
     cfg = _settings(protocol, given)
     paper = protocol == "paper"
+    _check_other_runs(Path(run_dir), compare, uniform_run)
     s = _open_study(Path(run_dir), cfg, paper, seed, device)
+    others = _compare_models(s, compare)
     bar = _bar(progress, 6 + bool(compare))
     result: dict[str, Any] = {
         "run": str(s.run_dir),
@@ -469,7 +504,7 @@ def explain_run(
     result["adversarial_models"], adversary = bar.step(_adversarial_models(s))
     result["frozen_weights"] = bar.step(_frozen_weights(s, adversary))
     if compare:
-        result["seed_variance"] = bar.step(_seed_variance(s, compare))
+        result["seed_variance"] = bar.step(_seed_variance(s, compare, others))
     bar.close()
     _write(result, labels, s.run_dir / "explanation", plots)
     return result
@@ -579,7 +614,11 @@ def _explain_command():
         metavar="N|all",
         help="Test instances of the per-instance tests [default: the protocol's: 500 / all].",
     )
-    @click.option("--permutations", type=int, help="Permutations per instance [default: 100].")
+    @click.option(
+        "--permutations",
+        type=click.IntRange(min=1),
+        help="Permutations per instance [default: 100; 20 with --quick].",
+    )
     @click.option("--epsilon", type=float, help="Output change allowed (TVD) [default: 0.01].")
     @click.option(
         "--uniform-run",
@@ -651,7 +690,7 @@ def _quick(protocol: str, count: int | str | None, permutations: int | None) -> 
     chosen = PROTOCOLS[protocol]["max_instances"] if count == "protocol" else count
     return {
         "max_instances": 64 if chosen is None else min(chosen, 64),
-        "permutations": min(permutations or 100, 20),
+        "permutations": 20 if permutations is None else min(permutations, 20),
         "adversarial_steps": 40,
         "lambdas": (0.0, 1.0),
         "mlp_epochs": 2,
