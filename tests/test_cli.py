@@ -580,6 +580,160 @@ def test_train_missing_data_exits_1(tmp_path):
     assert failed["status"] == "failed" and "MissingDataError" in failed["error"]
 
 
+# ----------------------------------------------------------------------------- one style
+
+
+def _aer_files(tmp_path: Path) -> list[str]:
+    """``aer GOLD HYP --hyp-one-indexed`` where HYP holds a 0: a bad file."""
+    (tmp_path / "gold").write_text("1-1 2-2\n", encoding="utf-8")
+    (tmp_path / "hyp").write_text("0-0 1-1\n", encoding="utf-8")
+    return [str(tmp_path / "gold"), str(tmp_path / "hyp"), "--hyp-one-indexed"]
+
+
+#: bad input of the commands that printed "Error: ..." and exited 1: (argv after the command
+#: name, given tmp_path holding an empty folder "empty"; a piece of the one error line)
+BAD_INPUT_OF_EVERY_COMMAND = {
+    "aer": (lambda tmp: ["aer", *_aer_files(tmp)], "hyp, line 1: link '0-0' has index 0"),
+    "aer-table": (lambda tmp: ["aer-table", str(tmp / "empty")], "is not an ablation directory"),
+    "correctness": (lambda tmp: ["correctness", str(tmp / "empty")], "is not a run directory"),
+    "report": (lambda tmp: ["report", str(tmp / "empty")], "neither a run directory"),
+    "report-missing": (lambda tmp: ["report", str(tmp / "missing")], "no such directory"),
+    "ablate-seeds": (
+        lambda tmp: _ablate_argv(tmp / "out", "--seeds", "0", "--num-seeds", "2"),
+        "error: give either --seeds or --num-seeds, not both",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_OF_EVERY_COMMAND)
+def test_bad_input_of_every_command_is_one_error_line_and_status_2(tmp_path, case):
+    argv, text = BAD_INPUT_OF_EVERY_COMMAND[case]
+    (tmp_path / "empty").mkdir()
+    line = _one_line_error(run(*argv(tmp_path)))
+    assert text in line
+    assert "Error: " not in line
+
+
+def test_correctness_max_questions_names_the_option(tmp_path):
+    result = run("correctness", str(tmp_path), "--max-questions", "0")
+    assert result.exit_code == 2
+    assert "Invalid value for '--max-questions': 0 is not in the range x>=1" in result.stderr
+    assert "max_questions" not in result.stderr
+
+
+#: a broken config file of each kind -> (where, what) in the one error line
+BROKEN_CONFIGS = {
+    "config.yaml": (
+        "attention:\n  score: additive\n  bad: x: y\n",
+        "line 3, column 9: mapping values are not allowed here",
+    ),
+    "quote.yaml": (
+        "attention: 'additive\n",
+        "line 2, column 1: found unexpected end of stream (while scanning a quoted scalar "
+        "from line 1, column 12)",
+    ),
+    "config.json": (
+        '{"attention": {"score": "additive",}}',
+        "line 1, column 36: Expecting property name enclosed in double quotes",
+    ),
+    "config.toml": ("seeds = [0\nattention = 1\n", "line 2, column 1: "),
+}
+
+
+@pytest.mark.parametrize("name", BROKEN_CONFIGS)
+def test_broken_config_file_is_one_line_naming_the_file_line_and_column(tmp_path, name):
+    text, where = BROKEN_CONFIGS[name]
+    config = tmp_path / name
+    config.write_text(text, encoding="utf-8")
+    line = _one_line_error(run(*_toy_argv(tmp_path / "out", "--config", str(config))))
+    assert line.startswith(f"error: cannot parse {str(config)!r}, {where}")
+    assert "<unicode string>" not in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_shows_a_library_warning_as_one_note_line(tmp_path, monkeypatch):
+    """captioning's METEOR without nltk: one line ``note: ...`` for the whole command, not
+    Python's RuntimeWarning with its file and source line; the API still warns."""
+    import attnlab.evaluation.meteor as meteor
+    from attnlab._optional import MissingDependencyError
+
+    def missing(name: str):
+        raise MissingDependencyError(f"{name} is not installed: pip install {name}")
+
+    monkeypatch.setattr(meteor, "require", missing)
+    small = ["-o", "train_size=32", "-o", "dev_size=8", "-o", "test_size=8", "--epochs", "2"]
+    result = run(
+        "train", "captioning", *small, "--seed", "0", "--seed", "1", "--no-progress",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "note: METEOR is NaN: nltk is not installed: pip install nltk"
+    ]
+    assert "n/a" in result.stdout  # the table's METEOR
+    with pytest.warns(RuntimeWarning, match="METEOR is NaN"):  # the Python API warns as before
+        meteor.meteor_or_nan([["a"]], [["a"]])
+
+
+def test_train_prints_the_run_directories_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("train", "toy", "--plugin", TOY, "--no-progress", "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[3].endswith("  runs/toy/default--seed0")
+    result = run(*_toy_argv("sub/dir", "--epochs", "1", "--seed", "3"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[3].endswith("  sub/dir/default--seed3")
+    assert str(tmp_path) not in result.stdout
+
+
+def test_report_of_the_folder_that_train_fills(tmp_path):
+    out = tmp_path / "runs"
+    for attention in ("mean", "tanh"):
+        argv = _toy_argv(out, "-a", attention, "--epochs", "1", "--seed", "0", "--seed", "1")
+        assert run(*argv).exit_code == 0
+    result = run("report", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(out / "report.html")
+    text = (out / "report.html").read_text(encoding="utf-8")
+    assert "<title>attnlab run folder report: toy</title>" in text
+    for label in ("mean", "tanh"):  # one row per attention over its two seeds
+        assert f'data-label="{label}"' in text
+
+
+def test_path_sizes_are_at_least_1():
+    for argv in (["--d-q", "0", "--d-k", "0"], ["--d-q", "0"]):
+        result = run("path", *argv)
+        assert result.exit_code == 2
+        assert "Invalid value for '--d-q': 0 is not in the range x>=1" in result.stderr
+        assert "d_q == d_k" not in result.stderr and "sdpa" not in result.output
+    result = run("path", "--d-k", "-1")
+    assert result.exit_code == 2 and "'--d-k': -1 is not in the range x>=1" in result.stderr
+
+
+def test_path_help_describes_every_option():
+    text = " ".join(run("path", "--help").stdout.split())
+    for piece in (
+        "--score TEXT the score function (the names: attnlab list --kind score)",
+        "--align TEXT the alignment function (the names: attnlab list --kind align)",
+        "--dim TEXT single: one weight per key; multi: one weight per key and feature",
+        "--d-q INTEGER RANGE the size of a query vector",
+        "--d-k INTEGER RANGE the size of a key vector",
+        "--need-weights the caller asks for the attention weights",
+    ):
+        assert piece in text
+
+
+def test_documented_command_lines_name_no_path_of_the_developers():
+    """A user can type every ``attnlab`` line of the lab's and the tasks' pages: none names
+    a file that exists only beside the developers' checkout (``../shared/...``)."""
+    pages = [*(ROOT / "docs" / "lab").glob("*.md"), *(ROOT / "docs" / "tasks").glob("*.md")]
+    assert pages
+    for page in pages:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.lstrip("$ ").startswith("attnlab "):
+                assert "../shared" not in line, f"{page.name}: {line}"
+
+
 # ----------------------------------------------------------------------------- installed
 
 

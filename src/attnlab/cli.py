@@ -35,7 +35,7 @@ from attnlab.lab.commands import (
     device_option,
     precision_option,
 )
-from attnlab.lab.errors import fail
+from attnlab.lab.errors import fail, warnings_as_notes
 
 __all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main", "profile_line"]
 
@@ -65,7 +65,7 @@ LAZY_COMMANDS = {
 LAZY_HELP = {
     "ablate": "Run every attention spec x every seed on a task; resumable.",
     "demo": "The default main job: a small sentiment ablation and its report.",
-    "report": "Write a self-contained HTML report of a run or an ablation.",
+    "report": "Write a self-contained HTML report of a run, an ablation or a folder of runs.",
     "aer": "Alignment error rate of predicted word alignments against gold ones.",
     "explain": "Attention-as-explanation tests (Jain & Wallace; Wiegreffe & Pinter) on a run.",
     "correctness": "Attention correctness of a VQA run on easy-VQA (mass on the shape, Spearman).",
@@ -96,7 +96,9 @@ def _load_lazy(name: str) -> click.Command | None:
 
 
 class _Group(click.Group):
-    """The top-level group: adds the lazy commands and ends quietly on a closed pipe."""
+    """The top-level group: adds the lazy commands, shows attnlab's warnings as one line
+    ``note: ...`` each (:func:`~attnlab.lab.errors.warnings_as_notes`) and ends quietly on a
+    closed pipe."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = set(super().list_commands(ctx))
@@ -128,6 +130,10 @@ class _Group(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with warnings_as_notes():
+            return super().invoke(ctx)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -218,13 +224,41 @@ def _parse_value(text: str) -> object:
         return text
 
 
+def _size_option(flag: str, vector: str) -> Any:
+    """``--d-q`` / ``--d-k`` of ``attnlab path``: the size of a query or key vector, an int
+    >= 1 (default 64)."""
+    return click.option(
+        flag,
+        flag.lstrip("-").replace("-", "_"),
+        type=click.IntRange(min=1),
+        default=64,
+        show_default=True,
+        help=f"the size of a {vector} vector",
+    )
+
+
 @main.command("path")
-@click.option("--score", default="scaled-dot", show_default=True)
-@click.option("--align", default="soft", show_default=True)
-@click.option("--dim", default="single", show_default=True)
-@click.option("--d-q", "d_q", type=int, default=64, show_default=True)
-@click.option("--d-k", "d_k", type=int, default=64, show_default=True)
-@click.option("--need-weights", is_flag=True)
+@click.option(
+    "--score",
+    default="scaled-dot",
+    show_default=True,
+    help="the score function (the names: attnlab list --kind score)",
+)
+@click.option(
+    "--align",
+    default="soft",
+    show_default=True,
+    help="the alignment function (the names: attnlab list --kind align)",
+)
+@click.option(
+    "--dim",
+    default="single",
+    show_default=True,
+    help="single: one weight per key; multi: one weight per key and feature",
+)
+@_size_option("--d-q", "query")
+@_size_option("--d-k", "key")
+@click.option("--need-weights", is_flag=True, help="the caller asks for the attention weights")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="score/align option")
 def path_command(
     score: str, align: str, dim: str, d_q: int, d_k: int, need_weights: bool, options
@@ -375,7 +409,7 @@ def train_command(
         for seed in run_seeds
     ]
     click.echo(f"{the_task.name}  attention: {results[0][1].label}")
-    click.echo(_results_table(list(the_task.metrics), results))
+    click.echo(_results_table(list(the_task.metrics), results, base))
     if profile:
         click.echo("")
         for seed, r in results:
@@ -477,16 +511,17 @@ def _train_seed(
         fail(str(error), code=1)
 
 
-def _results_table(metric_names: list[str], results: list[tuple[int, Any]]) -> str:
+def _results_table(metric_names: list[str], results: list[tuple[int, Any]], base: Path) -> str:
     """The test metrics, best epoch and run directory of every seed (and their mean ±
-    sample std when there are several seeds)."""
+    sample std when there are several seeds); a run directory is shown under ``base`` as
+    the user gave it (relative by default, as ``attnlab ablate`` shows its directory)."""
     header = ["seed", *[f"test {m}" for m in metric_names], "best epoch", "run directory"]
     rows = [
         [
             str(seed),
             *[_fmt_metric(r.metrics["test"].get(m)) for m in metric_names],
             str(r.metrics["best_epoch"]),
-            str(r.run_dir),
+            str(base / Path(r.run_dir).name),
         ]
         for seed, r in results
     ]

@@ -125,7 +125,10 @@ def _aer_command():
             h = read_pharaoh(hyp, one_indexed=hyp_one_indexed)
             result = alignment_error_rate(g, h)
         except (DataFormatError, ValueError) as err:
-            raise click.ClickException(str(err)) from None
+            # one line and status 2 for a bad file, as every attnlab command (the lab's
+            # attnlab.lab.errors.fail; evaluation may not import the lab)
+            click.echo(f"error: {err}", err=True)
+            raise SystemExit(2) from None
         if as_json:
             click.echo(json.dumps(result.as_dict(), indent=2))
             return

@@ -55,7 +55,7 @@ from attnlab.lab.config import (
     read_structured_file,
     resolve_task,
 )
-from attnlab.lab.errors import fail
+from attnlab.lab.errors import failing_on
 from attnlab.lab.executors import (
     EXECUTORS,
     RunJob,
@@ -936,17 +936,19 @@ def ablate_command(
     std of the test metrics per mechanism. Every spec and option is checked before the
     first run starts.
     """
-    from attnlab.data._common import MissingDataError
-
     try:
         import_plugins(plugins, (os.getcwd(),))
     except ImportError as err:
         raise click.BadParameter(str(err), param_hint="--plugin") from err
-    try:
+    # also a damaged results store or run file; missing data (exit 1) is checked once,
+    # before the ablation directory is made
+    with failing_on(ConfigError, ImportError):
         if list_options:
             click.echo(describe_task_of(task))
             return
         specs = _collect_specs(attention, grid, baselines)
+        if seeds is not None and num_seeds is not None:
+            raise ConfigError("give either --seeds or --num-seeds, not both")
         seed_list = parse_seeds(seeds, num_seeds)
         if address and executor != "ray":
             raise ConfigError("--address needs --executor ray")
@@ -970,10 +972,6 @@ def ablate_command(
             precision=precision,
             plugins=plugins,
         )
-    except (ConfigError, ImportError) as err:  # also a damaged results store or run file
-        fail(str(err))
-    except MissingDataError as err:  # checked once, before the ablation directory is made
-        fail(str(err), code=1)
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:

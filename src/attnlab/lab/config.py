@@ -138,7 +138,36 @@ def read_structured_file(
 
         return yaml.safe_load(text)
     except Exception as error:  # the parsers raise their own error types
-        raise ConfigError(f"cannot parse {str(path)!r}: {error}") from None
+        raise ConfigError(f"cannot parse {str(path)!r}{_where_and_why(error)}") from None
+
+
+#: The end of a ``tomllib`` message: ``(at line 2, column 5)`` or ``(at end of document)``.
+_TOML_WHERE = re.compile(
+    r"^(?P<why>.*?)\s*\(at "
+    r"(?:line (?P<line>\d+), column (?P<col>\d+)|(?P<end>end of document))\)$"
+)
+
+
+def _where_and_why(error: Exception) -> str:
+    """``, line L, column C: PROBLEM`` of a JSON, TOML or YAML parser's error, on one line
+    (PyYAML's message spans several lines and names ``"<unicode string>"``, not the file);
+    ``: MESSAGE`` for any other error."""
+    mark = getattr(error, "problem_mark", None)  # yaml.MarkedYAMLError
+    if mark is not None:
+        why = str(getattr(error, "problem", None) or type(error).__name__)
+        context, at = getattr(error, "context", None), getattr(error, "context_mark", None)
+        if context:
+            where = f" from line {at.line + 1}, column {at.column + 1}" if at is not None else ""
+            why += f" ({context}{where})"
+        return f", line {mark.line + 1}, column {mark.column + 1}: {why}"
+    if isinstance(error, json.JSONDecodeError):
+        return f", line {error.lineno}, column {error.colno}: {error.msg}"
+    found = _TOML_WHERE.match(" ".join(str(error).split()))
+    if found is not None:  # tomllib.TOMLDecodeError
+        if found["end"]:
+            return f", at the end: {found['why']}"
+        return f", line {found['line']}, column {found['col']}: {found['why']}"
+    return ": " + " ".join(str(error).split())
 
 
 def _require_mapping(content: Any, what: str, example: str) -> Mapping[str, Any]:

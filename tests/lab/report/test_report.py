@@ -485,10 +485,10 @@ def test_cli(ablation: Path, tmp_path: Path) -> None:
     assert "<h1>T&lt;1&gt;</h1>" in out.read_text(encoding="utf-8")
     (tmp_path / "empty").mkdir()
     result = runner.invoke(report_command, [str(tmp_path / "empty")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input: "error: ...", exit 2 as every attnlab command
     assert "neither a run directory" in result.output
     result = runner.invoke(report_command, [str(tmp_path / "missing")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no such directory" in result.output
 
 

@@ -282,7 +282,53 @@ def test_a_damaged_single_run_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match=r"metrics\.json holds a JSON list"):
         render_report(root)
     result = CliRunner().invoke(report_command, [str(root)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input, as every attnlab command (was 1, "Error: ")
     assert result.stderr.strip().splitlines() == [
-        f"Error: {root / 'metrics.json'} holds a JSON list, not an object (a damaged file?)"
+        f"error: {root / 'metrics.json'} holds a JSON list, not an object (a damaged file?)"
+    ]
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+def test_a_folder_of_run_directories_is_reported_like_an_ablation(tmp_path: Path) -> None:
+    """What ``attnlab train toy -a ... --seed 0 --seed 1`` fills: one row per attention with
+    the mean over its seeds; hidden work folders and other folders are ignored."""
+    root = tmp_path / "runs" / "toy"
+    for seed, acc in ((0, 0.6), (1, 0.8)):
+        write_run_dir(root / f"add--seed{seed}", attention=ADD, seed=seed, test={"accuracy": acc})
+    write_run_dir(root / "dot--seed0", attention=DOT, test={"accuracy": 0.5})
+    (root / ".work-1234").mkdir()
+    (root / "notes").mkdir()
+    result = CliRunner().invoke(report_command, [str(root)])
+    assert result.exit_code == 0, result.output
+    text = (root / "report.html").read_text(encoding="utf-8")
+    assert "<title>attnlab run folder report: toy</title>" in text
+    doc = parse(text)
+    rows = table_rows(doc, "ablation-table")
+    assert sorted(rows) == ["align=soft,score=additive", "align=soft,score=dot"]
+    (acc,) = [c for c in rows["align=soft,score=additive"] if c["attrs"].get("data-metric")]
+    assert float(acc["attrs"]["data-value"]) == pytest.approx(0.7)
+    meta = _meta(text)
+    assert meta["seeds"] == "0, 1" and meta["runs"] == "3 done"
+    assert meta["source"] == f"{root} (run folder)"
+
+
+@pytest.mark.parametrize(
+    ("other", "text"),
+    [
+        ({"task": "sentiment"}, "are of different tasks (toy, sentiment)"),
+        ({"task_options": {"epochs": 5}}, "differ in the task option(s) batch_size, epochs, lr"),
+    ],
+)
+def test_a_folder_of_runs_of_different_settings_is_refused(tmp_path: Path, other, text) -> None:
+    write_run_dir(tmp_path / "a--seed0", attention=ADD)
+    write_run_dir(tmp_path / "b--seed0", attention=ADD, **other)
+    with pytest.raises(ReportError, match=re.escape(text)):
+        render_report(tmp_path)
+    result = CliRunner().invoke(report_command, [str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"error: the runs in {tmp_path} {text}: report one run directory at a time, or "
+        "compare settings with `attnlab ablate`"
     ]

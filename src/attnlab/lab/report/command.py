@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab._checks import ConfigError
-from attnlab.lab.errors import fail
+from attnlab.lab.errors import failing_on
 from attnlab.lab.report.data import ReportError
 from attnlab.lab.report.page import write_report
 
@@ -31,8 +31,9 @@ __all__ = ["report_command"]
     help="Attention examples drawn per mechanism.",
 )
 def report_command(directory: Path, out: Path | None, title: str | None, max_examples: int) -> None:
-    """Write a self-contained HTML report of a run or ablation directory DIR (the ablation
-    table, learning curves, attention heatmaps on test examples, cost) and print its path.
+    """Write a self-contained HTML report of DIR -- a run directory, an ablation directory
+    or a folder of run directories (runs/<task> of attnlab train) -- with the ablation
+    table, learning curves, attention heatmaps on test examples and cost; print its path.
 
     A run of an ablation whose files cannot be read is skipped with a warning on stderr.
     """
@@ -40,12 +41,10 @@ def report_command(directory: Path, out: Path | None, title: str | None, max_exa
     def warn(message: str) -> None:
         click.echo(f"warning: {message}", err=True)
 
-    try:
+    # no such directory, neither kind of directory, a damaged file of a single run, or a
+    # file in the way of --out (found before anything is read): one line, exit 2
+    with failing_on(FileNotFoundError, ReportError, ConfigError):
         target = write_report(
             directory, out, title=title, max_examples=max_examples, on_warning=warn
         )
-    except ConfigError as err:  # a file in the way of --out, found before anything is read
-        fail(str(err))
-    except (FileNotFoundError, ReportError) as err:
-        raise click.ClickException(str(err)) from err
     click.echo(str(target))

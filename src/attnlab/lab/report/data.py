@@ -2,8 +2,9 @@
 
 The report reads the documented layouts (``docs/lab/report.md``) and nothing else: a *run
 directory* (``run.json``, ``metrics.json``, ``history.json``, ``cost.json``,
-``examples.json``) or an *ablation directory* (``ablation.json``, ``results.sqlite``,
-``runs/<run_id>/``). The store is read with the standard library's :mod:`sqlite3`, not
+``examples.json``), an *ablation directory* (``ablation.json``, ``results.sqlite``,
+``runs/<run_id>/``) or a *folder of run directories* (``attnlab train``'s
+``runs/<task>/``). The store is read with the standard library's :mod:`sqlite3`, not
 through :mod:`attnlab.lab.store`, so a report can be written for results produced by
 another version of the library.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ class ReportData:
     """Everything the sections draw from: the runs and the ablation's description."""
 
     root: Path
-    kind: str  # "run" or "ablation"
+    kind: str  # "run", "ablation" or "run folder" (a folder of run directories)
     ablation: dict[str, Any]
     runs: list[RunRecord]
     #: run directories that could not be read: (run id, why), one line each
@@ -302,12 +303,17 @@ def _run_dirs(runs_dir: Path) -> list[Path]:
     return sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> ReportData:
-    ablation = read_json(root / "ablation.json", {})
-    store = _read_store(root / "results.sqlite")
+def _read_runs(
+    run_dirs: Iterable[Path],
+    store: Mapping[str, Mapping[str, Any]],
+    on_warning: Callable[[str], None] | None,
+) -> tuple[list[RunRecord], list[tuple[str, str]]]:
+    """The runs of ``run_dirs`` (those with a ``run.json`` or a row in ``store``) and the
+    (run id, why) of those whose files cannot be read; then the runs ``store`` lists
+    without a directory."""
     records: list[RunRecord] = []
     unreadable: list[tuple[str, str]] = []
-    for run_dir in _run_dirs(root / "runs"):
+    for run_dir in run_dirs:
         if not (run_dir / "run.json").is_file() and run_dir.name not in store:
             continue
         row = store.get(run_dir.name)
@@ -324,6 +330,13 @@ def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> Repo
         records.append(record)
     seen = {r.run_id for r in records}
     records += [_store_record(run_id, row) for run_id, row in store.items() if run_id not in seen]
+    return records, unreadable
+
+
+def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> ReportData:
+    ablation = read_json(root / "ablation.json", {})
+    store = _read_store(root / "results.sqlite")
+    records, unreadable = _read_runs(_run_dirs(root / "runs"), store, on_warning)
     return ReportData(
         root=root,
         kind="ablation",
@@ -333,11 +346,58 @@ def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> Repo
     )
 
 
+def _shared_setting(records: Sequence[RunRecord], root: Path) -> tuple[Any, dict[str, Any]]:
+    """The task and the task options that every run of a folder of run directories shares;
+    :class:`ReportError` when they differ (their metrics would be pooled as one setting)."""
+    todo = "report one run directory at a time, or compare settings with `attnlab ablate`"
+    tasks = unique(r.run.get("task") for r in records)
+    if len(tasks) > 1:
+        named = ", ".join(str(t) for t in tasks)
+        raise ReportError(f"the runs in {root} are of different tasks ({named}): {todo}")
+    options = [r.run.get("task_options") or {} for r in records]
+    differ = sorted(
+        str(key)
+        for key in {k for o in options for k in o}
+        if len(unique(json.dumps(o.get(key), sort_keys=True, default=str) for o in options)) > 1
+    )
+    if differ:
+        raise ReportError(
+            f"the runs in {root} differ in the task option(s) {', '.join(differ)}: {todo}"
+        )
+    return (tasks[0] if tasks else None), (options[0] if options else {})
+
+
+def _read_run_folder(root: Path, on_warning: Callable[[str], None] | None) -> ReportData:
+    """A folder of run directories (what ``attnlab train TASK --out DIR`` fills, by default
+    ``runs/<task>``: one ``<attention>--seed<N>`` per run) read as an ablation without a
+    store: one row per attention, mean ± std over its seeds. Its runs must share the task
+    and the task options."""
+    records, unreadable = _read_runs(_run_dirs(root), {}, on_warning)
+    task, options = _shared_setting(records, root)
+    specs = {spec_text(r.run.get("attention") or {}): r.run.get("attention") for r in records}
+    ablation = {
+        "task": task,
+        "task_options": options,
+        "grid": [spec or {} for spec in specs.values()],
+        "seeds": sorted({r.seed for r in records if isinstance(r.seed, int)}),
+    }
+    return ReportData(
+        root=root, kind="run folder", ablation=ablation, runs=records, unreadable=unreadable
+    )
+
+
+def _holds_run_dirs(root: Path) -> bool:
+    """Whether ``root`` holds a run directory (a folder with a ``run.json``)."""
+    return any((p / "run.json").is_file() for p in _run_dirs(root))
+
+
 def load_report_data(
     path: str | Path, *, on_warning: Callable[[str], None] | None = None
 ) -> ReportData:
-    """Read a run directory (has ``run.json``) or an ablation directory (has
-    ``ablation.json`` and/or ``runs/``).
+    """Read a run directory (has ``run.json``), an ablation directory (has
+    ``ablation.json`` and/or ``runs/``) or a folder of run directories (what ``attnlab
+    train`` fills: read like an ablation without a store, when its runs share the task and
+    the task options).
 
     In an ablation directory the status of every run comes from ``results.sqlite`` when the
     file is there (a run the store lists without a directory is shown as failed or
@@ -354,9 +414,11 @@ def load_report_data(
         raise ReportError(f"{root} is not a directory (expected a run or an ablation directory)")
     if (root / "run.json").is_file():
         return _run_of_single_dir(root)
-    if not (root / "ablation.json").is_file() and not (root / "runs").is_dir():
-        raise ReportError(
-            f"{root} is neither a run directory (no run.json) nor an ablation directory "
-            "(no ablation.json and no runs/ folder)"
-        )
-    return _read_ablation(root, on_warning)
+    if (root / "ablation.json").is_file() or (root / "runs").is_dir():
+        return _read_ablation(root, on_warning)
+    if _holds_run_dirs(root):
+        return _read_run_folder(root, on_warning)
+    raise ReportError(
+        f"{root} is neither a run directory (no run.json) nor an ablation directory "
+        "(no ablation.json and no runs/ folder) nor a folder of run directories"
+    )

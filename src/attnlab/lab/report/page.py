@@ -56,8 +56,7 @@ def render_report(
     """The report of a run or ablation directory as one HTML string (see :func:`write_report`)."""
     data = load_report_data(path, on_warning=on_warning)
     if title is None:
-        what = "run" if data.kind == "run" else "ablation"
-        title = f"attnlab {what} report: {data.task or Path(path).name}"
+        title = f"attnlab {data.kind} report: {data.task or Path(path).name}"
     ctx = ReportContext(data=data, title=title, max_examples=max_examples, generated=utc_now())
     rendered = []
     for s in SECTIONS if sections is None else sections:
@@ -76,11 +75,13 @@ def write_report(
     sections: Sequence[Section] | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write the HTML report of a run directory or an ablation directory.
+    """Write the HTML report of a run directory, an ablation directory or a folder of run
+    directories.
 
     Args:
-        path: a run directory (has ``run.json``) or an ablation directory (has
-            ``ablation.json`` and/or ``runs/``).
+        path: a run directory (has ``run.json``), an ablation directory (has
+            ``ablation.json`` and/or ``runs/``) or a folder of run directories of one task
+            and the same task options (what ``attnlab train`` fills).
         out: the HTML file to write (default ``<path>/report.html``).
         title: the page title (default ``"attnlab ablation report: <task>"``).
         max_examples: attention examples drawn per mechanism (from its first seed).
@@ -93,7 +94,8 @@ def write_report(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ReportError: ``path`` is neither kind of directory, or a file of a single run
+        ReportError: ``path`` is none of these directories, the runs of a folder of run
+            directories differ in task or task options, or a file of a single run
             directory, ``ablation.json`` or ``results.sqlite`` cannot be read.
         ConfigError: a file stands where a folder above ``out`` must be (checked before
             anything is read).

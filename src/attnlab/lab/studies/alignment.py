@@ -323,12 +323,13 @@ def _aer_table_command() -> Any:
         ablate translation ...`) against the silver alignments, per mechanism: mean ± std
         over seeds of AER, precision, recall and BLEU, with baseline aligners (computed on
         the data of the last directory)."""
-        from attnlab._checks import ConfigError
-        from attnlab.data._common import MissingDataError
+        from attnlab.lab.errors import failing_on
 
         cache: dict[str, Any] = {}
         rows: list[AERRow] = []
-        try:
+        # not a translation ablation, a bad run in it (also a ConfigError): exit 2; the data
+        # not installed: exit 1
+        with failing_on(FileNotFoundError, ValueError):
             for k, d in enumerate(ablation_dirs):
                 rows += aer_table(
                     d,
@@ -340,11 +341,6 @@ def _aer_table_command() -> Any:
                     scope=scope,
                     _cache=cache,
                 )
-        except (FileNotFoundError, ValueError, ConfigError) as err:
-            raise click.ClickException(str(err)) from None
-        except MissingDataError as err:
-            click.echo(f"error: {err}", err=True)
-            raise SystemExit(1) from None
         if as_json:
             click.echo(json.dumps([r.to_json() for r in rows], indent=2))
             return

@@ -35,6 +35,7 @@ from attnlab.evaluation.vqa_correctness import (
     correctness_summary,
     region_fractions,
 )
+from attnlab.lab.errors import failing_on
 from attnlab.lab.files import write_json
 from attnlab.lab.training import load_run
 
@@ -211,7 +212,12 @@ def _correctness_command():
 
     @click.command("correctness")
     @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-    @click.option("--max-questions", type=int, default=None, help="Only the first N questions.")
+    @click.option(
+        "--max-questions",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Only the first N questions.",
+    )
     @click.option(
         "--split",
         type=click.Choice(["test", "dev", "train"]),
@@ -219,7 +225,7 @@ def _correctness_command():
         show_default=True,
     )
     @click.option("--seed", default=0, show_default=True, help="Seed of the random maps.")
-    @click.option("--threads", type=int, default=None, help="torch threads.")
+    @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.")
     def correctness_command(
         run_dir: str, max_questions: int | None, split: str, seed: int, threads: int | None
     ) -> None:
@@ -228,13 +234,10 @@ def _correctness_command():
         RUN_DIR/correctness.json."""
         old = torch.get_num_threads()
         if threads is not None:
-            if threads < 1:
-                raise click.BadParameter("must be >= 1", param_hint="--threads")
             torch.set_num_threads(threads)
-        try:
-            r = vqa_correctness(run_dir, split, max_questions=max_questions, seed=seed)
-        except (ValueError, FileNotFoundError) as err:
-            raise click.ClickException(str(err)) from None
+        try:  # a run that is not a vqa run, or a missing or damaged file of it: exit 2
+            with failing_on(ValueError, FileNotFoundError):
+                r = vqa_correctness(run_dir, split, max_questions=max_questions, seed=seed)
         finally:
             torch.set_num_threads(old)
         click.echo(format_table(r))
