@@ -906,3 +906,139 @@ def test_hierarchical_stochastic_alignment_log_prob_per_document():
     assert out.log_prob is not None and out.log_prob.shape == (2,)
     assert torch.all(torch.isfinite(out.log_prob)) and torch.all(out.log_prob <= 0)
     assert HierarchicalAttention(5, 2)(torch.randn(2, 3, 4, 5)).log_prob is None
+
+
+# AvA task with word slots: _ava_task's sentences, plus (a) every character carries the slot
+# (position) of its word, as a character encoder that knows word boundaries would give it,
+# and every word feature carries its slot too; (b) every word carries a random attribute bit.
+# Label (4 classes): 2 * attribute of the target word + (the label character inside it).
+
+
+def _ava_slot_task(n, g):
+    """``((q, chars, char_slot, wid, attr, offsets, cmask), y)``: ``_ava_task`` plus the
+    slot ``[n, n_c]`` of each character's word (n_w for padding), a bit ``attr`` ``[n, n_w]``
+    per word, and ``y = 2 * attr[target] + y_char``."""
+    (q, chars, wid, offsets, cmask), y_char = _ava_task(n, g)
+    n_w, n_c = wid.shape[1], chars.shape[1]
+    slot = (torch.arange(n_c)[None, None] >= offsets[:, :, None]).sum(1) - 1
+    slot = torch.where(cmask, slot, torch.full_like(slot, n_w))
+    attr = torch.randint(0, 2, (n, n_w), generator=g)
+    target = (wid == q[:, None]).long().argmax(1)
+    y = 2 * attr[torch.arange(n), target] + y_char
+    return (q, chars, slot, wid, attr, offsets, cmask), y
+
+
+def test_ava_slot_task_is_well_formed():
+    (q, chars, slot, wid, attr, offsets, cmask), y = _ava_slot_task(
+        200, torch.Generator().manual_seed(1)
+    )
+    for b in range(200):
+        target = wid[b].tolist().index(q[b].item())
+        n_real = int(cmask[b].sum())
+        assert slot[b, n_real:].eq(wid.shape[1]).all()
+        for w in range(wid.shape[1]):
+            end = int(offsets[b, w + 1]) if w + 1 < wid.shape[1] else n_real
+            assert slot[b, int(offsets[b, w]) : end].eq(w).all()
+        in_target = chars[b][slot[b] == target].tolist()
+        y_char = int(_CX + 1 in in_target)
+        assert (_CX + y_char in in_target) and (_CX + 1 - y_char not in in_target)
+        assert y[b].item() == 2 * attr[b, target].item() + y_char
+
+
+class _AvASlotModel(_AvAModel):
+    """``_AvAModel`` with slot and attribute features: characters emb(char) +
+    slot_emb(slot of its word); words emb(word) + slot_emb(slot) + attr_emb(attribute);
+    query emb(target word id) -> attention-via-attention -> linear on ``[c_w; c_c]`` -> 4
+    logits."""
+
+    def __init__(self, via="query", d=12):
+        super().__init__(via, d)
+        self.slot, self.attr = nn.Embedding(5, d), nn.Embedding(2, d)
+        self.out = nn.Linear(2 * d, 4)
+
+    def features(self, chars, char_slot, wid, attr):
+        """``(characters [B, n_c, d], words [B, n_w, d])``."""
+        words = self.w(wid) + self.slot(torch.arange(wid.shape[1]))[None] + self.attr(attr)
+        return self.c(chars) + self.slot(char_slot), words
+
+    def forward(self, q, chars, char_slot, wid, attr, offsets, cmask):
+        chars, words = self.features(chars, char_slot, wid, attr)
+        out = self.ava(self.q(q), chars, words, mask=cmask, word_offsets=offsets)
+        return self.out(out.context)
+
+
+class _AvASlotMeanModel(_AvAMeanModel):
+    """The same features, mean-pooled over the characters and over the words -> MLP."""
+
+    def __init__(self, d=12):
+        super().__init__(d)
+        self.slot, self.attr = nn.Embedding(5, d), nn.Embedding(2, d)
+        self.out = nn.Sequential(nn.Linear(3 * d, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    features = _AvASlotModel.features
+
+    def forward(self, q, chars, char_slot, wid, attr, offsets, cmask):
+        chars, words = self.features(chars, char_slot, wid, attr)
+        c = (chars * cmask[..., None]).sum(1) / cmask.sum(1, keepdim=True)
+        return self.out(torch.cat([self.q(q), words.mean(1), c], -1))
+
+
+def _ava_query_without_word_context():
+    """via='query' with the word-context half of the character query's projection frozen at
+    zero: the character step sees only q_c, not c_w."""
+    model = _AvASlotModel("query")
+    W = model.ava.char_attn.score.W1.weight  # [d_w, d_q + d_vw], query = [q_c; c_w]
+    keep = torch.ones_like(W)
+    keep[:, model.ava.d_q :] = 0
+    W.data.mul_(keep)
+    W.register_hook(lambda grad: grad * keep)
+    return model
+
+
+@pytest.mark.slow
+def test_ava_query_learns_character_in_word_found_by_word_attention():
+    # The bare formula (via="query"): the word context c_w reaches the character step only
+    # through the query [q_c; c_w]. In _ava_task (test above) that cannot help: a character
+    # feature says nothing about which word it belongs to, so no query can single out the
+    # target word's characters. Here every character carries its word's slot, and so does
+    # every word feature, but the query names the target word by its identity, not by its
+    # slot (slots are random). Word attention finds the target word, c_w then holds its
+    # slot (and attribute), and the character attention can tell the label character of the
+    # target word from the other one by matching c_w's slot against the characters' slots.
+    # (Where its weight goes differs by seed: on the label character inside the target word
+    # (seeds 3, 8: 0.95), partly on it and partly on other characters, or, in seed 0, inside
+    # or outside the target word depending on the attribute in c_w; the output layer can
+    # read each of these.)
+    # The attribute half of the label gives the word attention a direct training signal
+    # (c_w feeds the output); with the character half alone (binary label, chance 0.5) it
+    # is learned only partly and not reliably: 0.51-0.82 (seeds 0-3, not asserted).
+    # Seed 0, 2000 training / 500 test sentences, 20 epochs. Measured test accuracy (chance
+    # 0.25), seed 0 (seeds 0-9 in brackets):
+    #   mean pooling                                        0.372  (0.33-0.37)
+    #   via="query", c_w removed from the character query   0.476  (0.46-0.54)
+    #   via="query"                                         1.000  (0.972-1.00)
+    #     mean word weight on the target word               0.971  (0.949-0.980)
+    # Not asserted (seeds 0-3): character score frozen at zero (uniform over all
+    # characters) 0.49-0.51 and characters without their slot 0.47-0.50 (the attribute
+    # half only); word score frozen at zero 0.32-0.36; via="mixture" 1.00 (0.998-1.00).
+    g = torch.Generator().manual_seed(0)
+    train, y_train = _ava_slot_task(2000, g)
+    test, y_test = _ava_slot_task(500, g)
+    contenders = {"query_without_c_w": _ava_query_without_word_context, "mean": _AvASlotMeanModel}
+    results = _test_accuracies(contenders, (train, y_train), (test, y_test), epochs=20)
+    torch.manual_seed(0)  # as _test_accuracies builds its contenders
+    model = _AvASlotModel("query")
+    _train(model, train, y_train, len(y_train), epochs=20)
+    results["query"] = _accuracy(model, test, y_test)
+    assert results["query"] >= 0.9, results
+    assert results["query_without_c_w"] <= 0.6, results
+    assert results["mean"] <= 0.45, results
+    q, chars, char_slot, wid, attr, offsets, cmask = test
+    with torch.no_grad():
+        chars, words = model.features(chars, char_slot, wid, attr)
+        out = model.ava(
+            model.q(q), chars, words, mask=cmask, word_offsets=offsets, need_weights=True
+        )
+    target = (wid == q[:, None]).long().argmax(1)
+    on_target = out.extras["word_weights"][torch.arange(len(q)), target].mean().item()
+    assert on_target > 0.8, on_target  # uniform: 1 / 4
