@@ -316,7 +316,10 @@ def test_a_dot_matching_names_the_document_and_the_query_when_their_sizes_differ
     # the matching score is called as score(question, document): without this check its
     # message named the question "q" and the document "k", the reverse of the call
     doc, question = torch.randn(2, 5, 8), torch.randn(2, 3, 7)
-    want = r"the dot matching M = D Q\^T needs the same size: document has shape \(2, 5, 8\), query has shape \(2, 3, 7\)"
+    want = (
+        r"the dot matching M = D Q\^T needs the same size: document has shape \(2, 5, 8\), "
+        r"query has shape \(2, 3, 7\)"
+    )
     with pytest.raises(ValueError, match=want):
         AttentionOverAttention()(doc, question)
     with pytest.raises(ValueError, match=want):

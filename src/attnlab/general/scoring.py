@@ -121,18 +121,18 @@ def _require_same_dim(q: Tensor, k: Tensor, what: str) -> None:
 
 
 def dot_score(q: Tensor, k: Tensor) -> Tensor:
-    """Multiplicative score ``e_l = q^T k_l`` (Luong et al. 2015). Needs ``d_q == d_k``.
-    Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q n_k d)."""
+    """Multiplicative score ``e_l = q^T k_l`` (Luong et al. 2015). Needs ``d_q == d_k``. Shapes:
+    ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` -> ``e``
+    ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q n_k d)."""
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "dot_score")
     return _finish(_pairwise(q3, k), single)
 
 
 def scaled_dot_score(q: Tensor, k: Tensor) -> Tensor:
-    """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017).
-    Needs ``d_q == d_k``. Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q n_k d)."""
+    """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017). Needs
+    ``d_q == d_k``. Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k``
+    ``[B, n_k, d_k]`` -> ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q n_k d)."""
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "scaled_dot_score")
     scale = 1.0 / math.sqrt(k.shape[-1]) if k.shape[-1] else 1.0
@@ -140,10 +140,10 @@ def scaled_dot_score(q: Tensor, k: Tensor) -> Tensor:
 
 
 def general_score(q: Tensor, k: Tensor, W: Tensor) -> Tensor:
-    """General (bilinear) score ``e_l = k_l^T W q`` with ``W`` ``[d_k, d_q]``
-    (Luong et al. 2015). Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Computed as a dot product with the transformed
-    query ``W q``: cost O(B n_q d_q d_k + B n_q n_k d_k)."""
+    """General (bilinear) score ``e_l = k_l^T W q`` with ``W`` ``[d_k, d_q]`` (Luong et al. 2015).
+    Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` -> ``e``
+    ``[B, n_q, n_k]`` (``[B, n_k]``). Computed as a dot product with the transformed query ``W q``:
+    cost O(B n_q d_q d_k + B n_q n_k d_k)."""
     q3, single = _prepare(q, k)
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
     check_same(q3, "q", W=W)
@@ -152,8 +152,9 @@ def general_score(q: Tensor, k: Tensor, W: Tensor) -> Tensor:
 
 def biased_general_score(q: Tensor, k: Tensor, W: Tensor, b: Tensor) -> Tensor:
     """Biased general score ``e_l = k_l^T (W q + b)``, ``W`` ``[d_k, d_q]``, ``b`` ``[d_k]``
-    (Sordoni et al. 2016). Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q d_q d_k + B n_q n_k d_k)."""
+    (Sordoni et al. 2016). Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k``
+    ``[B, n_k, d_k]`` -> ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost:
+    O(B n_q d_q d_k + B n_q n_k d_k)."""
     q3, single = _prepare(q, k)
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
     check_param(b, "b", (k.shape[-1],), "[d_k]")
@@ -164,9 +165,10 @@ def biased_general_score(q: Tensor, k: Tensor, W: Tensor, b: Tensor) -> Tensor:
 def activated_general_score(
     q: Tensor, k: Tensor, W: Tensor, b: Tensor | float, act: str | Activation = "tanh"
 ) -> Tensor:
-    """Activated general score ``e_l = act(k_l^T W q + b)`` with ``W`` ``[d_k, d_q]`` and
-    a scalar bias ``b`` (Ma et al. 2017, IAN). Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B n_q d_q d_k + B n_q n_k d_k)."""
+    """Activated general score ``e_l = act(k_l^T W q + b)`` with ``W`` ``[d_k, d_q]`` and a scalar
+    bias ``b`` (Ma et al. 2017, IAN). Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``),
+    ``k`` ``[B, n_k, d_k]`` -> ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost:
+    O(B n_q d_q d_k + B n_q n_k d_k)."""
     q3, single = _prepare(q, k)
     check_param(W, "W", (k.shape[-1], q3.shape[-1]), "[d_k, d_q]")
     if isinstance(b, Tensor):
@@ -183,10 +185,10 @@ def activated_general_score(
 
 
 def cosine_score(q: Tensor, k: Tensor) -> Tensor:
-    """Cosine similarity ``e_l = q^T k_l / (max(|q|, eps) max(|k_l|, eps))`` (Graves et al.
-    2014, content addressing of the Neural Turing Machine). Zero vectors score 0. Needs
-    ``d_q == d_k``. Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` ->
-    ``e`` ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B (n_q + n_k) d + B n_q n_k d)."""
+    """Cosine similarity ``e_l = q^T k_l / (max(|q|, eps) max(|k_l|, eps))`` (Graves et al. 2014,
+    content addressing of the Neural Turing Machine). Zero vectors score 0. Needs ``d_q == d_k``.
+    Shapes: ``q`` ``[B, n_q, d_q]`` (or one query ``[B, d_q]``), ``k`` ``[B, n_k, d_k]`` -> ``e``
+    ``[B, n_q, n_k]`` (``[B, n_k]``). Cost: O(B (n_q + n_k) d + B n_q n_k d)."""
     q3, single = _prepare(q, k)
     _require_same_dim(q3, k, "cosine_score")
     qn = F.normalize(_work(q3), dim=-1, eps=COSINE_EPS)

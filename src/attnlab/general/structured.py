@@ -120,6 +120,13 @@ def crf_marginals(
     Returns the weights, shape of ``e``. Half precision is computed in float32 and cast
     back. Cost O(numel(e)) time and memory, in ``n_k`` sequential steps.
     """
+    marginals = _marginals(e, mask, transitions)
+    return (_rescaled(marginals) if sum_to_one else marginals).to(e.dtype)
+
+
+def _marginals(e: Tensor, mask: Tensor | None, transitions: Tensor | None) -> Tensor:
+    """The checked :func:`crf_marginals` (without ``sum_to_one``) in the work dtype:
+    float32 for half-precision scores."""
     _check(e, mask, transitions)
     work = softmax_dtype(e.dtype)
     x = e.to(work)
@@ -129,14 +136,13 @@ def crf_marginals(
     alphas = _forward_messages(u1, allowed, theta)
     betas = _backward_messages(u1, allowed, theta)
     if not alphas:
-        return e.new_zeros(e.shape)
+        return x.new_zeros(x.shape)
     # p(z_t = 1) = sigmoid(log-odds of the two states at t): exact, and saturated to a
     # zero gradient where the scores are huge
     odds = [
         a[..., 1] + b[..., 1] - a[..., 0] - b[..., 0] for a, b in zip(alphas, betas, strict=True)
     ]
-    marginals = torch.where(allowed, torch.sigmoid(torch.stack(odds, -1)), 0.0)
-    return (_rescaled(marginals) if sum_to_one else marginals).to(e.dtype)
+    return torch.where(allowed, torch.sigmoid(torch.stack(odds, -1)), 0.0)
 
 
 def _rescaled(weights: Tensor) -> Tensor:
@@ -180,7 +186,9 @@ class StructuredAlign(Alignment):
         self.transitions = nn.Parameter(torch.zeros(2, 2)) if pairwise else None
 
     def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
-        weights = crf_marginals(e, mask, self.transitions, sum_to_one=False)
+        marginals = _marginals(e, mask, self.transitions)
         if not self.sum_to_one:
-            return Aligned(weights)
-        return Aligned(_rescaled(weights), extras={"marginals": weights})
+            return Aligned(marginals.to(e.dtype))
+        # rescaled in the work dtype, as crf_marginals(..., sum_to_one=True) does
+        weights = _rescaled(marginals).to(e.dtype)
+        return Aligned(weights, extras={"marginals": marginals.to(e.dtype)})

@@ -509,9 +509,9 @@ def run_ablation(
         plugins: modules to import first (here and in the workers) that register tasks.
 
     Before the ablation directory is made, the executor is made (Ray imported), every
-    spec and the training options' ranges are checked against the task, a file in the way of ``out_dir`` raises
-    :class:`ConfigError`, and the task's data is loaded once (not with a Ray ``address``:
-    the cluster's nodes hold the data), so missing data raises its
+    spec and the training options' ranges are checked against the task, a file in the way
+    of ``out_dir`` raises :class:`ConfigError`, and the task's data is loaded once (not
+    with a Ray ``address``: the cluster's nodes hold the data), so missing data raises its
     :class:`~attnlab.data.MissingDataError` at once instead of failing every run (and the
     data's on-disk caches are filled before the workers start).
 

@@ -827,8 +827,8 @@ class _Best:
 
 class _Trainer:
     """The training loop of one run: Adam (weight decay, gradient-norm clipping from the
-    task's options; ``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the seeded shuffling generator and the
-    throughput measured over the epochs."""
+    task's options; ``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the
+    seeded shuffling generator and the throughput measured over the epochs."""
 
     def __init__(
         self,

@@ -186,9 +186,12 @@ class GraphAttention(HeadAttention):
         if self.proj is not None:
             nn.init.xavier_uniform_(self.proj.weight)  # Glorot, as the paper
 
-    def _mask(self, mask: Tensor | None, adjacency: Tensor | None, x: Tensor) -> Tensor | None:
+    def _mask(
+        self, mask: Tensor | None, adjacency: Tensor | None, x: Tensor, eye: Tensor
+    ) -> Tensor | None:
         """The mask of the call: the adjacency (given as ``mask`` or ``adjacency``) as
-        ``[B or 1, N, N]``, with the self-loops; ``None`` for the complete graph."""
+        ``[B or 1, N, N]``, with the self-loops (``eye``); ``None`` for the complete
+        graph."""
         if mask is not None and adjacency is not None:
             raise TypeError(
                 f"{type(self).__name__}.forward() got both mask and adjacency; give the "
@@ -200,9 +203,7 @@ class GraphAttention(HeadAttention):
             return None
         B, N, _ = x.shape
         m = _adjacency(given, name, B, N, x.device)
-        if self.self_loops:
-            m = m | torch.eye(N, dtype=torch.bool, device=x.device)
-        return m
+        return m | eye if self.self_loops else m
 
     def _attend(self, call: AttentionCall, *, adjacency: Tensor | None = None) -> AttentionOutput:
         if call.causal:
@@ -212,12 +213,13 @@ class GraphAttention(HeadAttention):
             )
         x = call.query
         B, N, _ = x.shape
-        mask = self._mask(call.mask, adjacency, x)
+        eye = torch.eye(N, dtype=torch.bool, device=x.device)
+        mask = self._mask(call.mask, adjacency, x, eye)
         if mask is not None:
             # a node no other node attends (padding) reaches no other output, but its
             # NaN / inf would (0 * NaN in the weighted sum and in the projections'
             # gradients): they are cleared; its finite features stay (its own output)
-            others = mask & ~torch.eye(N, dtype=torch.bool, device=x.device)
+            others = mask & ~eye
             x = clear_nonfinite_rows(x, attended_keys(others))
         if self.proj is not None:
             z = self.proj(x).view(B, N, self.num_heads, self.head_dim)
