@@ -1,10 +1,14 @@
-"""Shared parts of the evaluation measures: the result record and the pairing check."""
+"""Shared parts of the evaluation measures: the result record, the pairing check, and the
+conversion of the maps a measure reads (tensors or arrays) to NumPy."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sized
 from typing import Any
+
+import numpy as np
+import torch
 
 
 class Record:
@@ -22,3 +26,23 @@ def check_paired(references: Sized, hypotheses: Sized, *, references_are: str, g
         raise ValueError(
             f"{len(references)} {references_are} but {len(hypotheses)} hypotheses; give one {give}"
         )
+
+
+def as_array(x: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``x`` as a NumPy array of ``dtype`` (``None``: keep the element type). ``x`` may be a
+    tensor on any device, of any dtype (bfloat16 included, which NumPy lacks), with or
+    without autograd, an array or nested lists: what a model's output holds at evaluation."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype in (torch.bfloat16, torch.float16):
+            x = x.float()
+        x = x.numpy()
+    return np.asarray(x) if dtype is None else np.asarray(x, dtype=dtype)
+
+
+def check_weights(a: np.ndarray, name: str = "weights") -> np.ndarray:
+    """``a`` itself when every entry is finite and non-negative, else a ``ValueError``
+    "NAME must be finite and non-negative"."""
+    if not np.all(np.isfinite(a)) or (a < 0).any():
+        raise ValueError(f"{name} must be finite and non-negative")
+    return a

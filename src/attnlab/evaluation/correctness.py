@@ -24,6 +24,8 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from attnlab.evaluation._measures import as_array
+
 __all__ = ["attention_mass", "rank_correlation", "region_to_grid"]
 
 
@@ -54,9 +56,7 @@ def attention_mass(weights: Any, region: Any) -> Tensor:
 def rank_correlation(attention: Any, reference: Any) -> float:
     """Spearman's rho between two maps of the same size (flattened); NaN when either map is
     constant (no ranking to compare)."""
-    a = np.asarray(attention.detach().cpu() if isinstance(attention, Tensor) else attention)
-    b = np.asarray(reference.detach().cpu() if isinstance(reference, Tensor) else reference)
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    a, b = as_array(attention).ravel(), as_array(reference).ravel()
     if a.shape != b.shape:
         raise ValueError(f"maps have {a.size} and {b.size} cells; they must match")
     if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
@@ -67,7 +67,7 @@ def rank_correlation(attention: Any, reference: Any) -> float:
 def region_to_grid(mask: Any, grid: tuple[int, int]) -> np.ndarray:
     """The fraction of each grid cell's pixels that lie in ``mask`` (``[H, W]`` bool), as a
     ``[h, w]`` float array; ``H`` and ``W`` must be multiples of ``h`` and ``w``."""
-    m = np.asarray(mask, dtype=bool)
+    m = as_array(mask, bool)
     if m.ndim != 2:
         raise ValueError(f"mask has shape {m.shape}, expected [H, W]")
     h, w = grid

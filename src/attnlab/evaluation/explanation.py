@@ -42,6 +42,7 @@ import torch
 from scipy import stats
 from torch import Tensor, nn
 
+from attnlab.evaluation._measures import as_array
 from attnlab.evaluation.divergences import jsd, tvd
 
 __all__ = [
@@ -165,7 +166,7 @@ def kendall_per_instance(a: Tensor, b: Tensor, lengths: Tensor) -> tuple[np.ndar
     taus, ps = [], []
     for i in range(a.shape[0]):
         L = int(lengths[i])
-        x, y = a[i, :L].double().cpu().numpy(), b[i, :L].double().cpu().numpy()
+        x, y = as_array(a[i, :L]), as_array(b[i, :L])
         if L < 2 or np.all(x == x[0]) or np.all(y == y[0]):
             taus.append(math.nan)
             ps.append(math.nan)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.evaluation._measures import as_array, check_weights
+
 __all__ = ["SYMMETRIZATIONS", "argmax_links", "symmetrize", "threshold_links"]
 
 Link = tuple[int, int]
@@ -32,12 +34,10 @@ _NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1,
 
 
 def _matrix(weights: Any) -> np.ndarray:
-    if hasattr(weights, "detach"):
-        weights = weights.detach().cpu().numpy()
-    m = np.asarray(weights, dtype=np.float64)
+    m = as_array(weights)
     if m.ndim != 2:
         raise ValueError(f"weights has shape {m.shape}, expected a [T, S] attention matrix")
-    return m
+    return check_weights(m)
 
 
 def argmax_links(weights: Any, *, transpose: bool = False) -> frozenset[Link]:

@@ -27,21 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
+
+from attnlab.evaluation._measures import as_array, check_weights
 
 __all__ = ["THRESHOLDS", "attention_iou", "attention_region"]
 
 THRESHOLDS = ("relative", "mass")
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, Tensor):
-        x = x.detach().cpu()
-        if x.dtype == torch.bfloat16:
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
 
 
 def attention_region(
@@ -51,7 +42,7 @@ def attention_region(
 
     ``weights`` ``[h * w]`` (row-major cells) or ``[h, w]``; non-negative. A map of all
     zeros keeps no cell."""
-    a = _as_numpy(weights).astype(np.float64)
+    a = as_array(weights)
     h, w = (int(grid[0]), int(grid[1]))
     if h <= 0 or w <= 0:
         raise ValueError(f"grid must hold two positive ints, got {grid}")
@@ -62,8 +53,7 @@ def attention_region(
     if not 0.0 < t <= 1.0:
         raise ValueError(f"t must be in (0, 1], got {t}")
     a = a.reshape(-1)
-    if not np.all(np.isfinite(a)) or (a < 0).any():
-        raise ValueError("weights must be finite and non-negative")
+    check_weights(a)
     keep = np.zeros(a.size, dtype=bool)
     top = float(a.max()) if a.size else 0.0
     if top <= 0.0:
@@ -100,7 +90,7 @@ def attention_iou(
     >>> attention_iou([0.7, 0.1, 0.1, 0.1], m, (2, 2))
     1.0
     """
-    m = _as_numpy(mask)
+    m = as_array(mask, None)
     if m.dtype != bool:
         raise TypeError(f"mask must be a bool array [H, W], got dtype {m.dtype}")
     if m.ndim != 2:

@@ -32,19 +32,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+from attnlab.evaluation._measures import as_array, check_weights
 
 __all__ = ["alignment_shape", "centroid_correlation", "diagonal_mass", "forward_fraction"]
 
 
 def _matrix(weights: Any) -> np.ndarray:
-    a = weights.detach().cpu().double().numpy() if isinstance(weights, torch.Tensor) else weights
-    a = np.asarray(a, dtype=np.float64)
+    a = as_array(weights)
     if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 1:
         raise ValueError(f"weights has shape {a.shape}, expected [T, S] with T, S >= 1")
-    if not np.all(np.isfinite(a)) or (a < 0).any():
-        raise ValueError("weights must be finite and non-negative")
-    return a
+    return check_weights(a)
 
 
 def _centroids(a: np.ndarray) -> np.ndarray:

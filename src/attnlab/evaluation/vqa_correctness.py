@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from attnlab.data.easy_vqa import shape_region
+from attnlab.evaluation._measures import as_array
 from attnlab.evaluation.correctness import attention_mass, rank_correlation, region_to_grid
 
 __all__ = [
@@ -73,7 +74,7 @@ def region_fractions(images: Any, grid: tuple[int, int]) -> np.ndarray:
     """The gold region of every image on the attention grid: ``[M, h * w]`` float, the
     fraction of each cell's pixels inside the image's shape (row-major cells, as the VQA
     model's region weights)."""
-    imgs = np.asarray(images.cpu() if isinstance(images, torch.Tensor) else images)
+    imgs = as_array(images, None)
     if imgs.ndim != 4 or imgs.shape[-1] != 3:
         raise ValueError(f"images has shape {imgs.shape}, expected [M, H, W, 3]")
     h, w = grid
@@ -91,8 +92,8 @@ def _pointing(weights: np.ndarray, touch: np.ndarray) -> float:
 def question_scores(weights: Any, fractions: Any) -> dict[str, float]:
     """The four scores of one attention map ``weights`` ``[R]`` against the region
     fractions ``fractions`` ``[R]`` (see the module docstring)."""
-    a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
-    r = np.asarray(fractions, dtype=np.float64)
+    a = torch.as_tensor(as_array(weights))
+    r = as_array(fractions)
     if a.shape != r.shape or a.dim() != 1:
         raise ValueError(
             f"weights {tuple(a.shape)} and fractions {r.shape} must be equal 1-d maps [R]"
@@ -179,9 +180,9 @@ def correctness_summary(
     ``share_above_uniform``) and ``reference`` (``seed``, ``alpha``).
     """
     check_alpha(alpha)
-    weights = np.asarray(weights, dtype=np.float64)
-    fractions = np.asarray(fractions, dtype=np.float64)
-    correct = np.asarray(correct, dtype=bool)
+    weights = as_array(weights)
+    fractions = as_array(fractions)
+    correct = as_array(correct, bool)
     n, R = weights.shape
     random_maps = np.random.default_rng(seed).dirichlet(np.full(R, float(alpha)), size=n)
     per_map = _per_question(weights, fractions, random_maps)
