@@ -22,6 +22,7 @@ __all__ = [
     "clear_attention_inputs",
     "clear_heads",
     "clear_nonfinite_rows",
+    "masked_mean",
     "zero_rows",
 ]
 
@@ -54,6 +55,26 @@ def zero_rows(x: Tensor, keep: Tensor | None) -> Tensor:
     if keep is None:
         return x
     return torch.where(keep[..., None], x, x.new_zeros(()))
+
+
+def masked_mean(x: Tensor, mask: Tensor | None, *, keepdim: bool = False) -> Tensor:
+    """Mean over axis 1 of ``x`` ``[B, n, ...]`` restricted to the positions where the bool
+    ``mask`` ``[B or 1, n]`` is True (real; ``None``: all). A row without a real position
+    (or ``n = 0``) gives zeros. Padded positions never matter, whatever they hold: they are
+    cleared with ``where`` (not a product: ``0 * NaN = NaN``) and get zero gradients.
+    ``keepdim=True`` keeps axis 1 (size 1). O(B n d) time.
+
+    The one masked mean of the library: pooling baselines, the mean key of the reinforced
+    alignment's policy, co-attention's and the rotatory mechanism's mean representations,
+    capsule attention's uniform contexts."""
+    if mask is None:
+        if x.shape[1] == 0:
+            return x.new_zeros(x.shape[:1] + (1,) * keepdim + x.shape[2:])
+        return x.mean(1, keepdim=keepdim)
+    keep = mask.reshape(*mask.shape, *([1] * (x.dim() - 2)))
+    total = torch.where(keep, x, x.new_zeros(())).sum(1, keepdim=keepdim)
+    count = keep.sum(1, keepdim=keepdim).clamp(min=1).to(x.dtype)
+    return total / count
 
 
 def clear_nonfinite_rows(x: Tensor, keep: Tensor | None) -> Tensor:

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int
+from attnlab.general.padding import masked_mean
 from attnlab.query.positional import sinusoidal_positions
 from attnlab.registry import Configurable, build, register
 
@@ -183,8 +184,7 @@ class Inpainter(Configurable):
     ) -> tuple[Tensor, Tensor | None]:
         tokens = self.norm(self._tokens(fmap))
         if self.mean_pool:
-            w = visible.to(tokens.dtype)[..., None]
-            pooled = (tokens * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)
+            pooled = masked_mean(tokens, visible, keepdim=True)
             return self.attention(pooled).expand(-1, tokens.shape[1], -1), None
         out = self.attention(tokens, mask=visible[:, None, :], need_weights=need_weights)
         return out.context, out.weights

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_int
 from attnlab.feature.multilevel import MaskedRNN
+from attnlab.general.padding import masked_mean
 from attnlab.models._inputs import check_choice, dict_spec, token_mask
 from attnlab.models._pooling import uniform_weights
 from attnlab.models._text import TextClassifier, TextOptions
@@ -103,13 +104,6 @@ class MultiLabelOutput:
     def predict(self, threshold: float = 0.5) -> Tensor:
         """The bool ``[B, L]`` of ``p_l > threshold``."""
         return self.probs > threshold
-
-
-def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` ``[B, n, ...]`` over the real positions of ``mask`` ``[B, n]`` (0 if none)."""
-    w = mask.to(x.dtype)
-    w = w / w.sum(1, keepdim=True).clamp(min=1.0)
-    return (w.reshape(*w.shape, *([1] * (x.dim() - 2))) * x).sum(1)
 
 
 @register("model", "capsule-classifier", aliases=("capsule-multilabel",))
@@ -261,7 +255,7 @@ class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("l
             primary = squash(self.primary(hidden)) * mask.unsqueeze(-1).to(hidden.dtype)
         if self.uniform:
             u = self.routing.predictions(primary)  # [B, n, L(+1), d_caps]
-            s = _masked_mean(u, mask)[:, :L]
+            s = masked_mean(u, mask)[:, :L]
             sq = (s * s).sum(-1)
             probs, v = sq / (1 + sq), squash(s)
             w = uniform_weights(mask, hidden.dtype)
@@ -296,7 +290,7 @@ class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("l
         if self.head == "attention":
             return self._attend(hidden, mask)
         assert self.linear is not None
-        logits = self.linear(_masked_mean(hidden, mask))
+        logits = self.linear(masked_mean(hidden, mask))
         return MultiLabelOutput(torch.sigmoid(logits), logits, None, hidden)
 
     def forward(

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from attnlab._checks import ConfigError, check_int, check_tensor
 from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.alignment import masked_softmax
-from attnlab.general.padding import zero_rows
+from attnlab.general.padding import masked_mean, zero_rows
 from attnlab.general.scoring import Score
 from attnlab.query._convention import AttentionCall, SequenceAttention, query_scored_attention
 from attnlab.query.self_attention import check_position_mask
@@ -73,17 +73,6 @@ def _position_mask(mask: Tensor | None, B: int, n: int, device: torch.device) ->
     if mask.device != device:
         raise ValueError(f"mask is on {mask.device} but query is on {device}")
     return mask.expand(B, n)
-
-
-def _masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean over axis 1 of ``x`` ``[B, n, d]`` over the real positions (zeros if none)."""
-    if mask is None:
-        w = x.new_ones(x.shape[:2])
-    else:
-        w = mask.to(x.dtype)
-        x = zero_rows(x, mask)  # where, not 0 * x: a padded row may hold NaN
-    w = w / w.sum(1, keepdim=True).clamp(min=1)
-    return (w.unsqueeze(-1) * x).sum(1)
 
 
 def _targets(targets: Tensor, B: int, C: int, dtype: torch.dtype) -> Tensor:
@@ -271,7 +260,7 @@ class CapsuleAttention(SequenceAttention):
             q = self.queries.unsqueeze(0).expand(B, C, self.d_q)
             out = self.capsules[0](q, features, mask=m, need_weights=need_weights)
             contexts, weights = out.context, out.weights
-            mean = _masked_mean(features, pm).unsqueeze(1).expand(B, C, self.d_v)
+            mean = masked_mean(features, pm).unsqueeze(1).expand(B, C, self.d_v)
         else:
             ctx, wts, means = [], [], []
             for c, capsule in enumerate(self.capsules):
@@ -282,7 +271,7 @@ class CapsuleAttention(SequenceAttention):
                 values = (
                     capsule.value_proj(features) if capsule.value_proj is not None else features
                 )
-                means.append(_masked_mean(values, pm))
+                means.append(masked_mean(values, pm))
             contexts = torch.stack(ctx, 1)
             weights = torch.stack(wts, 1) if need_weights else None  # type: ignore[arg-type]
             mean = torch.stack(means, 1)
