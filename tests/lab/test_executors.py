@@ -1,15 +1,22 @@
 """The executors: one job in this process, a failing job reported (not raised), the local
 process pool and a local 2-CPU Ray instance giving the same results store as running in
-this process (the toy runs are deterministic), and the error when Ray is missing."""
+this process (the toy runs are deterministic), the error when Ray is missing, and the
+workers' warnings shown as the command shows its own."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+import attnlab.lab.executors as executors
+import attnlab.lab.training as training
 from attnlab.lab.ablation import run_ablation
+from attnlab.lab.errors import warnings_as_notes
 from attnlab.lab.executors import (
     LocalExecutor,
     RayExecutor,
@@ -141,3 +148,34 @@ def test_ray_local_instance_gives_the_same_store(tmp_path, reference, monkeypatc
     assert sorted(result.ran) == sorted(reference)
     assert _rows(out) == reference  # same run ids, same metrics for the same seeds
     assert '"executor": "ray"' in (out / "ablation.json").read_text()
+
+
+def _warnings_of_a_worker(notes: bool) -> None:
+    """Start a worker process as the local executor starts them and have it raise one
+    warning from an attnlab file (it writes to this process's stderr)."""
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=context,
+        initializer=executors._init_worker,
+        initargs=(1, (), (), os.getpid(), notes),
+    )
+    with pool:
+        pool.submit(
+            warnings.warn_explicit, "a worker's notice", RuntimeWarning, training.__file__, 1
+        ).result()
+
+
+def test_workers_of_a_command_show_warnings_as_notes(capfd):
+    """`attnlab ablate --jobs N` shows its workers' warnings as its own: one `note:` line
+    (the CLI runs inside warnings_as_notes, which the executor passes on to its workers);
+    a program calling the Python API gets Python's warnings from them."""
+    with warnings_as_notes():
+        assert executors.notes_wanted()
+        _warnings_of_a_worker(executors.notes_wanted())
+    err = capfd.readouterr().err
+    assert "note: a worker's notice" in err and "RuntimeWarning" not in err
+    assert not executors.notes_wanted()
+    _warnings_of_a_worker(executors.notes_wanted())
+    err = capfd.readouterr().err
+    assert "RuntimeWarning: a worker's notice" in err and "note:" not in err

@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-__all__ = ["fail", "failing_on", "warnings_as_notes"]
+__all__ = [
+    "fail",
+    "failing_on",
+    "notes_wanted",
+    "show_warnings_as_notes",
+    "warnings_as_notes",
+]
 
 #: The folder of the attnlab package: the warnings raised from a file under it are notes.
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -56,6 +62,34 @@ def _from_attnlab(filename: str) -> bool:
         return False
 
 
+def _note_shower(python_shows: Callable[..., None]) -> Callable[..., None]:
+    """A :func:`warnings.showwarning` that shows attnlab's warnings as one ``note:`` line
+    each, once, and hands the others to ``python_shows``."""
+    shown: set[str] = set()
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if not _from_attnlab(filename):
+            python_shows(message, category, filename, lineno, file, line)
+            return
+        text = str(message)
+        if text not in shown:
+            shown.add(text)
+            click.echo(f"note: {text}", err=True)
+
+    return show
+
+
+#: how many :func:`warnings_as_notes` blocks are open in this process
+_open_blocks = 0
+
+
 @contextmanager
 def warnings_as_notes() -> Iterator[None]:
     """Show the warnings that attnlab raises inside the block as one line ``note: MESSAGE``
@@ -63,27 +97,27 @@ def warnings_as_notes() -> Iterator[None]:
     prints); the warnings of other packages are shown as Python shows them.
 
     Only the block is affected: the filters and :func:`warnings.showwarning` are restored
-    afterwards, so a program that calls the Python API gets its warnings as usual.
+    afterwards, so a program that calls the Python API gets its warnings as usual. The
+    worker processes of ``attnlab ablate --jobs N`` started inside the block show their
+    warnings the same way (:func:`notes_wanted`, :func:`show_warnings_as_notes`).
     """
-    shown: set[str] = set()
+    global _open_blocks
     with warnings.catch_warnings():
-        python_shows = warnings.showwarning
+        warnings.showwarning = _note_shower(warnings.showwarning)
+        _open_blocks += 1
+        try:
+            yield
+        finally:
+            _open_blocks -= 1
 
-        def show(
-            message: Warning | str,
-            category: type[Warning],
-            filename: str,
-            lineno: int,
-            file: Any = None,
-            line: str | None = None,
-        ) -> None:
-            if not _from_attnlab(filename):
-                python_shows(message, category, filename, lineno, file, line)
-                return
-            text = str(message)
-            if text not in shown:
-                shown.add(text)
-                click.echo(f"note: {text}", err=True)
 
-        warnings.showwarning = show
-        yield
+def notes_wanted() -> bool:
+    """Whether a :func:`warnings_as_notes` block is open in this process: the worker
+    processes it starts should then show warnings as notes too."""
+    return _open_blocks > 0
+
+
+def show_warnings_as_notes() -> None:
+    """Show attnlab's warnings as ``note:`` lines for the rest of this process (a worker
+    process of a command that shows them so: it has no block to run inside)."""
+    warnings.showwarning = _note_shower(warnings.showwarning)

@@ -36,6 +36,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlab.lab.errors import notes_wanted, show_warnings_as_notes
+
 __all__ = [
     "EXECUTORS",
     "LocalExecutor",
@@ -185,9 +187,15 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _init_worker(
-    threads: int, plugins: tuple[str, ...], paths: tuple[str, ...], parent_pid: int
+    threads: int,
+    plugins: tuple[str, ...],
+    paths: tuple[str, ...],
+    parent_pid: int,
+    notes: bool = False,
 ) -> None:
     _die_with_parent(parent_pid)
+    if notes:  # the command shows attnlab's warnings as `note:` lines: so does its worker
+        show_warnings_as_notes()
     import torch
 
     torch.set_num_threads(threads)
@@ -242,7 +250,7 @@ class LocalExecutor(_Executor):
             max_workers=workers,
             mp_context=context,
             initializer=_init_worker,
-            initargs=(threads, plugins, paths, os.getpid()),
+            initargs=(threads, plugins, paths, os.getpid(), notes_wanted()),
         )
         queue = iter(jobs)
         try:
