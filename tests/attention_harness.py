@@ -516,3 +516,320 @@ def check_rebuild_same_output(
         got = getattr(call(rebuilt, inputs), output)
     torch.testing.assert_close(got, want, msg=lambda m: f"rebuilt {output}: {m}")
     return rebuilt
+
+
+# ------------------------------------------------------------------------ invariance checks
+# The checks of tests/test_invariances.py, one property each, on a :class:`Mechanism`: a
+# description of how one mechanism is built and called, so that the same four checks run
+# over every registered mechanism whatever its call form.
+
+
+def _context_and_weights(out: Any) -> dict[str, Tensor | None]:
+    return {"context": out.context, "weights": out.weights}
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How to build and call one mechanism for the invariance checks.
+
+    ``shapes`` maps an input's name to its shape without the batch axis; a ``str`` in a
+    shape names a *sequence* (its length is chosen by the check; inputs that name the same
+    sequence are permuted or padded together, e.g. the keys and values). ``call(module,
+    x, masks, need_weights)`` calls the module on the inputs ``x`` (a dict, the ``fixed``
+    ones included) with ``masks`` (sequence name -> bool ``[B, n]``, True = real position;
+    only sequences in ``masked`` ever get one, and a missing entry means no mask).
+    ``fixed(batch, lengths)`` gives the non-random inputs (indices, offsets) with the batch
+    axis first. ``outputs(out)`` names the output tensors compared (``None`` ones are
+    skipped) and ``axes[name]`` lists ``(axis, sequence)``: the axes of that output that
+    run along a sequence (an output not listed runs along none)."""
+
+    build: Callable[[], nn.Module]
+    shapes: dict[str, tuple[int | str, ...]]
+    call: Callable[[nn.Module, dict[str, Tensor], dict[str, Tensor], bool], Any]
+    masked: tuple[str, ...] = ()
+    fixed: Callable[[int, dict[str, int]], dict[str, Tensor]] | None = None
+    outputs: Callable[[Any], dict[str, Tensor | None]] = _context_and_weights
+    axes: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+
+    def sequences(self) -> list[str]:
+        """The sequence names of ``shapes``, in order of appearance."""
+        seen: list[str] = []
+        for shape in self.shapes.values():
+            seen += [s for s in shape if isinstance(s, str) and s not in seen]
+        return seen
+
+    def draw(self, batch: int, lengths: dict[str, int], seed: int = 0) -> dict[str, Tensor]:
+        """Standard normal inputs (a fixed generator) and the ``fixed`` ones."""
+        g = torch.Generator().manual_seed(seed)
+        x = {
+            name: torch.randn(
+                batch, *(lengths[s] if isinstance(s, str) else s for s in shape), generator=g
+            )
+            for name, shape in self.shapes.items()
+        }
+        if self.fixed is not None:
+            x.update(self.fixed(batch, lengths))
+        return x
+
+    def run(
+        self,
+        module: nn.Module,
+        x: dict[str, Tensor],
+        masks: dict[str, Tensor],
+        need_weights: bool = True,
+    ) -> dict[str, Tensor]:
+        """The named outputs of one call in evaluation mode without gradients (``None``
+        ones dropped)."""
+        with _eval(module), torch.no_grad():
+            out = self.outputs(self.call(module, x, masks, need_weights))
+        return {k: v for k, v in out.items() if v is not None}
+
+
+#: the tolerance of the invariance checks (fp32, tiny sizes)
+INVARIANCE_TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _ragged_masks(mech: Mechanism, batch: int, n: int) -> dict[str, Tensor]:
+    """``[B, n]`` masks of every masked sequence: sample ``b`` keeps the first
+    ``n - (0, 2, 1)[b % 3]`` positions."""
+    short = torch.tensor([(0, 2, 1)[b % 3] for b in range(batch)])
+    keep = torch.arange(n)[None, :] < (n - short)[:, None]
+    return {s: keep.clone() for s in mech.masked}
+
+
+def _assert_outputs_close(
+    got: dict[str, Tensor], want: dict[str, Tensor], what: str, **tol: Any
+) -> None:
+    assert got.keys() == want.keys(), f"{what}: outputs {sorted(got)} != {sorted(want)}"
+    for k in want:
+        torch.testing.assert_close(
+            got[k], want[k], **(tol or INVARIANCE_TOL), msg=lambda m, k=k: f"{what}, {k}: {m}"
+        )
+
+
+def _cut(mech: Mechanism, out: dict[str, Tensor], n: int) -> dict[str, Tensor]:
+    """``out`` cut to the first ``n`` positions along the axes of the masked sequences."""
+    cut = {}
+    for k, v in out.items():
+        for axis, s in mech.axes.get(k, ()):
+            if s in mech.masked:
+                v = v.narrow(axis, 0, n)
+        cut[k] = v
+    return cut
+
+
+def _take(mech: Mechanism, x: dict[str, Tensor], b: int, n: int | None = None) -> dict:
+    """Sample ``b`` of the inputs ``x`` (a batch of 1); with ``n``, only the first ``n``
+    positions of every masked sequence (the ``fixed`` inputs drawn again for them)."""
+    one = {k: v[b : b + 1] for k, v in x.items()}
+    if n is None:
+        return one
+    lengths = {s: n if s in mech.masked else None for s in mech.sequences()}
+    for name, shape in mech.shapes.items():
+        for i, s in enumerate(shape):
+            if s in mech.masked:
+                one[name] = one[name].narrow(i + 1, 0, n)
+    if mech.fixed is not None:
+        full = {s: x_len for s, x_len in lengths.items() if x_len is not None}
+        for name, shape in mech.shapes.items():  # the lengths of the unmasked sequences
+            for i, s in enumerate(shape):
+                if isinstance(s, str) and s not in full:
+                    full[s] = x[name].shape[i + 1]
+        one.update(mech.fixed(1, full))
+    return one
+
+
+def check_batch_independence(
+    mech: Mechanism,
+    *,
+    n: int = 5,
+    batch: int = 3,
+    trimmed: bool = True,
+    empty_sample: bool = True,
+) -> None:
+    """In evaluation mode the outputs of sample ``b`` do not depend on the other samples:
+    a batch of ``batch`` and each sample alone (a batch of 1) agree, with and without the
+    weights, without masks and (for a mechanism with masks) with masks of different lengths
+    per sample -- so no statistic is shared across the batch and no mask is broadcast
+    over it. With ``trimmed`` (a mechanism whose padding never matters) each sample of the
+    ragged batch also equals the sample alone cut to its real positions, without a mask:
+    what dynamic batching relies on. Two batches that take the data-dependent branches
+    (``bool(tensor.any())`` on the whole batch) check that no branch leaks across samples:
+    sample 1 with NaN in every floating input's first entry (its own outputs may be NaN:
+    compared with ``equal_nan``), and, with ``empty_sample`` and masks, sample 1 with
+    every position masked."""
+    torch.manual_seed(0)
+    module = mech.build()
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    nan = {k: v.clone() for k, v in x.items()}
+    for v in nan.values():
+        if v.is_floating_point():
+            v[1].view(-1)[0] = float("nan")
+    cases: list[tuple[str, dict[str, Tensor], dict[str, Tensor]]] = [("no masks", x, {})]
+    if mech.masked:
+        ragged = _ragged_masks(mech, batch, n)
+        cases.append(("ragged masks", x, ragged))
+        if empty_sample:
+            empty = {k: v.clone() for k, v in ragged.items()}
+            for v in empty.values():
+                v[1] = False
+            cases.append(("sample 1 fully masked", x, empty))
+    cases.append(("NaN in sample 1", nan, {}))
+    for case, inputs, masks in cases:
+        for nw in (True, False):
+            whole = mech.run(module, inputs, masks, nw)
+            for b in range(batch):
+                mine = {k: v[b : b + 1] for k, v in whole.items()}
+                what = f"sample {b} alone vs in the batch ({case}, need_weights={nw})"
+                one_masks = {k: v[b : b + 1] for k, v in masks.items()}
+                one = mech.run(module, _take(mech, inputs, b), one_masks, nw)
+                _assert_outputs_close(one, mine, what, **INVARIANCE_TOL, equal_nan=True)
+                if case == "ragged masks" and trimmed:
+                    real = int(next(iter(masks.values()))[b].sum())
+                    alone = mech.run(module, _take(mech, inputs, b, real), {}, nw)
+                    _assert_outputs_close(alone, _cut(mech, mine, real), f"{what}, trimmed")
+
+
+def check_key_padding_invariance(
+    mech: Mechanism, *, n: int = 3, extra: int = 2, batch: int = 3, huge: float = 1e4
+) -> None:
+    """Appending ``extra`` masked positions to every masked sequence (filled with huge
+    values, ``huge * N(0, 1)``) changes nothing at the real positions: the outputs, cut
+    back to the ``n`` real positions along the sequence axes, equal those of the call on
+    the ``n`` real positions without a mask (with and without the weights)."""
+    torch.manual_seed(0)
+    module = mech.build()
+    seqs = mech.sequences()
+    x = mech.draw(batch, dict.fromkeys(seqs, n))
+    padded_lengths = {s: n + (extra if s in mech.masked else 0) for s in seqs}
+    g = torch.Generator().manual_seed(1)
+    xp = dict(x)
+    for name, shape in mech.shapes.items():
+        for i, s in enumerate(shape):
+            if s in mech.masked:
+                t = xp[name]
+                size = list(t.shape)
+                size[i + 1] = extra
+                xp[name] = torch.cat([t, huge * torch.randn(*size, generator=g)], i + 1)
+    if mech.fixed is not None:
+        xp.update(mech.fixed(batch, padded_lengths))
+    keep = torch.arange(n + extra)[None, :].expand(batch, -1) < n
+    for nw in (True, False):
+        want = mech.run(module, x, {}, nw)
+        got = _cut(mech, mech.run(module, xp, {s: keep for s in mech.masked}, nw), n)
+        _assert_outputs_close(got, want, f"{extra} masked positions appended (need_weights={nw})")
+
+
+def check_key_permutation_equivariance(
+    mech: Mechanism, *, n: int = 5, batch: int = 3, sequences: Sequence[str] | None = None
+) -> None:
+    """Permuting the positions of each sequence in ``sequences`` (default: all) -- the
+    inputs along it jointly, keys with their values and masks -- permutes the outputs the
+    same way along the axes that run along it and leaves everything else unchanged (with
+    masks of different lengths per sample where the mechanism takes masks; with and
+    without the weights)."""
+    torch.manual_seed(0)
+    module = mech.build()
+    seqs = mech.sequences() if sequences is None else list(sequences)
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    g = torch.Generator().manual_seed(2)
+    perms = {s: torch.randperm(n, generator=g) for s in seqs}
+    xp = dict(x)
+    for name, shape in mech.shapes.items():
+        for i, s in enumerate(shape):
+            if s in perms:
+                xp[name] = xp[name].index_select(i + 1, perms[s])
+    mp = {s: (m.index_select(1, perms[s]) if s in perms else m) for s, m in masks.items()}
+    for nw in (True, False):
+        want = mech.run(module, x, masks, nw)
+        got = mech.run(module, xp, mp, nw)
+        moved = {}
+        for k, v in want.items():
+            for axis, s in mech.axes.get(k, ()):
+                if s in perms:
+                    v = v.index_select(axis, perms[s])
+            moved[k] = v
+        _assert_outputs_close(got, moved, f"sequences {seqs} permuted (need_weights={nw})")
+
+
+def _strided(t: Tensor) -> Tensor:
+    """A non-contiguous copy of ``t`` (every other element of a buffer twice as long)."""
+    out = torch.zeros(*t.shape, 2, dtype=t.dtype).select(-1, 0)
+    out.copy_(t)
+    if t.numel() > 1:
+        assert not out.is_contiguous()
+    return out
+
+
+def _transposed(t: Tensor) -> Tensor:
+    """A non-contiguous copy of ``t`` laid out batch-last (a transposed view)."""
+    if t.dim() < 2:
+        return t
+    out = t.transpose(0, -1).contiguous().transpose(0, -1)
+    if t.shape[0] > 1 and t.shape[-1] > 1:
+        assert not out.is_contiguous()
+    return out
+
+
+def check_module_hygiene(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """What a user does with a module besides calling it: ``copy.deepcopy`` and a
+    ``pickle`` round trip give a module with the same outputs; its ``state_dict()``, saved
+    with ``torch.save`` and loaded with ``torch.load(weights_only=True)`` into a module
+    built with another seed (every floating parameter and buffer moved away from its
+    initial value first), gives the same outputs; ``.double()`` gives float64 outputs that
+    match float32 to ``1e-5``; non-contiguous inputs and masks (strided in the last axis,
+    or laid out batch-last like a transposed view) give the outputs of contiguous ones.
+    All in evaluation mode, with masks of different lengths where it takes masks, after a
+    first call (so that any cache a call fills is copied, pickled and converted too)."""
+    import copy
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    module = mech.build()
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    want = mech.run(module, x, masks)
+    exact = {"atol": 0.0, "rtol": 0.0}
+    _assert_outputs_close(mech.run(copy.deepcopy(module), x, masks), want, "deepcopy", **exact)
+    again = pickle.loads(pickle.dumps(module))
+    _assert_outputs_close(mech.run(again, x, masks), want, "pickle round trip", **exact)
+    torch.manual_seed(1)
+    fresh = mech.build()
+    with torch.no_grad():  # other values everywhere, so that the loaded state must matter
+        for t in [*fresh.parameters(), *fresh.buffers()]:
+            if t.is_floating_point():
+                t.add_(torch.rand_like(t) + 0.5)
+    buffer = io.BytesIO()  # through a file, as a user saves it (tensors only)
+    torch.save(module.state_dict(), buffer)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    _assert_outputs_close(mech.run(fresh, x, masks), want, "state_dict loaded", **exact)
+    wide = copy.deepcopy(module).double()
+    x64 = {k: v.double() if v.is_floating_point() else v for k, v in x.items()}
+    got64 = mech.run(wide, x64, masks)
+    for k, v in got64.items():
+        if want[k].is_floating_point():
+            assert v.dtype == torch.float64, f".double(): output {k} is {v.dtype}"
+    _assert_outputs_close(
+        {k: v.to(want[k].dtype) for k, v in got64.items()}, want, ".double() vs float32"
+    )
+    for layout in (_strided, _transposed):
+        got = mech.run(
+            module,
+            {k: layout(v) for k, v in x.items()},
+            {k: layout(v) for k, v in masks.items()},
+        )
+        what = f"non-contiguous inputs ({layout.__name__})"
+        _assert_outputs_close(got, want, what, atol=1e-6, rtol=1e-6)
+
+
+__all__ += [
+    "INVARIANCE_TOL",
+    "Mechanism",
+    "check_batch_independence",
+    "check_key_padding_invariance",
+    "check_key_permutation_equivariance",
+    "check_module_hygiene",
+]

@@ -51,7 +51,8 @@ def _naive_full_without_self(m: LSHAttention, x, allowed):
 
 
 def _naive_lsh(m: LSHAttention, x, buckets, nb, allowed, causal):
-    """Per round, in loops: sort by (bucket, position), chunks of bucket_size, window =
+    """Per round, in loops: sort by (bucket, position) -- padding (a position no query may
+    attend) sorted as if in the extra last bucket ``nb`` --, chunks of bucket_size, window =
     own chunk + previous chunk, same bucket, not masked, causal; s_ii = -1e5; rounds
     combined with exp(lse_r - logsumexp_r lse_r). Returns (output, weights [B,H,n,n])."""
     B, n, _ = x.shape
@@ -65,7 +66,8 @@ def _naive_lsh(m: LSHAttention, x, buckets, nb, allowed, causal):
             per_round = []  # (lse [n], weights {i: {j: w}})
             for r in range(R):
                 bk = [int(buckets[b, h, r, i]) for i in range(n)] + [nb] * (n_pad - n)
-                order = sorted(range(n_pad), key=lambda p, bk=bk: (bk[p], p))
+                sort_bk = [bk[p] if p >= n or allowed[b, :, p].any() else nb for p in range(n_pad)]
+                order = sorted(range(n_pad), key=lambda p, sb=sort_bk: (sb[p], p))
                 lse, wts = [-math.inf] * n, {}
                 for s, i in enumerate(order):
                     if i >= n:
@@ -186,6 +188,44 @@ def test_weights_reproduce_the_context():
     torch.testing.assert_close(out.context, m.out_proj(ctx))
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 2, 13, dtype=torch.float64))
     assert torch.equal(out.weights.triu(1), torch.zeros_like(out.weights))  # causal
+
+
+@pytest.mark.parametrize("num_buckets", [None, 4])
+def test_finite_values_in_the_padding_never_matter(num_buckets):
+    """Padded positions are sorted after every real one, so whatever finite values they
+    hold (hashed to any bucket) they take no real position's place in a chunk: the real
+    outputs are those with zeros there. (Found by tests/test_invariances.py: the padding
+    used to be sorted among the real positions and moved real keys out of their chunks.)"""
+    torch.manual_seed(0)
+    m = LSHAttention(8, 2, bucket_size=2, n_hashes=2, num_buckets=num_buckets).eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 8, 8, generator=g)
+    mask = masks.from_lengths(torch.tensor([8, 5, 3]))
+    real = mask[:, 0, :]
+
+    def run(fill: torch.Tensor) -> torch.Tensor:
+        xx = torch.where(real[..., None], x, fill)
+        return m(xx, mask=mask, generator=torch.Generator().manual_seed(0)).context[real]
+
+    want = run(torch.zeros(()))
+    for scale in (1.0, 1e3):
+        torch.testing.assert_close(run(scale * torch.randn(x.shape, generator=g)), want)
+
+
+def test_with_fixed_num_buckets_appended_padding_changes_nothing():
+    """With ``num_buckets`` fixed, the real outputs and weights of a sequence padded with
+    masked positions (holding anything) are those of the sequence alone."""
+    torch.manual_seed(0)
+    m = LSHAttention(8, 2, bucket_size=2, n_hashes=2, num_buckets=4).eval()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 5, 8, generator=g)
+    padded = torch.cat([x, 1e3 * torch.randn(2, 3, 8, generator=g)], 1)
+    mask = masks.from_lengths(torch.tensor([5, 5]), max_len=8)
+    a = m(x, need_weights=True, generator=torch.Generator().manual_seed(0))
+    b = m(padded, mask=mask, need_weights=True, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(b.context[:, :5], a.context)
+    torch.testing.assert_close(b.weights[:, :5, :5], a.weights)
+    assert torch.equal(b.weights[:, :5, 5:], torch.zeros(2, 5, 3))
 
 
 def test_deterministic_with_seed_or_generator():

@@ -18,8 +18,12 @@ bucket, found by sorting instead of by scoring all pairs:
    another key).
 6. **Rounds.** Round ``r`` gives ``o_r = sum_j softmax_j(s_ij) v_j`` and
    ``z_r = logsumexp_{j in P_r(i)} s_ij``; they combine as
-   ``o = sum_r exp(z_r - logsumexp_r z_r) o_r`` -- the softmax over the union of the rounds'
-   key sets (a key found in several rounds counts once per round).
+   ``o = sum_r exp(z_r - logsumexp_r z_r) o_r`` -- one softmax over the rounds' key sets
+   taken together, a key found in several rounds counting once per round. The paper's
+   formula also subtracts ``log N_ij`` from each score (``N_ij``: the number of rounds
+   whose set holds key ``j`` for query ``i``), so that a key counts once; attnlab leaves
+   that correction out (a deliberate simplification: it needs the key sets of all rounds
+   at once, and it changes nothing when every key is found in one round only).
 
 With one bucket and ``bucket_size >= n`` every query sees every key: LSH attention is then
 exactly full shared-QK attention without self-attention (tested).
@@ -28,10 +32,16 @@ Randomness: the rotations are drawn at every call from ``generator=`` (a forward
 else from a generator seeded with ``seed`` (a constructor option: the same rotations at
 every call), else from PyTorch's global RNG -- so ``torch.manual_seed`` makes a run
 deterministic. ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
-``[h, d_head, n_hashes, n_buckets / 2]`` record what was used. NaN and inf in padded
-positions (no query may attend them under ``mask``) are set to zero first; finite padding
-is hashed and sorted like any position (so it can share a chunk with real ones, but it is
-never attended).
+``[h, d_head, n_hashes, n_buckets / 2]`` record what was used.
+
+Padding (the positions no query may attend under ``mask``) never matters, whatever it
+holds: NaN and inf there are set to zero first, and padded positions are *sorted* as if
+hashed to an extra last bucket, after every real position, so they never take a real
+position's place in a chunk (``extras["buckets"]`` still records their hashes, and a padded
+query row still compares its own hash with the keys'). The chunks of the real positions
+are therefore those of the sequence without its padding: with a fixed ``num_buckets`` the
+real outputs equal those of the unpadded sequence (with the default, ``num_buckets``
+follows the padded length ``n``, which changes the hashing).
 
 Shapes: ``query`` ``[B, n, d_model]`` (``key``/``value`` must be ``None`` or the query:
 shared-QK attention is self-attention); ``mask`` bool broadcastable to ``[B, n, n]``, True
@@ -191,20 +201,27 @@ class LSHAttention(ProjectedHeadAttention):
         rot = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         return rot.to(device=like.device, dtype=like.dtype)
 
-    def _chunk(self, q: Tensor, v: Tensor, buckets: Tensor, nb: int) -> _Chunks:
+    def _chunk(
+        self, q: Tensor, v: Tensor, buckets: Tensor, nb: int, real: Tensor | None = None
+    ) -> _Chunks:
         """Sort the positions of every round by (bucket, position), pad them to whole
         chunks (padded positions hash to an extra last bucket, sorted last) and cut them
-        into chunks that each see themselves and the previous chunk."""
+        into chunks that each see themselves and the previous chunk. The positions where
+        ``real`` (``[B or 1, n]``) is False are sorted as if in that last bucket too."""
         B, H, n, _ = q.shape
         R, c = self.n_hashes, self.bucket_size
         n_pad = math.ceil(n / c) * c
         pad = n_pad - n
         n_chunks = n_pad // c
+        sort_key = buckets
+        if real is not None:  # padding sorts after every real position
+            sort_key = torch.where(real[:, None, None, :], buckets, nb)
         if pad:
             q, v = F.pad(q, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
             buckets = F.pad(buckets, (0, pad), value=nb)
+            sort_key = F.pad(sort_key, (0, pad), value=nb)
         pos = torch.arange(n_pad, device=q.device)
-        order = (buckets * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]
+        order = (sort_key * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]
 
         def gather(x: Tensor) -> Tensor:  # [B, h, n_pad, d] -> [B, h, R, n_pad, d] sorted
             idx = order[..., None].expand(*order.shape, x.shape[-1])
@@ -272,7 +289,8 @@ class LSHAttention(ProjectedHeadAttention):
         nb = self.buckets_for(n)
         # NaN / inf in the padded positions (no query may attend them) are cleared (where)
         # before the projections: they can reach neither the outputs nor the gradients
-        x = query if m3 is None else clear_nonfinite_rows(query, attended_keys(m3))
+        real = None if m3 is None else attended_keys(m3)
+        x = query if real is None else clear_nonfinite_rows(query, real)
         q = split_heads(self.q_proj(x), H)  # [B, h, n, d]
         v = split_heads(self.v_proj(x), H)
         rotations = self.draw_rotations(nb, query, generator)
@@ -288,7 +306,7 @@ class LSHAttention(ProjectedHeadAttention):
                 out, reduce_weights(w, average_weights), path="lsh", extras=extras
             )
 
-        ch = self._chunk(q, v, buckets, nb)
+        ch = self._chunk(q, v, buckets, nb, real)
         allowed = self._allowed(ch, n, m3, causal)
         scores = ch.scores.masked_fill(ch.kpos == ch.qpos, _self_score(ch.scores.dtype))
         a = masked_softmax(scores, allowed)  # per round, per chunk
