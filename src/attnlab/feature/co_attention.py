@@ -50,7 +50,7 @@ from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
-from attnlab.general.padding import clear_nonfinite_rows, zero_rows
+from attnlab.general.padding import clear_nonfinite_rows, masked_mean
 from attnlab.masks import check_bool_mask, fill_value
 from attnlab.output import AttentionOutput
 from attnlab.registry import get, register
@@ -119,18 +119,6 @@ def _check_choice(value: object, name: str, choices: tuple[str, str]) -> None:
     if value not in choices:
         first, second = choices
         raise ConfigError(f"{name} must be {first!r} or {second!r}, got {value!r}")
-
-
-def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean over axis 1 of ``x`` ``[B, n, d]`` restricted to ``mask`` ``[B, n]`` (True =
-    real). A row with no real position (or ``n = 0``) gives a zero vector. O(B n d)."""
-    if mask is None:
-        if x.shape[1] == 0:
-            return x.new_zeros(x.shape[0], x.shape[2])
-        return x.mean(1)
-    w = mask.to(x.dtype).unsqueeze(-1)
-    # where, not x * w: a padded row may hold NaN (0 * NaN = NaN)
-    return zero_rows(x, mask).sum(1) / w.sum(1).clamp(min=1)
 
 
 def _check_input(x: object, name: str, batch: int | None, d: int) -> Tensor:
@@ -439,8 +427,10 @@ class AlternatingCoAttention(_CoAttention):
 
     Args:
         d1, d2: feature sizes of ``F1`` and ``F2``.
-        score: the score of steps 2 and 3 (default ``"additive"``, HieCoAtt's
-            ``w^T tanh(W1 q + W2 k + b)``); any registered score name.
+        score: the score of steps 2 and 3 (default ``"additive"``,
+            ``w^T tanh(W1 q + W2 k + b)``; HieCoAtt's ``H = tanh(W_x X + (W_g g) 1^T)``
+            has no ``b``: pass ``bias=False`` for exactly theirs, in all three steps);
+            any registered score name.
         first_score: the query-less score of step 1 (default ``"queryless"``).
         align: alignment name (default ``"soft"``) or module, used by all three steps.
         **options: score / alignment options (``d_w``, ``act``, ``bias``, ...), each
@@ -533,8 +523,9 @@ class InteractiveCoAttention(_CoAttention):
     Shapes: as :class:`AlternatingCoAttention`; ``extras["query1"]`` ``[B, d2]`` (the
     query of the attention over F1, i.e. ``kbar2``) and ``extras["query2"]`` ``[B, d1]``.
 
-    Cost (activated general): O(B (n1 + n2) d1 d2) time, O(B (n1 + n2)) memory beyond
-    the inputs.
+    Cost (activated general): O(B (d1 d2 + n1 d1 + n2 d2)) time -- each side transforms
+    its one query once (``W kbar``, O(d1 d2)), then takes one dot product per key -- and
+    O(B (n1 + n2)) memory beyond the inputs.
 
     Source: D. Ma, S. Li, X. Zhang, H. Wang, "Interactive Attention Networks for
     Aspect-Level Sentiment Classification", IJCAI 2017.
@@ -543,7 +534,8 @@ class InteractiveCoAttention(_CoAttention):
         k(2)_l); output = [c1; c2]
     :source: Ma, Li, Zhang & Wang 2017, Interactive Attention Networks for Aspect-Level
         Sentiment Classification (IAN), IJCAI
-    :cost: two parallel attentions: O(B (n1 + n2) d1 d2) time for the activated general score
+    :cost: two parallel attentions: O(B (d1 d2 + n1 d1 + n2 d2)) time for the activated general
+        score
     """
 
     def __init__(
@@ -738,6 +730,10 @@ class MultiGrainedCoAttention(_CoAttention):
           ``P_i = align_j(A_ij)``, and the results are averaged over the real context
           words, ``c2f = mean_i sum_j P_ij f2_j = sum_j a2f_j f2_j`` with
           ``a2f_j = mean_i P_ij`` (``extras["fine_rows"]`` holds ``P`` ``[B, n1, n2]``).
+          ``"row-mean"`` is F-Context2Aspect as Fan et al. publish it (a softmax over the
+          aspect words for every context word, the attended aspect vectors then pooled
+          over the context words; averaged here); the default ``"max"`` is the survey's
+          max-pooled fine-grained form, the mirror image of F-Aspect2Context.
 
     ``output = concat(c1, c2, c1f, c2f)`` ``[B, 2 (d1 + d2)]``. MGAN's aspect alignment
     loss (between aspects of one sentence) is a training objective, not part of the
@@ -755,7 +751,8 @@ class MultiGrainedCoAttention(_CoAttention):
     ``c1_fine`` ``[B, d1]``, ``c2_fine`` ``[B, d2]``, ``a1_fine`` ``[B, n1]``, ``a2_fine``
     ``[B, n2]``; ``extras["affinity"]`` ``[B, n1, n2]``.
 
-    Cost: coarse O(B (n1 + n2) d1 d2) plus fine O(B n1 n2 d) time; memory O(B n1 n2).
+    Cost: coarse O(B (d1 d2 + n1 d1 + n2 d2)) plus fine O(B n1 n2 d) time; memory
+    O(B n1 n2).
 
     Source: F. Fan, Y. Feng, D. Zhao, "Multi-grained Attention Network for Aspect-Level
     Sentiment Classification", EMNLP 2018.
@@ -765,7 +762,8 @@ class MultiGrainedCoAttention(_CoAttention):
         c2; c1f; c2f]
     :source: Fan, Feng & Zhao 2018, Multi-grained Attention Network for Aspect-Level Sentiment
         Classification (MGAN), EMNLP
-    :cost: O(B (n1 + n2) d1 d2 + B n1 n2 d) time, O(B n1 n2) memory; never [B, n1, n2, 3d]
+    :cost: O(B (d1 d2 + n1 d1 + n2 d2) + B n1 n2 d) time, O(B n1 n2) memory; never [B, n1, n2,
+        3d]
     """
 
     def __init__(

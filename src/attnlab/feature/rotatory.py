@@ -129,13 +129,15 @@ class LCRRotHop(ConventionAttention):
     of a sentence): its context vector is zero. Returns :class:`RotatoryOutput`, ``output``
     ``[B, 2 d_c + 2 d_t]``.
 
-    Cost: O(S B (n_l + n_r + 2 n_t) d_c d_t) time for the activated general score.
+    Cost: O(S B (d_c d_t + (n_l + n_r) d_c + n_t d_t)) time for the activated general
+    score (each of the four attentions transforms its one query once, O(d_c d_t), then
+    takes one dot product per key).
 
     :formula: for s = 1..S: r_l = att(F_l, r_tl); r_r = att(F_r, r_tr); r_tl = att(F_t, r_l);
         r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]
     :source: Wallaart & Frasincar 2019, A Hybrid Approach for Aspect-Based Sentiment Analysis
         Using a Lexicalized Domain Ontology and Attentional Neural Models (LCR-Rot-hop)
-    :cost: O(S B (n_l + n_r + 2 n_t) d_c d_t)
+    :cost: O(S B (d_c d_t + (n_l + n_r) d_c + n_t d_t))
     """
 
     keywords = ("left_mask", "target_mask", "right_mask")
@@ -252,7 +254,7 @@ class RotatoryAttention(LCRRotHop):
         r_tr = att(F_t, r_r); r = [r_l; r_r; r_tl; r_tr]
     :source: Zheng & Xia 2018, Left-Center-Right Separated Neural Network for Aspect-based
         Sentiment Analysis with Rotatory Attention (LCR-Rot)
-    :cost: O(B (n_l + n_r + 2 n_t) d_c d_t)
+    :cost: O(B (d_c d_t + (n_l + n_r) d_c + n_t d_t))
     """
 
     def __init__(

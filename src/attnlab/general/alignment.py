@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, broadcasts_to, check_tensor, softmax_dtype
-from attnlab.general.padding import clear_nonfinite_rows
+from attnlab.general.padding import clear_nonfinite_rows, masked_mean
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.masks import check_score_mask, fill_value
 from attnlab.registry import Configurable, register
@@ -496,7 +496,8 @@ class LocalMAlign(_LocalAlign):
     """Local-m (monotonic) alignment (Luong et al. 2015): the window of output ``i`` is
     centred on ``p_i = i`` (or on ``positions`` passed to ``forward``), ``[p - D, p + D]``;
     the softmax runs inside the window. ``gaussian=False`` by default (Luong's local-m);
-    ``gaussian=True`` adds the local-p Gaussian factor.
+    ``gaussian=True`` adds the local-p Gaussian factor. The default ``D = 8`` is
+    attnlab's; Luong et al. use ``D = 10`` in their experiments (pass ``D=10`` for theirs).
     Shapes: ``e`` ``[B, n_q, n_k]`` -> ``[B, n_q, n_k]``. Cost O(B n_q D) inside
     :class:`attnlab.Attention` (only the window is scored).
 
@@ -521,6 +522,9 @@ class LocalPAlign(_LocalAlign):
     The centre is predicted from the query: ``p = S * sigmoid(w_p^T tanh(W_p q))`` with
     ``W_p`` ``[d_p, d_q]``, ``w_p`` ``[d_p]``, and ``S`` the last allowed key position
     (``n_allowed - 1``, counted per query row from the mask; ``n_k - 1`` without a mask).
+    Luong et al. write ``S`` for the source length, so that ``p`` lies in ``[0, S]``; with
+    attnlab's 0-based positions the last key is ``n - 1``, and ``S = n - 1`` keeps the
+    centre on the existing positions ``[0, n - 1]`` (a deliberate, documented change).
     The softmax runs over the window ``|l - p| <= D`` and each weight is multiplied by
     ``exp(-(l - p)^2 / (2 sigma^2))``, ``sigma = D / 2``, so gradients reach ``W_p, w_p``.
     Shapes: ``e`` ``[B, n_q, n_k]``, query ``[B, n_q, d_q]``. Cost O(B n_q (d_q d_p + D))
@@ -640,9 +644,7 @@ class ReinforcedAlign(Alignment):
         # overflows float16), with its parameters cast, so that gradients still reach them
         work = softmax_dtype(keys.dtype)
         keys_w = clear_nonfinite_rows(keys, key_ok).to(work)
-        ok = key_ok[..., None]
-        kbar = torch.where(ok, keys_w, keys_w.new_zeros(())).sum(1, keepdim=True)
-        kbar = kbar / ok.sum(1, keepdim=True).clamp(min=1).to(work)
+        kbar = masked_mean(keys_w, key_ok, keepdim=True)
         feats = torch.cat([keys_w, kbar.expand_as(keys_w), keys_w * kbar], -1)
         if work == keys.dtype:
             logits = self.policy(feats).squeeze(-1)

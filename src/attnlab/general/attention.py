@@ -2,7 +2,8 @@
 
 ``Attention`` composes the three parts of the general attention model:
 
-    K = W_K F, V = W_V F          (learned projections, or the identity)
+    K = W_K F, V = W_V F          (learned projections -- nn.Linear, so with a bias -- or
+                                  the identity)
     e_l = score(q, k_l)           (any score function)
     a = align(e)                  (any alignment function)
     c = sum_l a_l v_l             (single-dimensional) or c_i = sum_l a_{l,i} v_{l,i} (multi)

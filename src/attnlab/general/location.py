@@ -39,7 +39,9 @@ __all__ = ["LocationAwareScore", "location_aware_score", "location_inputs"]
 def _location_features(prev: Tensor, filters: Tensor) -> Tensor:
     """``F * a_{i-1}``: ``prev`` ``[B, n_q, n_k]`` convolved with ``filters``
     ``[n_filters, 1, r]`` (odd ``r``, zero padding, same length) -> ``[B, n_q, n_k,
-    n_filters]``."""
+    n_filters]``. ``conv1d`` is a cross-correlation, ``f[l, c] = sum_s filters[c, 0, s]
+    prev[l + s - r // 2]``: the paper's convolution with the filters reversed, the same
+    family for learned filters."""
     B, n_q, n_k = prev.shape
     r = filters.shape[-1]
     f = F.conv1d(prev.reshape(B * n_q, 1, n_k), filters, padding=r // 2)

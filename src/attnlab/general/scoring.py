@@ -584,7 +584,8 @@ class AdditiveScore(_AdditiveBase):
     """Additive (concat) score ``e_l = w^T act(W1 q + W2 k_l + b)`` (Bahdanau et al. 2015).
 
     Parameters: ``W1`` ``[d_w, d_q]`` (``self.W1.weight``), ``W2`` ``[d_w, d_k]``,
-    ``b`` ``[d_w]`` (optional), ``w`` ``[d_w]``. With ``out_dim=d_v`` the score is the
+    ``b`` ``[d_w]`` (optional: the survey's form has it, Bahdanau et al.'s score has none,
+    so ``bias=False`` is exactly theirs), ``w`` ``[d_w]``. With ``out_dim=d_v`` the score is the
     DiSAN vector score ``e_l = W_d^T act(W1 q + W2 k_l + b) + b_d`` in ``R^{d_v}`` (``w``
     becomes ``W_d`` ``[d_w, d_v]``), used by multi-dimensional attention.
 
@@ -648,7 +649,8 @@ class QuerylessScore(_AdditiveBase):
     ``None``) and returns ``[B, 1, n_k]``. With ``out_dim=d_v`` it is DiSAN's
     source2token vector score ``W_d^T act(W k_l + b) + b_d``.
 
-    Parameters: ``W`` ``[d_w, d_k]``, ``b`` ``[d_w]``, ``w`` ``[d_w]``.
+    Parameters: ``W`` ``[d_w, d_k]``, ``b`` ``[d_w]`` (HAN's ``b_w``; Lin et al.'s score has
+    no bias: ``bias=False``), ``w`` ``[d_w]``.
     Cost: O(B n_k d_k d_w).
 
     :formula: e_l = w^T act(W k_l + b)

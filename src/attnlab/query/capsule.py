@@ -302,7 +302,9 @@ def capsule_loss(
         lam: ``lambda``, the weight of the reconstruction term (default 0.1).
         classification:
             ``"bce"`` (default): ``-sum_c [y_c log p_c + (1 - y_c) log(1 - p_c)]``, the
-            independent-sigmoid (multi-label) cross entropy, computed from the logits;
+            independent-sigmoid (multi-label) cross entropy, computed from the logits (the
+            survey's summary writes ``-sum_c y_c log p_c``, which never looks at the wrong
+            capsules; the ``(1 - y_c)`` terms push them down);
             ``"hinge"``: ``sum_{i: y_i=1} sum_{j: y_j=0} max(0, margin - p_i + p_j)``, a
             margin form in the spirit of the paper's hinge objective (every gold capsule
             above every other by ``margin``).

@@ -108,7 +108,8 @@ class GraphAttention(HeadAttention):
         self_loops: every node also attends to itself (the paper's ``N(i)`` holds ``i``).
         negative_slope: the LeakyReLU's slope (0.2, the papers').
         dropout: dropout on the attention coefficients (training only), as in the paper.
-        bias: a learned bias added to the output.
+        bias: a learned bias added to the output (not in the papers' layer formula;
+            ``bias=False`` gives exactly theirs).
 
     Call: ``forward(query, key=None, value=None, *, mask=None, causal=False,
     need_weights=False, average_weights=True, adjacency=None)``: ``query`` = the node

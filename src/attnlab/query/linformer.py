@@ -79,7 +79,8 @@ class LinformerAttention(ProjectedHeadAttention):
     See the module docstring for the formula, padding, shapes and cost.
     Source: Wang et al. 2020, Linformer: Self-Attention with Linear Complexity.
 
-    :formula: K' = E W_K F, V' = F_p W_V F (E, F_p: [k, n]); c = softmax(q K'^T / sqrt(d)) V'
+    :formula: K' = E W_K F, V' = F_p W_V F (E, F_p: [k, n]); c = softmax(q K'^T / sqrt(d_head))
+        V' per head
     :source: Wang et al. 2020, Linformer: Self-Attention with Linear Complexity
     :cost: O(B h (n_q + n_k) k d_head) time, O(B h n_q k) memory
     """

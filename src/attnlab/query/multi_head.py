@@ -97,7 +97,8 @@ class MultiHeadAttention(ProjectedHeadAttention):
         score, align, **options: the general attention each head runs (default
             ``scaled-dot`` / ``soft``); options go to the score/alignment (e.g. ``d_w``).
         dropout: dropout on the attention weights (training only).
-        bias: biases in the projections.
+        bias: biases in the projections (default True, as ``torch.nn.MultiheadAttention``;
+            Vaswani et al.'s projections have none: ``bias=False``).
         out_dim: output size (default ``d_model``).
 
     Shapes: ``query`` ``[B, n_q, d_model]``; ``key`` ``[B, n_k, d_k]`` (default ``query``:

@@ -28,6 +28,15 @@ Transforms (``d_q`` = query size, ``d_c`` = value size; see :data:`TRANSFORMS`):
 Each hop is an :class:`attnlab.Attention` (any score and alignment); ``share_weights=True``
 (default) uses one attention and one transform in every hop, ``False`` gives each hop its
 own (S times the parameters).
+
+**The start ``c^(0)`` differs from SAN and MemN2N.** The schedule is the survey's: the
+first hop already scores with ``transform(q, c^(0))``, ``c^(0)`` the mean of the values.
+SAN (and MemN2N) attend first with the question itself, ``u^0 = q``, and update after
+each hop, ``u^k = u^(k-1) + v~^k``. So ``transform="sum"`` applies SAN's update rule to
+another start: its hop ``s`` scores with ``q + c^(0) + c^(1) + .. + c^(s-1)``, SAN's hop
+``s`` with ``q + v~^1 + .. + v~^(s-1)`` (no mean term). SAN's answer feature is its last
+query ``u^S = u^(S-1) + v~^S`` (the analogue here is ``q^(S) + c^(S)``, the module returns
+``c^(S)`` and ``q^(S)``); SAN also gives every hop its own weights (``share_weights=False``).
 """
 
 from __future__ import annotations

@@ -485,7 +485,8 @@ class RelativePositionAttention(ProjectedHeadAttention):
         share_heads: one pair of tables for all heads (paper) or one per head.
         align: a deterministic alignment name applied per row (``soft`` default; also
             ``sparsemax``, ``entmax15``).
-        dropout: dropout on the weights (training only). bias: projection biases.
+        dropout: dropout on the weights (training only). bias: projection biases (Shaw et
+            al.'s projections have none: ``bias=False``).
         out_dim: output size (default ``d_model``).
 
     ``forward(query, key=None, value=None, *, mask=None, causal=False, need_weights=False,
