@@ -8,10 +8,13 @@
 * Every registered mechanism has a docs page that names it and cites its source paper.
 * Every relative link in the docs points at a file that exists.
 * docs/functional.md lists the exact signatures of ``attnlab.functional``.
+* Every public name (the ``__all__`` of attnlab and of its public packages) is named in a
+  code span of the docs or the README.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import re
@@ -274,6 +277,42 @@ def test_functional_signatures_are_documented() -> None:
         if render_signature(name, getattr(attnlab.functional, name)) not in text
     ]
     assert not missing, "docs/functional.md lacks these exact signatures:\n" + "\n".join(missing)
+
+
+# the packages whose __all__ is the public API a user reads about in the docs
+PUBLIC_PACKAGES = (
+    "attnlab",
+    "attnlab.general",
+    "attnlab.feature",
+    "attnlab.query",
+    "attnlab.functional",
+    "attnlab.masks",
+    "attnlab.models",
+    "attnlab.data",
+    "attnlab.evaluation",
+    "attnlab.lab",
+    "attnlab.viz",
+    "attnlab.registry",
+)
+
+
+def _code_spans(text: str) -> str:
+    """The text inside the code spans and code blocks of ``text``."""
+    blocks = [m.group("body") for m in _FENCE.finditer(text)]
+    spans = re.findall(r"`([^`]+)`", _FENCE.sub("", text))  # a span may wrap a line
+    return "\n".join(blocks + spans)
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_every_public_name_is_documented(package: str) -> None:
+    code = "\n".join(_code_spans(p.read_text(encoding="utf-8")) for p in PAGES)
+    module = importlib.import_module(package)
+    missing = [
+        name
+        for name in module.__all__
+        if not name.startswith("__") and not re.search(rf"(?<!\w){re.escape(name)}\b", code)
+    ]
+    assert not missing, f"{package} exports names no docs page shows in code: {missing}"
 
 
 def test_no_pipe_inside_table_code() -> None:
