@@ -543,6 +543,7 @@ _TRAINING_RANGES: dict[str, tuple[float, bool, str | None]] = {
     "lr": (0.0, False, None),
     "weight_decay": (0.0, True, "0 or none: no weight decay"),
     "grad_clip": (0.0, True, "0 or none: no clipping"),
+    "attention_weight_decay": (0.0, True, "none: the same as weight_decay"),
 }
 
 
@@ -552,10 +553,21 @@ def check_training_values(options: Mapping[str, Any]) -> None:
     and ``grad_clip`` finite numbers >= 0, or none (no weight decay, no clipping; a
     negative ``grad_clip`` would flip the gradients, a negative ``weight_decay`` grow the
     weights, and torch refuses a learning rate <= 0 only once the optimizer is built).
+    ``attention_weight_decay`` a finite number >= 0 or none (the same as
+    ``weight_decay``), ``select_from_epoch`` an int >= 1 and at most ``epochs`` (when both
+    are given), ``amsgrad`` true or false.
     Raises :class:`ConfigError`: ``"option lr must be > 0, got -1.0"``."""
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "select_from_epoch"):
         if name in options:
             check_int(options[name], f"option {name}")
+    if "amsgrad" in options and not isinstance(options["amsgrad"], bool):
+        raise ConfigError(f"option amsgrad must be true or false, got {options['amsgrad']!r}")
+    first, epochs = options.get("select_from_epoch"), options.get("epochs")
+    if isinstance(first, int) and isinstance(epochs, int) and first > epochs:
+        raise ConfigError(
+            f"option select_from_epoch ({first}) exceeds epochs ({epochs}): no epoch could "
+            "be selected"
+        )
     for name, (low, low_ok, none) in _TRAINING_RANGES.items():
         if name not in options or (options[name] is None and none is not None):
             continue

@@ -164,7 +164,12 @@ class Task(abc.ABC):
         higher_is_better: direction of the first metric.
         defaults: the task's options and their default values: training hyper-parameters
             (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``) where they
-            differ from the lab's (:attr:`_TRAINING_DEFAULTS`, which every task inherits)
+            differ from the lab's (:attr:`_TRAINING_DEFAULTS`, which every task inherits:
+            also ``select_metric``, ``amsgrad`` (Adam's AMSGrad variant),
+            ``attention_weight_decay`` (the weight decay of the model's attention
+            parameters, :func:`~attnlab.lab.training.parameter_groups`; none: the same as
+            ``weight_decay``) and ``select_from_epoch`` (the first epoch the best-epoch
+            selection may keep))
             and data / model options (e.g. ``max_train``, ``hidden_size``, ``encoder``).
             Every option a user may pass must appear here or there; unknown options raise
             :class:`ConfigError`.
@@ -199,6 +204,9 @@ class Task(abc.ABC):
         "weight_decay": 0.0,
         "grad_clip": 5.0,
         "select_metric": None,
+        "amsgrad": False,
+        "attention_weight_decay": None,
+        "select_from_epoch": 1,
     }
 
     def __init__(self, **options: Any) -> None:

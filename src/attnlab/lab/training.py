@@ -1,10 +1,12 @@
 """The trainer of the lab: one run = one task x one attention spec x one seed.
 
 :func:`train_run` resolves the task, seeds ``random``, ``numpy`` and ``torch``, loads the
-data, builds the task model with the attention, trains it with Adam (weight decay and
-gradient-norm clipping from the task's options), evaluates on the dev split after every
-epoch, keeps the best epoch by the task's first metric, evaluates that state on the test
-split, and writes the run directory::
+data, builds the task model with the attention, trains it with Adam (weight decay, the
+attention's own weight decay, AMSGrad and gradient-norm clipping from the task's options:
+:func:`parameter_groups`), evaluates on the dev split after every epoch, keeps the best
+epoch by the task's first metric (or ``select_metric``; from the epoch
+``select_from_epoch`` on), evaluates that state on the test split, and writes the run
+directory::
 
     <run_dir>/run.json          task, task_options, attention (as given), label, seed,
                                 device, device_name (CUDA), precision, status ("done" |
@@ -96,11 +98,13 @@ __all__ = [
     "RUN_FILES",
     "DataTimer",
     "RunResult",
+    "attention_parameters",
     "batch_examples",
     "default_run_dir",
     "device_batches",
     "load_run",
     "move_batch",
+    "parameter_groups",
     "pin_batch",
     "precision_context",
     "read_metrics",
@@ -803,19 +807,53 @@ def _n_batches(data: Any, batch_size: int) -> int | None:
         return None
 
 
+def attention_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``model``'s attention: ``model.attention_parameters()`` where the
+    model defines it, else those with a module named ``attention`` on their path (e.g.
+    ``attention.score.W``: Jain & Wallace's convention, ``'attention' in name``)."""
+    own = getattr(model, "attention_parameters", None)
+    if callable(own):
+        return list(own())
+    return [p for name, p in model.named_parameters() if "attention" in name.split(".")]
+
+
+def parameter_groups(
+    model: nn.Module, weight_decay: float, attention_weight_decay: float | None
+) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups of the trainable parameters of ``model``: one group
+    with ``weight_decay``, or, when ``attention_weight_decay`` is not None, the attention's
+    parameters (:func:`attention_parameters`) in a second group with that weight decay
+    (Jain & Wallace: 1e-5 on the encoder and output, 0 on the attention). Empty groups are
+    left out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if attention_weight_decay is None:
+        return [{"params": params, "weight_decay": weight_decay}] if params else []
+    attn = {id(p) for p in attention_parameters(model)}
+    groups = [
+        {"params": [p for p in params if id(p) not in attn], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in attn], "weight_decay": attention_weight_decay},
+    ]
+    return [g for g in groups if g["params"]]
+
+
 @dataclass
 class _Best:
-    """The best epoch so far by the selection metric (the first epoch until one is better)."""
+    """The best epoch so far by the selection metric (the first eligible epoch until one
+    is better); epochs before ``first`` (the option ``select_from_epoch``) are never kept."""
 
     higher: bool
     value: float | None = None
     epoch: int = 0
     dev: dict[str, float] = field(default_factory=dict)
     state: dict[str, torch.Tensor] | None = None
+    first: int = 1
 
     def offer(self, epoch: int, dev: dict[str, float], value: float, model: nn.Module) -> None:
         """Keep ``epoch`` (its dev metrics and a CPU copy of the model's state) when its
-        selection ``value`` is better than the best one, or when it is the first."""
+        selection ``value`` is better than the best one, or when it is the first eligible
+        one (``epoch >= first``)."""
+        if epoch < self.first:
+            return
         better = _is_better(value, self.value, self.higher)
         if self.state is not None and not better:
             return
@@ -826,8 +864,9 @@ class _Best:
 
 
 class _Trainer:
-    """The training loop of one run: Adam (weight decay, gradient-norm clipping from the
-    task's options; ``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the
+    """The training loop of one run: Adam (the task's options ``lr``, ``weight_decay``,
+    ``attention_weight_decay`` (:func:`parameter_groups`) and ``amsgrad``), gradient-norm
+    clipping (``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the
     seeded shuffling generator and the throughput measured over the epochs."""
 
     def __init__(
@@ -846,8 +885,14 @@ class _Trainer:
         self.device, self.precision = device, precision
         self.prefetch, self.progress = prefetch, progress
         self.params = [p for p in model.parameters() if p.requires_grad]
+        attn_decay = opts.get("attention_weight_decay")
+        groups = parameter_groups(
+            model,
+            float(opts.get("weight_decay") or 0.0),
+            None if attn_decay is None else float(attn_decay),
+        )
         self.optimizer = torch.optim.Adam(
-            self.params, lr=float(opts["lr"]), weight_decay=float(opts.get("weight_decay") or 0.0)
+            groups, lr=float(opts["lr"]), amsgrad=bool(opts.get("amsgrad", False))
         )
         self.clip = opts.get("grad_clip")
         # fp16 gradients underflow without loss scaling; disabled, the scaler is a pass-through
@@ -924,7 +969,7 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
     task = trainer.task
     primary, higher = task.selection()
     history: list[dict[str, Any]] = []
-    best = _Best(higher)
+    best = _Best(higher, first=int(task.options.get("select_from_epoch") or 1))
     bar = _Bar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
     try:
         for epoch in range(1, epochs + 1):

@@ -22,7 +22,14 @@ The attention is chosen by a spec:
   :class:`~attnlab.output.AttentionOutput` with ``context [B, d_c]`` (e.g.
   ``ConstantQuerySelfAttention``, ``LearnedQuerySelfAttention``);
 * the baselines ``"mean"`` (mean pooling over the real tokens; no attention parameters),
-  ``"max"`` (no attention at all: max-pooling over time of the real tokens' states) and ``"uniform"`` (the default attention with its weights replaced by ``1/length``).
+  ``"max"`` (no attention at all: max-pooling over time of the real tokens' states) and
+  ``"uniform"`` (the default attention with its weights replaced by ``1/length``).
+
+Two options follow Jain & Wallace's code: ``output="sigmoid"`` (one logit ``z``, given as
+the two-class logits ``[0, z]``, so that ``softmax([0, z]) = [1 - sigmoid(z), sigmoid(z)]``
+and every consumer of the logits is unchanged; :class:`SigmoidOutput`) and
+``sentence_markers=True`` (learned start / end vectors around every sentence that the
+encoder reads and the attention never sees).
 
 Source: Jain & Wallace 2019, "Attention is not Explanation", NAACL-HLT.
 """
@@ -47,11 +54,31 @@ from attnlab.output import AttentionOutput
 from attnlab.query.self_attention import LearnedQuerySelfAttention
 from attnlab.registry import get, register
 
-__all__ = ["SentenceClassifier", "SentenceOutput"]
+__all__ = ["SentenceClassifier", "SentenceOutput", "SigmoidOutput"]
 
 ENCODERS = ("bilstm", "cnn", "average")
 BASELINES = ("mean", "uniform", "max")
 _QUERYLESS = ("queryless", "query-less", "self-attentive", "constant-query")
+OUTPUTS = ("softmax", "sigmoid")
+
+
+class SigmoidOutput(nn.Module):
+    """A one-logit binary output layer ``z = w^T c + b`` that returns the two-class logits
+    ``[0, z]`` ``[B, 2]``: their softmax is ``[1 - sigmoid(z), sigmoid(z)]``, so the
+    probability of class 1 is ``sigmoid(z)`` (Jain & Wallace's decoder) while every reader
+    of two-class logits (arg-max, softmax, TVD of the distribution) works unchanged.
+
+    Shapes: ``[..., in_features]`` -> ``[..., 2]``. Cost: O(in_features) per row.
+    """
+
+    def __init__(self, in_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), 2
+        self.linear = nn.Linear(in_features, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.linear(x)
+        return torch.cat([torch.zeros_like(z), z], -1)
 
 
 @dataclass
@@ -100,6 +127,17 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
             spec, a built module, ``"mean"`` or ``"uniform"``.
         attention_dim: ``d_w`` of the default tanh attention (default ``hidden_size``).
         dropout: dropout on the embeddings and on the pooled vector (training only).
+        output: ``"softmax"`` (default: ``C`` logits of a linear layer) or ``"sigmoid"``
+            (``C = 2`` only: one logit ``z`` returned as ``[0, z]``, :class:`SigmoidOutput`;
+            Jain & Wallace's one sigmoid output).
+        sentence_markers: add a learned start vector before and an end vector after every
+            sentence (``markers`` ``[2, d_e]``, drawn from ``N(0, s^2)`` with ``s`` the
+            standard deviation of the embedding matrix, frozen with it): the encoder reads
+            ``<SOS> w_1..w_L <EOS>``, the attention pools only the states of ``w_1..w_L``
+            (Jain & Wallace's ``<SOS>`` / ``<EOS>`` tokens, masked in their attention).
+            The inputs, the weights, ``hidden`` and every explanation measure stay those
+            of the real tokens; the markers are not embedding rows, so a gradient taken at
+            the embedding layer's output covers exactly the real tokens.
 
     Shapes: ``forward(tokens [B, n] long, lengths [B] | None, mask [B, n] bool | None)`` ->
     :class:`SentenceOutput` (``logits [B, C]``, ``weights [B, n]``, ``pooled [B, d_c]``).
@@ -137,18 +175,43 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         kernel_sizes: Sequence[int] = (1, 3, 5, 7),
         attention: str | dict[str, Any] | nn.Module = "tanh",
         attention_dim: int | None = None,
+        output: str = "softmax",
+        sentence_markers: bool = False,
         **text: Unpack[TextOptions],
     ) -> None:
         super().__init__(
             vocab_size, encoder, text, num_classes=num_classes, hidden_size=hidden_size
         )
+        if output not in OUTPUTS:
+            raise ConfigError(f"output must be 'softmax' or 'sigmoid', got {output!r}")
+        if output == "sigmoid" and num_classes != 2:
+            raise ConfigError(f"output='sigmoid' needs num_classes=2, got {num_classes}")
+        if not isinstance(sentence_markers, bool):
+            raise ConfigError(f"sentence_markers must be true or false, got {sentence_markers!r}")
         self.num_classes, self.encoder_name = int(num_classes), encoder
+        self.output_kind, self.sentence_markers = output, sentence_markers
+        self.markers: nn.Parameter | None = None
+        if sentence_markers:
+            table = self.embedding.weight.detach()
+            scale = float(table.std()) if table.numel() > 1 else 1.0
+            self.markers = nn.Parameter(
+                torch.randn(2, self.embed_dim, dtype=table.dtype) * scale,
+                requires_grad=self.embedding.weight.requires_grad,
+            )
         self.d_h = self._make_encoder(encoder, self.embed_dim, hidden_size, kernel_sizes)
         self.attention: nn.Module | None = self._make_attention(
             attention, attention_dim or hidden_size
         )
         self.d_c = self._pooled_size()
-        self.output = nn.Linear(self.d_c, num_classes)
+        self.output = (
+            SigmoidOutput(self.d_c) if output == "sigmoid" else nn.Linear(self.d_c, num_classes)
+        )
+
+    def attention_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the pooling attention (none for the mean and max baselines):
+        those an optimizer may treat apart, e.g. without weight decay as Jain & Wallace
+        do (:func:`attnlab.lab.training.parameter_groups`)."""
+        return [] if self.attention is None else list(self.attention.parameters())
 
     # ------------------------------------------------------------------ parts
 
@@ -241,18 +304,41 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         return proj(hidden) if proj is not None else hidden
 
     def _check_inputs(self, tokens: Tensor, lengths: Tensor | None, mask: Tensor | None) -> Tensor:
-        prefix = "the BiLSTM encoder" if self.encoder_name == "bilstm" else None
+        prefix = None
+        if self.encoder_name == "bilstm":
+            prefix = "the BiLSTM encoder"
+        elif self.sentence_markers:
+            prefix = "the sentence markers"
         return token_mask(tokens, lengths, mask, vocab_size=self.vocab_size, prefix=prefix)
 
+    def _add_markers(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``x`` ``[B, n, d_e]`` with the start vector before and the end vector after the
+        real tokens (``[B, n + 2, d_e]``, real tokens at positions ``1..L``), and its mask."""
+        assert self.markers is not None
+        B, n, d = x.shape
+        start, end = self.markers.to(x.dtype)
+        lengths = mask.sum(1)
+        ext = torch.cat([start.expand(B, 1, d), x * mask.unsqueeze(-1).to(x.dtype)], 1)
+        ext = torch.cat([ext, x.new_zeros(B, 1, d)], 1)
+        pos = torch.arange(n + 2, device=x.device)[None, :]
+        ext = torch.where((pos == lengths[:, None] + 1).unsqueeze(-1), end, ext)
+        return ext, pos < lengths[:, None] + 2
+
     def encode(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """Encoder states ``h`` ``[B, n, d_h]`` (zero on padding) of checked inputs."""
-        x = self.dropout(self.embedding(tokens))
+        """Encoder states ``h`` ``[B, n, d_h]`` (zero on padding) of checked inputs (with
+        ``sentence_markers``: the states of the real tokens in the encoding of the sentence
+        with its markers)."""
+        x = self.embedding(tokens)
+        real = mask
+        if self.sentence_markers:
+            x, mask = self._add_markers(x, mask)
+        x = self.dropout(x)
         keep = mask.unsqueeze(-1).to(x.dtype)
         x = x * keep  # padding positions hold zeros, so extra padding changes nothing
-        B, n = tokens.shape
+        B, n = x.shape[:2]
         if self.encoder_name == "bilstm":
             if n == 0 or B == 0:
-                return x.new_zeros(B, n, self.d_h)
+                return x.new_zeros(B, real.shape[1], self.d_h)
             h, _ = run_packed(self.lstm, x, mask.sum(1))
         elif self.encoder_name == "cnn":
             if n == 0:
@@ -261,7 +347,10 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
             h = torch.cat([torch.relu(conv(xt)) for conv in self.convs], dim=1).transpose(1, 2)
         else:
             h = torch.relu(self.projection(x))
-        return h * keep
+        h = h * keep
+        if self.sentence_markers:  # the real tokens' states; the end marker's is dropped too
+            h = h[:, 1:-1] * real.unsqueeze(-1).to(h.dtype)
+        return h
 
     def classify(self, hidden: Tensor, mask: Tensor) -> SentenceOutput:
         """Pool encoder states ``hidden`` ``[B, n, d_h]`` (``mask`` ``[B, n]`` bool, True =

@@ -2,7 +2,9 @@
 
 The task model is :class:`attnlab.models.sentence.SentenceClassifier`: GloVe (or learned)
 embeddings -> BiLSTM / CNN / averaged-embedding encoder -> a pooling attention -> linear
-output, trained with cross-entropy (plus a REINFORCE term for stochastic hard attention).
+output, trained with cross-entropy (plus a REINFORCE term for stochastic hard attention),
+or, with ``output=sigmoid``, one sigmoid output and a (class-weighted) binary
+cross-entropy as Jain & Wallace's code trains it.
 
 Data (option ``data``):
 
@@ -26,7 +28,7 @@ Attention presets: ``tanh`` (default; additive query-less ``e_t = w^T tanh(W h_t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,9 +56,11 @@ from attnlab.models.sentence import SentenceClassifier
 __all__ = [
     "SentenceData",
     "SentimentTask",
+    "balanced_pos_weight",
     "classification_metrics",
     "default_sst_path",
     "jain_wallace_filter",
+    "mask_digits",
 ]
 
 DATA_CHOICES = (
@@ -142,6 +146,27 @@ def jain_wallace_filter(
     return [(t, y) for t, y in rows if 5 < len(t) < longest]
 
 
+def mask_digits(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """``tokens`` with every token that contains a digit replaced by ``"qqq"`` (Jain &
+    Wallace's vectoriser: ``"1920"``, ``"21st"`` -> ``"qqq"``)."""
+    return tuple("qqq" if any(c.isdigit() for c in t) else t for t in tokens)
+
+
+def balanced_pos_weight(labels: Sequence[int]) -> float:
+    """The weight of the positive class (label 1) that balances a binary training set:
+    ``#negatives / #positives`` (Jain & Wallace's ``len(y) / sum(y) - 1``); ConfigError
+    when a class is missing."""
+    y = np.asarray(labels, dtype=np.int64)
+    pos = int((y == 1).sum())
+    neg = int((y == 0).sum())
+    if pos == 0 or neg == 0 or pos + neg != len(y):
+        raise ConfigError(
+            f"pos_weight=balanced needs binary 0/1 training labels with both classes, got "
+            f"{neg} negative and {pos} positive of {len(y)}"
+        )
+    return neg / pos
+
+
 @register_task("sentiment")
 class SentimentTask(SequenceTask):
     """Sentence sentiment with :class:`~attnlab.models.sentence.SentenceClassifier`.
@@ -167,18 +192,37 @@ class SentimentTask(SequenceTask):
             than 5 tokens and fewer than the split's longest (Jain & Wallace's
             ``filterbylength(min_length=5)`` for SST: 6,355 / 1,725 train / test sentences
             of SST's 6,920 / 1,821); None keeps every sentence.
+        digits: ``"qqq"`` replaces every token that contains a digit by ``qqq``
+            (:func:`mask_digits`, Jain & Wallace's vectoriser); None keeps them.
+        sentence_markers: the encoder reads a learned start and end vector around every
+            sentence, which the attention never attends (Jain & Wallace's ``<SOS>`` /
+            ``<EOS>``; ``SentenceClassifier(sentence_markers=True)``). The weights and
+            every explanation measure stay those of the real tokens.
+        output: ``"softmax"`` (C logits, cross-entropy) or ``"sigmoid"`` (binary data only:
+            one logit ``z``, ``p(positive) = sigmoid(z)``, the binary cross-entropy on
+            ``z``; the model returns the logits ``[0, z]``, so every metric and
+            explanation measure reads ``[1 - sigmoid(z), sigmoid(z)]``).
+        pos_weight: the weight of the positive class's loss: None (1), a number, or
+            ``"balanced"`` (:func:`balanced_pos_weight` of the training labels, Jain &
+            Wallace's); binary data only. With ``output=sigmoid`` it is
+            ``binary_cross_entropy_with_logits(pos_weight=...)``.
+        loss_reduction: ``"mean"`` (default) or ``"sum"`` (Jain & Wallace sum the loss over
+            a batch: with Adam the same steps except that the weight decay weighs less).
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults above: small enough for a
     CPU) and ``paper``: Jain & Wallace's (2019) SST set-up as their code
     (github.com/successar/AttentionExplanation) runs it -- ``data=sst``, their length
-    filter, a BiLSTM with 128 units per direction (``configurations.py``), fine-tuned
-    embeddings, batch 32, Adam lr 1e-3 with weight decay 1e-5, 8 epochs, the best epoch
-    by dev ROC-AUC (``ExperimentsBC.train_dataset``), batches of similar length
-    (``get_sorting_index_with_noise_from_lengths``). Their 300-d fastText vectors are not
-    available here: GloVe 6B 50-d stands in.
+    filter, digits as ``qqq`` and ``<SOS>`` / ``<EOS>`` markers (their vectoriser), a
+    BiLSTM with 128 units per direction (``configurations.py``), fine-tuned embeddings,
+    one sigmoid output with the binary cross-entropy weighted by ``#neg / #pos`` and summed
+    over a batch of 32 (``Binary_Classification.train``), AMSGrad lr 1e-3 with weight
+    decay 1e-5 except on the attention, no gradient clipping, 8 epochs, the best epoch by
+    dev ROC-AUC from the second epoch on (``TrainerBC.train``: ``i > 0``), batches of
+    similar length (``get_sorting_index_with_noise_from_lengths``). Their 300-d fastText
+    vectors are not available here: GloVe 6B 50-d stands in.
 
     :formula: h = Enc(E[w_1..w_n]); a = align(score(q, h_t)); c = sum_t a_t h_t; p(y|x) =
-        softmax(W_o c + b_o)
+        softmax(W_o c + b_o) (``output=sigmoid``: p(positive|x) = sigmoid(w_o^T c + b_o))
     :source: Jain & Wallace 2019, Attention is not Explanation, NAACL-HLT
     :cost: BiLSTM O(n 8 h (d_e + h)) per sentence + attention O(n d_h d_w) + output O(d_c C)
     """
@@ -207,6 +251,11 @@ class SentimentTask(SequenceTask):
         "reinforce_weight": 1.0,
         "bucket": False,
         "length_filter": None,
+        "digits": None,
+        "sentence_markers": False,
+        "output": "softmax",
+        "pos_weight": None,
+        "loss_reduction": "mean",
     }
     default_attention: ClassVar[dict[str, Any]] = {"score": "queryless", "align": "soft"}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -232,6 +281,15 @@ class SentimentTask(SequenceTask):
             "weight_decay": 1e-5,
             "select_metric": "roc_auc",
             "bucket": True,
+            "digits": "qqq",
+            "sentence_markers": True,
+            "output": "sigmoid",
+            "pos_weight": "balanced",
+            "loss_reduction": "sum",
+            "amsgrad": True,
+            "attention_weight_decay": 0.0,
+            "grad_clip": 0.0,
+            "select_from_epoch": 2,
         },
     }
     data_source: ClassVar[str] = (
@@ -250,6 +308,20 @@ class SentimentTask(SequenceTask):
                 f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
             )
         check_text_options(self, "max_len")
+        if o["digits"] not in (None, "qqq"):
+            raise ConfigError(f"option digits must be 'qqq' or none, got {o['digits']!r}")
+        self.check_option_choice("output", ("softmax", "sigmoid"))
+        self.check_option_choice("loss_reduction", ("mean", "sum"))
+        pw = o["pos_weight"]
+        if (
+            pw is not None
+            and pw != "balanced"
+            and (isinstance(pw, bool) or not isinstance(pw, int | float) or not pw > 0)
+        ):
+            raise ConfigError(
+                f"option pos_weight must be 'balanced', a number > 0 or none, got {pw!r}"
+            )
+        self._pos_weight: float | None = None
 
     # ------------------------------------------------------------------ data
 
@@ -305,6 +377,8 @@ class SentimentTask(SequenceTask):
                 toks = [tuple(t.lower().split()) for t in part.texts]
             else:
                 toks = [tuple(simple_tokenize(t, lower=True)) for t in part.texts]
+            if o["digits"] == "qqq":
+                toks = [mask_digits(t) for t in toks]
             rows = list(zip(toks, part.labels, strict=True))
             if o["length_filter"] == "jain-wallace":
                 rows = jain_wallace_filter(rows)
@@ -340,22 +414,61 @@ class SentimentTask(SequenceTask):
     # ------------------------------------------------------------------ model
 
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:
+        """The model; also fixes the positive class's loss weight (option ``pos_weight``;
+        ``"balanced"``: from ``data``'s training labels)."""
+        o = self.options
+        binary_only = ["output"] if o["output"] == "sigmoid" else []
+        binary_only += ["pos_weight"] if o["pos_weight"] is not None else []
+        if binary_only and data.info["num_classes"] != 2:
+            raise ConfigError(
+                f"option(s) {', '.join(binary_only)} need binary data, got "
+                f"{data.info['num_classes']} classes"
+            )
+        pw = o["pos_weight"]
+        if pw == "balanced":
+            self._pos_weight = balanced_pos_weight(data.train.labels)
+        else:
+            self._pos_weight = None if pw is None else float(pw)
         return SentenceClassifier(
-            **text_classifier_kwargs(self, data, self.model_attention(attention))
+            **text_classifier_kwargs(self, data, self.model_attention(attention)),
+            output=o["output"],
+            sentence_markers=bool(o["sentence_markers"]),
         )
 
     # ------------------------------------------------------------------ training
 
+    def example_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """The loss of each example ``[B]``: cross-entropy of the logits ``[B, C]``, or with
+        ``output=sigmoid`` the binary cross-entropy of ``z = logits[:, 1] - logits[:, 0]``
+        (the model's one logit), ``-[w y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))]``;
+        ``w`` is the positive class's weight (option ``pos_weight``, set by
+        :meth:`build_model`; with softmax it multiplies the positive examples' loss)."""
+        pw = self.options["pos_weight"]
+        if pw is not None and self._pos_weight is None:
+            raise RuntimeError("the positive class's weight is set by build_model(); call it first")
+        weight = self._pos_weight
+        if self.options["output"] == "sigmoid":
+            z = logits[:, 1] - logits[:, 0]
+            pos = None if weight is None else torch.tensor(weight, dtype=z.dtype, device=z.device)
+            return F.binary_cross_entropy_with_logits(
+                z, labels.to(z.dtype), pos_weight=pos, reduction="none"
+            )
+        ce = F.cross_entropy(logits, labels, reduction="none")
+        if weight is not None:
+            ce = ce * (1.0 + (weight - 1.0) * (labels == 1).to(ce.dtype))
+        return ce
+
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])
-        ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
+        ce = self.example_losses(out.logits, batch["labels"])
+        total = ce.sum() if self.options["loss_reduction"] == "sum" else ce.mean()
         # a sampled choice whose weights carry no gradient (REINFORCE estimator) learns from
         # the reward; a straight-through (Gumbel) sample already gets gradients via the weights
         sampled_without_grad = out.weights is None or not out.weights.requires_grad
         log_prob = out.log_prob
         if log_prob is None or not log_prob.requires_grad or not sampled_without_grad:
             log_prob = None
-        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
+        return add_reinforce(total, log_prob, ce, float(self.options["reinforce_weight"]))
 
     def _predict(self, model: nn.Module, data: TaskData, split: str):
         device = next(model.parameters()).device
