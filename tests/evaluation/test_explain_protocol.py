@@ -227,6 +227,7 @@ def test_adversarial_model_from_scratch_with_kl_and_patience(signal_model, split
     train, _, test = splits
     torch.manual_seed(5)
     fresh = SentenceClassifier(30, 2, embed_dim=16, encoder="bilstm", hidden_size=16)
+    seen: list[tuple[int, float]] = []
     r = adversarial_model(
         signal_model,
         train,
@@ -238,8 +239,12 @@ def test_adversarial_model_from_scratch_with_kl_and_patience(signal_model, split
         divergence="kl",
         patience=2,
         amsgrad=True,
+        on_epoch=lambda epoch, loss: seen.append((epoch, loss)),
     )
     assert r.model is fresh
+    # on_epoch saw every epoch run, with the summed training loss the best epoch is kept by
+    assert [e for e, _ in seen] == list(range(1, r.epochs_run + 1))
+    assert min(seen, key=lambda x: x[1])[0] == r.kept_epoch
     assert 1 <= r.kept_epoch <= r.epochs_run <= 30
     if r.epochs_run < 30:  # stopped early: 2 epochs without a lower loss after the best
         assert r.epochs_run == r.kept_epoch + 2

@@ -332,6 +332,7 @@ def adversarial_model(
     divergence: str = "jsd",
     patience: int | None = None,
     amsgrad: bool = False,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> AdversarialModelResult:
     """Train a model whose attention moves away from ``base``'s while its output stays
     close, with the loss ``TVD(y_adv, y_base) - lam * D(a_adv, a_base)`` per instance, and
@@ -348,6 +349,9 @@ def adversarial_model(
     loss is then summed over a batch, as theirs. (Their TVD is taken on the one sigmoid
     output, half the TVD of the two-class distribution used here: their ``lambda`` is
     this ``2 lambda``.)
+
+    ``on_epoch(epoch, loss)``, when given, is called after every epoch with its summed
+    training loss (e.g. to advance a progress bar: up to 80 epochs take minutes).
     """
     if divergence not in ("jsd", "kl"):
         raise ValueError(f"divergence must be 'jsd' or 'kl', got {divergence!r}")
@@ -371,6 +375,8 @@ def adversarial_model(
             loss.backward()
             opt.step()
             total += float(loss.detach())
+        if on_epoch is not None:
+            on_epoch(epoch, total)
         if patience is None:
             continue
         if total < best_loss:

@@ -64,6 +64,7 @@ from attnlab.lab.executors import (
     make_executor,
 )
 from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
+from attnlab.lab.progress import ProgressBar
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
 from attnlab.lab.training import remove_stale_work_dirs, resolve_device, resolve_precision
@@ -553,8 +554,7 @@ def run_ablation(
     finally:
         store.release(owner=recorder.owner)  # Ctrl-C or an error: hand the runs still held back
         store.close()  # also then: the last connection to close removes the -wal/-shm files
-        if recorder.bar is not None:
-            recorder.bar.close()
+        recorder.bar.close()
     if progress:
         _print_result(result)
     return result
@@ -667,7 +667,7 @@ class _Recorder:
         self.owner = Owner.this_process()
         self.attempts = store.attempts()  # before done_ids: a run claimed after it is seen as such
         self.specs_by_id: dict[str, tuple[dict[str, Any], int]] = {}
-        self.bar: Any = None
+        self.bar = ProgressBar(False)
 
     def plan(self) -> list[RunJob]:
         """The jobs of the runs not done yet (a finished run directory the store missed is
@@ -708,8 +708,7 @@ class _Recorder:
             self.result.others[job.run_id] = f"ran by {claim.owner} meanwhile (not done)"
         elif not self._recover(job.run_id, job.run_dir):
             return True
-        if self.bar is not None:
-            self.bar.update(1)
+        self.bar.update(1)
         return False
 
     def on_done(self, outcome: RunOutcome) -> None:
@@ -730,27 +729,18 @@ class _Recorder:
         failed = self.result.failed
         if outcome.status != "done":
             failed[outcome.run_id] = _first_line(outcome.error)
-        if self.bar is not None:
-            if outcome.status != "done":
-                self.bar.write(f"run {outcome.run_id} failed: {_first_line(outcome.error)}")
-            self.bar.set_postfix_str(f"failed={len(failed)}" if failed else "")
-            self.bar.update(1)
+        if outcome.status != "done":
+            self.bar.write(f"run {outcome.run_id} failed: {_first_line(outcome.error)}")
+        self.bar.note(f"failed={len(failed)}" if failed else "")
+        self.bar.update(1)
 
 
-def _progress_bar(progress: bool, result: AblationResult, todo: int) -> Any:
-    """A tqdm bar over the runs of the ablation (None without ``progress``), saying so when
+def _progress_bar(progress: bool, result: AblationResult, todo: int) -> ProgressBar:
+    """The bar over the runs of the ablation (a no-op without ``progress``), saying so when
     it resumes."""
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
     total = len(result.grid) * len(result.seeds)
-    bar = tqdm(
-        total=total,
-        initial=total - todo,
-        desc=f"ablate {result.task}",
-        unit="run",
-        dynamic_ncols=True,
+    bar = ProgressBar(
+        progress, total=total, initial=total - todo, desc=f"ablate {result.task}", unit="run"
     )
     if result.skipped or result.recovered:
         bar.write(

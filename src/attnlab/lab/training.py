@@ -63,7 +63,6 @@ import queue
 import random
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -89,6 +88,7 @@ from attnlab.lab.checkpoint import (
 )
 from attnlab.lab.config import check_training_values, parse_attention, resolve_task
 from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
+from attnlab.lab.progress import ProgressBar
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
@@ -423,27 +423,6 @@ def _replace_dir(src: Path, dst: Path) -> None:
             continue
         shutil.rmtree(trash, ignore_errors=True)
     raise OSError(f"cannot move {src} to {dst}: it is replaced again and again meanwhile")
-
-
-class _Bar:
-    """A tqdm bar on stderr (a no-op when progress is off)."""
-
-    def __init__(self, enabled: bool, **kw: Any) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(file=sys.stderr, dynamic_ncols=True, **kw)
-
-    def update(self, n: int = 1, **postfix: Any) -> None:
-        if self.bar is not None:
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # ----------------------------------------------------------------------------- data pipeline
@@ -933,7 +912,7 @@ class _Trainer:
         total, count = 0.0, 0
         pending: list[torch.Tensor] = []  # losses not yet read back
         timer = DataTimer()
-        bar = _Bar(
+        bar = ProgressBar(
             self.progress, total=self.n_batches, desc=f"epoch {epoch}", unit="batch", leave=False
         )
         try:
@@ -970,7 +949,7 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
     primary, higher = task.selection()
     history: list[dict[str, Any]] = []
     best = _Best(higher, first=int(task.options.get("select_from_epoch") or 1))
-    bar = _Bar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
+    bar = ProgressBar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
     try:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from attnlab.evaluation.explanation import (
     importance_correlations,
     permutation_test,
 )
+from attnlab.lab.progress import ProgressBar
 
 __all__ = [
     "PAPER_FIXED",
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 Batch = tuple[Tensor, Tensor, Tensor]
-T = TypeVar("T")
 
 
 def task_batches(
@@ -176,6 +176,7 @@ class _Study:
     test: list[Batch]
     train: list[Batch]
     dev: list[Batch] | None
+    progress: bool = False
 
 
 def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -359,19 +360,23 @@ def _adversarial_models(s: _Study) -> tuple[list[dict[str, float]], tuple[float,
             spec = s.task.resolve_attention(read_run(s.run_dir).get("attention") or {})
             torch.manual_seed(s.seed)
             fresh = s.task.build_model(s.data, spec).to(s.device)
-        r = adversarial_model(
-            s.model,
-            s.train,
-            s.test,
-            lam,
-            epochs=s.cfg["adversarial_epochs"],
-            lr=s.cfg["adversarial_lr"],
-            seed=s.seed,
-            fresh=fresh,
-            divergence=PAPER_FIXED["adversarial_divergence"] if s.paper else "jsd",
-            patience=PAPER_FIXED["adversarial_patience"] if s.paper else None,
-            amsgrad=s.paper,
-        )
+        epochs = s.cfg["adversarial_epochs"]
+        desc = f"adversarial model lambda={lam}"
+        with ProgressBar(s.progress, total=epochs, desc=desc, unit="epoch", leave=False) as bar:
+            r = adversarial_model(
+                s.model,
+                s.train,
+                s.test,
+                lam,
+                epochs=epochs,
+                lr=s.cfg["adversarial_lr"],
+                seed=s.seed,
+                fresh=fresh,
+                divergence=PAPER_FIXED["adversarial_divergence"] if s.paper else "jsd",
+                patience=PAPER_FIXED["adversarial_patience"] if s.paper else None,
+                amsgrad=s.paper,
+                on_epoch=lambda epoch, loss, bar=bar: bar.update(1, loss=f"{loss:.4f}"),
+            )
         sweep.append(
             {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
         )
@@ -488,8 +493,9 @@ def explain_run(
     paper = protocol == "paper"
     _check_other_runs(Path(run_dir), compare, uniform_run)
     s = _open_study(Path(run_dir), cfg, paper, seed, device)
+    s.progress = progress
     others = _compare_models(s, compare)
-    bar = _bar(progress, 6 + bool(compare))
+    bar = ProgressBar(progress, total=6 + bool(compare), desc="explanation tests", unit="test")
     result: dict[str, Any] = {
         "run": str(s.run_dir),
         "protocol": protocol,
@@ -567,27 +573,6 @@ def _plots(result: dict[str, Any], labels: list[int], out_dir: Path) -> list[str
         return names
     except ModuleNotFoundError:  # matplotlib absent: the JSON holds everything
         return []
-
-
-class _bar:
-    """A tqdm bar over the tests, or nothing (``enabled=False``)."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self._tqdm = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self._tqdm = tqdm(total=total, desc="explanation tests", unit="test")
-
-    def step(self, value: T) -> T:
-        """One test done: advance the bar, pass ``value`` on."""
-        if self._tqdm is not None:
-            self._tqdm.update(1)
-        return value
-
-    def close(self) -> None:
-        if self._tqdm is not None:
-            self._tqdm.close()
 
 
 def _explain_command():
