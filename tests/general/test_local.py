@@ -273,6 +273,59 @@ def test_attention_local_window_path_matches_explicit(align, score):
     torch.testing.assert_close(a.extras["centers"], b.extras["centers"])
 
 
+#: the scores of the library with a dot form (``scale * q'^T k'``): the window path scores
+#: each window slot from that form, once per slot, instead of calling the score
+DOT_FORM_SCORES = sorted(
+    e.name
+    for e in attnlab.registry.entries("score")
+    if getattr(e.cls, "dot_form", None) is not attnlab.general.scoring.Score.dot_form
+)
+
+
+def test_the_dot_form_scores_are_the_dot_family_and_the_general_scores():
+    assert {"dot", "scaled-dot", "cosine", "general", "biased-general"} <= set(DOT_FORM_SCORES)
+
+
+@pytest.mark.parametrize("align", ["local-m", "local-p"])
+@pytest.mark.parametrize("score", DOT_FORM_SCORES)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_window_path_of_dot_form_scores_matches_explicit_with_gradients(align, score, dtype, atol):
+    """The window path scores a dot-form score slot by slot (``window_dot_score``): the
+    same contexts, weights and gradients (inputs and every parameter) as the explicit
+    path, which scores all keys with the score module itself; NaN padding stays out."""
+    torch.manual_seed(3)
+    opts = {"d_q": 4, "d_k": 4, "d_v": 3, "D": 2}
+    fast = attnlab.Attention(score=score, align=align, **opts)
+    slow = attnlab.Attention(score=score, align=align, path="explicit", **opts)
+    slow.load_state_dict(fast.state_dict())
+    fast, slow = fast.to(dtype), slow.to(dtype)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 6, 4, generator=g).to(dtype)
+    k = torch.randn(3, 11, 4, generator=g).to(dtype)
+    v = torch.randn(3, 11, 3, generator=g).to(dtype)
+    lengths = torch.tensor([11, 7, 2])
+    mask = attnlab.masks.from_lengths(lengths)
+    pad = torch.arange(11) >= lengths[:, None]
+    k = k.masked_fill(pad[..., None], float("nan"))  # padding that must never matter
+    outs = []
+    for module in (fast, slow):
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        out = module(qq, kk, vv, mask=mask, need_weights=True)
+        probe = torch.randn(out.context.shape, generator=torch.Generator().manual_seed(1))
+        (out.context.float() * probe).sum().backward()
+        grads = [qq.grad, kk.grad, vv.grad] + [p.grad for p in module.parameters()]
+        outs.append((out, grads))
+    (a, ga), (b, gb) = outs
+    assert a.path == "local-window" and b.path == "explicit"
+    assert torch.isfinite(a.context).all() and torch.isfinite(ga[1]).all()
+    tol = {"rtol": 0, "atol": atol}
+    torch.testing.assert_close(a.context, b.context, **tol)
+    torch.testing.assert_close(a.weights, b.weights, **tol)
+    assert len(ga) == len(gb)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, **tol)
+
+
 # ----------------------------------------------------------------------------- learning
 
 N_POS, N_TOK, WINDOW_D = 32, 8, 2
@@ -435,3 +488,31 @@ def test_learning_local_m_reads_its_own_position_among_distractors():
     assert results["local-m"] > 0.9, results
     assert results["global soft"] < 0.6, results
     assert results["mean pooling"] < 0.4, results
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "key_padding", "two_d", "full"])
+def test_long_query_sequences_run_in_chunks_with_the_same_results(mask_kind, monkeypatch):
+    """Queries beyond WINDOW_CHUNK_ELEMENTS / (B W d) run chunk by chunk (their window
+    tensors stay under the allocator's mmap threshold): contexts, dense and window weights
+    and every gradient equal those of one pass, here with chunks of 5 of 12 query rows."""
+    import attnlab.general.local as local
+
+    B, n_k, d_v, D = 3, 10, 3, 2
+    n_q = len(CENTERS)
+    q, k, v, g = inputs(B, n_q, n_k, d_v, torch.float64, seed=7)
+    center = torch.tensor(CENTERS, dtype=torch.float64).expand(B, n_q).clone()
+    mask = masks_for(mask_kind, B, n_q, n_k, g)
+    score = make_score("general", torch.float64)
+
+    def run() -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        ctx, dense, win = local_window_attend(score, *ins, center, D, mask, True, True)
+        (ctx.sum() + (dense * torch.arange(n_k)).sum() + win.square().sum()).backward()
+        return (ctx, dense, win), tuple(x.grad for x in ins)
+
+    whole = run()
+    monkeypatch.setattr(local, "WINDOW_CHUNK_ELEMENTS", 5 * B * (2 * D + 1) * 4)
+    assert local._query_chunk(B, 2 * D + 1, 4) == 5 < n_q
+    chunked = run()
+    for a, b in zip(whole[0] + whole[1], chunked[0] + chunked[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

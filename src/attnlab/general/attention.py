@@ -44,6 +44,7 @@ from attnlab._checks import (
     check_module_dtype,
     check_same,
     check_tensor,
+    softmax_dtype,
 )
 from attnlab._deprecation import renamed_keywords, warn_deprecated
 from attnlab.general.alignment import Aligned, Alignment, ReinforcedAlign
@@ -54,7 +55,7 @@ from attnlab.general.flash_additive import (
     triton_act_name,
 )
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
-from attnlab.general.local import local_window_attend
+from attnlab.general.local import local_window_attend, window_dot_score
 from attnlab.general.local_flex import local_flex_attend
 from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
@@ -716,6 +717,15 @@ class Attention(Configurable):
             q_in, k_in = self.score.lean_parts(call.q, call.keys)
             (w, _), act = self.score.work_params(), self.score.act
             score_fn = lambda qq, kk: additive_score_lean(qq, kk, w, act)  # noqa: E731
+        elif self._caps.dot:
+            # score = scale q'^T k': transform the queries (normalise the keys) once, then
+            # score each window slot by a product summed over the features; in the scores'
+            # dtype, as the score itself computes them (no half-precision rounding of W q)
+            work = softmax_dtype(call.q.dtype)
+            q_in, k_in, scale = self.score.dot_form(  # type: ignore[misc]
+                call.q.to(work), call.keys.to(work)
+            )
+            score_fn = lambda qq, kk: window_dot_score(qq, kk, scale)  # noqa: E731
         context, weights, _ = local_window_attend(
             score_fn,
             q_in,

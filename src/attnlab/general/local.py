@@ -18,16 +18,30 @@ from torch import Tensor
 from attnlab._checks import softmax_dtype
 from attnlab.general.alignment import _check_window, masked_softmax
 
-__all__ = ["local_window_attend"]
+__all__ = ["local_window_attend", "window_dot_score"]
 
 
 def _gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     """``x`` ``[B, n, d]``, ``idx`` ``[B, n_q, W]`` -> ``[B, n_q, W, d]``; index ``n``
     reads a row of zeros (appended here)."""
     B, n_q, W = idx.shape
-    x = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[-1])], 1)
-    flat = idx.reshape(B, n_q * W, 1).expand(x.shape[0], -1, x.shape[-1])
-    return x.gather(1, flat).reshape(B, n_q, W, x.shape[-1])
+    n, d = x.shape[1] + 1, x.shape[-1]
+    x = torch.cat([x, x.new_zeros(x.shape[0], 1, d)], 1)
+    # whole rows of the flattened [B (n + 1), d] keys: index_select copies each row at once,
+    # where gather with an index expanded over the features reads element by element
+    rows = idx + torch.arange(B, device=idx.device).view(B, 1, 1) * n
+    return x.reshape(B * n, d).index_select(0, rows.reshape(-1)).reshape(B, n_q, W, d)
+
+
+def window_dot_score(q: Tensor, k: Tensor, scale: float = 1.0) -> Tensor:
+    """The score function of :func:`local_window_attend` for a dot-product score in its
+    dot form: ``scale * q^T k_l`` for ``q`` ``[N, 1, d]`` and its window ``k`` ``[N, W, d]``
+    -> ``[N, 1, W]``, in float32 for half-precision inputs. A product summed over the
+    features, not ``N`` tiny ``[1, d] @ [d, W]`` matmuls (which CPU ``bmm`` and its
+    backward run one by one)."""
+    work = softmax_dtype(q.dtype)
+    e = (q.to(work) * k.to(work)).sum(-1).unsqueeze(-2)
+    return e * scale if scale != 1.0 else e
 
 
 def _window_slots(
@@ -48,6 +62,25 @@ def _window_slots(
         full = torch.broadcast_to(mask, (B, n_q, n_k))
         valid = valid & full.gather(2, safe)
     return safe, dist, valid
+
+
+#: The most elements a window-sized temporary (``[B, rows, W, d]``) of one call may hold:
+#: 16 MiB of float32, under glibc's ``mmap`` threshold (at most 32 MiB), so that the
+#: temporaries come from the heap and are reused, not mapped and zero-filled afresh at every
+#: call (which made the CPU time of long sequences grow faster than linearly).
+WINDOW_CHUNK_ELEMENTS = 1 << 22
+
+
+def _query_chunk(B: int, W: int, d: int) -> int:
+    """How many query rows one chunk of :func:`local_window_attend` takes."""
+    return max(1, WINDOW_CHUNK_ELEMENTS // max(1, B * W * d))
+
+
+def _query_rows(mask: Tensor | None, start: int, rows: int) -> Tensor | None:
+    """The rows ``start .. start + rows`` of a mask broadcastable to ``[B, n_q, n_k]``."""
+    if mask is None or mask.dim() < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., start : start + rows, :]
 
 
 def local_window_attend(
@@ -85,7 +118,8 @@ def local_window_attend(
     query of an empty window is set to zero before it is scored: what masked positions
     hold (NaN, inf) never reaches the context or the gradients. Half-precision inputs: the window, the
     softmax and the Gaussian are computed in float32. ``D`` must be an int >= 1 and
-    ``center`` ``[B, n_q]``, else ``ValueError``.
+    ``center`` ``[B, n_q]``, else ``ValueError``. Long query sequences run in chunks of
+    query rows whose window tensors stay under :data:`WINDOW_CHUNK_ELEMENTS` (same results).
     """
     _check_window(D)
     B, n_q, _ = q.shape
@@ -95,6 +129,29 @@ def local_window_attend(
             f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
         )
     W = 2 * D + 1
+    rows = _query_chunk(B, W, max(k.shape[-1], v.shape[-1]))
+    if n_q > rows:  # window-sized temporaries under the allocator's threshold, chunk by chunk
+        parts = [
+            local_window_attend(
+                score,
+                q[:, s : s + rows],
+                k,
+                v,
+                center[:, s : s + rows],
+                D,
+                _query_rows(mask, s, rows),
+                gaussian,
+                need_weights,
+                dropout_p,
+            )
+            for s in range(0, n_q, rows)
+        ]
+        dense_parts = [p[1] for p in parts]
+        return (
+            torch.cat([p[0] for p in parts], 1),
+            torch.cat(dense_parts, 1) if need_weights else None,  # type: ignore[arg-type]
+            torch.cat([p[2] for p in parts], 1),
+        )
     if n_k == 0:  # no keys: every window is empty
         context = v.new_zeros(B, n_q, v.shape[-1])
         dense = v.new_zeros(B, n_q, 0) if need_weights else None
@@ -117,7 +174,10 @@ def local_window_attend(
         a = a * torch.exp(-(dist**2) / (2 * sigma**2))
     a = a.to(v.dtype)
     a_used = torch.nn.functional.dropout(a, dropout_p, True) if dropout_p > 0 else a
-    context = (a_used.unsqueeze(-2) @ v_win).squeeze(-2)
+    # a broadcast product summed over the window, not a batched [1, W] @ [W, d_v] matmul
+    # (for B n_q tiny matrices CPU bmm and its backward loop over them one by one); the
+    # products are summed in float32 for half inputs, as a matmul accumulates them
+    context = (a_used.to(work).unsqueeze(-1) * v_win.to(work)).sum(-2).to(v.dtype)
     dense = None
     if need_weights:
         dense = a.new_zeros(B, n_q, n_k)

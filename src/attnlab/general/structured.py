@@ -59,44 +59,53 @@ def _unary(u1: Tensor) -> Tensor:
     return torch.stack((torch.zeros_like(u1), u1), -1)
 
 
+def _lse2(x: Tensor, dim: int) -> Tensor:
+    """``logsumexp`` over the two entries of axis ``dim`` as one ``logaddexp``: the same
+    value up to rounding, in one kernel."""
+    a, b = x.unbind(dim)
+    return torch.logaddexp(a, b)
+
+
 def _normalized(log_potentials: Tensor) -> Tensor:
     """A message over the two states shifted to log-sum 0 (the shift cancels in every
     marginal; it keeps the messages near 0, so huge scores lose no precision)."""
-    return log_potentials - torch.logsumexp(log_potentials, -1, keepdim=True)
+    return log_potentials - _lse2(log_potentials, -1).unsqueeze(-1)
 
 
-def _forward_messages(u1: Tensor, allowed: Tensor, theta: Tensor) -> list[Tensor]:
-    """``alpha_t[..., z]``: up to a constant, the log-sum over the allowed keys up to ``t``
-    (``t`` included when it is allowed) with the last of them in state ``z``."""
-    lead = u1.shape[:-1]
-    alpha = u1.new_zeros(*lead, 2)
-    started = torch.zeros(lead, dtype=torch.bool, device=u1.device)
-    out = []
-    for t in range(u1.shape[-1]):
-        through = torch.logsumexp(alpha.unsqueeze(-1) + theta, dim=-2)  # over z_prev
-        new = torch.where(started.unsqueeze(-1), through, 0.0) + _unary(u1[..., t])
-        ok = allowed[..., t]
-        alpha = torch.where(ok.unsqueeze(-1), _normalized(new), alpha)
-        started = started | ok
-        out.append(alpha)
-    return out
+def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
+    """``log p(z_t = 1) - log p(z_t = 0)`` ``[..., n]`` by forward-backward.
 
-
-def _backward_messages(u1: Tensor, allowed: Tensor, theta: Tensor) -> list[Tensor]:
-    """``beta_t[..., z]``: up to a constant, the log-sum over the allowed keys after ``t``
-    given ``z_t = z`` (0 where no allowed key follows)."""
-    lead = u1.shape[:-1]
-    ahead = u1.new_zeros(*lead, 2)  # unary + beta of the next allowed key
-    has_next = torch.zeros(lead, dtype=torch.bool, device=u1.device)
-    out: list[Tensor] = [ahead] * u1.shape[-1]
-    for t in reversed(range(u1.shape[-1])):
-        through = _normalized(torch.logsumexp(theta + ahead.unsqueeze(-2), dim=-1))
-        beta = torch.where(has_next.unsqueeze(-1), through, 0.0)  # over z_next
-        out[t] = beta
-        ok = allowed[..., t]
-        ahead = torch.where(ok.unsqueeze(-1), _normalized(_unary(u1[..., t]) + beta), ahead)
-        has_next = has_next | ok
-    return out
+    The two recursions have the same form, so they run as one loop over a stacked pair of
+    chains: chain 0 visits the keys in order with ``theta``, chain 1 in reverse order with
+    ``theta^T``. At step ``s`` a chain's message ``m`` ``[..., 2]`` (up to a constant, the
+    log-sum over the allowed keys visited so far with the last of them in state ``z``)
+    passes through the pairwise potentials (``through[z] = log sum_z' exp(m[z'] +
+    theta[z', z])``, 0 before the first allowed key) and, at an allowed key, takes its
+    unary potentials and is shifted to log-sum 0. Chain 0's messages are ``alpha_t``;
+    chain 1's ``through`` at key ``t`` is ``beta_t`` (the keys after ``t``) up to a
+    constant, which cancels in the log-odds ``alpha_t[1] - alpha_t[0] + beta_t[1] -
+    beta_t[0]``."""
+    n = u1.shape[-1]
+    unary = _unary(u1)  # [..., n, 2]
+    # everything that does not depend on the messages is computed once, out of the loop;
+    # index 0 of every stacked tensor is the forward chain, 1 the backward one
+    units = torch.stack((unary, unary.flip(-2))).unbind(-2)  # n x [2, ..., 2]
+    ok = torch.stack((allowed, allowed.flip(-1)))  # [2, ..., n]
+    # an allowed key was visited before this one (the chain has started)
+    started = (ok.cumsum(-1) > ok.to(torch.long)).unsqueeze(-1).unbind(-2)
+    oks = ok.unsqueeze(-1).unbind(-2)
+    pair = torch.stack((theta, theta.T)).view(2, *[1] * (u1.dim() - 1), 2, 2)
+    message = u1.new_zeros(2, *u1.shape[:-1], 2)
+    messages, throughs = [], []
+    for s in range(n):
+        through = _lse2(message.unsqueeze(-1) + pair, -2)  # over the previous state
+        through = torch.where(started[s], through, 0.0)
+        message = torch.where(oks[s], _normalized(through + units[s]), message)
+        messages.append(message[0])
+        throughs.append(through[1])
+    alpha = torch.stack(messages, -2)  # [..., n, 2]
+    beta = torch.stack(throughs[::-1], -2)
+    return alpha[..., 1] - alpha[..., 0] + beta[..., 1] - beta[..., 0]
 
 
 def crf_marginals(
@@ -133,16 +142,11 @@ def _marginals(e: Tensor, mask: Tensor | None, transitions: Tensor | None) -> Te
     allowed = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.expand(x.shape)
     theta = x.new_zeros(2, 2) if transitions is None else transitions.to(work)
     u1 = torch.where(allowed, x, 0.0)  # a masked key's score never enters a message
-    alphas = _forward_messages(u1, allowed, theta)
-    betas = _backward_messages(u1, allowed, theta)
-    if not alphas:
+    if x.shape[-1] == 0:
         return x.new_zeros(x.shape)
     # p(z_t = 1) = sigmoid(log-odds of the two states at t): exact, and saturated to a
     # zero gradient where the scores are huge
-    odds = [
-        a[..., 1] + b[..., 1] - a[..., 0] - b[..., 0] for a, b in zip(alphas, betas, strict=True)
-    ]
-    return torch.where(allowed, torch.sigmoid(torch.stack(odds, -1)), 0.0)
+    return torch.where(allowed, torch.sigmoid(_log_odds(u1, allowed, theta)), 0.0)
 
 
 def _rescaled(weights: Tensor) -> Tensor:
