@@ -123,35 +123,54 @@ def local_window_attend(
     """
     _check_window(D)
     B, n_q, _ = q.shape
-    n_k = k.shape[1]
     if center.shape != (B, n_q):
         raise ValueError(
             f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
         )
-    W = 2 * D + 1
-    rows = _query_chunk(B, W, max(k.shape[-1], v.shape[-1]))
-    if n_q > rows:  # window-sized temporaries under the allocator's threshold, chunk by chunk
-        parts = [
-            local_window_attend(
-                score,
-                q[:, s : s + rows],
-                k,
-                v,
-                center[:, s : s + rows],
-                D,
-                _query_rows(mask, s, rows),
-                gaussian,
-                need_weights,
-                dropout_p,
-            )
-            for s in range(0, n_q, rows)
-        ]
-        dense_parts = [p[1] for p in parts]
-        return (
-            torch.cat([p[0] for p in parts], 1),
-            torch.cat(dense_parts, 1) if need_weights else None,  # type: ignore[arg-type]
-            torch.cat([p[2] for p in parts], 1),
+    rows = _query_chunk(B, 2 * D + 1, max(k.shape[-1], v.shape[-1]))
+    # long query sequences chunk by chunk: window-sized temporaries under the allocator's
+    # threshold (the results are those of one pass)
+    parts = [
+        _window_attend(
+            score,
+            q[:, s : s + rows],
+            k,
+            v,
+            center[:, s : s + rows],
+            D,
+            _query_rows(mask, s, rows),
+            gaussian,
+            need_weights,
+            dropout_p,
         )
+        for s in range(0, max(n_q, 1), rows)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    dense_parts = [p[1] for p in parts]
+    return (
+        torch.cat([p[0] for p in parts], 1),
+        torch.cat(dense_parts, 1) if need_weights else None,  # type: ignore[arg-type]
+        torch.cat([p[2] for p in parts], 1),
+    )
+
+
+def _window_attend(
+    score: Callable[[Tensor, Tensor], Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    center: Tensor,
+    D: int,
+    mask: Tensor | None,
+    gaussian: bool,
+    need_weights: bool,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`local_window_attend` on checked inputs, in one pass."""
+    B, n_q, _ = q.shape
+    n_k = k.shape[1]
+    W = 2 * D + 1
     if n_k == 0:  # no keys: every window is empty
         context = v.new_zeros(B, n_q, v.shape[-1])
         dense = v.new_zeros(B, n_q, 0) if need_weights else None
