@@ -11,6 +11,7 @@ Any score module works: each query is scored against its own gathered window.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -83,6 +84,31 @@ def _query_rows(mask: Tensor | None, start: int, rows: int) -> Tensor | None:
     return mask[..., start : start + rows, :]
 
 
+def _check_center(center: Tensor, B: int, n_q: int) -> None:
+    if center.shape != (B, n_q):
+        raise ValueError(
+            f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
+        )
+
+
+def _in_chunks(
+    one: Callable[..., tuple[Tensor, Tensor | None, Tensor]],
+    q: Tensor,
+    center: Tensor,
+    mask: Tensor | None,
+    rows: int,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`local_window_attend`'s outputs from ``one(q=, center=, mask=)`` on chunks of
+    ``rows`` query rows, concatenated (the results are those of one pass)."""
+    parts = [
+        one(q=q[:, s : s + rows], center=center[:, s : s + rows], mask=_query_rows(mask, s, rows))
+        for s in range(0, q.shape[1], rows)
+    ]
+    dense = torch.cat([p[1] for p in parts], 1) if need_weights else None  # type: ignore[misc]
+    return torch.cat([p[0] for p in parts], 1), dense, torch.cat([p[2] for p in parts], 1)
+
+
 def local_window_attend(
     score: Callable[[Tensor, Tensor], Tensor],
     q: Tensor,
@@ -123,52 +149,12 @@ def local_window_attend(
     """
     _check_window(D)
     B, n_q, _ = q.shape
-    if center.shape != (B, n_q):
-        raise ValueError(
-            f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
-        )
+    _check_center(center, B, n_q)
     rows = _query_chunk(B, 2 * D + 1, max(k.shape[-1], v.shape[-1]))
-    # long query sequences chunk by chunk: window-sized temporaries under the allocator's
-    # threshold (the results are those of one pass)
-    parts = [
-        _window_attend(
-            score,
-            q[:, s : s + rows],
-            k,
-            v,
-            center[:, s : s + rows],
-            D,
-            _query_rows(mask, s, rows),
-            gaussian,
-            need_weights,
-            dropout_p,
-        )
-        for s in range(0, max(n_q, 1), rows)
-    ]
-    if len(parts) == 1:
-        return parts[0]
-    dense_parts = [p[1] for p in parts]
-    return (
-        torch.cat([p[0] for p in parts], 1),
-        torch.cat(dense_parts, 1) if need_weights else None,  # type: ignore[arg-type]
-        torch.cat([p[2] for p in parts], 1),
-    )
-
-
-def _window_attend(
-    score: Callable[[Tensor, Tensor], Tensor],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    center: Tensor,
-    D: int,
-    mask: Tensor | None,
-    gaussian: bool,
-    need_weights: bool,
-    dropout_p: float,
-) -> tuple[Tensor, Tensor | None, Tensor]:
-    """:func:`local_window_attend` on checked inputs, in one pass."""
-    B, n_q, _ = q.shape
+    if n_q > rows:  # window-sized temporaries under the allocator's threshold
+        one = partial(local_window_attend, score, k=k, v=v, D=D, gaussian=gaussian)
+        one = partial(one, need_weights=need_weights, dropout_p=dropout_p)
+        return _in_chunks(one, q, center, mask, rows, need_weights)
     n_k = k.shape[1]
     W = 2 * D + 1
     if n_k == 0:  # no keys: every window is empty
