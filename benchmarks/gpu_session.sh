@@ -7,7 +7,8 @@
 #   3. the GPU anchors of benchmarks/cuda_bench.py (--quick: 5 repeats);
 #   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py), then at
 #      the tiles their defaults were chosen over (TILES, empty for none);
-#   5. the cold compile time of torch.compile(Attention("additive")) (compile_time.py).
+#   5. the cold compile time of torch.compile(Attention("additive")) (compile_time.py);
+#   6. the local-attention Triton kernels against the gathered window (local_kernels.py).
 #
 # Each step runs under its own time limit (a step that runs over is cut and the next one
 # starts), writes its whole output to OUTDIR/<step>.txt and one line to
@@ -30,10 +31,10 @@ mkdir -p "$out"
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
 # the Triton kernel tests (a smoke test of this script points it at a cheaper target)
-kernel_tests="${KERNEL_TESTS:-tests/general/test_flash_additive.py}"
+kernel_tests="${KERNEL_TESTS:-tests/general/test_flash_additive.py tests/general/test_local_triton.py}"
 
 # the steps to run (all by default), the CUDA tests, and the extra tiles of step 4
-steps=" ${STEPS:-device cuda-tests kernel-tests cuda-bench gpu-kernels compile-time} "
+steps=" ${STEPS:-device cuda-tests kernel-tests cuda-bench gpu-kernels compile-time local-kernels} "
 cuda_tests="${CUDA_TESTS:-tests}"
 tiles="${TILES-multi:16x4,multi:16x8,additive:64x64,additive:32x32}"
 workers=""
@@ -74,8 +75,8 @@ if [ -f "$out/device.txt" ]; then  # into the summary: 8 files at most come back
 fi
 pytest_args="-q -p no:cacheprovider -rfEs --tb=short --durations=10"
 step cuda-tests 90 "$py" -m pytest -m cuda $pytest_args $workers $cuda_tests
-step kernel-tests 60 "$py" -m pytest $pytest_args $workers $kernel_tests
-step cuda-bench 110 "$py" -c "
+step kernel-tests 80 "$py" -m pytest $pytest_args $workers $kernel_tests
+step cuda-bench 100 "$py" -c "
 import sys
 sys.argv = ['run.py', '--device', 'cuda', '--quick', '--json', '$out/gpu.json',
             '--cases', '${CUDA_CASES:-}', '--dtypes', '${CUDA_DTYPES:-bf16,fp32}']
@@ -86,7 +87,11 @@ run.main()
 "
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
-step gpu-kernels 200 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
+step gpu-kernels 140 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
     --sides "${KERNEL_SIDES:-triton,triton-fused,chunked,broadcast,compiled}" --tiles "$tiles"
-step compile-time 60 "$py" benchmarks/compile_time.py --device cuda
+step compile-time 50 "$py" benchmarks/compile_time.py --device cuda
+if [ -f "$out/compile-time.txt" ]; then  # a few lines: into the summary (8 files at most)
+    cat "$out/compile-time.txt" >>"$out/summary.txt" && rm "$out/compile-time.txt"
+fi
+step local-kernels 60 "$py" benchmarks/local_kernels.py
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

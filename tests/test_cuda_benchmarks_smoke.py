@@ -69,11 +69,12 @@ def test_gpu_session_script_fits_one_lease_call():
         "cuda-bench",
         "gpu-kernels",
         "compile-time",
+        "local-kernels",
     ]
     assert sum(limit for _, limit in steps) <= 540
-    # one .txt per step but the device's (it goes into summary.txt), summary.txt,
-    # gpu.json and gpu-kernels.json
-    assert len(steps) - 1 + 3 <= 8
+    # one .txt per step but the device's and the compile time's (they go into
+    # summary.txt), summary.txt, gpu.json and gpu-kernels.json
+    assert len(steps) - 2 + 3 <= 8
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -105,7 +106,8 @@ def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
     assert "nothing measured" in (tmp_path / "cuda-bench.txt").read_text()
     assert "nothing measured" in (tmp_path / "gpu-kernels.txt").read_text()
     assert "skipped" in (tmp_path / "cuda-tests.txt").read_text()
-    assert "nothing measured" in (tmp_path / "compile-time.txt").read_text()
+    assert "nothing measured" in summary and not (tmp_path / "compile-time.txt").exists()
+    assert "nothing measured" in (tmp_path / "local-kernels.txt").read_text()
 
 
 def test_a_side_that_raises_is_an_error_row_and_the_rest_still_runs(monkeypatch):

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "_deprecation",
                 "_optional",
                 "_flash_kernels",
+                "_local_kernels",
                 "_recurrent",
                 "masks",
                 "output",

@@ -23,7 +23,8 @@ class AttentionOutput:
         log_prob: for stochastic alignments (hard, reinforced) the log-probability of the
             sampled choice, ``[B, n_q]`` (``[B]`` for a single query), for a REINFORCE loss.
         path: which implementation ran (``"sdpa"``, ``"lean-additive"``, ``"lean-multi"``,
-            ``"local-window"`` or ``"explicit"``).
+            ``"triton"``, ``"local-flex"``, ``"local-triton"``, ``"local-window"`` or
+            ``"explicit"``).
         extras: anything else a mechanism exposes (e.g. ``"probs"`` for hard attention,
             ``"centers"`` for local-p, ``"selection"`` for reinforced attention).
 

@@ -206,17 +206,20 @@ def test_explain_is_per_device():
     want = "local-flex" if planner.flex_available() else "local-window"
     assert local_dot.explain(device="cuda")[0] == want
     assert local_dot.explain(need_weights=True, device="cuda")[0] == "local-window"
-    # FlexAttention's CUDA kernels take keys / values of at least 16 features
-    assert local_dot.plan(device="cuda", head_dim=8).path == "local-window"
+    # FlexAttention's CUDA kernels take keys / values of at least 16 features; narrower
+    # calls take the local Triton kernels where triton is installed
+    kernels = "local-triton" if planner.triton_available() else "local-window"
+    assert local_dot.plan(device="cuda", head_dim=8).path == kernels
     assert local_dot.plan(device="cuda", head_dim=16).path == want
     # the additive score has no dot form: FlexAttention cannot compute it
     local_add = Attention("additive", "local-p", d_q=4, d_k=4, D=2)
     assert local_add.explain(device="cuda")[0] == "local-window"
-    # local-p's learned centres and any Gaussian factor take the gathered window on CUDA
-    # too (FlexAttention's score_mod pass was wrong on an H200, docs/benchmarks.md)
+    # local-p's learned centres and any Gaussian factor take the local Triton kernels on
+    # CUDA (FlexAttention would need a slow second score_mod pass, docs/benchmarks.md)
     for align, kw in (("local-p", {}), ("local-m", {"gaussian": True})):
         local = Attention("general", align, d_q=16, d_k=16, D=2, **kw)
-        assert local.plan(device="cuda", head_dim=16).path == "local-window", align
+        assert local.plan(device="cuda", head_dim=16).path == kernels, align
+        assert local.plan(device="cuda", need_weights=True).path == "local-window", align
     sd = Attention("scaled-dot")
     assert "flash" in sd.explain(device="cuda")[1] and "CPU math" in sd.explain()[1]
 

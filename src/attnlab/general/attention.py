@@ -17,7 +17,8 @@ and runs each combination on the fastest correct implementation:
 | ``lean-multi`` | multi-dimensional additive (DiSAN), soft alignment, no weights requested | fused chunked kernel: memory O(B n_q d_v + chunk) |
 | ``triton`` | additive or multi-dimensional additive, soft alignment, no weights requested, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most 1024 (multi 128) (or ``path="triton"``) | FlashAttention-style Triton kernels (:mod:`attnlab.general.flash_additive`): nothing ``n_q x n_k`` in memory |
 | ``local-flex`` | local-m without the Gaussian factor, a dot-product score, on CUDA, no weights requested, no dropout | FlexAttention's sliding-window block mask (:mod:`attnlab.general.local_flex`) |
-| ``local-window`` | local-m / local-p otherwise (local-p everywhere) | only the ``2D + 1`` keys of each window are scored: O(B n_q D) |
+| ``local-triton`` | local-p, or local-m with the Gaussian factor, a dot-product score, on CUDA with ``triton`` installed, no weights requested, no dropout, ``2D + 1`` at most 256 | Triton kernels that read each window's keys and values in place (:mod:`attnlab.general.local_triton`): O(B n_q D) |
+| ``local-window`` | local-m / local-p otherwise | only the ``2D + 1`` keys of each window are scored, gathered into window tensors: O(B n_q D) |
 | ``explicit`` | everything else (and ``path="explicit"``) | the textbook computation |
 
 The path is decided by :mod:`attnlab.general.planner` from the combination's capabilities
@@ -57,6 +58,7 @@ from attnlab.general.flash_additive import (
 from attnlab.general.fused import additive_score_lean, multi_dim_attend_lean
 from attnlab.general.local import local_window_attend, window_dot_score
 from attnlab.general.local_flex import local_flex_attend
+from attnlab.general.local_triton import local_triton_attend
 from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.planner import Plan, capabilities, plan_attention
@@ -640,6 +642,8 @@ class Attention(Configurable):
             return self._run_local_flex(call)
         if path == "local-window":
             return self._run_local_window(call)
+        if path == "local-triton":
+            return self._run_local_triton(call)
         return self._run_explicit(call, lean=path == "lean-additive")
 
     def _run_sdpa(self, call: _Call) -> _Result:
@@ -705,6 +709,17 @@ class Attention(Configurable):
             self.align.D,
             call.mask,  # type: ignore[arg-type]
             static_window=static,  # type: ignore[arg-type]
+        )
+        return context, None, None, {"centers": centers}
+
+    def _run_local_triton(self, call: _Call) -> _Result:
+        assert call.q is not None
+        centers = self._centers(call)
+        # the score's dot form in float32 for half inputs, as on the gathered path
+        work = softmax_dtype(call.q.dtype)
+        q2, k2, scale = self.score.dot_form(call.q.to(work), call.keys.to(work))  # type: ignore[misc]
+        context = local_triton_attend(
+            q2, k2, call.values, centers, self.align.D, scale, call.mask, self.align.gaussian
         )
         return context, None, None, {"centers": centers}
 

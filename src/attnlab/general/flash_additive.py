@@ -151,9 +151,10 @@ def triton_act_name(act: str | Callable[[Tensor], Tensor]) -> str | None:
 _KERNELS: ModuleType | None = None
 
 
-def _kernels(device: torch.device) -> ModuleType:
-    """The kernel module (imported on first use), after checking that it can run on
-    ``device``; every failure is one line naming the fix."""
+def _kernels(device: torch.device, name: str = "attnlab._flash_kernels") -> ModuleType:
+    """The kernel module ``name`` (imported on first use; :mod:`attnlab._flash_kernels`
+    or :mod:`attnlab._local_kernels`), after checking that it can run on ``device``; every
+    failure is one line naming the fix."""
     global _KERNELS
     reason = triton_unavailable_reason(device)
     if reason is not None:
@@ -168,7 +169,7 @@ def _kernels(device: torch.device) -> ModuleType:
             "were first used), so they cannot take CPU tensors; set TRITON_INTERPRET=1 "
             "before the first kernel call in the process"
         )
-    return _KERNELS
+    return _KERNELS if name == _KERNELS.__name__ else importlib.import_module(name)
 
 
 # ------------------------------------------------------------------ launch plan
@@ -292,8 +293,8 @@ def _tiles(
 ) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps)``: the given tiles, else the defaults by device.
 
-    The GPU defaults were picked with ``benchmarks/sm90_kernels.py`` (compiled for sm_90,
-    not yet timed on a GPU): the largest tiles whose four kernels fit the 255 registers
+    The GPU defaults were picked with ``benchmarks/sm90_kernels.py`` (compiled for sm_90;
+    on an H100 they were faster than the alternatives timed, docs/kernels.md): the largest tiles whose four kernels fit the 255 registers
     of a thread (no spills, or a few bytes; the widest half-precision tiles spill up to
     2 KiB) and an H100 block's shared memory, for d = 32 .. 1024, 8 warps. Additive: see
     :data:`_ADDITIVE_GPU_TILES`; multi-dimensional: ``16 x 2`` (``16 x 1`` past 64).

@@ -13,7 +13,8 @@ the *call*: its device, dtype, shapes, whether weights are requested, dropout an
 | ``triton`` | additive (or multi-dimensional additive), soft, no weights, no dropout, on CUDA with ``triton`` installed, ``max(d_w, d_v)`` at most ``TRITON_MAX_WIDTH`` (1024; multi 128) |
 | ``lean-additive`` | additive score, any alignment that is not local |
 | ``local-flex`` | local-m (no Gaussian factor) with a dot-product score on CUDA, no weights, no dropout: FlexAttention's sliding-window block mask |
-| ``local-window`` | local-m / local-p otherwise (local-p on every device): only the ``2D + 1`` window keys are scored |
+| ``local-triton`` | local-p, or local-m with the Gaussian factor, with a dot-product score on CUDA with ``triton`` installed, no weights, no dropout, ``2D + 1`` at most 256: Triton kernels that read each window in place (:mod:`attnlab.general.local_triton`) |
+| ``local-window`` | local-m / local-p otherwise: only the ``2D + 1`` window keys are scored, gathered into window tensors |
 | ``explicit`` | everything else |
 
 :func:`plan_attention` returns a :class:`Plan` ``(path, reason)``; every ``explain()``
@@ -30,6 +31,7 @@ import torch
 from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_fits
+from attnlab.general.local_triton import LOCAL_TRITON_MAX_WINDOW
 from attnlab.general.scoring import AdditiveScore, Score
 
 __all__ = [
@@ -197,6 +199,18 @@ class _Call:
     def fits_triton(self, caps: Capabilities) -> bool:
         return _triton_fits(caps, self.device, self.dtype, self.widths)
 
+    def fits_local_triton(self, window: int) -> bool:
+        """The local Triton kernels: CUDA with triton, no weights, no dropout, a dtype and
+        a window (``2D + 1``) they take."""
+        return (
+            self.device.type == "cuda"
+            and not self.need_weights
+            and not self.dropout
+            and (self.dtype is None or self.dtype in TRITON_DTYPES)
+            and 1 << max(0, window - 1).bit_length() <= LOCAL_TRITON_MAX_WINDOW
+            and triton_available()
+        )
+
     def fits_flex(self) -> bool:
         """FlexAttention's sliding window: CUDA, no weights, no dropout, a dtype and a head
         size its kernels take."""
@@ -271,19 +285,26 @@ def _forced_plan(caps: Capabilities, mode: str, n_k: int | None, need_weights: b
 
 
 def _plan_local(caps: Capabilities, call: _Call) -> Plan:
-    """local-m: FlexAttention's sliding window on CUDA; else the gathered window.
+    """local-m without the Gaussian: FlexAttention's sliding window on CUDA; local-p and
+    the Gaussian window with a dot-product score: the local Triton kernels on CUDA; else
+    the gathered window.
 
-    Only a plain window softmax goes to FlexAttention. Local-p's learned centres and the
-    Gaussian factor ran there as a ``score_mod`` in a second pass; on an H200 (torch 2.11)
-    that pass gave wrong bfloat16 contexts and wrong gradients for the centre parameters,
-    and its first call compiled for two minutes (docs/benchmarks.md), so those take the
-    gathered window, which is correct on every device."""
+    Only a plain window softmax goes to FlexAttention: local-p's learned centres and the
+    Gaussian factor need a second ``score_mod`` pass there, which was 6.6x slower than the
+    window and compiled for two minutes on its first call on an H200 (docs/benchmarks.md).
+    """
     a, s = caps.align, caps.score
     if caps.dot and caps.centres_are_positions and not caps.gaussian and call.fits_flex():
         return Plan(
             "local-flex",
             f"{a} with the dot-product score {s!r} on CUDA: FlexAttention with a "
             f"sliding-window block mask over the 2D+1 = {caps.window} keys",
+        )
+    if caps.dot and call.fits_local_triton(caps.window):
+        return Plan(
+            "local-triton",
+            f"{a} with the dot-product score {s!r} on CUDA with triton installed: Triton "
+            f"kernels read the 2D+1 = {caps.window} keys of each window in place",
         )
     return Plan(
         "local-window",

@@ -1,0 +1,295 @@
+"""Local attention in Triton kernels: the window of each query read in place, on CUDA.
+
+The ``local-triton`` path of :class:`attnlab.Attention` for local-m and local-p
+(Luong et al. 2015) with a dot-product score:
+
+    e_l = scale q'_i . k'_l   for the slots l of the window |l - p_i| <= D,
+    a = softmax_window(e) * exp(-(l - p_i)^2 / (2 sigma^2)),  sigma = D / 2,
+    c_i = sum_l a_l v_l,
+
+with ``q' , k'`` the score's dot form (:meth:`~attnlab.general.scoring.Score.dot_form`)
+and ``p`` the alignment's centres (local-p's predicted ones receive their gradient
+through the Gaussian). The result is that of :func:`attnlab.general.local.local_window_attend`
+(and of the explicit path); the difference is where the window lives. The gathered path
+copies the ``2D + 1`` keys and values of every window into ``[B, n_q, 2D + 1, d]`` tensors
+(in float32 for half inputs, and its backward scatters their gradients back row by row);
+the kernels of :mod:`attnlab._local_kernels` load each window's rows straight from the keys
+and values, keep the scores and weights in registers and write only the context and the
+``[B, n_q, 2D + 1]`` weights. Time O(B n_q D (d + d_v)); memory O(B n_q D) besides the
+inputs and their gradients.
+
+Requirements: the ``triton`` package (``pip install 'attnlab[triton]'``); CUDA tensors, or
+CPU tensors under ``TRITON_INTERPRET=1`` (for tests). Inputs in float32, bfloat16 or
+float16, computed in float32. First-order gradients only. The key and value gradients are
+summed with atomic adds (windows overlap), so their last bits may vary from run to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.general.alignment import _check_window
+from attnlab.general.flash_additive import TRITON_DTYPES, _custom_op, _kernels
+from attnlab.general.fused import _once_differentiable
+
+__all__ = ["LOCAL_TRITON_MAX_WINDOW", "local_triton_attend"]
+
+#: The widest window (``2D + 1``, rounded up to a power of two) the kernels take: a
+#: program holds ``[BLOCK_M, window, BLOCK_D]`` tiles in registers.
+LOCAL_TRITON_MAX_WINDOW = 256
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass
+class _Launch:
+    """Sizes, tiles and constants shared by the forward and the backward kernels."""
+
+    D: int
+    scale: float
+    gaussian: bool
+    block_m: int
+    w_pad: int
+    block_d: int
+    block_dv: int
+    num_warps: int  # of the forward kernel
+    bwd_warps: int  # of the backward kernel
+
+    def scalars(self) -> tuple[Any, ...]:
+        # sigma = D / 2: 1 / (2 sigma^2) = 2 / D^2
+        return self.D, self.scale, 2.0 / self.D**2
+
+    def consts(self, has_mask: bool, backward: bool = False) -> dict[str, Any]:
+        return {
+            "GAUSS": self.gaussian,
+            "HAS_MASK": has_mask,
+            "BLOCK_M": self.block_m,
+            "W_PAD": self.w_pad,
+            "BLOCK_D": self.block_d,
+            "BLOCK_DV": self.block_dv,
+            "num_warps": self.bwd_warps if backward else self.num_warps,
+        }
+
+
+def _launch(D: int, scale: float, gaussian: bool, d: int, dv: int, on_gpu: bool) -> _Launch:
+    """The tiles: ``BLOCK_M * W_PAD`` window slots per program, ``BLOCK_D`` features of
+    them at a time. On a GPU 256 slots, the forward kernel in 4 warps and the backward
+    kernel in 8: the fastest forward + backward of the tiles timed on an H100 (B=4,
+    n=16384, D=8, d=64; 256 / 512 / 1024 slots x 4 / 8 warps, docs/kernels.md)."""
+    w_pad = max(2, _pow2(2 * D + 1))
+    slots = 256 if on_gpu else 64
+    block_m = max(1, slots // w_pad)
+    block_d = min(32, max(2, _pow2(d)))
+    block_dv = min(32, max(2, _pow2(dv)))
+    fwd, bwd = (4, 8) if on_gpu else (4, 4)
+    return _Launch(D, scale, gaussian, block_m, w_pad, block_d, block_dv, fwd, bwd)
+
+
+def _s2(x: Tensor) -> tuple[int, int]:
+    return x.stride(0), x.stride(1)
+
+
+def _s3(x: Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+# The launches are PyTorch custom operators (``attnlab::local_attend`` and its backward),
+# so that torch.compile puts them in its graph as they are instead of tracing the launch
+# code. ``tiles``: block_m, w_pad, block_d, block_dv, forward warps, backward warps.
+_SCHEMA_ARGS = "int D, float scale, bool gaussian, int[] tiles"
+
+
+def _plan_of(D: int, scale: float, gaussian: bool, tiles: list[int]) -> _Launch:
+    return _Launch(D, scale, gaussian, *tiles)  # type: ignore[arg-type]
+
+
+def _mask_u8(mask: Tensor | None, q: Tensor) -> Tensor:
+    if mask is None:
+        return torch.zeros(1, 1, 1, dtype=torch.uint8, device=q.device)
+    return mask.view(torch.uint8)
+
+
+def _attend_impl(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    center: Tensor,
+    mask: Tensor | None,
+    D: int,
+    scale: float,
+    gaussian: bool,
+    tiles: list[int],
+) -> tuple[Tensor, Tensor]:
+    plan, K = _plan_of(D, scale, gaussian, tiles), _kernels(q.device, "attnlab._local_kernels")
+    (B, n_q, d), (n_k, dv) = q.shape, (k.shape[1], v.shape[-1])
+    out = torch.empty(B, n_q, dv, device=q.device, dtype=v.dtype)
+    a = torch.empty(B, n_q, 2 * D + 1, device=q.device, dtype=torch.float32)
+    m8 = _mask_u8(mask, q)
+    K.local_fwd[(triton_cdiv(n_q, plan.block_m), B)](
+        q, k, v, center, m8, out, a,
+        n_q, n_k, d, dv, *plan.scalars(),
+        *_s3(q), *_s3(k), *_s3(v), *_s2(center), *_s3(m8), *_s3(out), *_s3(a),
+        **plan.consts(mask is not None),
+    )  # fmt: skip
+    return out, a
+
+
+def _attend_fake(
+    q: Tensor, k: Tensor, v: Tensor, center: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor]:
+    D = rest[1]
+    (B, n_q), dv = q.shape[:2], v.shape[-1]
+    return q.new_empty(B, n_q, dv, dtype=v.dtype), q.new_empty(
+        B, n_q, 2 * D + 1, dtype=torch.float32
+    )
+
+
+def _backward_impl(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    center: Tensor,
+    mask: Tensor | None,
+    a: Tensor,
+    grad: Tensor,
+    D: int,
+    scale: float,
+    gaussian: bool,
+    tiles: list[int],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    plan, K = _plan_of(D, scale, gaussian, tiles), _kernels(q.device, "attnlab._local_kernels")
+    (B, n_q, d), (n_k, dv) = q.shape, (k.shape[1], v.shape[-1])
+    grad = grad.contiguous()
+    dq = torch.empty(B, n_q, d, device=q.device, dtype=torch.float32)
+    dk = torch.zeros(B, n_k, d, device=q.device, dtype=torch.float32)
+    dvv = torch.zeros(B, n_k, dv, device=q.device, dtype=torch.float32)
+    dc = torch.zeros_like(center)
+    m8 = _mask_u8(mask, q)
+    K.local_bwd[(triton_cdiv(n_q, plan.block_m), B)](
+        q, k, v, center, m8, a, grad, dq, dk, dvv, dc,
+        n_q, n_k, d, dv, *plan.scalars(),
+        *_s3(q), *_s3(k), *_s3(v), *_s2(center), *_s3(m8), *_s3(a), *_s3(grad),
+        *_s3(dq), *_s3(dk), *_s3(dvv),
+        **plan.consts(mask is not None, backward=True),
+    )  # fmt: skip
+    return dq, dk, dvv, dc
+
+
+def _backward_fake(
+    q: Tensor, k: Tensor, v: Tensor, center: Tensor, *rest: Any
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v, center))  # type: ignore[return-value]
+
+
+_attend_op = _custom_op(
+    "local_attend",
+    _attend_impl,
+    _attend_fake,
+    f"(Tensor q, Tensor k, Tensor v, Tensor center, Tensor? mask, {_SCHEMA_ARGS})"
+    " -> (Tensor, Tensor)",
+)
+_backward_op = _custom_op(
+    "local_attend_backward",
+    _backward_impl,
+    _backward_fake,
+    "(Tensor q, Tensor k, Tensor v, Tensor center, Tensor? mask, Tensor a, Tensor grad, "
+    f"{_SCHEMA_ARGS}) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, center, mask, *args = inputs
+    ctx.save_for_backward(q, k, v, center, mask, output[1])
+    ctx.args = tuple(args)
+    ctx.mark_non_differentiable(output[1])
+
+
+@_once_differentiable
+def _backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]:
+    q, k, v, center, mask, a = ctx.saved_tensors
+    dq, dk, dv, dc = _backward_op(q, k, v, center, mask, a, grad, *ctx.args)
+    # without the Gaussian the centres only choose the window: no gradient
+    gc = dc if ctx.args[2] else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), gc, None, None, None, None, None
+
+
+_attend_op.register_autograd(_backward, setup_context=_setup)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, center: Tensor, mask: Tensor | None) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 3:
+            raise ValueError(f"{name} must be [B, n, d], got shape {tuple(x.shape)}")
+        if x.dtype not in TRITON_DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}; the kernels take float32/16, bfloat16")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
+    B, n_q = q.shape[:2]
+    if k.shape[0] != B or v.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            " (want q [B, n_q, d], k [B, n_k, d], v [B, n_k, d_v])"
+        )
+    if center.shape != (B, n_q):
+        raise ValueError(
+            f"center has shape {tuple(center.shape)}, expected [B, n_q] = [{B}, {n_q}]"
+        )
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+
+
+def local_triton_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    center: Tensor,
+    D: int,
+    scale: float = 1.0,
+    mask: Tensor | None = None,
+    gaussian: bool = True,
+) -> Tensor:
+    """Local attention over the window ``|l - p| <= D`` of each query, in Triton kernels.
+
+    Args:
+        q: the queries in the score's dot form ``[B, n_q, d]``; k: ``[B, n_k, d]``;
+            v: ``[B, n_k, d_v]``.
+        center: window centres ``[B, n_q]`` (any float dtype; computed in float32).
+        D: half window width, an int >= 1 with ``2D + 1 <= LOCAL_TRITON_MAX_WINDOW``.
+        scale: the score is ``scale * q . k``.
+        mask: bool broadcastable to ``[B, n_q, n_k]``, ``True`` = may attend.
+        gaussian: multiply the window softmax by ``exp(-(l - p)^2 / (2 (D/2)^2))``.
+
+    Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype, equal to
+    :func:`attnlab.general.local.local_window_attend`'s (an empty window, or no keys at
+    all, gives a zero context). Gradients reach ``q``, ``k``, ``v`` and, through the
+    Gaussian, ``center``. Cost O(B n_q D (d + d_v)) time, O(B n_q D) memory.
+    Wrong shapes, dtypes or ``D`` raise ``ValueError`` / ``TypeError``; a device the
+    kernels cannot run on raises ``RuntimeError`` naming the fix.
+    """
+    _check_window(D)
+    _check(q, k, v, center, mask)
+    if _pow2(2 * D + 1) > LOCAL_TRITON_MAX_WINDOW:
+        raise ValueError(
+            f"D = {D}: the window 2D + 1 = {2 * D + 1} is wider than the kernels take "
+            f"({LOCAL_TRITON_MAX_WINDOW}); use local_window_attend"
+        )
+    B, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
+    if n_k == 0 or n_q == 0:  # nothing to attend: a zero context (as the gathered path)
+        return v.new_zeros(B, n_q, v.shape[-1])
+    mask3 = None if mask is None else torch.broadcast_to(mask.to(q.device), (B, n_q, n_k))
+    plan = _launch(D, float(scale), gaussian, q.shape[-1], v.shape[-1], q.is_cuda)
+    c32 = center.to(torch.float32).contiguous()
+    tiles = [plan.block_m, plan.w_pad, plan.block_d, plan.block_dv]
+    tiles += [plan.num_warps, plan.bwd_warps]
+    out, _ = _attend_op(q, k, v, c32, mask3, D, float(scale), gaussian, tiles)
+    return out  # type: ignore[no-any-return]
