@@ -17,11 +17,10 @@ that it needs one and exits 0.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
+import cuda_bench
 import torch
 from torch import Tensor
 
@@ -30,24 +29,8 @@ from attnlab.general.local import local_window_attend, window_dot_score
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: compiles
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
-def _peak(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    """The median ms of ``repeats`` calls after one warm-up call (which compiles)."""
+    return cuda_bench._time(fn, "cuda", repeats, warmup=1)[0]  # type: ignore[arg-type]
 
 
 def _sides(
@@ -124,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                 ref = out if ref is None else ref
                 diff = (out - ref).abs().max().item()
                 both = _timed(step, args.repeats)
-                peak = _peak(step)
-                print(f"| {name} | {side} | {fwd:.3f} | {both:.3f} | {peak:.0f} | {diff:.1e} |")
+                peak = cuda_bench._peak(step, "cuda")
+                print(
+                    f"| {name} | {side} | {fwd:.3f} | {both:.3f} | {peak or 0:.0f} | {diff:.1e} |"
+                )
             except Exception as err:  # the row shows it; the other sides still run
                 print(f"| {name} | {side} | | | | {type(err).__name__}: {err} |".replace("\n", " "))
             sys.stdout.flush()

@@ -43,11 +43,14 @@ __all__ = ["INTERPRETED", "local_bwd", "local_fwd"]
 
 @triton.jit
 def _window(
-    C, M8, b, offs_m, n_q, n_k, D, scb, scm, smb, smm, smn,
-    W_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
+    C, M8, n_q, n_k, D, scb, scm, smb, smm, smn,
+    BLOCK_M: tl.constexpr, W_PAD: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
-    """The slots of the rows ``offs_m``: key indices ``[BLOCK_M, W_PAD]`` (0 where invalid),
-    distances ``l - p`` (float32) and validity. A NaN centre has no valid slot."""
+    """This program's batch element ``b`` and query rows ``offs_m``, and the slots of the
+    rows: key indices ``[BLOCK_M, W_PAD]`` (0 where invalid), distances ``l - p``
+    (float32) and validity. A NaN centre has no valid slot."""
+    b = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row = offs_m < n_q
     p = tl.load(C + b * scb + offs_m * scm, mask=row, other=0.0).to(tl.float32)
     j = tl.arange(0, W_PAD)
@@ -59,7 +62,7 @@ def _window(
     if HAS_MASK:
         allowed = tl.load(M8 + b * smb + offs_m[:, None] * smm + idx * smn, mask=valid, other=0)
         valid = valid & (allowed != 0)
-    return idx, dist, valid
+    return b, offs_m, idx, dist, valid
 
 
 @triton.jit
@@ -98,9 +101,7 @@ def local_fwd(
     GAUSS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
     W_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(1)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    idx, dist, valid = _window(C, M8, b, offs_m, n_q, n_k, D, scb, scm, smb, smm, smn, W_PAD, HAS_MASK)  # fmt: skip
+    b, offs_m, idx, dist, valid = _window(C, M8, n_q, n_k, D, scb, scm, smb, smm, smn, BLOCK_M, W_PAD, HAS_MASK)  # fmt: skip
     e = tl.zeros([BLOCK_M, W_PAD], dtype=tl.float32)
     for c0 in range(0, d, BLOCK_D):
         q = _rows(Q, b, offs_m, n_q, c0, d, sqb, sqm, sqd, BLOCK_D)
@@ -135,9 +136,7 @@ def local_bwd(
     GAUSS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
     W_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(1)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    idx, dist, valid = _window(C, M8, b, offs_m, n_q, n_k, D, scb, scm, smb, smm, smn, W_PAD, HAS_MASK)  # fmt: skip
+    b, offs_m, idx, dist, valid = _window(C, M8, n_q, n_k, D, scb, scm, smb, smm, smn, BLOCK_M, W_PAD, HAS_MASK)  # fmt: skip
     j = tl.arange(0, W_PAD)
     a_ptr = A + b * sab + offs_m[:, None] * sam + j[None, :] * saw
     a = tl.load(a_ptr, mask=valid, other=0.0)

@@ -1,14 +1,11 @@
 """Tests of the Triton kernels for additive and multi-dimensional attention
 (attnlab.general.flash_additive).
 
-Without a CUDA GPU they run on the CPU under Triton's interpreter. Triton reads
-``TRITON_INTERPRET`` when it is first imported (and when the kernels are built), so it is
-set here, at collection time, before anything imports triton -- only where there is no
-CUDA device: on a GPU machine the same tests run on the GPU (and the rest of the suite,
-collected in the same process, keeps compiled Triton for torch.compile and
-FlexAttention); ``TRITON_INTERPRET=1`` there forces the interpreter. If triton was imported
-earlier in the process without the variable, the module skips with that reason instead
-of failing inside the interpreter. The interpreter is
+Without a CUDA GPU they run on the CPU under Triton's interpreter, set up by
+``triton_device`` (imported first, before anything imports triton; on a GPU machine the
+same tests run on the GPU; if triton was imported earlier in the process without the
+variable, the module skips with that reason instead of failing inside the
+interpreter). The interpreter is
 slow, so the sizes are tiny -- but never multiples of the 16-wide tiles, and always more
 than one tile of queries and of keys, so that tile boundaries, the online softmax across
 key tiles and the reductions across tiles are all exercised.
@@ -22,39 +19,20 @@ on the explicit path).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first built
 from additive_references import ref_multi_dim
 from torch import nn
+from triton_device import (  # first: sets TRITON_INTERPRET without a GPU
+    DEVICE,
+    check_compiled_matches_eager,
+)
 
 from attnlab import masks
 from attnlab.general.flash_additive import (
-    TRITON_INSTALL,
     flash_additive_attention,
     flash_multi_dim_attention,
-    triton_interpreting,
-    triton_unavailable_reason,
 )
-
-pytest.importorskip("triton", reason=f"the Triton kernels need triton: {TRITON_INSTALL}")
-
-if triton_interpreting():
-    DEVICE = "cpu"
-elif torch.cuda.is_available():
-    DEVICE = "cuda"
-else:
-    pytest.skip(
-        "TRITON_INTERPRET is off and there is no CUDA GPU to run the kernels on",
-        allow_module_level=True,
-    )
-_REASON = triton_unavailable_reason(DEVICE)  # e.g. triton imported before the variable
-if _REASON is not None:
-    pytest.skip(_REASON, allow_module_level=True)
 
 ACTS = {
     "tanh": torch.tanh,
@@ -652,16 +630,4 @@ def test_compiled_triton_path_has_no_graph_break_and_matches_eager(dim):
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, n, 16, generator=g).to(DEVICE) for n in (19, 21, 21))
     mask = (torch.rand(2, 19, 21, generator=g) > 0.3).to(DEVICE)
-    explained = torch._dynamo.explain(attn)(q, k, v, mask=mask)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
-    torch._dynamo.reset()
-    compiled = torch.compile(attn, fullgraph=True)
-    results = []
-    for fn in (compiled, attn):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        out = fn(*leaves, mask=mask)
-        assert out.path == "triton"
-        grads = torch.autograd.grad(out.context.square().sum(), leaves)
-        results.append((out.context, *grads))
-    for got, want in zip(*results, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    check_compiled_matches_eager(attn, (q, k, v), mask, "triton")

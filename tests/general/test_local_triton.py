@@ -1,9 +1,8 @@
 """Tests of the local-attention Triton kernels (attnlab.general.local_triton) and of the
 ``local-triton`` path of ``Attention``.
 
-Without a CUDA GPU they run on the CPU under Triton's interpreter (set here, before anything
-imports triton, as in test_flash_additive.py); on a GPU machine the same tests run on the
-GPU. Sizes are tiny but span several query blocks and, in the wide case, several feature
+Without a CUDA GPU they run on the CPU under Triton's interpreter (``triton_device``,
+imported first); on a GPU machine the same tests run on the GPU. Sizes are tiny but span several query blocks and, in the wide case, several feature
 chunks of the kernels' 32-wide loops.
 
 The reference is the textbook formula written out below in float64 from the same input
@@ -15,37 +14,16 @@ bfloat16 ``3e-2`` (an 8-bit significand: the inputs and the context are rounded)
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first built
+from triton_device import (  # first: sets TRITON_INTERPRET without a GPU
+    DEVICE,
+    check_compiled_matches_eager,
+)
 
 from attnlab import Attention
-from attnlab.general.flash_additive import (
-    TRITON_INSTALL,
-    triton_interpreting,
-    triton_unavailable_reason,
-)
 from attnlab.general.local_triton import LOCAL_TRITON_MAX_WINDOW, local_triton_attend
 from attnlab.general.planner import Plan, capabilities, plan_attention
-
-pytest.importorskip("triton", reason=f"the Triton kernels need triton: {TRITON_INSTALL}")
-
-if triton_interpreting():
-    DEVICE = "cpu"
-elif torch.cuda.is_available():
-    DEVICE = "cuda"
-else:
-    pytest.skip(
-        "TRITON_INTERPRET is off and there is no CUDA GPU to run the kernels on",
-        allow_module_level=True,
-    )
-_REASON = triton_unavailable_reason(DEVICE)
-if _REASON is not None:
-    pytest.skip(_REASON, allow_module_level=True)
 
 TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 B, NQ, NK = 2, 37, 29  # 5 query blocks of 8 on the CPU
@@ -252,16 +230,4 @@ def test_compiled_local_triton_path_has_no_graph_break_and_matches_eager(monkeyp
     monkeypatch.setattr(attn, "plan", lambda *a, **k: forced)
     q, k, v, _ = (x.float().to(DEVICE) for x in _inputs(dv=12))
     mask = MASKS["key-padding"]().to(DEVICE)
-    explained = torch._dynamo.explain(attn)(q, k, v, mask=mask)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
-    torch._dynamo.reset()
-    compiled = torch.compile(attn, fullgraph=True)
-    results = []
-    for fn in (compiled, attn):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        out = fn(*leaves, mask=mask)
-        assert out.path == "local-triton"
-        grads = torch.autograd.grad(out.context.square().sum(), [*leaves, *attn.parameters()])
-        results.append((out.context, *grads))
-    for got, want in zip(*results, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    check_compiled_matches_eager(attn, (q, k, v), mask, "local-triton", params=True)
