@@ -4,6 +4,7 @@
     python benchmarks/gpu_kernels.py                  # every case, on the CUDA device
     python benchmarks/gpu_kernels.py --only additive-1024 --no-compile
     python benchmarks/gpu_kernels.py --json out.json  # also save the raw figures
+    python benchmarks/gpu_kernels.py --dtype bf16     # time in bfloat16 (issue 13's target)
     python benchmarks/gpu_kernels.py --tiles multi:16x4,additive:64x64
                                                       # also the kernels at other tiles
     TRITON_INTERPRET=1 python benchmarks/gpu_kernels.py --tiny --device cpu
@@ -12,8 +13,9 @@
 
 Without a CUDA device (or without triton) it prints why and exits 0.
 
-Cases (forward + backward, float32, tanh, self-attention shapes ``n_q = n_k = n``,
-``d = d_w = d_v = 64``):
+Cases (forward + backward, tanh, self-attention shapes ``n_q = n_k = n``,
+``d = d_w = d_v = 64``; inputs and parameters in ``--dtype``, float32 by default, or
+bfloat16 / float16):
 
 * ``additive-1024``, ``additive-4096``, ``additive-32768``: additive attention, B=8;
 * ``multidim-512``: multi-dimensional (DiSAN) attention, B=8.
@@ -25,7 +27,9 @@ before), ``broadcast`` (the textbook formula in eager PyTorch) and ``compiled``
 (``torch.compile`` of the same formula). A side whose estimated memory exceeds the free
 device memory is skipped with the estimate (the broadcast form holds several
 ``[B, n, n, d_w]`` tensors: 34 GB each at n=4096). Before timing, every side that runs is
-checked against ``broadcast`` on a small version of the case (B=2, n<=256).
+checked against ``broadcast`` on a small version of the case (B=2, n<=256), in float32
+whatever ``--dtype`` is (the check is of the code; half precision only changes the
+rounding).
 
 Columns: the median time of a forward + backward step and of a forward step, the peak
 CUDA memory of a step above the inputs (``torch.cuda.max_memory_allocated``), and the
@@ -104,13 +108,22 @@ class Result:
 # ----------------------------------------------------------------------- the sides
 
 
-def _inputs(case: Case, device: str, B: int | None = None, n: int | None = None):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _inputs(
+    case: Case,
+    device: str,
+    B: int | None = None,
+    n: int | None = None,
+    dtype: torch.dtype = torch.float32,
+):
     import attnlab
 
     B = case.B if B is None else B
     n = case.n if n is None else n
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, n, case.d, generator=g).to(device) for _ in range(3))
+    q, k, v = (torch.randn(B, n, case.d, generator=g).to(device, dtype) for _ in range(3))
     torch.manual_seed(0)
     dim = "multi" if case.kind == "multi" else "single"
     attn = attnlab.Attention("additive", "soft", dim, d_q=case.d, d_k=case.d, d_w=case.d)
@@ -118,7 +131,7 @@ def _inputs(case: Case, device: str, B: int | None = None, n: int | None = None)
         attn.score.b.normal_(0.0, 0.1)
         if attn.score.b_d is not None:
             attn.score.b_d.normal_(0.0, 0.1)
-    attn = attn.to(device)
+    attn = attn.to(device, dtype)
     return q, k, v, attn
 
 
@@ -210,14 +223,15 @@ def attn_dim(attn) -> str:
     return "multi" if attn.multi else "single"
 
 
-def _estimate_bytes(side: str, case: Case, B: int, n: int) -> int:
-    """A rough lower bound of a side's peak memory (what autograd keeps)."""
+def _estimate_bytes(side: str, case: Case, B: int, n: int, size: int = F32) -> int:
+    """A rough lower bound of a side's peak memory (what autograd keeps); ``size``: bytes
+    per element of the inputs' dtype (the chunked kernels compute in float32)."""
     pairs = B * n * n
     if side.startswith("triton"):
         return 0
     if side == "chunked":
         return 3 * pairs * F32 if case.kind == "additive" else 0
-    hidden = pairs * case.d * F32  # one [B, n, n, d_w] (or [B, n, n, d_v]) tensor
+    hidden = pairs * case.d * size  # one [B, n, n, d_w] (or [B, n, n, d_v]) tensor
     return (4 if side == "broadcast" else 1) * hidden
 
 
@@ -293,7 +307,7 @@ def _agreement(side: str, case: Case, device: str, small_n: int) -> float:
     small version of the case. ``b_d``'s gradient is zero in exact arithmetic (it cancels
     in the softmax): the kernels return exactly 0, the broadcast form rounding noise, so it
     is left out."""
-    q, k, v, attn = _inputs(case, device, B=2, n=small_n)
+    q, k, v, attn = _inputs(case, device, B=2, n=small_n, dtype=torch.float32)
     names = ["q", "k", "v", *(n for n, _ in attn.named_parameters())]
     leaves = _leaves(q, k, v, attn)
     for x in leaves:
@@ -312,15 +326,24 @@ def _agreement(side: str, case: Case, device: str, small_n: int) -> float:
     return worst
 
 
-def run_case(case: Case, side: str, device: str, repeats: int, warmup: int, small_n: int) -> Result:
-    config = f"B={case.B} n={case.n} d=d_w=d_v={case.d}"
+def run_case(
+    case: Case,
+    side: str,
+    device: str,
+    repeats: int,
+    warmup: int,
+    small_n: int,
+    dtype: torch.dtype = torch.float32,
+) -> Result:
+    name = next(k for k, v in DTYPES.items() if v == dtype)
+    config = f"B={case.B} n={case.n} d=d_w=d_v={case.d}" + ("" if name == "fp32" else f" {name}")
     r = Result(case.name, side, config)
     if side == "chunked" and case.n > CHUNKED_MAX_N:
         r.note = f"skipped: the chunked kernels take minutes per step past n={CHUNKED_MAX_N}"
         return r
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
-        need = _estimate_bytes(side, case, case.B, case.n)
+        need = _estimate_bytes(side, case, case.B, case.n, dtype.itemsize)
         if need > 0.9 * free:
             r.note = f"skipped: needs >= {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
             return r
@@ -329,12 +352,12 @@ def run_case(case: Case, side: str, device: str, repeats: int, warmup: int, smal
             r.note = "the reference of the agreement checks"
         else:
             r.max_rel_diff = _agreement(side, case, device, small_n)
-        q, k, v, attn = _inputs(case, device)
+        q, k, v, attn = _inputs(case, device, dtype=dtype)
         leaves = _leaves(q, k, v, attn)
         for x in leaves:
             x.requires_grad_(True)
         fn = _side_fn(side, case, q, k, v, attn)
-        grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
         step = _step_fn(fn, leaves, grad)
         step_times = _timed(step, device, repeats, warmup)
         with torch.no_grad():
@@ -413,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="toy sizes: checks the code only")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument(
+        "--dtype", default="fp32", choices=sorted(DTYPES), help="of the timed inputs and weights"
+    )
     ap.add_argument("--json", default=None, help="also write the raw figures here")
     ap.add_argument(
         "--tiles",
@@ -456,17 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     runs += [(n, f"triton@{t}") for kind, t in extra for n in names if table[n].kind == kind]
     # each row is printed (and the JSON rewritten) as soon as it is measured: a run cut by
     # a time limit keeps what it measured
-    print(f"device: {_device_line(device)}; tanh limit {TANH_PER_S:.0e}/s")
+    print(f"device: {_device_line(device)}; {args.dtype}; tanh limit {TANH_PER_S:.0e}/s")
     print(TABLE_HEAD, flush=True)
     results = []
     for name, side in runs:
         print(f"[{name}] {side} ...", file=sys.stderr, flush=True)
-        results.append(run_case(table[name], side, device, repeats, warmup, small_n))
+        results.append(
+            run_case(table[name], side, device, repeats, warmup, small_n, DTYPES[args.dtype])
+        )
         print(format_row(results[-1]), flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(
-                    {"device": _device_line(device), "results": [asdict(r) for r in results]},
+                    {"device": _device_line(device), "dtype": args.dtype, "results": [asdict(r) for r in results]},
                     fh,
                     indent=1,
                 )

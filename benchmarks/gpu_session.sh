@@ -21,6 +21,7 @@
 #   CUDA_TESTS="tests/general/test_cuda.py::test_x" ...        # some CUDA tests only
 #   CUDA_CASES=local-p CUDA_DTYPES=bf16 ...   # some cases of step 3 (run.py --cases, --dtypes)
 #   KERNEL_SIDES=triton,compiled ...          # some sides of step 4 (gpu_kernels.py --sides)
+#   KERNEL_DTYPE=fp32 ...                     # step 4's dtype (default bf16, issue 13's target)
 #
 # Without a GPU every step says so and exits 0 (the CUDA tests skip). At most 8 files
 # come back from a lease's $OUT: these are the 8.
@@ -88,6 +89,7 @@ run.main()
 # the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
 # printed as they are measured, so a cut keeps the default table
 step gpu-kernels 140 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
+    --dtype "${KERNEL_DTYPE:-bf16}" \
     --sides "${KERNEL_SIDES:-triton,triton-fused,chunked,broadcast,compiled}" --tiles "$tiles"
 step compile-time 50 "$py" benchmarks/compile_time.py --device cuda
 if [ -f "$out/compile-time.txt" ]; then  # a few lines: into the summary (8 files at most)

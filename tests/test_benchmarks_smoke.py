@@ -188,6 +188,30 @@ def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
         assert f"| additive-1024 | {side} |" in out, side
 
 
+def test_gpu_kernel_benchmark_times_in_bfloat16_on_the_interpreter(monkeypatch, capsys):
+    # --dtype bf16: the timed inputs and weights in bfloat16 (issue 13's target dtype), the
+    # agreement check still in float32; the dtype is in each row's config
+    from attnlab.general.flash_additive import triton_unavailable_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
+    reason = triton_unavailable_reason("cpu")
+    if reason is not None:
+        pytest.skip(reason)
+    seen = []
+    real = G._inputs
+    monkeypatch.setattr(G, "_inputs", lambda *a, **k: seen.append(k.get("dtype")) or real(*a, **k))
+    argv = ["--tiny", "--device", "cpu", "--sides", "triton,broadcast", "--only", "multidim-512"]
+    assert G.main([*argv, "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| multidim-512 |")]
+    assert len(rows) == 2 and all(" bf16 |" in row for row in rows), rows
+    assert "; bf16; " in out
+    assert torch.bfloat16 in seen and torch.float32 in seen and None not in seen
+    with pytest.raises(SystemExit):
+        G.main([*argv, "--dtype", "fp64"])
+
+
 def test_gpu_kernel_benchmark_times_other_tiles_on_the_interpreter(monkeypatch, capsys):
     # --tiles adds a side triton@BMxBN per case of its kind, after the others; it is
     # checked against the broadcast form like every side
