@@ -97,6 +97,22 @@ def test_wide_features_and_window():
     _compare(torch.float32, True, MASKS["key-padding"](), d=40, dv=35, D=5, scale=0.3)
 
 
+def test_strided_inputs_give_the_contiguous_result():
+    # views with other strides (a transposed layout, every other key of a longer tensor, a
+    # centre column of a wider tensor): the kernels read through the strides
+    q, k, v, c = (x.float().to(DEVICE) for x in _inputs())
+    qs = q.transpose(1, 2).contiguous().transpose(1, 2)
+    ks = torch.repeat_interleave(k, 2, dim=1)[:, ::2]
+    vs = torch.stack([v, -v], -1)[..., 0]
+    cs = torch.stack([c, c + 1], -1)[..., 0]
+    assert not (qs.is_contiguous() or ks.is_contiguous() or vs.is_contiguous())
+    assert not cs.is_contiguous()
+    mask = MASKS["full"]().to(DEVICE)
+    want = local_triton_attend(q, k, v, c, 3, 0.5, mask)
+    got = local_triton_attend(qs, ks, vs, cs, 3, 0.5, mask)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_padding_never_reaches_the_results():
     q, k, v, c = (x.float().to(DEVICE) for x in _inputs())
     mask = MASKS["key-padding"]().to(DEVICE)
