@@ -494,7 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(
-                    {"device": _device_line(device), "dtype": args.dtype, "results": [asdict(r) for r in results]},
+                    {
+                        "device": _device_line(device),
+                        "dtype": args.dtype,
+                        "results": [asdict(r) for r in results],
+                    },
                     fh,
                     indent=1,
                 )
