@@ -1,6 +1,6 @@
 """The local-attention Triton kernels (``local-triton``) against the gathered window
 (``local-window``) on a GPU, forward and forward + backward, at the tiles the default was
-chosen over.
+chosen over, and with the deterministic key-side backward (no atomics).
 
     python benchmarks/local_kernels.py                  # B=4, n=16384, D=8, d=64; bf16, fp32
     python benchmarks/local_kernels.py --tiny           # toy sizes (a smoke test)
@@ -46,7 +46,10 @@ def _sides(
     sides[
         f"triton default: {default.block_m}x{default.w_pad} slots, "
         f"{default.num_warps} / {default.bwd_warps} warps (fwd / bwd)"
-    ] = lambda: local_triton.local_triton_attend(q, k, v, c, D, scale)
+    ] = lambda: local_triton.local_triton_attend(q, k, v, c, D, scale, deterministic=False)
+    sides["triton default, deterministic (key-side backward, no atomics)"] = lambda: (
+        local_triton.local_triton_attend(q, k, v, c, D, scale, deterministic=True)
+    )
     for s in slots:
         for w in warps:
             block_m = max(1, s // default.w_pad)
@@ -55,7 +58,9 @@ def _sides(
                 real = local_triton._launch
                 local_triton._launch = lambda *a: _with(real(*a), block_m, w)  # type: ignore[assignment]
                 try:
-                    return local_triton.local_triton_attend(q, k, v, c, D, scale)
+                    return local_triton.local_triton_attend(
+                        q, k, v, c, D, scale, deterministic=False
+                    )
                 finally:
                     local_triton._launch = real  # type: ignore[assignment]
 

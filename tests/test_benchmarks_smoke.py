@@ -164,6 +164,17 @@ def test_unknown_benchmark_name_is_rejected():
 import gpu_kernels as G  # noqa: E402
 
 
+def _on_the_interpreter(monkeypatch) -> None:
+    """Run the kernels on Triton's CPU interpreter, or skip with the reason."""
+    from attnlab.general.flash_additive import triton_unavailable_reason
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it when first imported
+    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
+    reason = triton_unavailable_reason("cpu")  # e.g. triton was imported without it
+    if reason is not None:
+        pytest.skip(reason)
+
+
 def test_gpu_kernel_benchmark_exits_cleanly_without_cuda(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert G.main([]) == 0
@@ -173,13 +184,7 @@ def test_gpu_kernel_benchmark_exits_cleanly_without_cuda(monkeypatch, capsys):
 def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
     # the whole script (agreement check, timing, table) at toy sizes on Triton's CPU
     # interpreter; main returns 1 if an agreement check fails
-    from attnlab.general.flash_additive import triton_unavailable_reason
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it when first imported
-    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
-    reason = triton_unavailable_reason("cpu")  # e.g. triton was imported without it
-    if reason is not None:
-        pytest.skip(reason)
+    _on_the_interpreter(monkeypatch)
     sides = "triton,triton-fused,broadcast"
     argv = ["--tiny", "--device", "cpu", "--sides", sides, "--only", "additive-1024"]
     assert G.main(argv) == 0
@@ -191,13 +196,7 @@ def test_gpu_kernel_benchmark_runs_tiny_on_the_interpreter(monkeypatch, capsys):
 def test_gpu_kernel_benchmark_times_in_bfloat16_on_the_interpreter(monkeypatch, capsys):
     # --dtype bf16: the timed inputs and weights in bfloat16 (issue 13's target dtype), the
     # agreement check still in float32; the dtype is in each row's config
-    from attnlab.general.flash_additive import triton_unavailable_reason
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
-    reason = triton_unavailable_reason("cpu")
-    if reason is not None:
-        pytest.skip(reason)
+    _on_the_interpreter(monkeypatch)
     seen = []
     real = G._inputs
     monkeypatch.setattr(G, "_inputs", lambda *a, **k: seen.append(k.get("dtype")) or real(*a, **k))
@@ -215,13 +214,7 @@ def test_gpu_kernel_benchmark_times_in_bfloat16_on_the_interpreter(monkeypatch, 
 def test_gpu_kernel_benchmark_times_other_tiles_on_the_interpreter(monkeypatch, capsys):
     # --tiles adds a side triton@BMxBN per case of its kind, after the others; it is
     # checked against the broadcast form like every side
-    from attnlab.general.flash_additive import triton_unavailable_reason
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytest.importorskip("triton", reason="pip install 'attnlab[triton]'")
-    reason = triton_unavailable_reason("cpu")
-    if reason is not None:
-        pytest.skip(reason)
+    _on_the_interpreter(monkeypatch)
     argv = [
         "--tiny",
         "--device",

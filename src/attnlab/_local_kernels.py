@@ -25,7 +25,10 @@ window tensor in memory. Everything is computed in float32. An invalid slot is n
   window's membership is a step function of the centre) of its own rows, and adds the key
   and value gradients of each slot to ``DK`` and ``DV`` (float32) with atomic adds, since
   the windows of different programs overlap. The sums are therefore not deterministic in
-  their last bits.
+  their last bits (``ATOMIC``). Without ``ATOMIC`` it writes the score gradients ``E``
+  ``[B, n_q, W]`` instead, and :func:`local_bwd_kv` sums ``dk`` and ``dv`` key block by key
+  block over the queries sorted by centre (those whose windows may hold the block form
+  one run of the sorted order): no atomics, deterministic results.
 
 Strides come in the order batch, row, column; the mask is a uint8 view with stride 0 where
 it broadcasts.
@@ -38,7 +41,7 @@ import triton.language as tl
 
 from attnlab._flash_kernels import INTERPRETED
 
-__all__ = ["INTERPRETED", "local_bwd", "local_fwd"]
+__all__ = ["INTERPRETED", "local_bwd", "local_bwd_kv", "local_fwd"]
 
 
 @triton.jit
@@ -129,12 +132,12 @@ def local_fwd(
 
 @triton.jit
 def local_bwd(
-    Q, K, V, C, M8, A, G, DQ, DK, DV, DC,
+    Q, K, V, C, M8, A, E, G, DQ, DK, DV, DC,
     n_q, n_k, d, dv, D, scale, inv_two_var,
     sqb, sqm, sqd, skb, skn, skd, svb, svn, svd, scb, scm, smb, smm, smn,
     sab, sam, saw, sgb, sgm, sgd, sdqb, sdqm, sdqd, sdkb, sdkn, sdkd, sdvb, sdvn, sdvd,
     GAUSS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
-    W_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    W_PAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ATOMIC: tl.constexpr,
 ):  # fmt: skip
     b, offs_m, idx, dist, valid = _window(C, M8, n_q, n_k, D, scb, scm, smb, smm, smn, BLOCK_M, W_PAD, HAS_MASK)  # fmt: skip
     j = tl.arange(0, W_PAD)
@@ -146,8 +149,9 @@ def local_bwd(
         g = _rows(G, b, offs_m, n_q, c0, dv, sgb, sgm, sgd, BLOCK_DV)
         ptr, ok = _slot_ptrs(V, b, idx, valid, c0, dv, svb, svn, svd, BLOCK_DV)
         da += tl.sum(g[:, None, :] * tl.load(ptr, mask=ok, other=0.0).to(tl.float32), axis=2)
-        ptr, ok = _slot_ptrs(DV, b, idx, valid, c0, dv, sdvb, sdvn, sdvd, BLOCK_DV)
-        tl.atomic_add(ptr, a[:, :, None] * g[:, None, :], mask=ok)
+        if ATOMIC:
+            ptr, ok = _slot_ptrs(DV, b, idx, valid, c0, dv, sdvb, sdvn, sdvd, BLOCK_DV)
+            tl.atomic_add(ptr, a[:, :, None] * g[:, None, :], mask=ok)
     # a = s g: the centre moves g (dg/dp = g (l - p) / sigma^2), the softmax takes da * g
     gauss = _gaussian(dist, valid, inv_two_var, GAUSS)
     if GAUSS:
@@ -156,6 +160,9 @@ def local_bwd(
     s = a / gauss
     ds = da * gauss
     de = tl.where(valid, s * (ds - tl.sum(s * ds, axis=1)[:, None]) * scale, 0.0)
+    if not ATOMIC:  # the key-side pass (local_bwd_kv) reads the score gradients
+        e_ptr = E + b * sab + offs_m[:, None] * sam + j[None, :] * saw
+        tl.store(e_ptr, de, mask=(offs_m < n_q)[:, None] & (j[None, :] <= 2 * D))
     offs_d = tl.arange(0, BLOCK_D)
     for c0 in range(0, d, BLOCK_D):
         q = _rows(Q, b, offs_m, n_q, c0, d, sqb, sqm, sqd, BLOCK_D)
@@ -163,5 +170,67 @@ def local_bwd(
         dq = tl.sum(de[:, :, None] * tl.load(ptr, mask=ok, other=0.0).to(tl.float32), axis=1)
         q_ptr = DQ + b * sdqb + offs_m[:, None] * sdqm + (c0 + offs_d)[None, :] * sdqd
         tl.store(q_ptr, dq, mask=(offs_m < n_q)[:, None] & ((c0 + offs_d) < d)[None, :])
-        ptr, ok = _slot_ptrs(DK, b, idx, valid, c0, d, sdkb, sdkn, sdkd, BLOCK_D)
-        tl.atomic_add(ptr, de[:, :, None] * q[:, None, :], mask=ok)
+        if ATOMIC:
+            ptr, ok = _slot_ptrs(DK, b, idx, valid, c0, d, sdkb, sdkn, sdkd, BLOCK_D)
+            tl.atomic_add(ptr, de[:, :, None] * q[:, None, :], mask=ok)
+
+
+@triton.jit
+def _slot_values(X, C, P, b, offs_s, hi, offs_n, D, sxb, sxm, sxw, scb, scm, spb, spm):
+    """For the sorted queries ``offs_s`` (< ``hi``) and the keys ``offs_n``: the query
+    indices ``i = P[b, offs_s]`` and ``X[b, i, l - start_i]`` ``[BLOCK_M, BLOCK_N]`` where
+    key ``l`` is a slot of query ``i``'s window (``0 <= l - start_i <= 2D``), else 0."""
+    ok_s = offs_s < hi
+    i = tl.load(P + b * spb + offs_s * spm, mask=ok_s, other=0)
+    p = tl.load(C + b * scb + i * scm, mask=ok_s, other=0.0).to(tl.float32)
+    slot = offs_n[None, :].to(tl.float32) - tl.ceil(p - D)[:, None]
+    ok = ok_s[:, None] & (slot >= 0) & (slot <= 2 * D)
+    jj = tl.where(ok, slot, 0.0).to(tl.int32)
+    return i, tl.load(X + b * sxb + i[:, None] * sxm + jj * sxw, mask=ok, other=0.0)
+
+
+@triton.jit
+def _key_side_sum(
+    X, R, C, P, b, lo, hi, offs_n, c0, n_q, n_cols, D,
+    sxb, sxm, sxw, srb, srm, srd, scb, scm, spb, spm,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``sum_i X[b, i, l - start_i] R[b, i, c0:c0 + BLOCK]`` for the keys ``offs_n`` over
+    the sorted queries ``lo .. hi``: ``[BLOCK_N, BLOCK]``, one tensor-core product per
+    ``BLOCK_M`` queries."""
+    acc = tl.zeros([BLOCK_N, BLOCK], dtype=tl.float32)
+    for s0 in range(lo, hi, BLOCK_M):
+        offs_s = s0 + tl.arange(0, BLOCK_M)
+        i, w = _slot_values(X, C, P, b, offs_s, hi, offs_n, D, sxb, sxm, sxw, scb, scm, spb, spm)  # fmt: skip
+        r = _rows(R, b, i, n_q, c0, n_cols, srb, srm, srd, BLOCK)
+        r = tl.where((offs_s < hi)[:, None], r, 0.0)
+        acc += tl.dot(tl.trans(w), r, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def local_bwd_kv(
+    Q, G, C, A, E, P, LO, HI, DK, DV,
+    n_q, n_k, d, dv, D,
+    sqb, sqm, sqd, sgb, sgm, sgd, scb, scm, sab, sam, saw, spb, spm, slb, sln,
+    sdkb, sdkn, sdkd, sdvb, sdvn, sdvd,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The deterministic key-side pass: a program owns ``BLOCK_N`` keys of one batch
+    element and sums, over the queries whose windows may hold them (``LO .. HI`` of the
+    queries sorted by centre, ``P``), ``dk_l = sum_i de_{i,l} q_i`` and
+    ``dv_l = sum_i a_{i,l} dO_i``; every key's rows are written by one program."""
+    kb = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_n = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    lo = tl.load(LO + b * slb + kb * sln)
+    hi = tl.load(HI + b * slb + kb * sln)
+    offs = tl.arange(0, BLOCK_D)
+    for c0 in range(0, d, BLOCK_D):
+        acc = _key_side_sum(E, Q, C, P, b, lo, hi, offs_n, c0, n_q, d, D, sab, sam, saw, sqb, sqm, sqd, scb, scm, spb, spm, BLOCK_N, BLOCK_M, BLOCK_D)  # fmt: skip
+        ptr = DK + b * sdkb + offs_n[:, None] * sdkn + (c0 + offs)[None, :] * sdkd
+        tl.store(ptr, acc, mask=(offs_n < n_k)[:, None] & ((c0 + offs) < d)[None, :])
+    for c0 in range(0, dv, BLOCK_D):
+        acc = _key_side_sum(A, G, C, P, b, lo, hi, offs_n, c0, n_q, dv, D, sab, sam, saw, sgb, sgm, sgd, scb, scm, spb, spm, BLOCK_N, BLOCK_M, BLOCK_D)  # fmt: skip
+        ptr = DV + b * sdvb + offs_n[:, None] * sdvn + (c0 + offs)[None, :] * sdvd
+        tl.store(ptr, acc, mask=(offs_n < n_k)[:, None] & ((c0 + offs) < dv)[None, :])

@@ -60,13 +60,13 @@ MASKS = {
 }
 
 
-def _compare(dtype, gaussian, mask, d=12, dv=10, D=3, scale=0.7):
+def _compare(dtype, gaussian, mask, d=12, dv=10, D=3, scale=0.7, deterministic=False):
     q, k, v, c = _inputs(d, dv)
     got_in = [x.to(dtype).to(DEVICE).requires_grad_() for x in (q, k, v)]
     c_in = c.float().to(DEVICE).requires_grad_()
     ref_in = [x.detach().cpu().double().requires_grad_() for x in (*got_in, c_in)]
     m = None if mask is None else mask.to(DEVICE)
-    out = local_triton_attend(*got_in, c_in, D, scale, m, gaussian)
+    out = local_triton_attend(*got_in, c_in, D, scale, m, gaussian, deterministic)
     want = reference(*ref_in, D, scale, mask, gaussian)
     assert out.dtype == dtype and out.shape == want.shape
     r = torch.randn(want.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -90,6 +90,50 @@ def _compare(dtype, gaussian, mask, d=12, dv=10, D=3, scale=0.7):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_matches_the_formula(dtype, gaussian, mask):
     _compare(dtype, gaussian, MASKS[mask]())
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_deterministic_key_side_backward_matches_the_formula(dtype, mask):
+    # the key and value gradients from the key-side pass over the queries sorted by centre
+    _compare(dtype, True, MASKS[mask](), deterministic=True)
+
+
+def test_the_key_side_backward_with_wide_features_and_nan_centres():
+    # more keys than one key block, features over one chunk, and a NaN centre (no window)
+    _compare(torch.float32, True, None, d=40, dv=35, D=5, deterministic=True)
+    q, k, v, c = (x.float().to(DEVICE) for x in _inputs(n_k=70))
+    c = c.clone()
+    c[0, 3] = float("nan")
+    ins = [x.requires_grad_() for x in (q, k, v)]
+    for deterministic in (True, False):
+        out = local_triton_attend(*ins, c, 3, 1.0, None, True, deterministic)
+        out.nan_to_num(0.0).square().sum().backward()
+    got = [x.grad.clone() for x in ins]
+    for x in ins:
+        x.grad = None
+    local_triton_attend(*ins, c, 3, 1.0, None, True, False).nan_to_num(
+        0.0
+    ).square().sum().backward()
+    for g, x in zip(got, ins, strict=True):  # the two backward passes, summed, are twice one
+        torch.testing.assert_close(g, 2 * x.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_deterministic_algorithms_take_the_key_side_pass(monkeypatch):
+    from attnlab.general import local_triton as lt
+
+    calls = []
+    real = lt._key_side
+    monkeypatch.setattr(lt, "_key_side", lambda *a: calls.append(1) or real(*a))
+    q, k, v, c = (x.float().to(DEVICE).requires_grad_() for x in _inputs())
+    grads = []
+    for flag in (False, True):
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda f=flag: f)
+        out = local_triton_attend(q, k, v, c, 3)
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, c)))
+    assert calls == [1]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_wide_features_and_window():
@@ -232,8 +276,9 @@ def test_the_launches_are_custom_ops_that_pass_opcheck():
     mask = MASKS["key-padding"]().to(DEVICE).expand(B, NQ, NK)
     plan = lt._launch(3, 0.5, True, q.shape[-1], v.shape[-1], DEVICE == "cuda")
     tiles = [plan.block_m, plan.w_pad, plan.block_d, plan.block_dv, 4, 4]
-    for m, gaussian in ((mask, True), (None, False)):
-        result = torch.library.opcheck(lt._attend_op, (q, k, v, c, m, 3, 0.5, gaussian, tiles))
+    for m, gaussian, det in ((mask, True, False), (None, False, False), (mask, True, True)):
+        args = (q, k, v, c, m, 3, 0.5, gaussian, tiles, det)
+        result = torch.library.opcheck(lt._attend_op, args)
         assert set(result.values()) == {"SUCCESS"}, result
 
 

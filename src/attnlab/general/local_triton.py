@@ -21,7 +21,9 @@ inputs and their gradients.
 Requirements: the ``triton`` package (``pip install 'attnlab[triton]'``); CUDA tensors, or
 CPU tensors under ``TRITON_INTERPRET=1`` (for tests). Inputs in float32, bfloat16 or
 float16, computed in float32. First-order gradients only. The key and value gradients are
-summed with atomic adds (windows overlap), so their last bits may vary from run to run.
+summed with atomic adds (windows overlap), so their last bits may vary from run to run;
+under ``torch.use_deterministic_algorithms(True)`` (or ``deterministic=True``) a key-side
+pass over the queries sorted by centre sums them instead, the same every run.
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def _s3(x: Tensor) -> tuple[int, int, int]:
 
 # The launches are PyTorch custom operators (``attnlab::local_attend`` and its backward),
 # so that torch.compile puts them in its graph as they are instead of tracing the launch
-# code. ``tiles``: block_m, w_pad, block_d, block_dv, forward warps, backward warps.
-_SCHEMA_ARGS = "int D, float scale, bool gaussian, int[] tiles"
+# code. ``tiles``: block_m, w_pad, block_d, block_dv, forward warps, backward warps;
+# ``deterministic``: the backward sums dk and dv in the key-side pass, not by atomics.
+_SCHEMA_ARGS = "int D, float scale, bool gaussian, int[] tiles, bool deterministic"
 
 
 def _plan_of(D: int, scale: float, gaussian: bool, tiles: list[int]) -> _Launch:
@@ -125,6 +128,7 @@ def _attend_impl(
     scale: float,
     gaussian: bool,
     tiles: list[int],
+    deterministic: bool,
 ) -> tuple[Tensor, Tensor]:
     plan, K = _plan_of(D, scale, gaussian, tiles), _kernels(q.device, "attnlab._local_kernels")
     (B, n_q, d), (n_k, dv) = q.shape, (k.shape[1], v.shape[-1])
@@ -150,6 +154,38 @@ def _attend_fake(
     )
 
 
+#: Keys per program of the deterministic key-side pass, and sorted queries per product.
+KEY_BLOCK = 32
+
+
+def _key_side(
+    K: Any,
+    q: Tensor,
+    g: Tensor,
+    center: Tensor,
+    a: Tensor,
+    e: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    D: int,
+) -> None:
+    """``dk``, ``dv`` by :func:`attnlab._local_kernels.local_bwd_kv`: the queries sorted by
+    centre, and for each block of keys the run of them whose windows may hold it
+    (centres in ``[l0 - D, l0 + KEY_BLOCK - 1 + D]``, by binary search)."""
+    (B, n_q), n_k, d, d_v = center.shape, dk.shape[1], q.shape[-1], g.shape[-1]
+    ordered, perm = torch.sort(center, dim=1)  # NaN last: their windows are empty anyway
+    starts = torch.arange(0, n_k, KEY_BLOCK, device=q.device, dtype=center.dtype)
+    lo = torch.searchsorted(ordered, (starts - D).expand(B, -1).contiguous())
+    hi = torch.searchsorted(ordered, (starts + KEY_BLOCK - 1 + D).expand(B, -1).contiguous(), right=True)  # fmt: skip
+    perm, lo, hi = perm.to(torch.int32), lo.to(torch.int32), hi.to(torch.int32)
+    K.local_bwd_kv[(starts.numel(), B)](
+        q, g, center, a, e, perm, lo, hi, dk, dv,
+        n_q, n_k, d, d_v, D,
+        *_s3(q), *_s3(g), *_s2(center), *_s3(a), *_s2(perm), *_s2(lo), *_s3(dk), *_s3(dv),
+        BLOCK_N=KEY_BLOCK, BLOCK_M=KEY_BLOCK, BLOCK_D=32, num_warps=4,
+    )  # fmt: skip
+
+
 def _backward_impl(
     q: Tensor,
     k: Tensor,
@@ -162,22 +198,27 @@ def _backward_impl(
     scale: float,
     gaussian: bool,
     tiles: list[int],
+    deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     plan, K = _plan_of(D, scale, gaussian, tiles), _kernels(q.device, "attnlab._local_kernels")
     (B, n_q, d), (n_k, dv) = q.shape, (k.shape[1], v.shape[-1])
-    grad = grad.contiguous()
+    grad, a = grad.contiguous(), a.contiguous()
+    new = torch.empty if deterministic else torch.zeros  # the key-side pass writes every row
     dq = torch.empty(B, n_q, d, device=q.device, dtype=torch.float32)
-    dk = torch.zeros(B, n_k, d, device=q.device, dtype=torch.float32)
-    dvv = torch.zeros(B, n_k, dv, device=q.device, dtype=torch.float32)
+    dk = new(B, n_k, d, device=q.device, dtype=torch.float32)
+    dvv = new(B, n_k, dv, device=q.device, dtype=torch.float32)
     dc = torch.zeros_like(center)
+    e = torch.empty_like(a) if deterministic else a  # the score gradients, for that pass
     m8 = _mask_u8(mask, q)
     K.local_bwd[(triton_cdiv(n_q, plan.block_m), B)](
-        q, k, v, center, m8, a, grad, dq, dk, dvv, dc,
+        q, k, v, center, m8, a, e, grad, dq, dk, dvv, dc,
         n_q, n_k, d, dv, *plan.scalars(),
         *_s3(q), *_s3(k), *_s3(v), *_s2(center), *_s3(m8), *_s3(a), *_s3(grad),
         *_s3(dq), *_s3(dk), *_s3(dvv),
-        **plan.consts(mask is not None, backward=True),
+        ATOMIC=not deterministic, **plan.consts(mask is not None, backward=True),
     )  # fmt: skip
+    if deterministic:
+        _key_side(K, q, grad, center, a, e, dk, dvv, D)
     return dq, dk, dvv, dc
 
 
@@ -216,7 +257,8 @@ def _backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]
     dq, dk, dv, dc = _backward_op(q, k, v, center, mask, a, grad, *ctx.args)
     # without the Gaussian the centres only choose the window: no gradient
     gc = dc if ctx.args[2] else None
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), gc, None, None, None, None, None
+    nones = (None,) * (1 + len(ctx.args))  # the mask and the other arguments
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), gc, *nones
 
 
 _attend_op.register_autograd(_backward, setup_context=_setup)
@@ -257,6 +299,7 @@ def local_triton_attend(
     scale: float = 1.0,
     mask: Tensor | None = None,
     gaussian: bool = True,
+    deterministic: bool | None = None,
 ) -> Tensor:
     """Local attention over the window ``|l - p| <= D`` of each query, in Triton kernels.
 
@@ -268,6 +311,10 @@ def local_triton_attend(
         scale: the score is ``scale * q . k``.
         mask: bool broadcastable to ``[B, n_q, n_k]``, ``True`` = may attend.
         gaussian: multiply the window softmax by ``exp(-(l - p)^2 / (2 (D/2)^2))``.
+        deterministic: sum the key and value gradients in a key-side pass over the queries
+            sorted by centre (bitwise the same from run to run) instead of by atomic adds
+            (whose order varies); default (``None``): when
+            ``torch.are_deterministic_algorithms_enabled()``.
 
     Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype, equal to
     :func:`attnlab.general.local.local_window_attend`'s (an empty window, or no keys at
@@ -291,5 +338,7 @@ def local_triton_attend(
     c32 = center.to(torch.float32).contiguous()
     tiles = [plan.block_m, plan.w_pad, plan.block_d, plan.block_dv]
     tiles += [plan.num_warps, plan.bwd_warps]
-    out, _ = _attend_op(q, k, v, c32, mask3, D, float(scale), gaussian, tiles)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    out, _ = _attend_op(q, k, v, c32, mask3, D, float(scale), gaussian, tiles, deterministic)
     return out  # type: ignore[no-any-return]
