@@ -181,12 +181,19 @@ def _writer(path: str, worker: int, n: int) -> None:
 def test_concurrent_writers(tmp_path):
     path = str(tmp_path / "results.sqlite")
     ResultsStore(path).close()
-    ctx = multiprocessing.get_context("fork")  # cheap; each child opens its own connection
+    # spawn, not fork: a child forked from this process (which has run torch.compile and
+    # other threaded code by now) may inherit a lock held by another thread and hang; it
+    # did once in CI (two writers still running after 60 s). Each child opens its own
+    # connection.
+    ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(path, w, 25)) for w in range(3)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
+        p.join(120)
+    for p in procs:
+        if p.is_alive():  # never leave a writer behind, whatever the assertion says
+            p.kill()
     assert [p.exitcode for p in procs] == [0, 0, 0]
     store = ResultsStore(path)
     assert store.done_ids() == {f"w{w}--seed{i}" for w in range(3) for i in range(25)}
