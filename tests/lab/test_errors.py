@@ -8,6 +8,7 @@ import pytest
 
 import attnlab.lab.training as training
 from attnlab._checks import ConfigError
+from attnlab._deprecation import REMOVED_IN, warn_deprecated
 from attnlab.data import MissingDataError
 from attnlab.lab.errors import fail, failing_on, warnings_as_notes
 
@@ -66,3 +67,20 @@ def test_warnings_as_notes_leaves_other_warnings_and_the_api_alone(capsys):
     assert warnings.showwarning is shows  # restored: the Python API warns as usual
     with pytest.warns(RuntimeWarning, match="as a warning"):
         _warn_from_attnlab("as a warning")
+
+
+def test_warnings_as_notes_shows_attnlab_deprecations_under_pythons_default_filters(capsys):
+    """attnlab's deprecations are attributed to the caller's frame (outside the package),
+    and Python's default filters hide a DeprecationWarning not raised from ``__main__``:
+    a command-line user still gets them as notes; other packages' stay hidden."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python's default outside main
+        with warnings_as_notes():
+            warn_deprecated("thing: the option old='x' is deprecated; use new='x'")
+            warnings.warn("another package's deprecation", DeprecationWarning, stacklevel=1)
+        warn_deprecated("outside the block: hidden as before")
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: thing: the option old='x' is deprecated; use new='x' "
+        f"(removed in attnlab {REMOVED_IN})"
+    ]

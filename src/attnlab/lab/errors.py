@@ -12,6 +12,7 @@ The lab's commands and the top-level command line (:mod:`attnlab.cli`) share the
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+
+from attnlab._deprecation import REMOVED_IN
 
 __all__ = [
     "fail",
@@ -62,6 +65,23 @@ def _from_attnlab(filename: str) -> bool:
         return False
 
 
+#: the end of every message of :func:`attnlab._deprecation.warn_deprecated`
+_DEPRECATION_MARK = f"(removed in attnlab {REMOVED_IN})"
+
+
+def _attnlab_deprecation(message: Warning | str, category: type[Warning]) -> bool:
+    """Whether a warning is one of attnlab's deprecations: those are attributed to the
+    caller's frame (outside attnlab), so the file name does not tell."""
+    return issubclass(category, DeprecationWarning) and _DEPRECATION_MARK in str(message)
+
+
+def _show_deprecations() -> None:
+    """Let attnlab's deprecation warnings through Python's default filters (which hide a
+    ``DeprecationWarning`` not raised from ``__main__``): a command-line user sees them."""
+    pattern = ".*" + re.escape(_DEPRECATION_MARK)
+    warnings.filterwarnings("default", message=pattern, category=DeprecationWarning)
+
+
 def _note_shower(python_shows: Callable[..., None]) -> Callable[..., None]:
     """A :func:`warnings.showwarning` that shows attnlab's warnings as one ``note:`` line
     each, once, and hands the others to ``python_shows``."""
@@ -75,7 +95,7 @@ def _note_shower(python_shows: Callable[..., None]) -> Callable[..., None]:
         file: Any = None,
         line: str | None = None,
     ) -> None:
-        if not _from_attnlab(filename):
+        if not (_from_attnlab(filename) or _attnlab_deprecation(message, category)):
             python_shows(message, category, filename, lineno, file, line)
             return
         text = str(message)
@@ -103,6 +123,7 @@ def warnings_as_notes() -> Iterator[None]:
     """
     global _open_blocks
     with warnings.catch_warnings():
+        _show_deprecations()
         warnings.showwarning = _note_shower(warnings.showwarning)
         _open_blocks += 1
         try:
@@ -120,4 +141,5 @@ def notes_wanted() -> bool:
 def show_warnings_as_notes() -> None:
     """Show attnlab's warnings as ``note:`` lines for the rest of this process (a worker
     process of a command that shows them so: it has no block to run inside)."""
+    _show_deprecations()
     warnings.showwarning = _note_shower(warnings.showwarning)

@@ -86,17 +86,40 @@ def test_uniform_iou_is_the_area_fraction_and_mean_matches_it() -> None:
     assert iou == pytest.approx(floor)
 
 
-def test_scales_and_options() -> None:
-    paper = CaptioningTask(scale="paper")
+def test_presets_and_options() -> None:
+    paper = CaptioningTask(preset="paper")
     assert paper.options["image_size"] == 64 and paper.options["grid"] == 8
-    assert CaptioningTask(scale="paper", grid=4).options["grid"] == 4
+    assert paper.options["train_size"] == 50000 and paper.options["channels"] == [32, 64]
+    assert paper.options["min_objects"] == 2 and paper.options["max_objects"] == 4
+    assert CaptioningTask(preset="paper", grid=4).options["grid"] == 4
     assert CaptioningTask().options["image_size"] == 32
-    with pytest.raises(ConfigError, match="scale"):
-        CaptioningTask(scale="huge")
+    assert CaptioningTask(preset="cpu").options == {**CaptioningTask().options, "preset": "cpu"}
+    with pytest.raises(ConfigError, match="no option preset 'huge'"):
+        CaptioningTask(preset="huge")
     with pytest.raises(ConfigError, match="max_objects"):
         CaptioningTask(min_objects=3, max_objects=2)
     with pytest.raises(ConfigError, match="do not work together"):
         CaptioningTask(image_size=16, max_objects=3, object_size=8).load_data()
+
+
+def test_the_scale_option_is_a_deprecated_preset() -> None:
+    """``scale=small`` / ``scale=paper`` (earlier releases) are the presets ``cpu`` /
+    ``paper``, with a DeprecationWarning attributed to the caller."""
+    with pytest.warns(
+        DeprecationWarning,
+        match="captioning: the option scale='paper' is deprecated; use preset='paper'",
+    ) as got:
+        paper = CaptioningTask(scale="paper", grid=4)
+    assert got[0].filename == __file__
+    assert paper.options == CaptioningTask(preset="paper", grid=4).options
+    with pytest.warns(DeprecationWarning, match="use preset='cpu'"):
+        small = CaptioningTask(scale="small")
+    assert small.options == CaptioningTask(preset="cpu").options
+    assert "scale" not in small.options
+    with pytest.raises(ConfigError, match=r"option scale must be one of \['paper', 'small'\]"):
+        CaptioningTask(scale="huge")
+    with pytest.raises(ConfigError, match="not scale='paper' beside it"):
+        CaptioningTask(scale="paper", preset="paper")
 
 
 def test_train_run_end_to_end(tmp_path) -> None:

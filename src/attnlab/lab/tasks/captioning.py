@@ -30,10 +30,12 @@ produced the word -- gold prefix, teacher forcing -- thresholded at half its max
 the object's mask; :mod:`attnlab.evaluation.iou`); ``iou_uniform`` is the same for uniform
 attention (the object's area fraction): the floor.
 
-Scales (option ``scale``): ``small`` (default; 32x32 images, 4x4 grid, 2 objects of 4
-colours, 4,000 training scenes: minutes on a CPU) and ``paper`` (64x64 images, an 8x8 grid
-of 64 annotation vectors, 2-4 objects of 6 colours, 50,000 training scenes, a 256-unit
-LSTM); options given explicitly override the scale's.
+Option presets (``-o preset=NAME``, as for every task): ``cpu`` (the defaults: 32x32
+images, 4x4 grid, 2 objects of 4 colours, 4,000 training scenes: minutes on a CPU) and
+``paper`` (64x64 images, an 8x8 grid of 64 annotation vectors, 2-4 objects of 6 colours,
+50,000 training scenes, a 256-unit LSTM, 20 epochs); options given beside a preset win.
+The option ``scale`` (``small`` / ``paper``) of earlier releases still works, as the
+presets ``cpu`` / ``paper``, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
+from attnlab._deprecation import warn_deprecated
 from attnlab.data.scenes import COLORS, JOIN, SHAPES, make_scenes
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.iou import attention_iou
@@ -61,7 +64,8 @@ __all__ = ["SCALES", "CaptionData", "CaptioningTask"]
 IGNORE = -1
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
-#: option values of the two scales; options given explicitly override them
+#: the scene, model and training sizes of the presets ``cpu`` (the defaults; the deprecated
+#: ``scale=small``) and ``paper``; options given explicitly override them
 SCALES: dict[str, dict[str, Any]] = {
     "small": {
         "epochs": 8,
@@ -98,6 +102,24 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+_SCALE_PRESETS = {"small": "cpu", "paper": "paper"}
+
+
+def _scale_as_preset(options: dict[str, Any]) -> dict[str, Any]:
+    """The deprecated option ``scale`` (``small`` / ``paper``) as the option preset it
+    became (``cpu`` / ``paper``), with a ``DeprecationWarning``; a ``ConfigError`` for an
+    unknown scale or a ``scale`` beside a ``preset``."""
+    options = dict(options)
+    scale = options.pop("scale")
+    if scale not in _SCALE_PRESETS:
+        raise ConfigError(f"option scale must be one of {sorted(_SCALE_PRESETS)}, got {scale!r}")
+    preset = _SCALE_PRESETS[scale]
+    if options.get("preset") is not None:
+        raise ConfigError(f"give the option preset only, not scale={scale!r} beside it")
+    warn_deprecated(f"captioning: the option scale={scale!r} is deprecated; use preset={preset!r}")
+    return {**options, "preset": preset}
+
+
 @dataclass(frozen=True)
 class CaptionData:
     """One split: ``images`` ``[N, S, S, 3]`` uint8, ``tokens_in`` ``[N, T]`` (BOS + the
@@ -121,7 +143,8 @@ class CaptioningTask(Task):
     """Captioning generated scenes with :class:`~attnlab.models.captioner.ShowAttendTell`.
 
     Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
-        scale: ``"small"`` or ``"paper"`` (sets the options below that are not given).
+        preset: ``"cpu"`` (the defaults) or ``"paper"`` (sets the options below that are
+            not given; ``scale="small"`` / ``"paper"`` is its deprecated spelling).
         image_size, grid, min_objects, max_objects, object_size, colors, shapes: the scenes
             and the attention grid (see :func:`attnlab.data.scenes.make_scenes`).
         train_size, dev_size, test_size: generated scenes per split.
@@ -143,7 +166,6 @@ class CaptioningTask(Task):
     defaults: ClassVar[dict[str, Any]] = {
         **SCALES["small"],
         "lr": 2e-3,
-        "scale": "small",
         "data_seed": 0,
         "dropout": 0.0,
         "reinforce_weight": 1.0,
@@ -157,13 +179,16 @@ class CaptioningTask(Task):
         "dot": {"score": "scaled-dot"},
         "location": {"score": "location-aware"},
     }
+    option_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cpu": {},
+        "paper": {k: v for k, v in SCALES["paper"].items() if SCALES["small"][k] != v},
+    }
     data_source: ClassVar[str] = "generated scenes of coloured shapes with masks (no package)"
 
     def __init__(self, **options: Any) -> None:
-        scale = options.get("scale", "small")
-        if scale not in SCALES:
-            raise ConfigError(f"option scale must be one of {sorted(SCALES)}, got {scale!r}")
-        super().__init__(**{**SCALES[scale], **options})
+        if "scale" in options:
+            options = _scale_as_preset(options)
+        super().__init__(**options)
         o = self.options
         self.check_int_options(
             "image_size",

@@ -141,6 +141,13 @@ class MetaEmbeddingTask(SequenceTask):
         "concat": {"meta": "concat"},
     }
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # checked here, before any data is read; None: no limit (the paper preset)
+        self.check_int_options("max_train", "max_eval", "max_len", optional=True)
+        self.check_int_options("min_freq")
+        parse_tables(self.options["tables"])
+
     # ------------------------------------------------------------------ data
 
     def load_data(self) -> TaskData:
@@ -152,7 +159,6 @@ class MetaEmbeddingTask(SequenceTask):
         key = (*(o[k] for k in names), tables)
         if key in _CACHE:
             return _CACHE[key]
-        self.check_int_options("max_len", "min_freq")
         ds = load_rotten_tomatoes()
         splits = {
             name: (part.texts, part.labels, part.ids)

@@ -92,7 +92,8 @@ def subsample(n: int, limit: int | None, seed: int) -> list[int]:
     return sorted(rng.choice(n, size=limit, replace=False).tolist())
 
 
-def tokenize(text: str, max_len: int) -> tuple[str, ...]:
+def tokenize(text: str, max_len: int | None) -> tuple[str, ...]:
+    """The lower-cased tokens of ``text``, the first ``max_len`` (all when None)."""
     return tuple(simple_tokenize(text, lower=True)[:max_len])
 
 
@@ -197,6 +198,12 @@ class MultiLabelTask(SequenceTask):
         "sparsemax": {"score": "dot", "align": "sparsemax"},
     }
 
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # checked here, before any data is read; None: no limit (the paper preset)
+        self.check_int_options("max_train", "max_eval", "max_len", optional=True)
+        self.check_int_options("min_count", "min_freq", "embed_dim")
+
     # ------------------------------------------------------------------ data
 
     def load_data(self) -> TaskData:
@@ -207,7 +214,6 @@ class MultiLabelTask(SequenceTask):
         key = tuple(o[k] for k in (*names, "glove", "embed_dim", "data_seed"))
         if key in _CACHE:
             return _CACHE[key]
-        self.check_int_options("max_len", "min_count", "min_freq", "embed_dim")
         ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
         splits = {
             name: (part.texts, part.label_sets, part.ids)
