@@ -30,6 +30,7 @@ import torch
 
 __all__ = [
     "REMOVED_IN",
+    "REMOVED_NOTE",
     "deprecated_aliases",
     "deprecated_attribute",
     "positional_masks",
@@ -40,6 +41,9 @@ __all__ = [
 
 #: the release in which the deprecated names and call forms go away
 REMOVED_IN = "0.2.0"
+
+#: the end of every deprecation message (what tells attnlab's deprecations from others')
+REMOVED_NOTE = f"(removed in attnlab {REMOVED_IN})"
 
 #: the frames a warning is not attributed to: attnlab's own and torch's (Module.__call__)
 _INTERNAL = (
@@ -56,9 +60,7 @@ def warn_deprecated(message: str) -> None:
     frame, stacklevel = sys._getframe(0), 1
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(
-        f"{message} (removed in attnlab {REMOVED_IN})", DeprecationWarning, stacklevel=stacklevel
-    )
+    warnings.warn(f"{message} {REMOVED_NOTE}", DeprecationWarning, stacklevel=stacklevel)
 
 
 def _listed(names: list[str], suffix: str = "") -> str:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import click
 
-from attnlab._deprecation import REMOVED_IN
+from attnlab._deprecation import REMOVED_NOTE
 
 __all__ = [
     "fail",
@@ -65,20 +65,16 @@ def _from_attnlab(filename: str) -> bool:
         return False
 
 
-#: the end of every message of :func:`attnlab._deprecation.warn_deprecated`
-_DEPRECATION_MARK = f"(removed in attnlab {REMOVED_IN})"
-
-
 def _attnlab_deprecation(message: Warning | str, category: type[Warning]) -> bool:
     """Whether a warning is one of attnlab's deprecations: those are attributed to the
     caller's frame (outside attnlab), so the file name does not tell."""
-    return issubclass(category, DeprecationWarning) and _DEPRECATION_MARK in str(message)
+    return issubclass(category, DeprecationWarning) and REMOVED_NOTE in str(message)
 
 
 def _show_deprecations() -> None:
     """Let attnlab's deprecation warnings through Python's default filters (which hide a
     ``DeprecationWarning`` not raised from ``__main__``): a command-line user sees them."""
-    pattern = ".*" + re.escape(_DEPRECATION_MARK)
+    pattern = ".*" + re.escape(REMOVED_NOTE)
     warnings.filterwarnings("default", message=pattern, category=DeprecationWarning)
 
 

@@ -65,12 +65,18 @@ def text_classifier_kwargs(task: Task, data: TaskData, attention: Any) -> dict[s
     return kwargs
 
 
+def check_size_limits(task: Task, *limits: str) -> None:
+    """The size limits ``max_train``, ``max_eval`` and ``limits`` of ``task``: ints ``>= 1``
+    or None (no limit); ``ConfigError`` naming the option."""
+    task.check_int_options("max_train", "max_eval", *limits, optional=True)
+
+
 def check_text_options(task: Task, *limits: str) -> None:
     """The options every text classifier task checks: ``embeddings`` (``"glove"`` or
     ``"learned"``), the size limits ``max_train``, ``max_eval`` and ``limits`` (ints
     ``>= 1`` or None) and ``min_freq`` (an int); ``ConfigError`` naming the option."""
     task.check_option_choice("embeddings", ("glove", "learned"))
-    task.check_int_options("max_train", "max_eval", *limits, optional=True)
+    check_size_limits(task, *limits)
     min_freq = task.options["min_freq"]
     if isinstance(min_freq, bool) or not isinstance(min_freq, int):
         raise ConfigError(f"option min_freq must be an int, got {min_freq!r}")

@@ -36,7 +36,7 @@ from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData, register_task
-from attnlab.lab.tasks._shared import SequenceTask, named_attention
+from attnlab.lab.tasks._shared import SequenceTask, check_size_limits, named_attention
 from attnlab.lab.tasks.multilabel import (
     EncodedSplit,
     first_texts,
@@ -143,8 +143,7 @@ class MetaEmbeddingTask(SequenceTask):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        # checked here, before any data is read; None: no limit (the paper preset)
-        self.check_int_options("max_train", "max_eval", "max_len", optional=True)
+        check_size_limits(self, "max_len")  # before any data is read; None: the paper's
         self.check_int_options("min_freq")
         parse_tables(self.options["tables"])
 

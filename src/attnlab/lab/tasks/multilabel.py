@@ -36,7 +36,12 @@ from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.lab.batching import pad_ids, token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import SequenceTask, evaluating, named_attention
+from attnlab.lab.tasks._shared import (
+    SequenceTask,
+    check_size_limits,
+    evaluating,
+    named_attention,
+)
 from attnlab.models.multilabel import CapsuleClassifier
 
 __all__ = [
@@ -200,8 +205,7 @@ class MultiLabelTask(SequenceTask):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        # checked here, before any data is read; None: no limit (the paper preset)
-        self.check_int_options("max_train", "max_eval", "max_len", optional=True)
+        check_size_limits(self, "max_len")  # before any data is read; None: the paper's
         self.check_int_options("min_count", "min_freq", "embed_dim")
 
     # ------------------------------------------------------------------ data
