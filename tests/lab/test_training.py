@@ -66,7 +66,15 @@ def test_run_directory_layout(toy_run_dir):
     assert run["started"] <= run["finished"]
 
     metrics = _read(toy_run_dir / "metrics.json")
-    assert set(metrics) == {"primary", "higher_is_better", "best_epoch", "dev", "test"}
+    assert set(metrics) == {
+        "primary",
+        "higher_is_better",
+        "best_epoch",
+        "epochs_trained",
+        "dev",
+        "test",
+    }
+    assert metrics["epochs_trained"] == 3  # no patience: every epoch is trained
     assert metrics["primary"] == "accuracy" and metrics["higher_is_better"] is True
     assert 1 <= metrics["best_epoch"] <= 3
     assert set(metrics["test"]) == set(metrics["dev"]) == {"accuracy", "f1"}

@@ -1,8 +1,9 @@
 """The training options every task inherits for following a paper's code: ``amsgrad``,
 ``attention_weight_decay`` (the attention's parameters in their own optimizer group,
 Jain & Wallace's ``attn_optim``) and ``select_from_epoch`` (their trainer never keeps the
-first epoch), each against an independent computation; their defaults keep the plain
-Adam and the selection from epoch 1."""
+first epoch), and ``patience`` (early stopping, as Lu et al. 2016), each against an
+independent computation; their defaults keep the plain Adam, the selection from epoch 1
+and every epoch trained."""
 
 from __future__ import annotations
 
@@ -110,6 +111,8 @@ def test_a_model_without_attention_parameters_has_one_group(toy):
         ({"attention_weight_decay": -1.0}, "option attention_weight_decay must be >= 0"),
         ({"select_from_epoch": 0}, "option select_from_epoch must be an int >= 1, got 0"),
         ({"select_from_epoch": 4, "epochs": 3}, r"select_from_epoch \(4\) exceeds epochs \(3\)"),
+        ({"patience": 0}, "option patience must be an int >= 1, got 0"),
+        ({"patience": 2.5}, "option patience must be an int >= 1, got 2.5"),
     ],
 )
 def test_bad_values_are_one_line_errors(toy, options, message):
@@ -162,3 +165,46 @@ def test_select_from_epoch(tmp_path, toy, values, first):
     assert result.metrics["best_epoch"] == best
     assert result.metrics["dev"]["accuracy"] == values[best - 1]
     assert len(result.history) == len(values)  # every epoch is still trained and recorded
+
+
+# ----------------------------------------------------------------------------- early stopping
+
+
+def _stop_by_hand(values, first, patience):
+    """How many epochs a trainer with ``patience`` runs: it stops after the first epoch
+    ``e`` that is ``patience`` epochs past the best eligible epoch among ``values[:e]``."""
+    for e in range(first, len(values) + 1):
+        if e - _best_by_hand(values[:e], first) >= patience:
+            return e
+    return len(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "first", "patience", "trained"),
+    [
+        ([0.5, 0.6, 0.6, 0.55, 0.7, 0.8], 1, 2, 4),  # best stays at 2 through epochs 3-4
+        ([0.5, 0.6, 0.6, 0.55, 0.7, 0.8], 1, 3, 6),  # epoch 5 improves in time
+        ([0.9, 0.5, 0.4, 0.3, 0.2, 0.1], 1, 1, 2),  # the first epoch is the best
+        ([0.9, 0.5, 0.4, 0.3, 0.2, 0.1], 2, 1, 3),  # epoch 1 is not eligible: 2 is best
+        ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1, 1, 6),  # always improving: every epoch
+    ],
+)
+def test_patience_stops_early_and_keeps_the_best_epoch(
+    tmp_path, toy, values, first, patience, trained
+):
+    assert _stop_by_hand(values, first, patience) == trained  # the table is the rule
+    task = _scripted(toy, values, select_from_epoch=first, patience=patience)
+    result = train_run(task, "tanh", out_dir=tmp_path / "r", progress=False)
+    assert len(result.history) == trained == task.calls
+    assert result.metrics["epochs_trained"] == trained
+    best = _best_by_hand(values[:trained], first)
+    assert result.metrics["best_epoch"] == best
+    assert result.metrics["dev"]["accuracy"] == values[best - 1]
+
+
+def test_no_patience_trains_every_epoch(tmp_path, toy):
+    values = [0.9, 0.1, 0.1, 0.1, 0.1]
+    task = _scripted(toy, values)
+    assert task.options["patience"] is None
+    result = train_run(task, "tanh", out_dir=tmp_path / "r", progress=False)
+    assert len(result.history) == result.metrics["epochs_trained"] == 5

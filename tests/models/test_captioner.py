@@ -111,3 +111,28 @@ def test_expected_mix_replaces_samples_by_the_soft_weights_in_training() -> None
     assert ((out.weights == 0) | (out.weights == 1)).all()
     with pytest.raises(ConfigError, match="expected_mix"):
         _model(expected_mix=1.5)
+
+
+def test_expected_mix_draws_one_coin_per_image() -> None:
+    """Xu et al. (4.1): "with probability 0.5 for a given image" the sampled location is
+    replaced by its expected value, so a caption is soft at every word or sampled at every
+    word, never a mix; over many images both kinds occur at about the rate."""
+    B, T = 64, 5
+    tokens = torch.randint(3, 9, (B, T), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = 1
+    images = torch.randint(
+        0, 256, (B, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    )
+    model = _model(attention={"align": "hard"}, expected_mix=0.5).train()
+    torch.manual_seed(4)
+    out = model(images, tokens)
+    one_hot = ((out.weights == 0) | (out.weights == 1)).all(-1)  # [B, T]: a sampled step
+    sampled = out.log_prob != 0  # a step in the REINFORCE term
+    assert torch.equal(one_hot, sampled)
+    per_image = one_hot.all(1)
+    assert torch.equal(one_hot, per_image[:, None].expand(B, T))  # never mixed in a caption
+    # 64 fair coins: both kinds occur, at a rate well inside 4 standard deviations (4 x 4)
+    assert 16 <= int(per_image.sum()) <= 48
+    # no coin at evaluation: every step takes the argmax cell
+    ev = model.eval()(images, tokens)
+    assert ((ev.weights == 0) | (ev.weights == 1)).all()

@@ -555,11 +555,14 @@ def check_training_values(options: Mapping[str, Any]) -> None:
     weights, and torch refuses a learning rate <= 0 only once the optimizer is built).
     ``attention_weight_decay`` a finite number >= 0 or none (the same as
     ``weight_decay``), ``select_from_epoch`` an int >= 1 and at most ``epochs`` (when both
-    are given), ``amsgrad`` true or false.
+    are given), ``patience`` an int >= 1 or none (no early stopping), ``amsgrad`` true or
+    false.
     Raises :class:`ConfigError`: ``"option lr must be > 0, got -1.0"``."""
     for name in ("epochs", "batch_size", "select_from_epoch"):
         if name in options:
             check_int(options[name], f"option {name}")
+    if options.get("patience") is not None:
+        check_int(options["patience"], "option patience")
     if "amsgrad" in options and not isinstance(options["amsgrad"], bool):
         raise ConfigError(f"option amsgrad must be true or false, got {options['amsgrad']!r}")
     first, epochs = options.get("select_from_epoch"), options.get("epochs")

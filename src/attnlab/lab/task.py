@@ -168,8 +168,9 @@ class Task(abc.ABC):
             also ``select_metric``, ``amsgrad`` (Adam's AMSGrad variant),
             ``attention_weight_decay`` (the weight decay of the model's attention
             parameters, :func:`~attnlab.lab.training.parameter_groups`; none: the same as
-            ``weight_decay``) and ``select_from_epoch`` (the first epoch the best-epoch
-            selection may keep))
+            ``weight_decay``), ``select_from_epoch`` (the first epoch the best-epoch
+            selection may keep) and ``patience`` (early stopping: stop after that many
+            epochs without a better selection metric; none: train every epoch))
             and data / model options (e.g. ``max_train``, ``hidden_size``, ``encoder``).
             Every option a user may pass must appear here or there; unknown options raise
             :class:`ConfigError`.
@@ -207,6 +208,7 @@ class Task(abc.ABC):
         "amsgrad": False,
         "attention_weight_decay": None,
         "select_from_epoch": 1,
+        "patience": None,
     }
 
     def __init__(self, **options: Any) -> None:

@@ -12,7 +12,8 @@ directory::
                                 device, device_name (CUDA), precision, status ("done" |
                                 "failed"), started, finished, versions, error,
                                 checkpoint_sha256 (of model.safetensors)
-    <run_dir>/metrics.json      primary, higher_is_better, best_epoch, dev, test
+    <run_dir>/metrics.json      primary, higher_is_better, best_epoch, epochs_trained (fewer
+                                than ``epochs`` when ``patience`` stopped early), dev, test
     <run_dir>/history.json      [{epoch, train_loss, dev, seconds, examples_per_second,
                                   data_share}, ...]
     <run_dir>/cost.json         parameters, train_seconds, seconds_per_epoch,
@@ -943,12 +944,16 @@ class _Trainer:
 
 
 def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]], _Best]:
-    """Train ``epochs`` epochs, evaluating on the dev split after each; the history and the
-    best epoch by the task's selection metric."""
+    """Train up to ``epochs`` epochs, evaluating on the dev split after each; the history
+    and the best epoch by the task's selection metric. With the option ``patience`` (an int
+    ``p``), training stops once ``p`` epochs have passed since the best one (counted from
+    the first eligible epoch, ``select_from_epoch``), as in Lu et al. (2016): "up to 256
+    epochs with early stopping if the validation accuracy has not improved in the last 5"."""
     task = trainer.task
     primary, higher = task.selection()
     history: list[dict[str, Any]] = []
     best = _Best(higher, first=int(task.options.get("select_from_epoch") or 1))
+    patience = task.options.get("patience")
     bar = ProgressBar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
     try:
         for epoch in range(1, epochs + 1):
@@ -974,6 +979,8 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
             value = dev_metrics[primary]
             best.offer(epoch, dev_metrics, value, trainer.model)
             bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best.epoch})
+            if patience and best.state is not None and epoch - best.epoch >= int(patience):
+                break
     finally:
         bar.close()
     return history, best
@@ -1039,6 +1046,7 @@ def _train(
         "primary": primary,
         "higher_is_better": higher,
         "best_epoch": best.epoch,
+        "epochs_trained": len(history),
         "dev": best.dev,
         "test": test_metrics,
     }
@@ -1046,7 +1054,7 @@ def _train(
     cost = {
         "parameters": int(n_params),
         "train_seconds": train_seconds,
-        "seconds_per_epoch": train_seconds / max(epochs, 1),
+        "seconds_per_epoch": train_seconds / max(len(history), 1),
         "eval_ms_per_example": 1000.0 * eval_seconds / max(n_test, 1),
         "peak_memory_mb": peak,
         "examples_per_second": data_total.examples / loops if loops else None,

@@ -119,10 +119,10 @@ class ShowAttendTell(Configurable):
             ``{"score": ..., "align": ..., **options}`` for :class:`attnlab.Attention`
             (``"uniform": True`` gives that attention's uniform baseline), ``"mean"`` or
             ``"uniform"``.
-        expected_mix: for hard attention trained with REINFORCE, the probability (per
-            example and word, during training) of using the expected context under the
-            soft weights instead of the sampled cell (Xu et al. use 0.5); 0 = always the
-            sample. The Gumbel estimator ignores it.
+        expected_mix: for hard attention trained with REINFORCE, the probability (drawn
+            once per image and caption, during training) of using the expected context
+            under the soft weights at every word instead of the sampled cells (Xu et al.
+            use 0.5); 0 = always the sample. The Gumbel estimator ignores it.
         region_positions: add a learned embedding of each cell's position to its vector.
         dropout: on the output layer's input (training only).
         pad_idx, bos_idx, eos_idx: the special word ids.
@@ -201,13 +201,27 @@ class ShowAttendTell(Configurable):
         return regions
 
     def init_state(self, regions: Tensor) -> dict[str, Tensor]:
+        """The first state; in training with ``expected_mix`` > 0 it also holds the
+        caption's coin ``"expected"`` ``[B]`` (bool): Xu et al. draw it once per image."""
         mean = regions.mean(1)
         B, R = regions.shape[:2]
-        return {
+        state = {
             "h": torch.tanh(self.init_h(mean)),
             "c": torch.tanh(self.init_c(mean)),
             "prev": regions.new_zeros(B, R),
         }
+        if self.training and self.expected_mix > 0:
+            state["expected"] = torch.rand(B, device=regions.device) < self.expected_mix
+        return state
+
+    def _mixes(self, state: dict[str, Tensor]) -> bool:
+        """Whether this step replaces samples by the expected context: training, hard
+        attention with the REINFORCE estimator, a coin drawn (:meth:`init_state`)."""
+        return (
+            "expected" in state
+            and self.training
+            and getattr(getattr(self.attention, "align", None), "estimator", None) == "reinforce"
+        )
 
     def attend(self, state: dict[str, Tensor], regions: Tensor) -> tuple[Tensor, Tensor, Any]:
         """Context ``[B, d]``, weights ``[B, R]`` and log_prob (``[B]`` or None) of a step."""
@@ -218,18 +232,13 @@ class ShowAttendTell(Configurable):
         extra = {"prev_weights": state["prev"]} if self.location else {}
         out = self.attention(state["h"], regions, need_weights=True, **extra)
         probs = out.extras.get("probs")
-        if (
-            self.training
-            and self.expected_mix > 0
-            and out.log_prob is not None
-            and probs is not None
-            and getattr(self.attention.align, "estimator", None) == "reinforce"
-        ):
-            # Xu et al. 2015 (4.1): with probability expected_mix an example's sampled cell
-            # is replaced by its expected value, the soft weights; only the sampled steps
-            # enter the REINFORCE term
+        if self._mixes(state) and out.log_prob is not None and probs is not None:
+            # Xu et al. 2015 (4.1): "with probability 0.5 for a given image, we set the
+            # sampled attention location to its expected value": every word of a caption
+            # whose coin came up uses the soft weights; only the sampled captions enter
+            # the REINFORCE term
             probs = probs.reshape(out.weights.shape)  # [B, R] (extras keep the query axis)
-            coin = torch.rand(probs.shape[0], device=probs.device) < self.expected_mix
+            coin = state["expected"]
             weights = torch.where(coin[:, None], probs, out.weights)
             context = combine_single(weights[:, None, :], regions).squeeze(1)
             return context, weights, out.log_prob * (~coin).to(out.log_prob.dtype)
@@ -245,7 +254,10 @@ class ShowAttendTell(Configurable):
         h, c = self.cell(torch.cat([emb, z], -1), (state["h"], state["c"]))
         hidden = torch.tanh(self.pre_output(self.dropout(torch.cat([h, z, emb], -1))))
         logits = self.output(self.dropout(hidden))
-        return logits, {"h": h, "c": c, "prev": weights}, weights, log_prob
+        new = {"h": h, "c": c, "prev": weights}
+        if "expected" in state:
+            new["expected"] = state["expected"]
+        return logits, new, weights, log_prob
 
     # ------------------------------------------------------------------ training
 

@@ -15,9 +15,9 @@ trained with REINFORCE, ``reinforce_weight`` times the score-function term with 
 
 Attention presets: ``soft`` (default; additive score, soft alignment: Xu et al.'s
 deterministic soft attention), ``hard`` (additive score, one cell sampled per word,
-REINFORCE: their stochastic hard attention; as in the paper, each word of an example is
-trained with the expected context instead of the sample with probability ``expected_mix``
-= 0.5), ``hard-gumbel`` (the same, straight-through
+REINFORCE: their stochastic hard attention; as in the paper, with probability
+``expected_mix`` = 0.5 an image's caption is trained with the expected context at every
+word instead of the samples), ``hard-gumbel`` (the same, straight-through
 Gumbel-softmax), ``dot`` (scaled dot product), ``location`` (location-aware score,
 Chorowski et al. 2015), and the baselines ``mean`` (the mean of the annotation vectors at
 every word: no attention) and ``uniform``.
@@ -82,6 +82,8 @@ SCALES: dict[str, dict[str, Any]] = {
         "embed_dim": 32,
         "hidden_size": 64,
         "channels": [16],
+        "batch_size": 32,
+        "dropout": 0.0,
     },
     "paper": {
         "epochs": 20,
@@ -98,6 +100,8 @@ SCALES: dict[str, dict[str, Any]] = {
         "embed_dim": 128,
         "hidden_size": 256,
         "channels": [32, 64],
+        "batch_size": 64,
+        "dropout": 0.5,
     },
 }
 
@@ -151,8 +155,9 @@ class CaptioningTask(Task):
         data_seed: train, dev and test use ``data_seed``, ``+ 1``, ``+ 2``.
         embed_dim, hidden_size, channels, dropout: the model.
         reinforce_weight: weight of the REINFORCE term of hard attention.
-        expected_mix: hard attention only: the probability of training a word with the
-            expected context (soft weights) instead of the sampled cell (Xu et al.'s 0.5).
+        expected_mix: hard attention only: the probability, drawn once per image, of
+            training its caption with the expected context (soft weights) instead of the
+            sampled cells (Xu et al.'s 0.5).
 
     :formula: a = CNN(image) [g x g cells]; z_t = sum_l align(score(h_{t-1}, a_l)) a_l; h_t =
         LSTM([E y_{t-1}; z_t], h_{t-1}); p(y_t) = softmax(W_o tanh(W_p [h_t; z_t; E y_{t-1}]))
@@ -167,7 +172,6 @@ class CaptioningTask(Task):
         **SCALES["small"],
         "lr": 2e-3,
         "data_seed": 0,
-        "dropout": 0.0,
         "reinforce_weight": 1.0,
         "expected_mix": 0.5,
     }

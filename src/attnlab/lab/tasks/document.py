@@ -116,13 +116,17 @@ class DocumentTask(ClassifierTask):
         reinforce_weight: weight of the REINFORCE term of stochastic (hard) attention.
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the HAN of
-    Yang et al. (2016, NAACL, section 3.2) -- bidirectional GRUs of 50 units per
+    Yang et al. (2016, NAACL, section 3.3) -- bidirectional GRUs of 50 units per
     direction, word and sentence context vectors of 100, mini-batches of 64 documents of
-    similar length, no truncation of documents or sentences -- on all of this task's
-    documents (``source=all``: the Amazon and NYT documents, not the paper's Yelp / IMDB /
-    Amazon millions). Not reproduced: their 200-d word2vec vectors trained on the corpus
-    (GloVe 50-d here) and SGD with momentum 0.9 (Adam here); the paper gives no epoch
-    count (the default is kept).
+    similar length, no truncation of documents or sentences, the pretrained embeddings
+    trained with the model (they initialise ``W_e``) -- on all of this task's documents
+    (``source=all``: the Amazon and NYT documents, not the paper's Yelp / IMDB / Yahoo
+    Answers / Amazon millions). Not reproduced: their 200-d word2vec vectors trained on
+    the corpus (GloVe 50-d here), their vocabulary of the words seen more than 5 times
+    (here every training word, ``min_freq=1``, plus the dev/test words GloVe knows) and
+    SGD with momentum 0.9 and a learning rate chosen on the dev split (Adam 2e-3 here);
+    the paper gives no epoch count, dropout, weight decay or clipping (the task's defaults
+    are kept: 15 epochs, dropout 0.3, weight decay 1e-5, clipping at 5).
         bucket: length bucketing of the training batches (documents of similar sentence
             count and sentence length together; :func:`attnlab.lab.batching.batch_order`).
 
@@ -145,6 +149,7 @@ class DocumentTask(ClassifierTask):
             "attention_dim": 100,
             "batch_size": 64,
             "bucket": True,
+            "freeze_embeddings": False,
         },
     }
     defaults: ClassVar[dict[str, Any]] = {

@@ -78,10 +78,13 @@ class PointerTask(Task):
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: Vinyals et
     al.'s (2015, NIPS, section 4) convex-hull set-up -- hulls of 5 to 50 points, one
-    million generated training instances, one LSTM layer of 512 units, mini-batches of
-    128, gradient norm clipped at 2. Not reproduced: SGD with learning rate 1 and the
-    uniform [-0.08, 0.08] initialisation (Adam 1e-3 and PyTorch's initialisation here);
-    the paper gives its training length in steps, not epochs (the default is kept).
+    million generated training instances, one LSTM layer of 512 units (their models have
+    256 or 512), mini-batches of 128, gradient norm clipped at 2. Not reproduced: SGD with
+    learning rate 1 and the uniform [-0.08, 0.08] initialisation (Adam 1e-3 and PyTorch's
+    initialisation here); beam search over unconstrained outputs (greedy decoding that
+    never points twice at a point here); their tests on more points than in training
+    (n up to 500; here the same 5-50 mix). The paper gives no training length (the
+    default 10 epochs is kept).
 
     ``metrics`` depends on the problem: ``("sequence_accuracy", "token_accuracy")`` for
     sorting, plus ``"area_coverage"`` for hulls.

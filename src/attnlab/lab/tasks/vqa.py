@@ -86,12 +86,16 @@ class VQATask(ClassifierTask):
     shuffles the images.
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the sizes
-    and training of Lu et al.'s co-attention (2016, NIPS, section 4.2) -- hidden size
-    512, dropout 0.5, mini-batches of 300, learning rate 4e-4, up to 256 epochs (the best
-    dev epoch is kept; they stop early after 5 epochs without improvement) -- on every
-    easy-VQA training question. Not reproduced: their VGG / ResNet image features (the
-    task's small CNN here: easy-VQA's 64x64 images), their hierarchical question encoder
-    and RMSprop (Adam here).
+    and training of Lu et al.'s co-attention (2016, NIPS, section 4.2) -- word embeddings
+    and question / region features of 512 (a BiLSTM of 256 per direction), dropout 0.5,
+    mini-batches of 300, learning rate 4e-4, up to 256 epochs with early stopping after 5
+    epochs without a better dev accuracy (``patience=5``; the best dev epoch is kept), no
+    gradient clipping (their code has none) -- on every easy-VQA training question. Not
+    reproduced: their VGG / ResNet image features (196 regions; the task's small CNN and
+    8 x 8 = 64 regions here: easy-VQA's 64x64 images), their hierarchical question
+    encoder (word, phrase and question levels, each co-attended, joined by a recursive
+    MLP; one BiLSTM and one co-attention here), dropout on every layer (here on the pooled
+    vector only) and RMSprop with its learning-rate decay (Adam, constant, here).
 
     :formula: V = CNN(image) [R = 8x8 regions]; Q = BiLSTM(E[w]); (c_q, c_v) = CoAtt(Q, V);
         p(answer) = softmax(W_o tanh(W_h [c_q; c_v] + b_h) + b_o)
@@ -108,11 +112,13 @@ class VQATask(ClassifierTask):
         "cpu": {},
         "paper": {
             "embed_dim": 512,
-            "hidden_size": 512,
+            "hidden_size": 256,
             "dropout": 0.5,
             "batch_size": 300,
             "lr": 4e-4,
             "epochs": 256,
+            "patience": 5,
+            "grad_clip": 0.0,
             "max_train": None,
             "max_dev": None,
         },
