@@ -278,6 +278,18 @@ def test_train_the_toy_task_with_a_plugin(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mean--seed1", "mean--seed2"]
 
 
+def test_train_table_shows_the_best_epoch_of_those_trained(tmp_path):
+    """``-o patience=1``: the run stops one epoch after its best; the table says which
+    epoch was kept of how many were trained, as metrics.json records them."""
+    result = run(*_toy_argv(tmp_path, "-a", "mean", "-o", "epochs=6", "-o", "patience=1"))
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "mean--seed0" / "metrics.json").read_text())
+    best, trained = metrics["best_epoch"], metrics["epochs_trained"]
+    assert trained == min(best + 1, 6)  # patience 1: one epoch without a better one
+    row = next(line for line in result.stdout.splitlines() if line.startswith("0 "))
+    assert f" {best} of {trained} " in row
+
+
 def test_train_options_precedence(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(

@@ -520,7 +520,7 @@ def _results_table(metric_names: list[str], results: list[tuple[int, Any]], base
         [
             str(seed),
             *[_fmt_metric(r.metrics["test"].get(m)) for m in metric_names],
-            str(r.metrics["best_epoch"]),
+            _best_epoch(r.metrics),
             str(base / Path(r.run_dir).name),
         ]
         for seed, r in results
@@ -529,6 +529,14 @@ def _results_table(metric_names: list[str], results: list[tuple[int, Any]], base
         cells = [_mean_std([r.metrics["test"].get(m) for _, r in results]) for m in metric_names]
         rows.append(["mean ± std", *cells, "", ""])
     return _table(header, rows)
+
+
+def _best_epoch(metrics: dict[str, Any]) -> str:
+    """``"3 of 8"``: the kept epoch of the epochs trained (fewer than ``epochs`` when the
+    option ``patience`` stopped the run; runs of earlier releases show the epoch alone)."""
+    trained = metrics.get("epochs_trained")
+    best = str(metrics["best_epoch"])
+    return best if trained is None else f"{best} of {trained}"
 
 
 def _mean_std(values: list[Any]) -> str:

@@ -28,10 +28,15 @@ attention) and ``twin_attention_uniform`` (the same for uniform attention over t
 cells: the floor).
 
 Option presets: ``cpu`` (16x16 images, 4,000 training images, 15 epochs: about a minute on
-a CPU) and ``paper`` (32x32 images, 8x8 hidden blocks, 64 channels, 256 attention tokens,
-20,000 images, 30 epochs). Wang et al. insert non-local blocks into ResNets for video
-classification and COCO detection; neither the data nor the backbone is reproduced here,
-only the block (embedded Gaussian, residual) in a network small enough to isolate it.
+a CPU) and ``paper`` (32x32 images, 8x8 hidden blocks, 64 channels, 256 attention tokens
+(about the size of Wang et al.'s res4 maps, 14 x 14), one block, 20,000 images, 30
+epochs). Wang et al. insert non-local blocks into ResNets for video classification and
+COCO detection; neither the data nor the backbone is reproduced here, only the block
+(embedded Gaussian, residual) in a network small enough to isolate it. Also not theirs:
+the block's inner width (channels plus one-hot positions, where theirs is half the
+channels), the ``1/sqrt(d)`` scaling, keys without max-pooling, LayerNorm before the block
+(theirs: batch norm after ``W_z``, initialised at zero) and the training (Adam, batches of
+32; theirs SGD with momentum, weight decay 1e-4, batches of 64, 400k iterations).
 """
 
 from __future__ import annotations

@@ -146,9 +146,14 @@ class MultiLabelTask(SequenceTask):
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the capsule
     sizes of Zhao et al. (2019, ACL) -- 16-d capsules, 3 routing iterations -- over
-    untruncated descriptions and every training package. Not reproduced: their n-gram
-    convolutional capsule layers (a BiLSTM here), 300-d embeddings (GloVe 50-d) and their
-    data (EUR-Lex / RCV1); the paper's training length is not used (the default is kept).
+    untruncated descriptions and every training package. Not reproduced (as their
+    released code, NLP-Capsule, trains; the paper's set-up section was not available to
+    check): their n-gram convolutional capsule layers (a BiLSTM here), their routing by
+    adaptive kernel density estimation (iterated until it converges; dynamic routing by
+    agreement here), the compression of the capsules, the binary cross-entropy loss (the
+    margin loss here), 300-d embeddings (GloVe 50-d), texts cut at 500 words, batches of
+    256 and Adam 1e-3 with decay over 30 epochs (the task's defaults here), and their data
+    (EUR-Lex / RCV1).
 
     :formula: h = BiLSTM(GloVe(w_1..w_n)); u_(l|i) = W_l h_i; T times: c_li = softmax_l(b_li),
         v_l = squash(sum_i c_li u_(l|i)), b_li += u_(l|i) . v_l; predict label l iff |v_l| > 0.5

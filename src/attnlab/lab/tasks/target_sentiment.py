@@ -98,9 +98,13 @@ class TargetSentimentTask(ClassifierTask):
 
     Option presets (``-o preset=NAME``): ``cpu`` (the defaults) and ``paper``: the BiLSTMs
     of 300 units per direction of LCR-Rot (Zheng & Xia 2018) and LCR-Rot-hop (Wallaart &
-    Frasincar 2019) over untruncated contexts and every training tweet. Not reproduced:
-    their 300-d GloVe vectors (50-d here) and their SGD-with-momentum schedules (Adam
-    here); their data is SemEval restaurant / laptop reviews, not airline tweets.
+    Frasincar 2019) over untruncated contexts and every training tweet, with frozen
+    embeddings. Not reproduced (as the authors' code trains; the papers' set-up sections
+    were not available to check): their 300-d GloVe vectors (50-d here), SGD with
+    momentum (Adam here), batches of 20-25, dropout of 0.5-0.7, 50-200 iterations and a
+    uniform initialisation (the task's batches of 32, dropout 0.2, 4 epochs and PyTorch's
+    initialisation here); their data is SemEval restaurant / laptop reviews (and, for
+    LCR-Rot, tweets), not airline tweets.
         bucket: length bucketing of the training batches (tweets of similar left context,
             target and right context lengths together; :func:`attnlab.lab.batching.batch_order`).
 
