@@ -947,8 +947,8 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
     """Train up to ``epochs`` epochs, evaluating on the dev split after each; the history
     and the best epoch by the task's selection metric. With the option ``patience`` (an int
     ``p``), training stops once ``p`` epochs have passed since the best one (counted from
-    the first eligible epoch, ``select_from_epoch``), as in Lu et al. (2016): "up to 256
-    epochs with early stopping if the validation accuracy has not improved in the last 5"."""
+    the first eligible epoch, ``select_from_epoch``), as Lu et al. (2016) train for up to
+    256 epochs and stop once 5 have passed without a better validation accuracy."""
     task = trainer.task
     primary, higher = task.selection()
     history: list[dict[str, Any]] = []
