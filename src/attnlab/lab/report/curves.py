@@ -36,5 +36,6 @@ def section_curves(ctx: ReportContext) -> str:
         )
     return (
         f'<div class="charts">{"".join(charts)}</div>'
-        '<p class="muted">One line per mechanism: the mean over its seeds at each epoch.</p>'
+        '<p class="muted">One line per mechanism: the mean at each epoch over its seeds '
+        "that trained it (with <code>patience</code> a run may stop early).</p>"
     )
