@@ -136,3 +136,27 @@ def test_expected_mix_draws_one_coin_per_image() -> None:
     # no coin at evaluation: every step takes the argmax cell
     ev = model.eval()(images, tokens)
     assert ((ev.weights == 0) | (ev.weights == 1)).all()
+
+
+@pytest.mark.parametrize(
+    ("attention", "mix", "coin"),
+    [
+        ({"align": "hard"}, 0.5, True),
+        ({"align": "hard"}, 0.0, False),
+        ({"align": "hard", "estimator": "gumbel"}, 0.5, False),
+        (None, 0.5, False),
+        ("uniform", 0.5, False),
+    ],
+    ids=str,
+)
+def test_only_reinforce_hard_attention_draws_the_coin(attention, mix, coin) -> None:
+    """The coin is drawn only where it is used, so the random stream (dropout, data order)
+    of the other attentions is the same as without ``expected_mix``."""
+    model = _model(attention=attention, expected_mix=mix).train()
+    regions = model.encode(_images(2))
+    torch.manual_seed(5)
+    state = model.init_state(regions)
+    after = torch.rand(1)
+    assert ("expected" in state) is coin
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(1), after) is not coin  # a drawn coin moves the stream

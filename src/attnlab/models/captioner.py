@@ -210,17 +210,20 @@ class ShowAttendTell(Configurable):
             "c": torch.tanh(self.init_c(mean)),
             "prev": regions.new_zeros(B, R),
         }
-        if self.training and self.expected_mix > 0:
+        if self._mixes():
             state["expected"] = torch.rand(B, device=regions.device) < self.expected_mix
         return state
 
-    def _mixes(self, state: dict[str, Tensor]) -> bool:
-        """Whether this step replaces samples by the expected context: training, hard
-        attention with the REINFORCE estimator, a coin drawn (:meth:`init_state`)."""
+    def _mixes(self) -> bool:
+        """Whether captions may be trained with the expected context: training, hard
+        attention with the REINFORCE estimator and ``expected_mix`` > 0 (otherwise no coin
+        is drawn, so the random stream of the other attentions is untouched)."""
+        align = getattr(self.attention, "align", None)
         return (
-            "expected" in state
-            and self.training
-            and getattr(getattr(self.attention, "align", None), "estimator", None) == "reinforce"
+            self.training
+            and self.expected_mix > 0
+            and not self.uniform
+            and getattr(align, "estimator", None) == "reinforce"
         )
 
     def attend(self, state: dict[str, Tensor], regions: Tensor) -> tuple[Tensor, Tensor, Any]:
@@ -232,7 +235,7 @@ class ShowAttendTell(Configurable):
         extra = {"prev_weights": state["prev"]} if self.location else {}
         out = self.attention(state["h"], regions, need_weights=True, **extra)
         probs = out.extras.get("probs")
-        if self._mixes(state) and out.log_prob is not None and probs is not None:
+        if "expected" in state and out.log_prob is not None and probs is not None:
             # Xu et al. 2015 (4.1): "with probability 0.5 for a given image, we set the
             # sampled attention location to its expected value": every word of a caption
             # whose coin came up uses the soft weights; only the sampled captions enter
