@@ -979,7 +979,7 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
             value = dev_metrics[primary]
             best.offer(epoch, dev_metrics, value, trainer.model)
             bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best.epoch})
-            if patience and best.state is not None and epoch - best.epoch >= int(patience):
+            if patience and best.state is not None and epoch - best.epoch >= patience:
                 break
     finally:
         bar.close()

@@ -257,10 +257,8 @@ class ShowAttendTell(Configurable):
         h, c = self.cell(torch.cat([emb, z], -1), (state["h"], state["c"]))
         hidden = torch.tanh(self.pre_output(self.dropout(torch.cat([h, z, emb], -1))))
         logits = self.output(self.dropout(hidden))
-        new = {"h": h, "c": c, "prev": weights}
-        if "expected" in state:
-            new["expected"] = state["expected"]
-        return logits, new, weights, log_prob
+        # the caption's coin (if any) rides along unchanged
+        return logits, {**state, "h": h, "c": c, "prev": weights}, weights, log_prob
 
     # ------------------------------------------------------------------ training
 
