@@ -182,11 +182,16 @@ def _direct(case: Case, q, k, v, attn, **options: Any) -> Callable[[], Tensor]:
     s = attn.score
 
     def run() -> Tensor:
+        # as the path does: the kernels take float32 parts for half inputs (lean_parts),
+        # so the values follow them and the context goes back to the inputs' dtype
         q1, k2 = s.lean_parts(q, k)
         w, b_d = s.work_params()
+        vals = v.to(q1.dtype)
         if case.kind == "multi":
-            return flash_multi_dim_attention(q1, k2, w, b_d, v, **options)[0]
-        return flash_additive_attention(q1, k2, w, v, **options)[0]
+            out = flash_multi_dim_attention(q1, k2, w, b_d, vals, **options)[0]
+        else:
+            out = flash_additive_attention(q1, k2, w, vals, **options)[0]
+        return out.to(v.dtype)
 
     return run
 

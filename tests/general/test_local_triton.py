@@ -291,4 +291,8 @@ def test_compiled_local_triton_path_has_no_graph_break_and_matches_eager(monkeyp
     monkeypatch.setattr(attn, "plan", lambda *a, **k: forced)
     q, k, v, _ = (x.float().to(DEVICE) for x in _inputs(dv=12))
     mask = MASKS["key-padding"]().to(DEVICE)
-    check_compiled_matches_eager(attn, (q, k, v), mask, "local-triton", params=True)
+    # 1e-4: on a GPU the backward adds the key, value and centre gradients with atomics in
+    # an order that changes from launch to launch, and the centre's gradient (scaled by S)
+    # passes those float32 roundings on to W_p and w_p; an H200 measured 7.5e-5 (4.5e-5
+    # relative) in one element of w_p's gradient between compiled and eager
+    check_compiled_matches_eager(attn, (q, k, v), mask, "local-triton", params=True, tol=1e-4)
