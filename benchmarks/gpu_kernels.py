@@ -22,7 +22,11 @@ bfloat16 / float16):
 
 Sides: ``triton`` (``attnlab.Attention``, which takes the ``triton`` path on CUDA),
 ``triton-fused`` (the kernels with ``fused_backward=True``: one backward launch, ``dq1``
-by atomics), ``chunked`` (the chunked ``attnlab.general.fused`` kernels that were the CUDA path
+by atomics), ``triton-half`` (the kernels in their half-precision mode: ``W1 q + b``,
+``W2 k`` and the score weights rounded to the inputs' dtype, so on a GPU ``p @ v`` runs on
+tensor cores and tanh is one ``tanh.approx.f32``; ``attnlab.Attention`` hands the kernels
+float32 parts for half inputs, so this side differs from ``triton`` only under ``--dtype
+bf16`` / ``fp16``), ``chunked`` (the chunked ``attnlab.general.fused`` kernels that were the CUDA path
 before), ``broadcast`` (the textbook formula in eager PyTorch) and ``compiled``
 (``torch.compile`` of the same formula). A side whose estimated memory exceeds the free
 device memory is skipped with the estimate (the broadcast form holds several
@@ -85,7 +89,7 @@ TINY = {
     "additive-1024": Case("additive-1024", "additive", 2, 20, 8),
     "multidim-512": Case("multidim-512", "multi", 2, 18, 8),
 }
-SIDES = ("triton", "triton-fused", "chunked", "broadcast", "compiled")
+SIDES = ("triton", "triton-fused", "triton-half", "chunked", "broadcast", "compiled")
 #: the chunked kernels grow as n^2 in time: 1.15 s per step at n = 4096 on an H200
 #: (float32), so about 74 s at n = 32768 -- longer than a lease's benchmark step
 CHUNKED_MAX_N = 4096
@@ -173,10 +177,11 @@ def _tile_side(side: str) -> tuple[int, int] | None:
     return int(bm), int(bn)
 
 
-def _direct(case: Case, q, k, v, attn, **options: Any) -> Callable[[], Tensor]:
+def _direct(case: Case, q, k, v, attn, half: bool = False, **options: Any) -> Callable[[], Tensor]:
     """The Triton kernels called directly with ``options`` (``block_m`` / ``block_n``,
     ``fused_backward``): the same arithmetic as the ``triton`` path of
-    ``attnlab.Attention``."""
+    ``attnlab.Attention``; with ``half``, the parts rounded to the inputs' dtype instead
+    (the kernels' half-precision mode for half inputs)."""
     from attnlab.general.flash_additive import flash_additive_attention, flash_multi_dim_attention
 
     s = attn.score
@@ -184,8 +189,10 @@ def _direct(case: Case, q, k, v, attn, **options: Any) -> Callable[[], Tensor]:
     def run() -> Tensor:
         # as the path does: the kernels take float32 parts for half inputs (lean_parts),
         # so the values follow them and the context goes back to the inputs' dtype
-        q1, k2 = s.lean_parts(q, k)
-        w, b_d = s.work_params()
+        parts = (*s.lean_parts(q, k), *s.work_params())
+        if half:
+            parts = tuple(None if x is None else x.to(v.dtype) for x in parts)
+        q1, k2, w, b_d = parts
         vals = v.to(q1.dtype)
         if case.kind == "multi":
             out = flash_multi_dim_attention(q1, k2, w, b_d, vals, **options)[0]
@@ -204,6 +211,8 @@ def _side_fn(side: str, case: Case, q, k, v, attn) -> Callable[[], Tensor]:
         return _direct(case, q, k, v, attn, block_m=tiles[0], block_n=tiles[1])
     if side == "triton-fused":
         return _direct(case, q, k, v, attn, fused_backward=True)
+    if side == "triton-half":
+        return _direct(case, q, k, v, attn, half=True)
     if side == "triton":
         if q.device.type == "cuda":  # the automatic choice on CUDA
             want = attn.explain(device=q.device)[0]

@@ -5,8 +5,10 @@
 #   2. the CUDA tests (`pytest -m cuda`) and the Triton kernel tests on the device
 #      (with pytest-xdist's workers where it is installed: Triton compiles on the CPU);
 #   3. the GPU anchors of benchmarks/cuda_bench.py (--quick: 5 repeats);
-#   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py), then at
-#      the tiles their defaults were chosen over (TILES, empty for none);
+#   4. the Triton kernels against the textbook form (benchmarks/gpu_kernels.py), their
+#      half-precision mode among the sides (not the chunked kernels, timed in three
+#      leases: KERNEL_SIDES adds them), then other tiles (TILES: none by default, the
+#      defaults beat the tiles they were chosen over in two leases);
 #   5. the cold compile time of torch.compile(Attention("additive")) (compile_time.py);
 #   6. the local-attention Triton kernels against the gathered window (local_kernels.py).
 #
@@ -37,7 +39,7 @@ kernel_tests="${KERNEL_TESTS:-tests/general/test_flash_additive.py tests/general
 # the steps to run (all by default), the CUDA tests, and the extra tiles of step 4
 steps=" ${STEPS:-device cuda-tests kernel-tests cuda-bench gpu-kernels compile-time local-kernels} "
 cuda_tests="${CUDA_TESTS:-tests}"
-tiles="${TILES-multi:16x4,multi:16x8,additive:64x64,additive:32x32}"
+tiles="${TILES-}"  # e.g. TILES=multi:16x4,additive:64x64
 workers=""
 "$py" -c "import xdist" 2>/dev/null && workers="-n 8"
 
@@ -86,12 +88,12 @@ import run, gpu_kernels
 gpu_kernels.main = lambda argv: 0  # the kernels are the next step, under their own limit
 run.main()
 "
-# the default tiles first, then the tiles they were chosen over (docs/kernels.md): rows are
-# printed as they are measured, so a cut keeps the default table
-step gpu-kernels 140 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
+# the sides at the default tiles, then any TILES (docs/kernels.md): rows are printed as
+# they are measured, so a cut keeps what was measured
+step gpu-kernels 150 "$py" benchmarks/gpu_kernels.py --json "$out/gpu-kernels.json" \
     --dtype "${KERNEL_DTYPE:-bf16}" \
-    --sides "${KERNEL_SIDES:-triton,triton-fused,chunked,broadcast,compiled}" --tiles "$tiles"
-step compile-time 50 "$py" benchmarks/compile_time.py --device cuda
+    --sides "${KERNEL_SIDES:-triton,triton-half,triton-fused,broadcast,compiled}" --tiles "$tiles"
+step compile-time 40 "$py" benchmarks/compile_time.py --device cuda
 if [ -f "$out/compile-time.txt" ]; then  # a few lines: into the summary (8 files at most)
     cat "$out/compile-time.txt" >>"$out/summary.txt" && rm "$out/compile-time.txt"
 fi

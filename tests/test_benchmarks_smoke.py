@@ -202,14 +202,26 @@ def test_gpu_kernel_benchmark_times_in_bfloat16_on_the_interpreter(monkeypatch, 
     monkeypatch.setattr(G, "_inputs", lambda *a, **k: seen.append(k.get("dtype")) or real(*a, **k))
     # every Triton side: the ones that call the kernels directly (triton-fused, a tile) cast
     # the values to the kernels' float32 parts as the path does (an H200 run caught them
-    # passing bfloat16 values beside float32 queries)
-    sides = "triton,triton-fused,broadcast"
+    # passing bfloat16 values beside float32 queries); triton-half hands the kernels
+    # bfloat16 parts (their half-precision mode)
+    import attnlab.general.flash_additive as fa
+
+    parts = []
+    real_multi = fa.flash_multi_dim_attention
+
+    def spy(q1, *args, **kwargs):
+        parts.append(q1.dtype)
+        return real_multi(q1, *args, **kwargs)
+
+    monkeypatch.setattr(fa, "flash_multi_dim_attention", spy)
+    sides = "triton,triton-fused,triton-half,broadcast"
     argv = ["--tiny", "--device", "cpu", "--sides", sides, "--only", "multidim-512"]
     assert G.main([*argv, "--dtype", "bf16", "--tiles", "multi:16x4"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| multidim-512 |")]
-    assert len(rows) == 4 and all(" bf16 |" in row for row in rows), rows
+    assert len(rows) == 5 and all(" bf16 |" in row for row in rows), rows
     assert not [row for row in rows if "error" in row], rows
+    assert set(parts) == {torch.float32, torch.bfloat16}, set(parts)
     assert "; bf16; " in out
     assert torch.bfloat16 in seen and torch.float32 in seen and None not in seen
     with pytest.raises(SystemExit):
