@@ -240,6 +240,17 @@ def _operand(X, b, offs, n, sb, sn, sd, D, BLOCK_D: tl.constexpr, MULTI: tl.cons
 
 
 @triton.jit
+def _key_tile(K, V, b, start_n, n_k, skb, skn, skd, svb, svn, svd, D, DV, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MULTI: tl.constexpr):  # fmt: skip
+    """The key tile starting at ``start_n``: its row offsets, ``k2`` as the score helpers
+    take it (:func:`_operand`) and the value rows ``[BLOCK_N, BLOCK_DV]`` (float32 for
+    multi-dimensional scores, else in ``V``'s dtype)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = _operand(K, b, offs_n, n_k, skb, skn, skd, D, BLOCK_D, MULTI)
+    v = _load_tile(V, b, offs_n, n_k, svb, svn, svd, DV, BLOCK_DV, MULTI)
+    return offs_n, k, v
+
+
+@triton.jit
 def _weight_operand(W, D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MULTI: tl.constexpr):
     """The score weights as the score helpers take them: ``W_d`` as a float32
     ``[BLOCK_D, BLOCK_DV]`` tile, 0-padded (multi), or the pointer to ``w`` (additive)."""
@@ -554,9 +565,10 @@ def attend_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     hi = _causal_hi(start_m, n_k, causal_offset, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _operand(K, b, offs_n, n_k, skb, skn, skd, D, BLOCK_D, MULTI)
-        v = _load_tile(V, b, offs_n, n_k, svb, svn, svd, DV, BLOCK_DV, MULTI)
+        offs_n, k, v = _key_tile(
+            K, V, b, start_n, n_k, skb, skn, skd, svb, svn, svd, D, DV,
+            BLOCK_N, BLOCK_D, BLOCK_DV, MULTI,
+        )  # fmt: skip
         s, _ = _scores(
             q, k, w, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, D,
             MULTI, ACT, FAST, DOT, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
@@ -597,9 +609,10 @@ def attend_bwd_q(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = _causal_hi(start_m, n_k, causal_offset, BLOCK_M, CAUSAL)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _operand(K, b, offs_n, n_k, skb, skn, skd, D, BLOCK_D, MULTI)
-        v = _load_tile(V, b, offs_n, n_k, svb, svn, svd, DV, BLOCK_DV, MULTI)
+        offs_n, k, v = _key_tile(
+            K, V, b, start_n, n_k, skb, skn, skd, svb, svn, svd, D, DV,
+            BLOCK_N, BLOCK_D, BLOCK_DV, MULTI,
+        )  # fmt: skip
         p, h = _recompute(
             q, k, w, lse, M, b, offs_m, offs_n, n_q, n_k, sqm, sqd, skn, skd, smb, smi, smj, D,
             causal_offset, MULTI, ACT, FAST, HAS_MASK, CAUSAL, DOT,
@@ -635,9 +648,10 @@ def attend_bwd_kv(
     pid = tl.program_id(0)
     b = tl.program_id(1)
     start_n = pid * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _operand(K, b, offs_n, n_k, skb, skn, skd, D, BLOCK_D, MULTI)
-    v = _load_tile(V, b, offs_n, n_k, svb, svn, svd, DV, BLOCK_DV, MULTI)
+    offs_n, k, v = _key_tile(
+        K, V, b, start_n, n_k, skb, skn, skd, svb, svn, svd, D, DV,
+        BLOCK_N, BLOCK_D, BLOCK_DV, MULTI,
+    )  # fmt: skip
     w = _weight_operand(W, D, DV, BLOCK_D, BLOCK_DV, MULTI)
     wt = _weight_operand(WT, DV, D, BLOCK_DV, BLOCK_D, MULTI)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)

@@ -155,6 +155,17 @@ class _Call(NamedTuple):
 #: what a path returns: ``(context, weights, log_prob, extras)``
 _Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
 
+#: The method of :class:`Attention` that runs each fast path (the table above); the
+#: explicit and lean-additive paths share ``_run_explicit``.
+_RUNNERS: dict[str, str] = {
+    "sdpa": "_run_sdpa",
+    "lean-multi": "_run_lean_multi",
+    "triton": "_run_triton",
+    "local-flex": "_run_local_flex",
+    "local-window": "_run_local_window",
+    "local-triton": "_run_local_triton",
+}
+
 
 def _dropout(a: Tensor, p: float) -> Tensor:
     return F.dropout(a, p, True) if p > 0 else a
@@ -632,19 +643,10 @@ class Attention(Configurable):
 
     def _run(self, path: str, call: _Call) -> _Result:
         """``(context, weights, log_prob, extras)`` of the call on ``path``."""
-        if path == "sdpa":
-            return self._run_sdpa(call)
-        if path == "lean-multi":
-            return self._run_lean_multi(call)
-        if path == "triton":
-            return self._run_triton(call)
-        if path == "local-flex":
-            return self._run_local_flex(call)
-        if path == "local-window":
-            return self._run_local_window(call)
-        if path == "local-triton":
-            return self._run_local_triton(call)
-        return self._run_explicit(call, lean=path == "lean-additive")
+        runner = _RUNNERS.get(path)
+        if runner is None:  # "explicit" and "lean-additive" share the general path
+            return self._run_explicit(call, lean=path == "lean-additive")
+        return getattr(self, runner)(call)
 
     def _run_sdpa(self, call: _Call) -> _Result:
         assert call.q is not None
