@@ -88,6 +88,21 @@ def test_corpus_is_seeded_and_cached(tmp_path, monkeypatch) -> None:
     assert [(u.voice, u.speed, u.pitch) for u in c] != [(u.voice, u.speed, u.pitch) for u in a]
 
 
+@needs_espeak
+def test_progress_is_called_once_per_synthesised_utterance(tmp_path, monkeypatch) -> None:
+    from attnlab.data._cache import clear_cache
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    clear_cache()
+    ticks: list[int] = []
+    texts = ["red circle", "blue square", "green"]
+    built = make_utterances(texts, seed=3, progress=lambda: ticks.append(len(ticks)))
+    assert ticks == [0, 1, 2] and len(built) == 3
+    clear_cache()  # from the disk cache: nothing is synthesised, nothing is reported
+    make_utterances(texts, seed=3, progress=lambda: ticks.append(len(ticks)))
+    assert len(ticks) == 3
+
+
 def test_missing_espeak_names_the_install(monkeypatch) -> None:
     from attnlab._optional import MissingDependencyError
 

@@ -156,6 +156,19 @@ def test_default_run_dir_and_replacing_a_run(tmp_path, monkeypatch, toy):
 # ----------------------------------------------------------------------------- selection
 
 
+@pytest.mark.parametrize("progress", [False, True])
+def test_the_trainer_tells_the_task_whether_it_may_show_progress(tmp_path, toy, progress):
+    seen: list[bool] = []
+
+    class Watched(toy):
+        def load_data(self):
+            seen.append(self.progress)
+            return super().load_data()
+
+    train_run(Watched(epochs=1), "tanh", out_dir=tmp_path / "r", progress=progress)
+    assert seen == [progress]
+
+
 def _scripted(toy, values, higher=True):
     """A toy task whose dev metric follows ``values``; it records the model state at each
     dev evaluation and the state the test evaluation sees."""

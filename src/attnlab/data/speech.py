@@ -34,7 +34,7 @@ import math
 import shutil
 import subprocess
 import wave
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,10 +206,14 @@ def make_utterances(
     pitches: tuple[int, int] = (30, 70),
     snr_db: float | None = 20.0,
     n_mels: int = 40,
+    progress: Callable[[], object] | None = None,
 ) -> list[Utterance]:
     """Every text spoken once with a voice, speed and pitch drawn from ``seed`` (uniform over
     ``voices`` and the inclusive ranges), white noise added at ``snr_db`` (None: none),
-    as log-mel features. Cached on disk by espeak-ng's version and the arguments."""
+    as log-mel features. Cached on disk by espeak-ng's version and the arguments.
+
+    ``progress`` is called once after each utterance is built (two espeak-ng calls, some
+    tens of milliseconds): never when the corpus comes from the cache."""
     texts = [_check_text(t) for t in texts]
     if not voices:
         raise ValueError("voices must name at least one espeak-ng voice")
@@ -250,6 +254,8 @@ def make_utterances(
                     pitch,
                 )
             )
+            if progress is not None:
+                progress()
         return out
 
     def to_json(utts: list[Utterance]) -> list[dict]:

@@ -527,7 +527,7 @@ def run_ablation(
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     runner = make_executor(executor, jobs=jobs, address=address)  # Ray missing: fails now
     study = _open_study(
-        task, grid, seeds, out_dir, options, device, precision, plugins, address is None
+        task, grid, seeds, out_dir, options, device, precision, plugins, address is None, progress
     )
     _write_record(study, executor)
     out = study.out
@@ -601,10 +601,12 @@ def _open_study(
     precision: str,
     plugins: Sequence[str],
     check_data: bool = True,
+    progress: bool = False,
 ) -> _Study:
     """Resolve the device, the precision, the plugins, the task, the grid (every spec
     checked against the task) and the seeds, check the ablation directory's path and
-    (``check_data``) load the task's data once, then make the directory."""
+    (``check_data``) load the task's data once (with ``progress``, the task may show a bar
+    while it prepares slow data), then make the directory."""
     resolved_device = resolve_device(device)
     precision = resolve_precision(precision, resolved_device)
     paths = (os.getcwd(),)
@@ -620,6 +622,7 @@ def _open_study(
     out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
     check_folder(out, f"ablation directory {out}")
     if check_data:  # missing data stops the ablation here, not every run one by one
+        task_obj.progress = progress
         task_obj.load_data()
     out.mkdir(parents=True, exist_ok=True)
     return _Study(

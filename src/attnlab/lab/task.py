@@ -185,6 +185,12 @@ class Task(abc.ABC):
             the task's paper where the data allows. The preset's values sit between the
             defaults and the options given with it; ``preset`` itself is kept in
             :attr:`options` (only when given).
+
+    Instance attributes:
+        options: the resolved options (defaults, then the preset, then the given ones).
+        progress: whether :meth:`load_data` may show a progress bar on stderr while it
+            prepares slow data (e.g. speech synthesis); False by default, set by the trainer
+            and the ablation runner from their own ``progress`` flag.
     """
 
     registry_name: ClassVar[str] = ""
@@ -231,6 +237,7 @@ class Task(abc.ABC):
                 f"its options: {', '.join(sorted(known))}"
             )
         self.options: dict[str, Any] = {**known, **options}
+        self.progress = False
 
     @property
     def name(self) -> str:

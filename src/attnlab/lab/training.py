@@ -1018,6 +1018,7 @@ def _train(
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    task.progress = progress  # a bar while slow data is prepared (speech synthesis)
     data = task.load_data()
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
     model = _build_model(task, data, spec, sampler).to(device)

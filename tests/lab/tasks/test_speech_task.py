@@ -107,6 +107,30 @@ def test_data_references_and_batches() -> None:
 
 
 @needs_speech
+def test_synthesis_shows_a_bar_only_with_progress_and_only_on_a_cache_miss(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from attnlab.data._cache import clear_cache
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    clear_cache()
+    quiet = SpeechTask(**{**TINY, "data_seed": 5})
+    assert quiet.progress is False  # the default: a task prints nothing
+    quiet.load_data()
+    assert capsys.readouterr().err == ""
+    clear_cache()
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "fresh"))
+    shown = SpeechTask(**{**TINY, "data_seed": 5})
+    shown.progress = True
+    shown.load_data()
+    err = capsys.readouterr().err
+    assert "speech: espeak-ng" in err and "/19 " in err  # 10 + 4 + 5 utterances
+    clear_cache()  # the same corpus again, from the disk cache: no bar
+    shown.load_data()
+    assert "espeak-ng" not in capsys.readouterr().err
+
+
+@needs_speech
 def test_character_targets_give_cer_and_wer() -> None:
     task = SpeechTask(targets="characters", **TINY)
     data = task.load_data()

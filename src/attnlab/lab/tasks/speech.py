@@ -67,6 +67,7 @@ from attnlab.evaluation.error_rates import (
 )
 from attnlab.evaluation.monotonicity import alignment_shape
 from attnlab.lab.batching import pad_ids
+from attnlab.lab.progress import ProgressBar
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
 from attnlab.lab.tasks._shared import add_reinforce
 from attnlab.models.recogniser import ListenAttendSpell
@@ -214,19 +215,25 @@ class SpeechTask(Task):
     def load_data(self) -> TaskData:
         o = self.options
         seed = int(o["data_seed"])
+        sizes = (int(o["train_size"]), int(o["dev_size"]), int(o["test_size"]))
         spoken = []
-        for offset, size in enumerate((o["train_size"], o["dev_size"], o["test_size"])):
-            spoken.append(
-                make_utterances(
-                    self._texts(int(size), seed + offset),
-                    seed + offset,
-                    voices=tuple(o["voices"]),
-                    speeds=tuple(int(s) for s in o["speeds"]),
-                    pitches=tuple(int(p) for p in o["pitches"]),
-                    snr_db=None if o["snr_db"] is None else float(o["snr_db"]),
-                    n_mels=int(o["n_mels"]),
+        # the bar advances only where espeak-ng runs (a cache miss: 20,000 utterances take
+        # minutes); with no update it never shows (delay) and leaves nothing behind
+        bar_kw = {"desc": "speech: espeak-ng", "unit": "utt", "leave": False, "delay": 0.5}
+        with ProgressBar(self.progress, total=sum(sizes), **bar_kw) as bar:
+            for offset, size in enumerate(sizes):
+                spoken.append(
+                    make_utterances(
+                        self._texts(size, seed + offset),
+                        seed + offset,
+                        voices=tuple(o["voices"]),
+                        speeds=tuple(int(s) for s in o["speeds"]),
+                        pitches=tuple(int(p) for p in o["pitches"]),
+                        snr_db=None if o["snr_db"] is None else float(o["snr_db"]),
+                        n_mels=int(o["n_mels"]),
+                        progress=bar.update,
+                    )
                 )
-            )
         train_frames = np.concatenate([u.features for u in spoken[0]])
         mean, std = train_frames.mean(0), train_frames.std(0) + 1e-5
         # the inventory of all splits: a voice's phoneme unseen in training stays a class
