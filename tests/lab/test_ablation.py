@@ -157,6 +157,15 @@ def _started(out: Path, rid: str) -> str:
     )
 
 
+def test_with_progress_the_ablation_shows_its_runs_bars_in_process(tmp_path, capsys):
+    grid = [{"name": "tanh"}]
+    run_ablation("toy", grid, [0], out_dir=tmp_path / "q", options=TINY, progress=False)
+    assert capsys.readouterr().err == ""
+    run_ablation("toy", grid, [0], out_dir=tmp_path / "p", options=TINY, progress=True)
+    err = capsys.readouterr().err
+    assert "ablate toy" in err and "toy seed 0" in err and "epoch 2" in err
+
+
 def test_run_ablation_records_every_run_and_resumes(tmp_path):
     out = tmp_path / "abl"
     grid = expand_grid(["tanh"], baselines=False)

@@ -77,6 +77,19 @@ def test_sequential_local_executor_calls_back_in_order(tmp_path):
     assert len(seen) == 2
 
 
+def test_a_run_draws_its_bars_only_in_the_calling_process(tmp_path, capsys):
+    LocalExecutor(1).run([_job(tmp_path, epochs=1)], lambda outcome: None)
+    assert capsys.readouterr().err == ""  # RunJob's default: no bars
+    shown = RunJob(**{**_job(tmp_path).__dict__, "run_dir": str(tmp_path / "b")})
+    shown = RunJob(**{**shown.__dict__, "progress": True, "options": {**TINY, "epochs": 1}})
+    LocalExecutor(1).run([shown], lambda outcome: None)
+    assert "toy seed 0" in capsys.readouterr().err  # the run's epoch bar, in this process
+    # a worker process (pool, Ray) gets the job without bars, and its threads
+    worker = executors._for_worker(shown, 3)
+    assert worker.progress is False and worker.num_threads == 3
+    assert executors._for_worker(RunJob(**{**shown.__dict__, "num_threads": 1}), 3).num_threads == 1
+
+
 def test_make_executor_checks_its_arguments():
     assert isinstance(make_executor("local", jobs=2), LocalExecutor)
     with pytest.raises(ValueError, match="jobs must be >= 1"):

@@ -574,6 +574,7 @@ class _Study:
     precision: str
     plugins: tuple[str, ...]
     paths: tuple[str, ...]
+    progress: bool = False  # the runs' own bars, where they train in this process
 
     def job(self, rid: str, spec: dict[str, Any], seed: int, run_dir: Path) -> RunJob:
         """The job that trains ``spec`` with ``seed`` into ``run_dir``."""
@@ -588,6 +589,7 @@ class _Study:
             precision=self.precision,
             plugins=self.plugins,
             sys_path=self.paths,
+            progress=self.progress,
         )
 
 
@@ -635,6 +637,7 @@ def _open_study(
         precision=precision,
         plugins=tuple(plugins),
         paths=paths,
+        progress=progress,
     )
 
 

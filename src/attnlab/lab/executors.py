@@ -70,6 +70,10 @@ class RunJob:
     num_threads: int | None = None
     #: import paths the worker needs (the driver's working directory, for plugins)
     sys_path: tuple[str, ...] = ()
+    #: show the run's bars (its epochs and batches) on stderr, under the ablation's bar:
+    #: only where the run trains in the calling process (the local executor with one job);
+    #: worker processes never draw bars
+    progress: bool = False
 
 
 @dataclass
@@ -140,7 +144,7 @@ def execute_job(job: RunJob) -> RunOutcome:
             device=job.device,
             precision=job.precision,
             out_dir=job.run_dir,
-            progress=False,
+            progress=job.progress,
             num_threads=job.num_threads,
             before_publish=_check_parent if _PARENT_PID is not None else None,
         )
@@ -261,7 +265,7 @@ class LocalExecutor(_Executor):
                     job = next((j for j in queue if allowed(j)), None)
                     if job is None:
                         break
-                    pending.add(pool.submit(execute_job, _with_threads(job, threads)))
+                    pending.add(pool.submit(execute_job, _for_worker(job, threads)))
                 if not pending:
                     break
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -274,10 +278,11 @@ class LocalExecutor(_Executor):
         pool.shutdown(wait=True)
 
 
-def _with_threads(job: RunJob, threads: int) -> RunJob:
-    if job.num_threads is not None:
-        return job
-    return RunJob(**{**job.__dict__, "num_threads": threads})
+def _for_worker(job: RunJob, threads: int) -> RunJob:
+    """``job`` as a worker process runs it: with ``threads`` unless it names its own, and
+    without bars (several processes drawing on one terminal would garble it)."""
+    threads = threads if job.num_threads is None else job.num_threads
+    return RunJob(**{**job.__dict__, "num_threads": threads, "progress": False})
 
 
 def _import_ray() -> Any:
@@ -323,7 +328,7 @@ class RayExecutor(_Executor):
                     continue
                 # a CUDA run asks Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES for it)
                 gpus = 1 if job.device.startswith("cuda") else 0
-                ref = remote.options(num_gpus=gpus).remote(_with_threads(job, 1))
+                ref = remote.options(num_gpus=gpus).remote(_for_worker(job, 1))
                 pending[ref] = job
             self._gather(pending, on_done)
         except BaseException:

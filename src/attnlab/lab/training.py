@@ -954,7 +954,10 @@ def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]
     history: list[dict[str, Any]] = []
     best = _Best(higher, first=int(task.options.get("select_from_epoch") or 1))
     patience = task.options.get("patience")
-    bar = ProgressBar(trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch")
+    # leave=None: the bar stays after `attnlab train`, not under an ablation's own bar
+    bar = ProgressBar(
+        trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch", leave=None
+    )
     try:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
