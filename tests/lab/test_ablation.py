@@ -166,6 +166,21 @@ def test_with_progress_the_ablation_shows_its_runs_bars_in_process(tmp_path, cap
     assert "ablate toy" in err and "toy seed 0" in err and "epoch 2" in err
 
 
+@pytest.mark.parametrize("progress", [False, True])
+def test_the_ablation_tells_the_task_whether_its_data_may_show_progress(
+    tmp_path, toy_task_module, progress
+):
+    seen: list[bool] = []
+
+    class Watched(toy_task_module.ToyTask):
+        def load_data(self):
+            seen.append(self.progress)
+            return super().load_data()
+
+    run_ablation(Watched(**TINY), ["mean"], [0], out_dir=tmp_path / "a", progress=progress)
+    assert seen[:1] == [progress]  # the check of the data, before any run
+
+
 def test_run_ablation_records_every_run_and_resumes(tmp_path):
     out = tmp_path / "abl"
     grid = expand_grid(["tanh"], baselines=False)
