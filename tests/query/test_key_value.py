@@ -288,3 +288,24 @@ def test_key_value_lookup_beats_mean_of_values(queries):
     # (it only knows which values are present)
     assert acc > 0.95, acc
     assert base < 0.45, base
+
+
+@pytest.mark.parametrize(
+    "fn, q_shape",
+    [(key_value_attention, (2, 3, 4)), (concatenated_key_value_attention, (2, 3, 4))],
+)
+def test_functional_forms_take_the_old_keywords_with_a_warning(fn, q_shape) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(*q_shape, generator=g)
+    k, v = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 6, generator=g)
+    new = fn(q, k, v)
+    with pytest.warns(DeprecationWarning) as record:
+        old = fn(query=q, keys=k, values=v)
+    assert sorted(str(w.message).split(";")[0] for w in record) == [
+        f"{fn.__name__}: the argument '{name}' is deprecated" for name in ("keys", "values")
+    ]
+    torch.testing.assert_close(old.context, new.context)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        fn(q, k, v, bogus=1)  # not an old name: a keyword of the score, which has none
+    with pytest.raises(TypeError, match="'keys' and its new name 'key'"):
+        fn(q, k, keys=k)

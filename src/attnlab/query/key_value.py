@@ -136,9 +136,28 @@ def key_value_attention(
     Returns :class:`~attnlab.output.AttentionOutput`, ``context`` ``[B, d_v]`` or
     ``[B, n_q, d_v]``. Cost O(B n_q n_k (d_k + d_v)) for dot-product scores (fused SDPA).
     """
-    a = _legacy("key_value_attention", score_params, "()", query=query, key=key, value=value)
+    inputs = (query, key, value)
+    return _attend_kv(
+        "key_value_attention", inputs, (2, 3), score, mask, need_weights, score_params
+    )
+
+
+def _attend_kv(
+    name: str,
+    inputs: tuple[Tensor | None, Tensor | None, Tensor | None],
+    ndims: tuple[int, ...],
+    score: str,
+    mask: Tensor | None,
+    need_weights: bool,
+    score_params: dict[str, Any],
+) -> AttentionOutput:
+    """The body of the two functional forms ``name``: the deprecated keywords mapped, the
+    defaults filled in (``key = query``, ``value = key``), the query's rank checked against
+    ``ndims``, then one :func:`attend`."""
+    q, k, v = inputs
+    a = _legacy(name, score_params, "()", query=q, key=k, value=v)
     query, key, value = _defaults(a["query"], a["key"], a["value"])
-    _check_kv(query, key, value, (2, 3))
+    _check_kv(query, key, value, ndims)
     return attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
 
 
@@ -182,13 +201,8 @@ def concatenated_key_value_attention(
 
     Cost: M key-value attentions in one batched call, O(B M n_k (d_k + d_v)).
     """
-    a = _legacy(
-        "concatenated_key_value_attention", score_params, "()", query=query, key=key, value=value
-    )
-    query, key, value = _defaults(a["query"], a["key"], a["value"])
-    _check_kv(query, key, value, (3,))
-    out = attend(query, key, value, score, mask=mask, need_weights=need_weights, **score_params)
-    return _concat(out, concat)
+    name, inputs = "concatenated_key_value_attention", (query, key, value)
+    return _concat(_attend_kv(name, inputs, (3,), score, mask, need_weights, score_params), concat)
 
 
 @register("query", "key-value", aliases=("key-value-attention", "kv"))
