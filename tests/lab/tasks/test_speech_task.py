@@ -120,13 +120,29 @@ def test_synthesis_shows_a_bar_only_with_progress_and_only_on_a_cache_miss(
     assert capsys.readouterr().err == ""
     clear_cache()
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "fresh"))
+    import attnlab.lab.tasks.speech as speech_mod
+    from attnlab.lab.progress import ProgressBar
+
+    bars: list[tuple[bool, list[int]]] = []
+
+    class Recorded(ProgressBar):  # what the task asked for, whatever tqdm's delay shows
+        def __init__(self, enabled: bool, **kw) -> None:
+            super().__init__(enabled, **kw)
+            bars.append((enabled, []))
+
+        def update(self, n: int = 1, **postfix) -> None:
+            bars[-1][1].append(n)
+            super().update(n, **postfix)
+
+    monkeypatch.setattr(speech_mod, "ProgressBar", Recorded)
     shown = SpeechTask(**{**TINY, "data_seed": 5})
     shown.progress = True
     shown.load_data()
-    err = capsys.readouterr().err
-    assert "speech: espeak-ng" in err and "/19 " in err  # 10 + 4 + 5 utterances
-    clear_cache()  # the same corpus again, from the disk cache: no bar
+    assert bars[-1] == (True, [1] * 19)  # 10 + 4 + 5 utterances synthesised
+    capsys.readouterr()  # whatever the bar drew (tqdm shows it only after its delay)
+    clear_cache()  # the same corpus again, from the disk cache: the bar never advances
     shown.load_data()
+    assert bars[-1] == (True, [])
     assert "espeak-ng" not in capsys.readouterr().err
 
 
