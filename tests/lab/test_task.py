@@ -116,6 +116,27 @@ def test_a_task_without_make_batch_says_so() -> None:
         next(task.batches(task.load_data(), "train", 2))
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_load_data_showing_sets_progress_for_the_call_only(fails) -> None:
+    seen: list[bool] = []
+
+    class Watched(_Lines):
+        def load_data(self):
+            seen.append(self.progress)
+            if fails:
+                raise RuntimeError("no data")
+            return super().load_data()
+
+    task = Watched(train_size=2, dev_size=1, test_size=1)
+    assert task.progress is False
+    if fails:
+        with pytest.raises(RuntimeError, match="no data"):
+            task.load_data_showing(True)
+    else:
+        assert len(task.load_data_showing(True).train) == 2
+    assert seen == [True] and task.progress is False  # restored, also after a failure
+
+
 def test_option_checks() -> None:
     task = _Lines(size=0)
     with pytest.raises(ConfigError, match="option size must be an int >= 1, got 0"):

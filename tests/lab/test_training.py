@@ -165,8 +165,10 @@ def test_the_trainer_tells_the_task_whether_it_may_show_progress(tmp_path, toy, 
             seen.append(self.progress)
             return super().load_data()
 
-    train_run(Watched(epochs=1), "tanh", out_dir=tmp_path / "r", progress=progress)
+    task = Watched(epochs=1)
+    train_run(task, "tanh", out_dir=tmp_path / "r", progress=progress)
     assert seen == [progress]
+    assert task.progress is False  # the caller's task keeps its own flag
 
 
 def _scripted(toy, values, higher=True):

@@ -292,7 +292,11 @@ def test_key_value_lookup_beats_mean_of_values(queries):
 
 @pytest.mark.parametrize(
     "fn, q_shape",
-    [(key_value_attention, (2, 3, 4)), (concatenated_key_value_attention, (2, 3, 4))],
+    [
+        (key_value_attention, (2, 4)),  # one query per example
+        (key_value_attention, (2, 3, 4)),
+        (concatenated_key_value_attention, (2, 3, 4)),
+    ],
 )
 def test_functional_forms_take_the_old_keywords_with_a_warning(fn, q_shape) -> None:
     g = torch.Generator().manual_seed(0)

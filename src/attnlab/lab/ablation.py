@@ -624,8 +624,7 @@ def _open_study(
     out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
     check_folder(out, f"ablation directory {out}")
     if check_data:  # missing data stops the ablation here, not every run one by one
-        task_obj.progress = progress
-        task_obj.load_data()
+        task_obj.load_data_showing(progress)
     out.mkdir(parents=True, exist_ok=True)
     return _Study(
         task=task_obj,

@@ -189,8 +189,9 @@ class Task(abc.ABC):
     Instance attributes:
         options: the resolved options (defaults, then the preset, then the given ones).
         progress: whether :meth:`load_data` may show a progress bar on stderr while it
-            prepares slow data (e.g. speech synthesis); False by default, set by the trainer
-            and the ablation runner from their own ``progress`` flag.
+            prepares slow data (e.g. speech synthesis); False by default. The trainer and
+            the ablation runner call :meth:`load_data_showing` with their own
+            ``progress`` flag, which sets it for that call only.
     """
 
     registry_name: ClassVar[str] = ""
@@ -263,6 +264,15 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def load_data(self) -> TaskData:
         """Load and prepare the data (may raise ``attnlab.data.MissingDataError``)."""
+
+    def load_data_showing(self, progress: bool) -> TaskData:
+        """:meth:`load_data` with :attr:`progress` set to ``progress`` for this call only:
+        the task's own flag is restored afterwards, whatever happens."""
+        before, self.progress = self.progress, progress
+        try:
+            return self.load_data()
+        finally:
+            self.progress = before
 
     @abc.abstractmethod
     def build_model(self, data: TaskData, attention: Mapping[str, Any]) -> nn.Module:

@@ -1021,8 +1021,7 @@ def _train(
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    task.progress = progress  # a bar while slow data is prepared (speech synthesis)
-    data = task.load_data()
+    data = task.load_data_showing(progress)  # a bar while slow data is prepared (speech)
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
     model = _build_model(task, data, spec, sampler).to(device)
     n_params = sum(p.numel() for p in model.parameters())
