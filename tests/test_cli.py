@@ -797,3 +797,11 @@ def test_python_m_attnlab(monkeypatch, capsys):
         runpy.run_module("attnlab", run_name="__main__")
     assert exit_.value.code == 0
     assert "Attention dimensionality" in capsys.readouterr().out
+
+
+def test_the_seed_table_mean_counts_the_finite_values_only():
+    from attnlab.cli import _mean_std
+
+    assert _mean_std([0.6, 0.8]) == f"0.7000 ± {0.02**0.5:.4f}"
+    assert _mean_std([0.6, None, float("nan")]) == "0.6000"  # one value: no spread to show
+    assert _mean_std([None, float("inf")]) == "n/a"

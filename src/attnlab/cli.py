@@ -540,13 +540,14 @@ def _best_epoch(metrics: dict[str, Any]) -> str:
 
 
 def _mean_std(values: list[Any]) -> str:
-    """``mean ± sample std`` of the finite numbers among ``values`` (``n/a`` without any)."""
-    values = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    if not values:
+    """``mean ± sample std`` of the finite numbers among ``values`` (the mean alone for one,
+    ``n/a`` without any; :func:`attnlab.lab.seed_stats.mean_std`)."""
+    from attnlab.lab.seed_stats import mean_std
+
+    mean, std, _ = mean_std(values)
+    if mean is None:
         return "n/a"
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
-    return f"{mean:.4f} ± {std:.4f}"
+    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
 def profile_line(cost: dict[str, Any]) -> str:

@@ -39,7 +39,6 @@ A damaged database file or row raises :class:`StoreError` (a
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -52,6 +51,7 @@ from typing import Any
 from attnlab.lab._process import Owner
 from attnlab.lab.checkpoint import RunFileError
 from attnlab.lab.files import utc_now
+from attnlab.lab.seed_stats import mean_std
 from attnlab.lab.task import spec_label
 
 __all__ = [
@@ -155,19 +155,6 @@ class MechanismSummary:
     def to_json(self) -> dict[str, Any]:
         """Every field, by name (copies of the containers)."""
         return asdict(self)
-
-
-def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None]:
-    """``(mean, sample std with ddof=1)`` of the values that are not None (a metric a run
-    could not compute); ``(None, None)`` for no value, ``(x, None)`` for one value."""
-    xs = [float(v) for v in values if v is not None]
-    if not xs:
-        return None, None
-    mean = math.fsum(xs) / len(xs)
-    if len(xs) < 2:
-        return mean, None
-    var = math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
-    return mean, math.sqrt(var)
 
 
 def _dumps(value: Any) -> str | None:
@@ -527,10 +514,11 @@ class ResultsStore:
                 seeds=sorted(r.seed for r in done),
             )
             for m in names:
-                summary.mean[m], summary.std[m] = mean_std(r.test[m] for r in done if m in r.test)
+                stats = mean_std(r.test[m] for r in done if m in r.test)
+                summary.mean[m], summary.std[m] = stats.mean, stats.std
             for k in costs:
                 values = [r.cost[k] for r in done if isinstance(r.cost.get(k), (int, float))]
-                summary.cost[k] = mean_std(values)[0]
+                summary.cost[k] = mean_std(values).mean
             out[label] = summary
         if metric is not None:
             sign = -1.0 if higher_is_better else 1.0

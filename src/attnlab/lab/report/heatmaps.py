@@ -15,8 +15,9 @@ from typing import Any
 
 from attnlab.lab.report.markup import esc
 from attnlab.lab.report.png import png_data_uri
-from attnlab.lab.report.statistics import as_float, finite
+from attnlab.lab.report.statistics import as_float
 from attnlab.lab.report.theme import HEAT_RGB, cell_style, heat_colour, rgb
+from attnlab.lab.seed_stats import finite
 
 __all__ = [
     "bar",

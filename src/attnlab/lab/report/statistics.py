@@ -8,11 +8,12 @@ measures of :mod:`attnlab.evaluation.significance`; this module only gathers the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from statistics import fmean, stdev
+from collections.abc import Callable, Mapping, Sequence
+from statistics import fmean
 from typing import Any
 
 from attnlab.lab.report.data import ReportData, RunRecord
+from attnlab.lab.seed_stats import finite, mean_std
 
 __all__ = [
     "as_float",
@@ -32,26 +33,6 @@ def as_float(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return float("nan")
-
-
-def finite(values: Iterable[Any]) -> list[float]:
-    """The finite numbers among ``values`` (bools and non-numbers left out), as floats."""
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        if math.isfinite(v):
-            out.append(float(v))
-    return out
-
-
-def mean_std(values: Iterable[Any]) -> tuple[float | None, float | None, int]:
-    """Mean, sample standard deviation (n - 1 in the denominator; None for one value) and
-    count of the finite numbers among ``values``."""
-    xs = finite(values)
-    if not xs:
-        return None, None, 0
-    return fmean(xs), (stdev(xs) if len(xs) > 1 else None), len(xs)
 
 
 def summarize(data: ReportData) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,8 @@ from typing import Any
 from attnlab.lab.report.context import ReportContext
 from attnlab.lab.report.data import RunRecord
 from attnlab.lab.report.markup import esc, fmt_mean_std, fmt_num
-from attnlab.lab.report.statistics import finite, mean_std, paired_analysis, summarize
+from attnlab.lab.report.statistics import paired_analysis, summarize
+from attnlab.lab.seed_stats import finite, mean_std
 
 __all__ = [
     "PEAK_MEMORY_FLOOR_MB",

@@ -15,7 +15,8 @@ from typing import Any
 
 from attnlab.lab.report.heatmaps import bar, row_scale, table_heat, token_spans
 from attnlab.lab.report.markup import esc
-from attnlab.lab.report.statistics import as_float, finite
+from attnlab.lab.report.statistics import as_float
+from attnlab.lab.seed_stats import finite
 
 __all__ = [
     "COATTENTION_KEYS",

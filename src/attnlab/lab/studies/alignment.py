@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from attnlab.evaluation.attention_alignment import (
     score_links,
     translation_part,
 )
+from attnlab.lab.seed_stats import mean_std
 
 __all__ = [
     "AERRow",
@@ -117,15 +117,17 @@ def translator_aer(
 @dataclass
 class AERRow:
     """One row of an AER table: a mechanism over seeds, or a baseline (``n`` = 0, no
-    BLEU). ``*_std`` is the sample standard deviation over seeds (None for one seed)."""
+    BLEU). The figures are means over seeds of the finite values
+    (:func:`attnlab.lab.seed_stats.mean_std`: None without any); ``*_std`` is the sample
+    standard deviation over seeds (None for one seed)."""
 
     mechanism: str
     n: int
-    aer: float
+    aer: float | None
     aer_std: float | None
-    precision: float
+    precision: float | None
     precision_std: float | None
-    recall: float
+    recall: float | None
     recall_std: float | None
     bleu: float | None = None
     bleu_std: float | None = None
@@ -134,11 +136,6 @@ class AERRow:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def _option_tag(options: Mapping[str, Any]) -> str:
@@ -176,11 +173,10 @@ def _run_row(run_dir: Path, seed: int, split: str, **aer_kw: Any) -> dict[str, A
 
 def _mechanism_row(label: str, runs: list[dict[str, Any]]) -> AERRow:
     """The mean ± sample std over the seeds' runs."""
-    aer, aer_std = _mean_std([r["aer"] for r in runs])
-    p, p_std = _mean_std([r["precision"] for r in runs])
-    r_, r_std = _mean_std([r["recall"] for r in runs])
-    bleus = [r["bleu"] for r in runs if r["bleu"] is not None]
-    bleu, bleu_std = _mean_std(bleus) if bleus else (None, None)
+    aer, aer_std, _ = mean_std(r["aer"] for r in runs)
+    p, p_std, _ = mean_std(r["precision"] for r in runs)
+    r_, r_std, _ = mean_std(r["recall"] for r in runs)
+    bleu, bleu_std, _ = mean_std(r["bleu"] for r in runs)  # None: no run has a BLEU
     return AERRow(label, len(runs), aer, aer_std, p, p_std, r_, r_std, bleu, bleu_std, runs=runs)
 
 

@@ -1,0 +1,40 @@
+"""attnlab.lab.seed_stats: the one mean and sample standard deviation over seeds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnlab.lab.seed_stats import MeanStd, finite, mean_std
+
+
+def test_mean_std_by_hand():
+    assert mean_std([]) == MeanStd(None, None, 0)
+    assert mean_std([0.5]) == (0.5, None, 1)
+    # 1, 2, 4: mean 7/3; squared deviations 16/9, 1/9, 25/9 -> sum 42/9, / (3 - 1) = 7/3
+    mean, std, n = mean_std([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3)
+    assert std == pytest.approx((7 / 3) ** 0.5)
+    assert n == 3
+    assert mean_std([2, 2]) == (2.0, 0.0, 2)  # ints count; equal values: zero spread
+
+
+def test_only_finite_numbers_count():
+    values = [None, 2.0, math.nan, True, "3.0", math.inf, -math.inf, 4, None]
+    assert finite(values) == [2.0, 4.0]
+    mean, std, n = mean_std(values)
+    assert (mean, n) == (3.0, 2)
+    assert std == pytest.approx(2**0.5)  # (1 + 1) / (2 - 1)
+    assert mean_std([None, math.nan]) == (None, None, 0)
+    assert mean_std(iter([1.0, None, 3.0])).mean == 2.0  # any iterable, read once
+
+
+def test_the_ablation_the_report_and_the_studies_share_it():
+    from attnlab.lab import report, store
+    from attnlab.lab.report import statistics
+    from attnlab.lab.studies import alignment
+
+    for module in (store, report, statistics, alignment):
+        assert module.mean_std is mean_std, module.__name__
+    assert statistics.finite is finite
