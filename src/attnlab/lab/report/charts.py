@@ -4,6 +4,7 @@ section's scatter plots, on one shared frame (title, grid, ticks, axes, axis lab
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ def _nice_step(span: float, ticks: int = 5) -> float:
     if span <= 0 or not math.isfinite(span):
         return 1.0
     raw = span / ticks
-    power = 10 ** math.floor(math.log10(raw))
+    power = 10.0 ** math.floor(math.log10(raw)) if raw > 0 else 0.0
+    if power == 0:  # a span among the smallest (subnormal) floats
+        return span
     for m in (1, 2, 2.5, 5, 10):
         if m * power >= raw:
             return m * power
@@ -28,21 +31,39 @@ def _nice_step(span: float, ticks: int = 5) -> float:
 
 
 def _ticks(lo: float, hi: float, ticks: int = 5) -> tuple[float, float, list[float]]:
-    """The axis range (rounded out to whole steps) and its tick values."""
+    """The axis range (rounded out to whole steps) and its tick values; for a range that
+    whole steps cannot show (a span beyond the largest float, or steps below the values'
+    precision, as for 1e16 and 1e16 + 4) the range itself with ``ticks`` even parts."""
     if hi < lo:
         lo, hi = hi, lo
     if hi == lo:
         pad = abs(lo) * 0.1 or 1.0
-        lo, hi = lo - pad, hi + pad
+        lo, hi = max(lo - pad, -sys.float_info.max), min(hi + pad, sys.float_info.max)
     step = _nice_step(hi - lo, ticks)
-    start = math.floor(lo / step) * step
-    stop = math.ceil(hi / step) * step
-    values = []
-    v = start
-    while v <= stop + step * 1e-9:
-        values.append(round(v, 12))
-        v += step
-    return start, stop, values
+    first, last = math.floor(lo / step), math.ceil(hi / step)
+    if last - first <= 4 * ticks:
+        first -= first * step > lo  # a quotient that underflowed to 0 (1e-194 / 5e129)
+        last += last * step < hi
+        values = [_clean((first + i) * step, step) for i in range(last - first + 1)]
+        whole = all(math.isfinite(v) for v in values)
+        if whole and len(set(values)) == len(values):  # steps above the values' precision
+            return values[0], values[-1], values
+    even = {lo * (1 - i / ticks) + hi * (i / ticks) for i in range(ticks + 1)}
+    return lo, hi, sorted(even)
+
+
+def _clean(v: float, step: float) -> float:
+    """``v`` without the binary rounding error of a multiple of ``step``
+    (0.30000000000000004), rounded to one digit below the step's leading digit."""
+    try:
+        return round(v, 1 - math.floor(math.log10(step)))
+    except OverflowError:  # a multiple next to the largest float
+        return v
+
+
+def _value_text(v: float) -> str:
+    """A data value in a tooltip: 4 decimals, or 4 significant digits from a million."""
+    return f"{v:.4f}" if abs(v) < 1e6 else f"{v:.4g}"
 
 
 def _tick_text(v: float) -> str:
@@ -88,10 +109,16 @@ class _Scale:
     y1: float
 
     def x(self, x: float) -> float:
-        return self.left + (x - self.x0) / (self.x1 - self.x0) * self.width
+        return self.left + _fraction(x, self.x0, self.x1) * self.width
 
     def y(self, y: float) -> float:
-        return self.top + self.height - (y - self.y0) / (self.y1 - self.y0) * self.height
+        return self.top + self.height - _fraction(y, self.y0, self.y1) * self.height
+
+
+def _fraction(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies between ``lo`` and ``hi`` (0 to 1); halved first, so that a range
+    up to the largest floats does not overflow."""
+    return (v / 2 - lo / 2) / (hi / 2 - lo / 2)
 
 
 def _frame(
@@ -224,7 +251,7 @@ def scatter_svg(
         out.append(
             f'<circle class="pt" cx="{scale.x(x):.2f}" cy="{scale.y(y):.2f}" r="3" '
             f'fill="{SERIES_COLOURS[0]}" fill-opacity="0.6">'
-            f"<title>{x:.4f}, {y:.4f}</title></circle>"
+            f"<title>{_value_text(x)}, {_value_text(y)}</title></circle>"
         )
     out.append("</svg>")
     return "".join(out)
