@@ -21,9 +21,14 @@ def option_text(value: Any) -> str:
 
 
 def fmt_num(value: float | None) -> str:
-    """4 decimals below 100, 2 below 100,000, else 4 significant digits; ``–`` for None."""
+    """4 decimals below 100 (4 significant digits below 0.001, where 4 decimals would show
+    a small MSE or p-value as 0.0000), 2 below 100,000, else 4 significant digits; ``–``
+    for None."""
     if value is None:
         return "–"
+    value = value + 0.0  # -0.0 (a rounded-away mean) reads 0.0000
+    if 0 < abs(value) < 1e-3:
+        return f"{value:.4g}"
     if abs(value) < 100:
         return f"{value:.4f}"
     if abs(value) < 1e5:
