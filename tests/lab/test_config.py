@@ -45,6 +45,14 @@ def test_coerce_value(text, value):
     assert type(got) is type(value)
 
 
+def test_a_list_with_commas_says_how_lists_are_written():
+    with pytest.raises(ConfigError, match=r"separated by ';' \(.*\): write \[1;2\], not \[1,2\]"):
+        coerce_value("[1,2]")
+    with pytest.raises(ConfigError, match="separated by ';'"):
+        parse_options(["hops=[1, 3]"])
+    assert coerce_value("[a,b;c]") == ["a,b", "c"]  # with a ';' the commas are text
+
+
 # ----------------------------------------------------------------------------- --attention
 
 

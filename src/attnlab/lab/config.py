@@ -85,6 +85,11 @@ def coerce_value(text: str) -> Any:
         return int(value)
     if value.startswith("[") and value.endswith("]"):
         inner = value[1:-1].strip()
+        if "," in inner and ";" not in inner:  # [1,2]: one item "1,2" is surely not meant
+            raise ConfigError(
+                f"the items of a list are separated by ';' (',' separates the pieces of "
+                f"an attention spec): write [{inner.replace(',', ';')}], not {value}"
+            )
         return [coerce_value(v) for v in inner.split(";")] if inner else []
     try:
         number = float(value)
