@@ -11,6 +11,7 @@ Standard library only: importing this module must not grow the process.
 
 from __future__ import annotations
 
+import atexit
 import json
 import subprocess
 import sys
@@ -60,10 +61,12 @@ class Launcher:
         return Result(**json.loads(line))
 
     def close(self) -> None:
+        """End the helper process (its loop ends with its input) and close its pipes."""
         if self._proc is not None:
-            assert self._proc.stdin is not None
+            assert self._proc.stdin is not None and self._proc.stdout is not None
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
+            self._proc.stdout.close()
             self._proc = None
 
 
@@ -75,4 +78,5 @@ def default() -> Launcher:
     global _default
     if _default is None:
         _default = Launcher()
+        atexit.register(_default.close)  # else it outlives the interpreter's shutdown
     return _default

@@ -278,3 +278,29 @@ def test_gpu_kernel_timing_caps_the_repeats_of_slow_steps(monkeypatch):
     assert len(G._timed(step(0.5), "cpu", repeats=10, warmup=2)) == 10
     assert len(G._timed(step(1.0), "cpu", repeats=10, warmup=2)) == 8
     assert len(calls) == 2 + 3 + 2 + 10 + 2 + 8
+
+
+def test_the_default_launcher_ends_with_the_interpreter():
+    """The memory benchmarks' helper process is closed at exit: before, it outlived the
+    interpreter's shutdown (ResourceWarning: subprocess ... is still running, two pipes
+    unclosed), at the end of every test suite that ran a memory benchmark."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _launcher\n"
+        "r = _launcher.default().run([sys.executable, '-c', 'print(6 * 7)'])\n"
+        "assert r.returncode == 0 and r.stdout == '42\\n', r\n"
+        "print(_launcher.default()._proc.pid)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-c", code, str(BENCH)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr, done.stderr
+    pid = int(done.stdout.split()[-1])
+    with pytest.raises(ProcessLookupError):  # the helper was waited for, not orphaned
+        os.kill(pid, 0)
