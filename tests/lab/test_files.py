@@ -52,6 +52,16 @@ def test_jsonable_scalars_are_python_numbers():
     assert type(jsonable(torch.tensor(2.0, dtype=torch.bfloat16))) is float
 
 
+def test_jsonable_tensors_and_sets_are_lists():
+    got = jsonable({"per_class": torch.tensor([[0.5, float("nan")], [1.0, 2.0]])})
+    assert got == {"per_class": [[0.5, None], [1.0, 2.0]]}
+    assert jsonable(torch.tensor([1, 2], dtype=torch.int64)) == [1, 2]
+    assert jsonable(torch.tensor([0.25], requires_grad=True)) == [0.25]
+    assert jsonable({"b", "a", "c"}) == ["a", "b", "c"]
+    assert jsonable(frozenset({2, "x"})) == [2, "x"]  # mixed types: ordered by their text
+    json.dumps(got, allow_nan=False)
+
+
 def test_jsonable_any_other_object_is_its_text():
     class Thing:
         def __str__(self) -> str:

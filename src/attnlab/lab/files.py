@@ -32,9 +32,9 @@ def utc_now() -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Plain JSON data: mappings -> dicts with text keys, tuples -> lists, non-finite
-    floats -> ``None``, numpy / torch scalars -> Python numbers, numpy arrays -> lists,
-    paths and any other object -> their text."""
+    """Plain JSON data: mappings -> dicts with text keys, tuples -> lists, sets -> sorted
+    lists, non-finite floats -> ``None``, numpy / torch scalars -> Python numbers, numpy
+    arrays and tensors -> (nested) lists, paths and any other object -> their text."""
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -49,6 +49,14 @@ def jsonable(value: Any) -> Any:
         return value if math.isfinite(value) else None
     if isinstance(value, np.ndarray):
         return jsonable(value.tolist())
+    if isinstance(value, torch.Tensor):  # a per-class metric: numbers, not "tensor([...])"
+        return jsonable(value.detach().cpu().tolist())
+    if isinstance(value, set | frozenset):
+        items = [jsonable(v) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:  # items of several types: their text decides the order
+            return sorted(items, key=str)
     return str(value)
 
 
