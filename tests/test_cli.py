@@ -170,10 +170,15 @@ def test_path_prints_the_path(argv, path):
     assert len(lines[1]) > len("reason: ")
 
 
-def test_path_option_values_are_parsed_as_json():
+def test_path_option_values_are_read_as_task_option_values():
     result = run("path", "--score", "dot", "--align", "local-m", "--option", "D=3")
     assert result.exit_code == 0
     assert "2D+1 = 7" in result.stdout
+    bad = run("path", "--align", "local-m", "--option", "D=x")
+    assert bad.exit_code == 2  # the message keeps its closing quote
+    assert bad.stderr.strip().endswith("must be an int >= 1, got 'x'")
+    listed = run("path", "--option", "D=[1,2]")
+    assert listed.exit_code == 2 and "write [1;2], not [1,2]" in listed.stderr
 
 
 def test_path_bad_option_exits_2():
@@ -805,3 +810,15 @@ def test_the_seed_table_mean_counts_the_finite_values_only():
     assert _mean_std([0.6, 0.8]) == f"0.7000 ± {0.02**0.5:.4f}"
     assert _mean_std([0.6, None, float("nan")]) == "0.6000"  # one value: no spread to show
     assert _mean_std([None, float("inf")]) == "n/a"
+
+
+def test_version():
+    import tomllib
+
+    import attnlab
+
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"attnlab {attnlab.__version__}\n"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert attnlab.__version__ == project["version"]  # one version, not two that drift

@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from attnlab import __version__
 from attnlab.lab.commands import (
     PRECISION_HELP,
     TaskHelpCommand,
@@ -35,7 +36,7 @@ from attnlab.lab.commands import (
     device_option,
     precision_option,
 )
-from attnlab.lab.errors import fail, warnings_as_notes
+from attnlab.lab.errors import error_message, fail, warnings_as_notes
 
 __all__ = ["KIND_TITLES", "LAZY_COMMANDS", "LAZY_HELP", "TaskHelpCommand", "main", "profile_line"]
 
@@ -156,6 +157,7 @@ SPEC_SYNTAX = (
 
 
 @click.group(name="attnlab", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="attnlab", message="%(prog)s %(version)s")
 def main() -> None:
     """Attention mechanisms of the survey literature, and a lab to compare them."""
 
@@ -217,13 +219,6 @@ def list_command(kind: str | None, as_json: bool) -> None:
 # ----------------------------------------------------------------------------- path
 
 
-def _parse_value(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _size_option(flag: str, vector: str) -> Any:
     """``--d-q`` / ``--d-k`` of ``attnlab path``: the size of a query or key vector, an int
     >= 1 (default 64)."""
@@ -265,17 +260,22 @@ def path_command(
 ) -> None:
     """Say which implementation path an attention takes, and why."""
     from attnlab import Attention
+    from attnlab._checks import ConfigError
+    from attnlab.lab.config import coerce_value
 
     parsed = {}
     for item in options:
         if "=" not in item:
             fail(f"--option expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        parsed[key] = _parse_value(value)
+        try:
+            parsed[key] = coerce_value(value)  # read as the values of -o and --attention
+        except ConfigError as err:
+            fail(f"--option {item}: {err}")
     try:
         attn = Attention(score=score, align=align, dim=dim, d_q=d_q, d_k=d_k, **parsed)
     except (ValueError, TypeError, KeyError) as err:
-        fail(str(err).strip("'\""))
+        fail(error_message(err))
     path, reason = attn.explain(need_weights=need_weights)
     click.echo(f"path:   {path}\nreason: {reason}")
 

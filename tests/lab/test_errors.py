@@ -84,3 +84,14 @@ def test_warnings_as_notes_shows_attnlab_deprecations_under_pythons_default_filt
         f"note: thing: the option old='x' is deprecated; use new='x' "
         f"(removed in attnlab {REMOVED_IN})"
     ]
+
+
+def test_error_message_unquotes_a_key_error_and_keeps_other_quotes():
+    from attnlab.lab.errors import error_message
+
+    assert error_message(KeyError("unknown score 'x'")) == "unknown score 'x'"
+    assert error_message(ValueError("D must be an int >= 1, got 'x'")) == (
+        "D must be an int >= 1, got 'x'"  # stripping quotes used to cut this one
+    )
+    assert error_message(KeyError("a", "b")) == "('a', 'b')"
+    assert error_message(KeyError(3)) == "3"

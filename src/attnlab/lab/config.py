@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnlab._checks import ConfigError, check_int
+from attnlab.lab.errors import error_message
 
 if TYPE_CHECKING:
     from attnlab.lab.task import Task
@@ -474,7 +475,7 @@ def _check_names(task: Task, body: Mapping[str, Any]) -> None:
         try:
             registry.get(key, value)
         except KeyError as error:
-            message = str(error).strip("'\"")
+            message = error_message(error)
             raise ConfigError(f"{message} (attnlab list --kind {key})") from None
 
 

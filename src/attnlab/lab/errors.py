@@ -1,5 +1,6 @@
 """How the lab's commands end on an error in what the user typed, and how they show notices.
 
+* :func:`error_message` is an exception's message as the user reads it.
 * :func:`fail` prints one line ``error: MESSAGE`` on stderr and exits with status 2 (or the
   status given: 1 for missing data), as every ``attnlab`` command does.
 * :func:`failing_on` runs a command's work and ends it with :func:`fail` on the errors
@@ -25,6 +26,7 @@ import click
 from attnlab._deprecation import REMOVED_NOTE
 
 __all__ = [
+    "error_message",
     "fail",
     "failing_on",
     "notes_wanted",
@@ -34,6 +36,15 @@ __all__ = [
 
 #: The folder of the attnlab package: the warnings raised from a file under it are notes.
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def error_message(error: BaseException) -> str:
+    """The message of ``error``: for a ``KeyError`` (the registry's unknown names) its
+    text without the quotes ``str`` adds around it; a message that itself ends in a quote
+    (``got 'x'``) keeps it."""
+    if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        return error.args[0]
+    return str(error)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -54,7 +65,7 @@ def failing_on(*errors: type[BaseException]) -> Iterator[None]:
     except MissingDataError as error:
         fail(str(error), code=1)
     except errors as error:
-        fail(str(error))
+        fail(error_message(error))
 
 
 def _from_attnlab(filename: str) -> bool:

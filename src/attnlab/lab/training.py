@@ -88,6 +88,7 @@ from attnlab.lab.checkpoint import (
     save_state,
 )
 from attnlab.lab.config import check_training_values, parse_attention, resolve_task
+from attnlab.lab.errors import error_message
 from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
 from attnlab.lab.progress import ProgressBar
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
@@ -772,10 +773,9 @@ def _build_model(
     except (ConfigError, ValueError, TypeError, KeyError) as error:
         if sampler is not None:
             sampler.stop()
-        text = error.args[0] if isinstance(error, KeyError) and error.args else error
         raise ModelBuildError(
             f"task {task.name!r} cannot build its model with attention {spec_label(spec)!r} "
-            f"and its options: {text}"
+            f"and its options: {error_message(error)}"
         ) from error
 
 
