@@ -308,9 +308,12 @@ def _import_plugins(plugins: tuple[str, ...]) -> None:
 
 
 def _fmt_metric(value: Any) -> str:
+    """A test metric of one seed, in the digits of the report (``n/a``: not computed)."""
+    from attnlab.lab.seed_stats import fmt_num
+
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    return fmt_num(value) if isinstance(value, float) else str(value)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -541,13 +544,11 @@ def _best_epoch(metrics: dict[str, Any]) -> str:
 
 def _mean_std(values: list[Any]) -> str:
     """``mean ± sample std`` of the finite numbers among ``values`` (the mean alone for one,
-    ``n/a`` without any; :func:`attnlab.lab.seed_stats.mean_std`)."""
-    from attnlab.lab.seed_stats import mean_std
+    ``n/a`` without any), written as the report writes it (:mod:`attnlab.lab.seed_stats`)."""
+    from attnlab.lab.seed_stats import fmt_mean_std, mean_std
 
     mean, std, _ = mean_std(values)
-    if mean is None:
-        return "n/a"
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+    return fmt_mean_std(mean, std, "n/a")
 
 
 def profile_line(cost: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from attnlab.lab.seed_stats import MeanStd, finite, mean_std
+from attnlab.lab.seed_stats import MeanStd, finite, fmt_mean_std, fmt_num, mean_std
 
 
 def test_mean_std_by_hand():
@@ -38,3 +38,38 @@ def test_the_ablation_the_report_and_the_studies_share_it():
     for module in (store, report, statistics, alignment):
         assert module.mean_std is mean_std, module.__name__
     assert statistics.finite is finite
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, "–"),
+        (0, "0.0000"),
+        (-0.0, "0.0000"),
+        (0.25, "0.2500"),
+        (-3.14159, "-3.1416"),
+        (99.99994, "99.9999"),
+        (100, "100.00"),
+        (-12345.678, "-12345.68"),
+        (123456, "1.235e+05"),
+        (0.001, "0.0010"),
+        (0.00012345, "0.0001234"),  # a small MSE keeps its digits
+        (-3e-6, "-3e-06"),
+        (math.nan, "nan"),
+        (math.inf, "inf"),
+    ],
+)
+def test_fmt_num(value, text):
+    assert fmt_num(value) == text
+
+
+def test_fmt_num_missing_marker():
+    assert fmt_num(None, "n/a") == "n/a"
+
+
+def test_fmt_mean_std():
+    assert fmt_mean_std(None, 0.1) == "–"
+    assert fmt_mean_std(None, None, "n/a") == "n/a"  # the terminal's tables
+    assert fmt_mean_std(0.5, None) == "0.5000"
+    assert fmt_mean_std(0.5, 0.01) == "0.5000 ± 0.0100"
+    assert fmt_mean_std(1e-4, 2e-5) == "0.0001 ± 2e-05"

@@ -65,6 +65,7 @@ from attnlab.lab.executors import (
 )
 from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
 from attnlab.lab.progress import ProgressBar
+from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
 from attnlab.lab.training import remove_stale_work_dirs, resolve_device, resolve_precision
@@ -330,14 +331,6 @@ def _best(summary: Mapping[str, MechanismSummary], metric: str, higher: bool) ->
     return [k for k, v in values.items() if v == target]
 
 
-def _fmt_stat(mean: float | None, std: float | None) -> str:
-    if mean is None:
-        return "-"
-    if std is None:
-        return f"{mean:.4f}"
-    return f"{mean:.4f} ± {std:.4f}"
-
-
 def format_table(
     summary: Mapping[str, MechanismSummary],
     metrics: Sequence[str],
@@ -352,7 +345,7 @@ def format_table(
     for label, s in summary.items():
         n = str(s.n) + (f" ({s.failed} failed)" if s.failed else "")
         cells = [("* " if label in best else "  ") + label, n]
-        cells += [_fmt_stat(s.mean.get(m), s.std.get(m)) for m in metrics]
+        cells += [fmt_mean_std(s.mean.get(m), s.std.get(m), "n/a") for m in metrics]
         params = s.cost.get("parameters")
         cells.append("-" if params is None else f"{params:,.0f}")
         secs = s.cost.get("train_seconds")

@@ -5,7 +5,8 @@ on what counts.
 
 What counts is the finite numbers: a metric a run could not compute (``None``, e.g.
 METEOR without NLTK), a NaN or an infinity, a bool and anything that is not a number are
-left out, and :attr:`MeanStd.n` says how many values remained.
+left out, and :attr:`MeanStd.n` says how many values remained. :func:`fmt_num` and
+:func:`fmt_mean_std` write them, with the same digits in the report and on the terminal.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from statistics import fmean, stdev
 from typing import Any, NamedTuple
 
-__all__ = ["MeanStd", "finite", "mean_std"]
+__all__ = ["MeanStd", "finite", "fmt_mean_std", "fmt_num", "mean_std"]
 
 
 class MeanStd(NamedTuple):
@@ -45,3 +46,29 @@ def mean_std(values: Iterable[Any]) -> MeanStd:
     if not xs:
         return MeanStd(None, None, 0)
     return MeanStd(fmean(xs), stdev(xs) if len(xs) > 1 else None, len(xs))
+
+
+def fmt_num(value: float | None, missing: str = "–") -> str:
+    """4 decimals below 100 (4 significant digits below 0.001, where 4 decimals would show
+    a small MSE or p-value as 0.0000), 2 below 100,000, else 4 significant digits;
+    ``missing`` for None (the report's ``–``; the command line's tables say ``n/a``)."""
+    if value is None:
+        return missing
+    value = value + 0.0  # -0.0 (a rounded-away mean) reads 0.0000
+    if 0 < abs(value) < 1e-3:
+        return f"{value:.4g}"
+    if abs(value) < 100:
+        return f"{value:.4f}"
+    if abs(value) < 1e5:
+        return f"{value:.2f}"
+    return f"{value:.4g}"
+
+
+def fmt_mean_std(mean: float | None, std: float | None, missing: str = "–") -> str:
+    """``mean ± std`` in :func:`fmt_num`'s digits (no ``±`` without a standard deviation,
+    ``missing`` without a mean)."""
+    if mean is None:
+        return missing
+    if std is None:
+        return fmt_num(mean)
+    return f"{fmt_num(mean)} ± {fmt_num(std)}"
