@@ -1,7 +1,7 @@
 """The mean and sample standard deviation over seeds, in one place: the ablation's summary
 (:meth:`attnlab.lab.store.ResultsStore.summary`), the report's tables, the table of
-``attnlab train --seeds`` and the alignment study all summarise runs with it, so they agree
-on what counts.
+``attnlab train`` with several ``--seed`` and the alignment study all summarise runs with
+it, so they agree on what counts.
 
 What counts is the finite numbers: a metric a run could not compute (``None``, e.g.
 METEOR without NLTK), a NaN or an infinity, a bool and anything that is not a number are
