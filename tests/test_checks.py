@@ -410,3 +410,25 @@ def test_call_switches_must_be_bools(value):
     assert KeyValueAttention(D, D, D)(x, x, x, need_weights=None).weights is None
     with pytest.raises(TypeError, match=r"^need_weights must be a bool, got None$"):
         attnlab.Attention("dot")(x, x, need_weights=None)
+
+
+def test_check_dropout_is_the_one_dropout_check():
+    import numpy as np
+
+    from attnlab._checks import check_dropout
+    from attnlab.models import _inputs
+    from attnlab.query import efficient
+
+    assert check_dropout(0) == 0.0 and type(check_dropout(0)) is float
+    assert check_dropout(np.float32(0.25)) == 0.25
+    for bad in (1.0, -0.1, float("nan"), True, "0.1", None):
+        with pytest.raises(ConfigError, match=r"^dropout must be in \[0, 1\), got "):
+            check_dropout(bad)
+    assert efficient.check_dropout is check_dropout and _inputs.check_dropout is check_dropout
+    for build in (  # the modules that had their own copy of the check
+        lambda: attnlab.Attention(dropout=1.0),
+        lambda: attnlab.SinusoidalPositions(8, dropout=1.0),
+        lambda: attnlab.LearnedPositions(4, 8, dropout="0.1"),
+    ):
+        with pytest.raises(ConfigError, match=r"^dropout must be in \[0, 1\)"):
+            build()

@@ -7,6 +7,8 @@ was expected.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor, nn
 
@@ -37,6 +39,15 @@ def check_int(
         what = f"an int >= {minimum}" if wording is None else wording
         raise error(f"{prefix}{name} must be {what}, got {value!r}")
     return value
+
+
+def check_dropout(p: object, name: str = "dropout") -> float:
+    """``p`` as a float probability in ``[0, 1)`` (the dropout of every module and model);
+    otherwise a ``ConfigError``: ``"dropout must be in [0, 1), got 1.0"``."""
+    number = isinstance(p, numbers.Real) and not isinstance(p, bool)
+    if not number or not 0.0 <= p < 1.0:  # type: ignore[operator]
+        raise ConfigError(f"{name} must be in [0, 1), got {p!r}")
+    return float(p)  # type: ignore[arg-type]
 
 
 def check_flags(**flags: object) -> None:

@@ -41,6 +41,7 @@ from attnlab import masks as _masks
 from attnlab._checks import (
     ConfigError,
     batched_query,
+    check_dropout,
     check_flags,
     check_module_dtype,
     check_same,
@@ -197,8 +198,7 @@ def _check_settings(dim: str, path: str, dropout: float) -> None:
         raise ConfigError(
             f"path must be 'auto' or 'explicit' (or 'triton' for the Triton kernels), got {path!r}"
         )
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+    check_dropout(dropout)
 
 
 @dataclass(frozen=True)

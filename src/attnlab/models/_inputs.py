@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_dropout, check_int
 
 __all__ = [
     "check_choice",
@@ -195,12 +195,6 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     options = tuple(choices)
     if value not in options:
         raise ConfigError(f"{name} must be one of {options}, got {value!r}")
-
-
-def check_dropout(dropout: float) -> None:
-    """A dropout probability in ``[0, 1)``."""
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
 
 
 def check_index(vocab_size: int, vocab_name: str = "vocab_size", **indices: int | None) -> None:

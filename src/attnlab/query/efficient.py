@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_dropout, check_int
 
 __all__ = [
     "check_dropout",
@@ -38,12 +38,6 @@ __all__ = [
     "reduce_weights",
     "split_heads",
 ]
-
-
-def check_dropout(p: float) -> float:
-    if not 0.0 <= float(p) < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {p}")
-    return float(p)
 
 
 def head_dim_for(d_model: int, num_heads: int, head_dim: int | None) -> int:

@@ -23,7 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_dropout,
+    check_int,
+    check_module_dtype,
+    check_same,
+    check_tensor,
+)
 from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import AttentionCall
@@ -138,9 +145,7 @@ class SinusoidalPositions(Configurable):
         self.d_model = check_int(d_model, "d_model")
         self.base = _check_base(base)
         self.scale = float(scale)
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        self.dropout = float(dropout)
+        self.dropout = check_dropout(dropout)
 
     def encoding(self, n: int, offset: int = 0, *, dtype=None, device=None) -> Tensor:
         """The table ``PE`` ``[n, d_model]`` for positions ``offset .. offset + n - 1``."""
@@ -191,9 +196,7 @@ class LearnedPositions(Configurable):
         super().__init__()
         self.max_len = check_int(max_len, "max_len")
         self.d_model = check_int(d_model, "d_model")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        self.dropout = float(dropout)
+        self.dropout = check_dropout(dropout)
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * init_std)
 
     def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
