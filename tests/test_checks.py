@@ -432,3 +432,16 @@ def test_check_dropout_is_the_one_dropout_check():
     ):
         with pytest.raises(ConfigError, match=r"^dropout must be in \[0, 1\)"):
             build()
+
+
+def test_check_choice_names_every_choice():
+    from attnlab._checks import check_choice
+    from attnlab.models import _inputs
+
+    assert check_choice("dot", "score", ("dot", "additive")) == "dot"
+    assert check_choice(None, "loss", (None, "bce")) is None
+    with pytest.raises(ConfigError, match=r"^score must be 'dot' or 'additive', got 'x'$"):
+        check_choice("x", "score", ("dot", "additive"))
+    with pytest.raises(ConfigError, match=r"^mode must be one of 'a', 'b', 'c', got 3$"):
+        check_choice(3, "mode", iter("abc"))  # any iterable
+    assert _inputs.check_choice is check_choice  # the models' checks are the same one

@@ -8,6 +8,8 @@ was expected.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +50,18 @@ def check_dropout(p: object, name: str = "dropout") -> float:
     if not number or not 0.0 <= p < 1.0:  # type: ignore[operator]
         raise ConfigError(f"{name} must be in [0, 1), got {p!r}")
     return float(p)  # type: ignore[arg-type]
+
+
+def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
+    """``value`` when it is one of ``choices``, else a ``ConfigError`` that names them all:
+    ``"affinity must be 'bilinear' or 'concat', got 'x'"``, ``"encoder must be one of
+    'lstm', 'gru', 'cnn', got 'x'"``."""
+    options = tuple(choices)
+    if value not in options:
+        names = [repr(c) for c in options]
+        which = " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
+        raise ConfigError(f"{name} must be {which}, got {value!r}")
+    return value
 
 
 def check_flags(**flags: object) -> None:

@@ -697,7 +697,7 @@ def test_ava_bad_inputs_name_argument_and_shape():
         ava(q, chars, words, word_offsets=off[:, :2])
     with pytest.raises(ValueError, match="mapping is missing"):
         ava(q, chars, words)
-    with pytest.raises(ValueError, match="via must be one of"):
+    with pytest.raises(ValueError, match="via must be 'mixture' or 'query', got 'sum'"):
         AttentionViaAttention(3, 2, via="sum")
     with pytest.raises(ValueError, match="cannot do"):
         AttentionViaAttention(3, 2, char_align="hard")

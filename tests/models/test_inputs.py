@@ -89,9 +89,11 @@ def test_constructor_checks():
         check_sizes(vocab_size=3, hidden_size=0)
     with pytest.raises(ConfigError, match="embed_dim must be an int >= 1, got True"):
         check_sizes(embed_dim=True)
-    check_choice("encoder", "gru", ("lstm", "gru"))
-    with pytest.raises(ConfigError, match=r"encoder must be one of \('lstm', 'gru'\), got 'cnn'"):
-        check_choice("encoder", "cnn", ("lstm", "gru"))
+    assert check_choice("gru", "encoder", ("lstm", "gru")) == "gru"
+    with pytest.raises(ConfigError, match=r"^encoder must be 'lstm' or 'gru', got 'cnn'$"):
+        check_choice("cnn", "encoder", ("lstm", "gru"))
+    with pytest.raises(ConfigError, match=r"^rnn must be one of 'lstm', 'gru', None, got 'x'$"):
+        check_choice("x", "rnn", ("lstm", "gru", None))
     check_dropout(0.0)
     with pytest.raises(ConfigError, match=r"dropout must be in \[0, 1\), got 1.0"):
         check_dropout(1.0)

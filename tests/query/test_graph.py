@@ -406,7 +406,7 @@ def test_bad_calls_are_one_line_errors():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"version": "v3"}, r"^version must be one of \['v1', 'v2'\], got 'v3'$"),
+        ({"version": "v3"}, r"^version must be 'v1' or 'v2', got 'v3'$"),
         ({"num_heads": 0}, r"^num_heads must be an int >= 1, got 0$"),
         ({"num_heads": 4}, r"^d_model=6 is not divisible by num_heads=4; pass head_dim"),
         ({"head_dim": 0}, r"^head_dim must be an int >= 1, got 0$"),

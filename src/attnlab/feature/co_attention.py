@@ -44,7 +44,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_module_dtype,
+    check_same,
+    check_tensor,
+)
 from attnlab.general._convention import AttentionCall, TwoInputAttention
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.alignment import Aligned, Alignment
@@ -111,14 +118,6 @@ class CoAttentionOutput(AttentionOutput):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _check_choice(value: object, name: str, choices: tuple[str, str]) -> None:
-    """``value`` is one of the two ``choices`` of the option ``name``, else a
-    :class:`ConfigError` ("affinity must be 'bilinear' or 'concat', got 'x'")."""
-    if value not in choices:
-        first, second = choices
-        raise ConfigError(f"{name} must be {first!r} or {second!r}, got {value!r}")
 
 
 def _check_input(x: object, name: str, batch: int | None, d: int) -> Tensor:
@@ -329,7 +328,7 @@ class CoAttentionAffinity(nn.Module):
         super().__init__()
         d1 = check_int(d1, "d1", owner="CoAttentionAffinity", wording="a positive int")
         d2 = check_int(d2, "d2", owner="CoAttentionAffinity", wording="a positive int")
-        _check_choice(form, "affinity", ("bilinear", "concat"))
+        check_choice(form, "affinity", ("bilinear", "concat"))
         self.form = form
         self.act = act if act is not None else ("tanh" if form == "bilinear" else "identity")
         get_activation(self.act)
@@ -637,7 +636,7 @@ class ParallelCoAttention(_CoAttention):
         **options: Any,
     ) -> None:
         super().__init__(d1, d2)
-        _check_choice(scores, "scores", ("projected", "max"))
+        check_choice(scores, "scores", ("projected", "max"))
         self.scores = scores
         self.affinity = CoAttentionAffinity(d1, d2, affinity, affinity_act)
         if scores == "projected":
@@ -778,7 +777,7 @@ class MultiGrainedCoAttention(_CoAttention):
         **options: Any,
     ) -> None:
         super().__init__(d1, d2)
-        _check_choice(fine2, "fine2", ("max", "row-mean"))
+        check_choice(fine2, "fine2", ("max", "row-mean"))
         self.fine2 = fine2
         (coarse_opts,) = _route("MultiGrainedCoAttention", options, (coarse_score, align))
         align_opts = {o: v for o, v in options.items() if o in _takes("align", align)}

@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import (
     ConfigError,
+    check_choice,
     check_int,
     check_module_dtype,
     check_same,
@@ -793,9 +794,7 @@ class AttentionViaAttention(ConventionAttention):
         **options: Any,
     ) -> None:
         super().__init__()
-        if via not in _VIA:
-            raise ConfigError(f"via must be one of {_VIA}, got {via!r}")
-        self.via = via
+        self.via = check_choice(via, "via", _VIA)
         self.d_q, self.d_char = d_q, d_char
         self.d_word = d_char if d_word is None else d_word
         self.word_attn = Attention(score=score, align=align, d_q=d_q, d_k=self.d_word, **options)

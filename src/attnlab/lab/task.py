@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_choice, check_int
 from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.registry import register
 
@@ -363,10 +363,8 @@ class Task(abc.ABC):
 
     def check_option_choice(self, name: str, choices: tuple[Any, ...]) -> None:
         """The option ``name`` one of ``choices`` (``ConfigError`` "option NAME must be one
-        of CHOICES, got V")."""
-        value = self.options[name]
-        if value not in choices:
-            raise ConfigError(f"option {name} must be one of {choices}, got {value!r}")
+        of 'A', 'B', 'C', got V", :func:`attnlab._checks.check_choice`)."""
+        check_choice(self.options[name], f"option {name}", choices)
 
     def generated_data(self, make: Callable[[int, int], Any], info: dict[str, Any]) -> TaskData:
         """The three splits of a task whose data is generated: ``make(size, offset)`` with

@@ -114,7 +114,8 @@ def init_text_model(
         **sizes,
     )
     check_dropout(dropout)
-    check_choice(*encoder)
+    name, value, choices = encoder
+    check_choice(value, name, choices)
     model.vocab_size = int(model.embedding.num_embeddings)
     model.padding_idx = padding_idx
     model.dropout = nn.Dropout(dropout)

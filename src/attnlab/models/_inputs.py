@@ -16,13 +16,13 @@ same form: the argument's name, its shape or value, and what was expected.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_dropout, check_int
+from attnlab._checks import ConfigError, check_choice, check_dropout, check_int
 
 __all__ = [
     "check_choice",
@@ -188,13 +188,6 @@ def check_sizes(**sizes: Any) -> None:
     """Each keyword an int ``>= 1`` (``ConfigError`` "NAME must be an int >= 1, got V")."""
     for name, value in sizes.items():
         check_int(value, name)
-
-
-def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
-    """``value`` one of ``choices`` (``ConfigError`` naming them)."""
-    options = tuple(choices)
-    if value not in options:
-        raise ConfigError(f"{name} must be one of {options}, got {value!r}")
 
 
 def check_index(vocab_size: int, vocab_name: str = "vocab_size", **indices: int | None) -> None:

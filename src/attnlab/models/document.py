@@ -197,7 +197,7 @@ class DocumentClassifier(TextClassifier, default_embed_dim=200, encoder_names=EN
             vocab_size, encoder, text, num_classes=num_classes, hidden_size=hidden_size
         )
         sentence_encoder = encoder if sentence_encoder is None else sentence_encoder
-        check_choice("sentence_encoder", sentence_encoder, ENCODERS)
+        check_choice(sentence_encoder, "sentence_encoder", ENCODERS)
         self.num_classes = int(num_classes)
 
         self.word_encoder = self._make_encoder(encoder, self.embed_dim, hidden_size)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_choice, check_int
 from attnlab.general.padding import masked_mean
 from attnlab.query.positional import sinusoidal_positions
 from attnlab.registry import Configurable, build, register
@@ -137,8 +137,7 @@ class Inpainter(Configurable):
         for name, value in (("size", size), ("channels", channels), ("patch", patch)):
             check_int(value, name)
         check_int(position_dim, "position_dim")
-        if positions not in _POSITIONS:
-            raise ConfigError(f"positions must be one of {_POSITIONS}, got {positions!r}")
+        check_choice(positions, "positions", _POSITIONS)
         if size % patch:
             raise ConfigError(f"size must be a multiple of patch, got size={size}, patch={patch}")
         self.size, self.channels, self.grid = size, channels, size // patch

@@ -188,7 +188,7 @@ class MetaEmbeddingClassifier(Configurable):
         if not embeddings:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one table")
         check_sizes(num_classes=num_classes, d_proj=d_proj, hidden_size=hidden_size)
-        check_choice("encoder", encoder, ("lstm", "gru"))
+        check_choice(encoder, "encoder", ("lstm", "gru"))
         check_dropout(dropout)
 
         pairs = [

@@ -170,7 +170,7 @@ class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("l
         **text: Unpack[TextOptions],
     ) -> None:
         super().__init__(vocab_size, encoder, text, num_labels=num_labels, hidden_size=hidden_size)
-        check_choice("loss", loss, (None, "margin", "bce"))
+        check_choice(loss, "loss", (None, "margin", "bce"))
         if reconstruction < 0:
             raise ConfigError(f"reconstruction must be >= 0, got {reconstruction}")
         self.num_labels = int(num_labels)

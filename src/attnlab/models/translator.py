@@ -158,8 +158,8 @@ class Seq2SeqTranslator(Configurable):
         check_sizes(embed_dim=embed_dim, hidden_size=hidden_size)
         if hidden_size % 2:
             raise ConfigError(f"hidden_size must be even (d/2 per direction), got {hidden_size}")
-        check_choice("style", style, STYLES)
-        check_choice("rnn", rnn, ("lstm", "gru"))
+        check_choice(style, "style", STYLES)
+        check_choice(rnn, "rnn", ("lstm", "gru"))
         check_dropout(dropout)
         check_index(
             tgt_vocab_size, "tgt_vocab_size", pad_idx=pad_idx, bos_idx=bos_idx, eos_idx=eos_idx

@@ -160,7 +160,7 @@ class VQAModel(Configurable):
         super().__init__()
         check_sizes(vocab_size=vocab_size, num_answers=num_answers, embed_dim=embed_dim)
         check_sizes(hidden_size=hidden_size, image_size=image_size, grid=grid)
-        check_choice("encoder", encoder, ENCODERS)
+        check_choice(encoder, "encoder", ENCODERS)
         ratio = image_size // grid
         if image_size % grid or ratio < 2 or ratio & (ratio - 1):
             raise ConfigError(

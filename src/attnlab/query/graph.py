@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_choice, check_int
 from attnlab.general.attention import Attention
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.general.scoring import AdditiveScore
@@ -160,8 +160,7 @@ class GraphAttention(HeadAttention):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if version not in VERSIONS:
-            raise ConfigError(f"version must be one of {list(VERSIONS)}, got {version!r}")
+        check_choice(version, "version", VERSIONS)
         if isinstance(negative_slope, bool) or not isinstance(negative_slope, int | float):
             raise ConfigError(f"negative_slope must be a number, got {negative_slope!r}")
         if not concat and head_dim is None:

@@ -43,7 +43,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import check_choice, check_int
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
@@ -103,9 +103,7 @@ class LinformerAttention(ProjectedHeadAttention):
         super().__init__(d_model, num_heads, head_dim, dropout=dropout, bias=bias)
         self.max_len = check_int(max_len, "max_len")
         self.proj_len = check_int(proj_len, "proj_len")
-        if share not in _SHARING:
-            raise ConfigError(f"share must be one of {_SHARING}, got {share!r}")
-        self.share = share
+        self.share = check_choice(share, "share", _SHARING)
         shape = (num_heads, proj_len, max_len) if share == "none" else (proj_len, max_len)
         self.E = nn.Parameter(torch.empty(shape))
         self.F = nn.Parameter(torch.empty(shape)) if share != "key-value" else None

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_choice, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.output import AttentionOutput
@@ -130,9 +130,7 @@ class SynthesizerAttention(ProjectedHeadAttention):
     ) -> None:
         super().__init__(d_model, num_heads, head_dim, inputs=("v",), dropout=dropout, bias=bias)
         self.max_len = check_int(max_len, "max_len")
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        self.mode = mode
+        self.mode = check_choice(mode, "mode", MODES)
         self.mix_dot = bool(mix_dot)
         H, L, hd = num_heads, max_len, self.head_dim
 

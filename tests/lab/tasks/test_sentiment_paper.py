@@ -62,8 +62,8 @@ def test_the_paper_preset_sets_them_and_the_defaults_stay():
     ("options", "message"),
     [
         ({"digits": "zero"}, "option digits must be 'qqq' or none"),
-        ({"output": "tanh"}, "option output must be one of"),
-        ({"loss_reduction": "max"}, "option loss_reduction must be one of"),
+        ({"output": "tanh"}, "option output must be 'softmax' or 'sigmoid', got 'tanh'"),
+        ({"loss_reduction": "max"}, "option loss_reduction must be 'mean' or 'sum', got 'max'"),
         ({"pos_weight": -1.0}, "option pos_weight must be 'balanced', a number > 0 or none"),
         ({"pos_weight": "auto"}, "option pos_weight must be 'balanced'"),
     ],

@@ -143,7 +143,10 @@ def test_check_text_options():
     task = SentimentTask(max_len=None, min_freq=1)
     check_text_options(task, "max_len")
     for options, match in (
-        ({"embeddings": "word2vec"}, "option embeddings must be one of"),
+        (
+            {"embeddings": "word2vec"},
+            "option embeddings must be 'glove' or 'learned', got 'word2vec'",
+        ),
         ({"max_eval": 0}, "option max_eval must be an int >= 1 or None, got 0"),
         ({"min_freq": 1.5}, "option min_freq must be an int, got 1.5"),
     ):

@@ -168,7 +168,7 @@ def test_option_presets_and_errors() -> None:
     assert paper.options["pyramid"] == 3 and paper.options["hidden_size"] == 256
     assert SpeechTask(preset="paper", pyramid=2).options["pyramid"] == 2
     assert SpeechTask(preset="cpu").options == {**SpeechTask().options, "preset": "cpu"}
-    with pytest.raises(ConfigError, match="option targets must be one of"):
+    with pytest.raises(ConfigError, match="option targets must be 'phonemes' or 'characters', got"):
         SpeechTask(targets="words")
     with pytest.raises(ConfigError, match="max_words"):
         SpeechTask(min_words=3, max_words=2)
