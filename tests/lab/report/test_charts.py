@@ -122,5 +122,8 @@ def test_scatter_plot_points_and_no_data():
         wide = scatter_svg([-1e308, 1e308], [0, 1], **LABELS)
     titles = [p.find("{*}title").text for p in _circles(wide)]
     assert titles == ["-1e+308, 0.0000", "1e+308, 1.0000"]
+    tiny = scatter_svg([1e-323, 1.5e-323, 2e-323], [0, 1, 2], **LABELS)  # subnormal
+    cx = [float(p.get("cx")) for p in _circles(tiny)]
+    assert cx == sorted(cx) and len(set(cx)) == 3
     empty = scatter_svg([], [], **LABELS)
     assert "no data" in empty and _circles(empty) == []

@@ -116,8 +116,11 @@ class _Scale:
 
 
 def _fraction(v: float, lo: float, hi: float) -> float:
-    """Where ``v`` lies between ``lo`` and ``hi`` (0 to 1); halved first, so that a range
-    up to the largest floats does not overflow."""
+    """Where ``v`` lies between ``lo`` and ``hi`` (0 to 1); a range wider than the largest
+    float is halved first, so that it does not overflow."""
+    span = hi - lo
+    if math.isfinite(span):
+        return (v - lo) / span
     return (v / 2 - lo / 2) / (hi / 2 - lo / 2)
 
 
