@@ -138,8 +138,10 @@ class MechanismSummary:
     """Mean and sample standard deviation (ddof=1) of every test metric over the done runs of
     one mechanism (label).
 
-    ``mean[m]`` is ``None`` when no run is done; ``std[m]`` is ``None`` with fewer than two
-    runs (a sample standard deviation needs two). ``failed`` counts failed runs, which are
+    ``mean[m]`` is ``None`` when no done run has a finite value of ``m``; ``std[m]`` is
+    ``None`` with fewer than two such values (a sample standard deviation needs two). A
+    value a run could not compute (``None``, NaN) is left out, as in the report
+    (:func:`attnlab.lab.seed_stats.mean_std`). ``failed`` counts failed runs, which are
     not part of the statistics.
     """
 
