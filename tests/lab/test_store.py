@@ -190,3 +190,14 @@ def test_concurrent_writers(tmp_path):
     assert store.done_ids() == {f"w{w}--seed{i}" for w in range(3) for i in range(25)}
     summary = store.summary()
     assert {k: v.n for k, v in summary.items()} == {"w0": 25, "w1": 25, "w2": 25}
+
+
+def test_summary_leaves_out_values_a_run_could_not_compute(tmp_path):
+    store = ResultsStore(tmp_path)
+    for seed, meteor in enumerate([0.3, None, float("nan"), 0.5]):
+        metrics = {"test": {"bleu": 10.0 + seed, "meteor": meteor}}
+        store.record(f"a--seed{seed}", "translation", {"name": "a"}, seed, "done", metrics)
+    s = store.summary()["a"]
+    assert s.n == 4 and s.mean["bleu"] == 11.5
+    assert s.mean["meteor"] == pytest.approx(0.4)  # the two computed values, not NaN
+    assert s.std["meteor"] == pytest.approx(0.02**0.5)
