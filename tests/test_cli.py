@@ -283,6 +283,31 @@ def test_train_the_toy_task_with_a_plugin(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mean--seed1", "mean--seed2"]
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_train_goes_on_after_an_interruption_unless_restart(tmp_path, monkeypatch, restart):
+    from attnlab.lab import training
+
+    argv = _toy_argv(tmp_path, "-a", "tanh", "-o", "epochs=3", "-o", "dropout=0.3")
+    real = training._Trainer.epoch
+    seen: list[int] = []
+
+    def epoch(self, number):
+        if number == 3 and not seen:
+            seen.append(number)
+            raise KeyboardInterrupt  # Ctrl-C in epoch 3
+        return real(self, number)
+
+    monkeypatch.setattr(training._Trainer, "epoch", epoch)
+    assert run(*argv).exit_code == 1  # click: "Aborted!"
+    assert (tmp_path / ".tanh--seed0.resume.safetensors").is_file()
+    result = run(*argv, *(["--restart"] if restart else []))
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "tanh--seed0" / "run.json").read_text())
+    assert info["status"] == "done"
+    assert info["resumed_after"] == ([] if restart else [2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tanh--seed0"]
+
+
 def test_train_table_shows_the_best_epoch_of_those_trained(tmp_path):
     """``-o patience=1``: the run stops one epoch after its best; the table says which
     epoch was kept of how many were trained, as metrics.json records them."""

@@ -357,6 +357,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.option("--threads", type=int, help="torch threads for training")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 @click.option(
+    "--restart",
+    is_flag=True,
+    help="train every seed from epoch 1, even one that an interrupted run of the same "
+    "settings left half done (by default it goes on after its last finished epoch)",
+)
+@click.option(
     "--profile",
     is_flag=True,
     help="print the training throughput per seed: examples per second and the share of "
@@ -388,6 +394,7 @@ def train_command(
     out: str | None,
     threads: int | None,
     no_progress: bool,
+    restart: bool,
     profile: bool,
     plugins: tuple[str, ...],
     list_options: bool,
@@ -407,8 +414,9 @@ def train_command(
         _train_settings, task, attention, config_file, options, shortcuts, seeds, device, precision
     )
     base = _or_fail(_out_folder, out, the_task.name)
+    settings = {"device": device, "precision": precision, "threads": threads}
     results = [
-        (seed, _train_seed(the_task, spec, seed, base, device, precision, not no_progress, threads))
+        (seed, _train_seed(the_task, spec, seed, base, not no_progress, not restart, **settings))
         for seed in run_seeds
     ]
     click.echo(f"{the_task.name}  attention: {results[0][1].label}")
@@ -481,13 +489,16 @@ def _train_seed(
     spec: dict[str, Any],
     seed: int,
     base: Path,
+    progress: bool,
+    resume: bool,
+    *,
     device: str,
     precision: str,
-    progress: bool,
     threads: int | None,
 ) -> Any:
     """Train one seed of ``attnlab train`` into ``base/<spec slug>--seed<N>`` (``base``:
-    :func:`_out_folder`); an error of the task model (exit 2, an empty new ``base``
+    :func:`_out_folder`), going on after the last finished epoch of an interrupted run of
+    the same settings unless ``resume`` is False; an error of the task model (exit 2, an empty new ``base``
     removed) or missing data (exit 1) ends the command."""
     from attnlab._checks import ConfigError
     from attnlab.data._common import MissingDataError
@@ -505,6 +516,7 @@ def _train_seed(
             out_dir=base / f"{spec_slug(spec)}--seed{seed}",
             progress=progress,
             num_threads=threads,
+            resume=resume,
         )
     except ConfigError as error:  # the task model rejects the spec or an option
         if base_is_new and base.is_dir() and not any(base.iterdir()):

@@ -11,7 +11,8 @@ is 1 when the flag token (id 2) occurs, which about half the sequences do. The m
 
 Options (all small): ``n_train`` (240), ``n_eval`` (80 for dev and for test),
 ``vocab_size`` (16), ``max_len`` (8), ``hidden_size`` (8), ``encoder`` (``"average"``),
-``data_seed`` (0), and two for failure tests: ``fail_after_steps`` (raise RuntimeError in
+``data_seed`` (0), ``dropout`` (0.0: the classifier's dropout, which draws from torch's
+global random state), and two for failure tests: ``fail_after_steps`` (raise RuntimeError in
 the loss after that many training steps; None = never) and ``step_sleep`` (seconds to
 sleep in every training step, to make a run slow enough to kill).
 Presets: ``tanh`` (default), ``dot`` (scaled dot with a learned query), ``sparsemax``;
@@ -66,6 +67,7 @@ class ToyTask(Task):
         "hidden_size": 8,
         "encoder": "average",
         "data_seed": 0,
+        "dropout": 0.0,
         "fail_after_steps": None,
         "step_sleep": 0.0,
     }
@@ -106,6 +108,7 @@ class ToyTask(Task):
             embed_dim=8,
             encoder=o["encoder"],
             hidden_size=o["hidden_size"],
+            dropout=float(o["dropout"]),
             attention=att,
         )
 

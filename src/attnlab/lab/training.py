@@ -11,7 +11,8 @@ directory::
     <run_dir>/run.json          task, task_options, attention (as given), label, seed,
                                 device, device_name (CUDA), precision, status ("done" |
                                 "failed"), started, finished, versions, error,
-                                checkpoint_sha256 (of model.safetensors)
+                                checkpoint_sha256 (of model.safetensors), resumed_after
+                                (the epochs after which an interrupted run went on)
     <run_dir>/metrics.json      primary, higher_is_better, best_epoch, epochs_trained (fewer
                                 than ``epochs`` when ``patience`` stopped early), dev, test
     <run_dir>/history.json      [{epoch, train_loss, dev, seconds, examples_per_second,
@@ -45,6 +46,11 @@ moved into place instead, and the exception propagates. An existing directory at
 :func:`remove_stale_work_dirs` (called by every run, and by an ablation when it resumes)
 removes the folders that a killed process left behind, and never one a live process owns.
 
+After every epoch the whole state of the run goes to ``.<name>.resume.safetensors`` beside
+the run directory (:mod:`attnlab.lab.resume`); the same run started again after an
+interruption goes on after that epoch and gives what an uninterrupted run gives. The file
+is removed once the run is published as done.
+
 :func:`load_run` rebuilds ``(task, data, model)`` from a finished run directory, checking
 the checkpoint against the sha256 recorded in ``run.json`` (runs written before the
 checksum existed load unchecked). :func:`read_run_file` reads one JSON file of a run
@@ -64,6 +70,7 @@ import queue
 import random
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -91,6 +98,14 @@ from attnlab.lab.config import check_training_values, parse_attention, resolve_t
 from attnlab.lab.errors import error_message
 from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
 from attnlab.lab.progress import ProgressBar
+from attnlab.lab.resume import (
+    EpochState,
+    ResumeFile,
+    capture_rng,
+    fingerprint,
+    restore_rng,
+    resume_path,
+)
 from attnlab.lab.task import AttentionExample, Task, spec_label, spec_slug
 
 __all__ = [
@@ -582,6 +597,7 @@ def train_run(
     num_threads: int | None = None,
     before_publish: Callable[[], None] | None = None,
     prefetch: int | None = None,
+    resume: bool = True,
 ) -> RunResult:
     """Train one run and write its run directory (see the module docstring).
 
@@ -607,6 +623,10 @@ def train_run(
         prefetch: training batches a background thread builds ahead
             (:func:`device_batches`); None: :data:`CUDA_PREFETCH` on CUDA (with pinned
             memory), 0 (none) elsewhere. The batches and the results do not depend on it.
+        resume: go on after the last finished epoch of an interrupted run of the same
+            settings (its state ``.<run>.resume.safetensors`` beside ``out_dir``:
+            :mod:`attnlab.lab.resume`); False starts from epoch 1 whatever was saved. The
+            state is saved after every epoch either way and removed once the run is done.
 
     Returns:
         :class:`RunResult`. Raises what the task raises (e.g.
@@ -627,15 +647,19 @@ def train_run(
     ).absolute()
     work = _make_work_dir(run_dir)
     run_info = _run_info(the_task, spec_given, seed, dev, precision)
+    saved = ResumeFile(resume_path(run_dir), fingerprint(run_info))
+    if not resume:
+        saved.remove()
     try:
         with _torch_threads(num_threads):
             metrics, history, cost = _train(
-                the_task, spec, seed, dev, precision, work, progress, prefetch
+                the_task, spec, seed, dev, precision, work, progress, prefetch, saved, run_info
             )
     except BaseException as error:
         _publish_failed(work, run_dir, run_info, error, before_publish)
         raise
     _publish_done(work, run_dir, run_info, before_publish)
+    saved.remove()  # after publishing: a kill in between loses nothing
     return RunResult(run_dir, run_info["label"], metrics, history, cost)
 
 
@@ -697,6 +721,7 @@ def _run_info(
         "versions": _versions(),
         "error": None,
         "checkpoint_sha256": None,
+        "resumed_after": [],
     }
 
 
@@ -885,6 +910,7 @@ class _Trainer:
         self.sync_every = CUDA_SYNC_EVERY if self.cuda else 1
         self.loop_seconds = 0.0  # in the training loops (not the dev evaluations)
         self.data_total = DataTimer()
+        self.earlier_seconds = 0.0  # of training, by the processes this run resumed from
 
     def amp(self) -> contextlib.AbstractContextManager[None]:
         return precision_context(self.device, self.precision)
@@ -943,50 +969,143 @@ class _Trainer:
         return total / count, timer, seconds
 
 
-def _fit(trainer: _Trainer, seed: int, epochs: int) -> tuple[list[dict[str, Any]], _Best]:
-    """Train up to ``epochs`` epochs, evaluating on the dev split after each; the history
-    and the best epoch by the task's selection metric. With the option ``patience`` (an int
-    ``p``), training stops once ``p`` epochs have passed since the best one (counted from
-    the first eligible epoch, ``select_from_epoch``), as Lu et al. (2016) train for up to
-    256 epochs and stop once 5 have passed without a better validation accuracy."""
+def _fit(
+    trainer: _Trainer, seed: int, epochs: int, saved: ResumeFile | None = None
+) -> tuple[list[dict[str, Any]], _Best, list[int]]:
+    """Train up to ``epochs`` epochs, evaluating on the dev split after each; the history,
+    the best epoch by the task's selection metric and the epochs after which the run was
+    resumed. With the option ``patience`` (an int ``p``), training stops once ``p`` epochs
+    have passed since the best one (counted from the first eligible epoch,
+    ``select_from_epoch``), as Lu et al. (2016) train for up to 256 epochs and stop once 5
+    have passed without a better validation accuracy. With ``saved``, the run goes on after
+    the epoch of a state saved there and saves its own state after every epoch."""
     task = trainer.task
     primary, higher = task.selection()
     history: list[dict[str, Any]] = []
     best = _Best(higher, first=int(task.options.get("select_from_epoch") or 1))
     patience = task.options.get("patience")
+    state = saved.load() if saved is not None else None
+    resumed_after = _restore(trainer, state, history, best) if state is not None else []
+    epoch = state.epoch if state is not None else 0
+    if state is not None and trainer.progress:
+        print(f"resuming after epoch {epoch} of {epochs} ({_shown(saved.path)})", file=sys.stderr)
+    t_start = time.perf_counter()
     # leave=None: the bar stays after `attnlab train`, not under an ablation's own bar
     bar = ProgressBar(
-        trainer.progress, total=epochs, desc=f"{task.name} seed {seed}", unit="epoch", leave=None
+        trainer.progress,
+        total=epochs,
+        initial=epoch,
+        desc=f"{task.name} seed {seed}",
+        unit="epoch",
+        leave=None,
     )
     try:
-        for epoch in range(1, epochs + 1):
-            t0 = time.perf_counter()
-            loss, timer, loop = trainer.epoch(epoch)
-            with trainer.amp():
-                dev_metrics = _evaluate(task, trainer.model, trainer.data, "dev")
-            history.append(
-                {
-                    "epoch": epoch,
-                    "train_loss": loss,
-                    "dev": dev_metrics,
-                    "seconds": time.perf_counter() - t0,
-                    "examples_per_second": timer.examples / loop if loop else None,
-                    "data_share": timer.seconds / loop if loop else None,
-                }
-            )
-            if primary not in dev_metrics:
-                raise KeyError(
-                    f"task {task.name!r}: evaluate() returned {sorted(dev_metrics)}, "
-                    f"without the selection metric {primary!r}"
-                )
-            value = dev_metrics[primary]
-            best.offer(epoch, dev_metrics, value, trainer.model)
+        while epoch < epochs and not _patience_over(patience, best, epoch):
+            epoch += 1
+            value = _epoch_and_dev(trainer, epoch, primary, history)
+            best.offer(epoch, history[-1]["dev"], value, trainer.model)
             bar.update(1, **{f"dev_{primary}": f"{value:.4f}", "best": best.epoch})
-            if patience and best.state is not None and epoch - best.epoch >= patience:
-                break
+            if saved is not None:
+                seconds = trainer.earlier_seconds + time.perf_counter() - t_start
+                saved.save(_capture(trainer, epoch, history, best, seconds, resumed_after))
     finally:
         bar.close()
-    return history, best
+    return history, best, resumed_after
+
+
+def _shown(path: Path) -> Path:
+    """``path`` relative to the working folder when it lies below it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def _patience_over(patience: Any, best: _Best, epoch: int) -> bool:
+    """Whether ``patience`` epochs have passed since the best one after ``epoch``."""
+    return bool(patience) and best.state is not None and epoch - best.epoch >= patience
+
+
+def _epoch_and_dev(
+    trainer: _Trainer, epoch: int, primary: str, history: list[dict[str, Any]]
+) -> float:
+    """Train epoch ``epoch``, evaluate on the dev split, append the epoch to ``history``;
+    the value of the selection metric ``primary``."""
+    task = trainer.task
+    t0 = time.perf_counter()
+    loss, timer, loop = trainer.epoch(epoch)
+    with trainer.amp():
+        dev_metrics = _evaluate(task, trainer.model, trainer.data, "dev")
+    history.append(
+        {
+            "epoch": epoch,
+            "train_loss": loss,
+            "dev": dev_metrics,
+            "seconds": time.perf_counter() - t0,
+            "examples_per_second": timer.examples / loop if loop else None,
+            "data_share": timer.seconds / loop if loop else None,
+        }
+    )
+    if primary not in dev_metrics:
+        raise KeyError(
+            f"task {task.name!r}: evaluate() returned {sorted(dev_metrics)}, "
+            f"without the selection metric {primary!r}"
+        )
+    return dev_metrics[primary]
+
+
+def _capture(
+    trainer: _Trainer,
+    epoch: int,
+    history: list[dict[str, Any]],
+    best: _Best,
+    seconds: float,
+    resumed_after: list[int],
+) -> EpochState:
+    """The state of the run after ``epoch`` (``seconds`` of training so far)."""
+    data = trainer.data_total
+    return EpochState(
+        epoch=epoch,
+        history=history,
+        best={"epoch": best.epoch, "value": best.value, "dev": best.dev},
+        best_state=best.state,
+        model=trainer.model.state_dict(),
+        optimizer=trainer.optimizer.state_dict(),
+        scaler=trainer.scaler.state_dict(),
+        generator=trainer.generator.get_state(),
+        rng=capture_rng(trainer.device),
+        counters={
+            "train_seconds": seconds,
+            "loop_seconds": trainer.loop_seconds,
+            "data_seconds": data.seconds,
+            "data_batches": data.batches,
+            "data_examples": data.examples,
+        },
+        resumed_after=resumed_after,
+    )
+
+
+def _restore(
+    trainer: _Trainer, state: EpochState, history: list[dict[str, Any]], best: _Best
+) -> list[int]:
+    """Put the saved ``state`` back into the trainer (model, optimizer, scaler, random
+    states, counters), ``history`` and ``best``; the epochs after which the run has now
+    been resumed."""
+    trainer.model.load_state_dict(state.model)
+    trainer.optimizer.load_state_dict(state.optimizer)
+    trainer.scaler.load_state_dict(state.scaler)
+    trainer.generator.set_state(state.generator)
+    restore_rng(state.rng, trainer.device)
+    history.extend(state.history)
+    best.epoch, best.value, best.dev = state.best["epoch"], state.best["value"], state.best["dev"]
+    best.state = state.best_state
+    counters = state.counters
+    trainer.earlier_seconds = counters["train_seconds"]
+    trainer.loop_seconds = counters["loop_seconds"]
+    trainer.data_total.seconds = counters["data_seconds"]
+    trainer.data_total.batches = int(counters["data_batches"])
+    trainer.data_total.examples = int(counters["data_examples"])
+    return [*state.resumed_after, state.epoch]
 
 
 def _test_examples(trainer: _Trainer) -> list[AttentionExample]:
@@ -1014,9 +1133,13 @@ def _train(
     work: Path,
     progress: bool,
     prefetch: int = 0,
+    saved: ResumeFile | None = None,
+    run_info: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """Train, select the best epoch, test it and write the files of the run into ``work``;
-    ``(metrics, history, cost)`` as plain JSON data."""
+    """Train (going on from the state in ``saved`` when it holds one of this run), select
+    the best epoch, test it and write the files of the run into ``work``; ``(metrics,
+    history, cost)`` as plain JSON data. The epochs after which the run was resumed go
+    into ``run_info["resumed_after"]``."""
     seed_everything(seed)
     cuda = device.type == "cuda"
     if cuda:
@@ -1028,8 +1151,10 @@ def _train(
     trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress)
     epochs = int(task.options["epochs"])
     train_start = time.perf_counter()
-    history, best = _fit(trainer, seed, epochs)
-    train_seconds = time.perf_counter() - train_start
+    history, best, resumed_after = _fit(trainer, seed, epochs, saved)
+    train_seconds = trainer.earlier_seconds + time.perf_counter() - train_start
+    if run_info is not None:
+        run_info["resumed_after"] = resumed_after
 
     assert best.state is not None
     model.load_state_dict(best.state)
@@ -1120,6 +1245,7 @@ def _check_run_json(info: dict[str, Any]) -> str | None:
         ("checkpoint_sha256", (str, type(None))),
         ("device", (str, type(None))),
         ("precision", (str, type(None))),
+        ("resumed_after", (list,)),
     ):
         if key in ("task", "status") and key not in info:
             return f"has no {key!r}"
