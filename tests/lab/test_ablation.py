@@ -367,6 +367,39 @@ def test_ablate_command_writes_the_report(tmp_path, monkeypatch):
     assert Path(line.removeprefix("report: ")).is_file()
 
 
+def test_a_resumed_ablation_goes_on_inside_the_run_it_was_stopped_in(tmp_path, monkeypatch):
+    """Ctrl-C in epoch 3 of a run: the same ablation run again trains that run from epoch 3
+    on (attnlab.lab.resume) and records what an uninterrupted ablation records."""
+    from attnlab.lab import training
+
+    options = {"epochs": 3, "dropout": 0.3}
+
+    def ablate(out):
+        return run_ablation("toy", ["tanh"], [0], out_dir=out, options=options, progress=False)
+
+    real = training._Trainer.epoch
+
+    def epoch(self, number):
+        if number == 3:
+            raise KeyboardInterrupt
+        return real(self, number)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training._Trainer, "epoch", epoch)
+        with pytest.raises(KeyboardInterrupt):
+            ablate(tmp_path / "a")
+    resumed = ablate(tmp_path / "a")
+    whole = ablate(tmp_path / "b")
+    runs = [tmp_path / name / "runs" / run_id({"name": "tanh"}, 0) for name in ("a", "b")]
+    assert [json.loads((r / "run.json").read_text())["resumed_after"] for r in runs] == [[2], []]
+    assert (runs[0] / "model.safetensors").read_bytes() == (
+        runs[1] / "model.safetensors"
+    ).read_bytes()
+    for metric in ("accuracy", "f1"):  # the costs (seconds, memory) differ, the metrics not
+        assert resumed.summary["tanh"].mean[metric] == whole.summary["tanh"].mean[metric]
+    assert not list((tmp_path / "a" / "runs").glob(".*"))  # no state or work folder left
+
+
 # ----------------------------------------------------------------------------- SIGKILL
 
 
