@@ -308,6 +308,19 @@ def test_train_goes_on_after_an_interruption_unless_restart(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tanh--seed0"]
 
 
+def test_train_says_one_line_when_its_folder_cannot_be_made(tmp_path, monkeypatch):
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    result = run(*_toy_argv(tmp_path / "runs", "-a", "mean", "--epochs", "1"))
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: run directory {tmp_path / 'runs' / 'mean--seed0'}: cannot create "
+        f"{tmp_path / 'runs'} (Permission denied)"
+    )
+
+
 def test_train_table_shows_the_best_epoch_of_those_trained(tmp_path):
     """``-o patience=1``: the run stops one epoch after its best; the table says which
     epoch was kept of how many were trained, as metrics.json records them."""

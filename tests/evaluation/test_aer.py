@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,31 @@ def test_command_small_files_and_errors(tmp_path: Path) -> None:
     out = CliRunner().invoke(aer_command, [str(gold), str(hyp), "--hyp-one-indexed"])
     assert out.exit_code != 0
     assert "hyp" in out.output and "line 1" in out.output
+
+
+def test_command_reads_a_pipe_and_says_one_line_for_an_unreadable_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    gold = tmp_path / "gold"
+    gold.write_text("0-0 1-1\n", encoding="utf-8")
+    # /dev/null is no regular file (nor is the pipe of `attnlab aer gold <(command)`): read
+    # it, and say that it holds no sentence pair
+    out = CliRunner().invoke(aer_command, [str(gold), os.devnull])
+    assert out.exit_code == 2
+    assert out.output.strip() == (
+        "error: gold has 1 sentence pairs but predicted has 0; give one alignment per pair, "
+        "in the same order"
+    )
+    locked = tmp_path / "locked"
+    locked.write_text("0-0\n", encoding="utf-8")
+    real_open = open
+
+    def no_permission(file, *args, **kwargs):
+        if str(file) == str(locked):
+            raise PermissionError(13, "Permission denied", str(locked))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_permission)
+    out = CliRunner().invoke(aer_command, [str(gold), str(locked)])
+    assert out.exit_code == 2
+    assert out.output.strip() == f"error: [Errno 13] Permission denied: '{locked}'"

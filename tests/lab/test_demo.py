@@ -6,6 +6,7 @@ and writes the report."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -75,3 +76,27 @@ def test_tiny_demo_end_to_end(tmp_path, monkeypatch, real_data):
     assert "4 of 4 runs already done" in res.output and "test accuracy" in res.output
     assert "ablation: 0 run(s) trained" in res.output
     assert {p.name: (p / "run.json").stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
+
+
+def test_a_bad_out_folder_is_one_error_line_before_anything_runs(tmp_path):
+    (tmp_path / "f").write_text("")
+    res = CliRunner().invoke(demo.demo_command, ["--out", str(tmp_path / "f" / "d")])
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        f"error: ablation directory {tmp_path / 'f' / 'd'}: {tmp_path / 'f'} is a file, not a "
+        "folder"
+    )
+
+
+def test_failed_runs_end_the_demo_with_one_error_line(monkeypatch, tmp_path):
+    def ablation(*args, **kwargs):  # one run failed, the other ones are recorded
+        return SimpleNamespace(ran=["mean--seed0"], failed={"tanh--seed0": "boom"})
+
+    monkeypatch.setattr(demo, "run_ablation", ablation)
+    with pytest.raises(demo.RunsFailed, match=r"^1 demo run\(s\) failed .*tanh--seed0: boom$"):
+        demo.run_demo(tmp_path / "d", progress=False)
+    res = CliRunner().invoke(demo.demo_command, ["--out", str(tmp_path / "d")])
+    assert res.exit_code == 1
+    assert res.output.splitlines()[-1] == (
+        "error: 1 demo run(s) failed (run `attnlab demo` again to retry): tanh--seed0: boom"
+    )

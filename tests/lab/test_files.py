@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.lab.files import jsonable, utc_now, write_json, write_text
+from attnlab._checks import ConfigError
+from attnlab.lab.files import jsonable, make_folder, utc_now, write_json, write_text
 
 
 @pytest.mark.parametrize(
@@ -124,3 +125,34 @@ def test_an_error_while_writing_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_text() == "old"
     assert os.listdir(tmp_path) == ["a.txt"]  # the temporary file is removed
+
+
+def test_a_failed_write_names_the_file_asked_for(tmp_path):
+    target = tmp_path / "missing-folder" / "a.txt"  # the folder does not exist
+    with pytest.raises(FileNotFoundError) as caught:
+        write_text(target, "x")
+    assert caught.value.filename == str(target)
+    assert ".tmp" not in str(caught.value)
+    assert not (tmp_path / "missing-folder").exists()
+
+
+def test_make_folder_makes_the_folders_above_too(tmp_path):
+    made = make_folder(tmp_path / "a" / "b", "--out a/b")
+    assert made == tmp_path / "a" / "b" and made.is_dir()
+    assert make_folder(made, "--out a/b") == made  # an existing folder is fine
+
+
+def test_make_folder_says_what_is_in_the_way(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match=r"^--out f/x: .*f is a file, not a folder$"):
+        make_folder(tmp_path / "f" / "x", "--out f/x")
+
+
+def test_make_folder_says_why_it_cannot_create_one(tmp_path, monkeypatch):
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(ConfigError) as caught:
+        make_folder(tmp_path / "x", "--out x")
+    assert str(caught.value) == f"--out x: cannot create {tmp_path / 'x'} (Permission denied)"

@@ -44,14 +44,20 @@ def suffixes(source: Source) -> list[str]:
 def open_text(
     source: Source, *, encoding: str = "utf-8", newline: str | None = None
 ) -> Iterator[TextIO]:
-    """A text stream for ``source``; a path is opened (and decompressed), a stream is used as is."""
+    """A text stream for ``source``; a path is opened (and decompressed), a stream is used as is.
+
+    Any path that is not a folder may be read, a pipe too (``<(command)``, ``/dev/stdin``);
+    a missing path raises :class:`FileNotFoundError` (``no such data file: ...``), a folder
+    :class:`IsADirectoryError` (``... is a folder, not a data file``)."""
     if isinstance(source, io.TextIOBase) or (
         not isinstance(source, str | os.PathLike) and hasattr(source, "read")
     ):
         yield source  # type: ignore[misc]
         return
     path = Path(source)
-    if not path.is_file():
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a data file")
+    if not path.exists():
         raise FileNotFoundError(f"no such data file: {path}")
     opener = _OPENERS.get(path.suffix.lower())
     if opener is not None:

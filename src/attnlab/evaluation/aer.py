@@ -124,7 +124,7 @@ def _aer_command():
             g = read_pharaoh(gold, one_indexed=gold_one_indexed)
             h = read_pharaoh(hyp, one_indexed=hyp_one_indexed)
             result = alignment_error_rate(g, h)
-        except (DataFormatError, ValueError) as err:
+        except (DataFormatError, ValueError, OSError) as err:
             # one line and status 2 for a bad file, as every attnlab command (the lab's
             # attnlab.lab.errors.fail; evaluation may not import the lab)
             click.echo(f"error: {err}", err=True)

@@ -63,7 +63,7 @@ from attnlab.lab.executors import (
     import_plugins,
     make_executor,
 )
-from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
+from attnlab.lab.files import check_folder, jsonable, make_folder, utc_now, write_json
 from attnlab.lab.progress import ProgressBar
 from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
@@ -618,7 +618,7 @@ def _open_study(
     check_folder(out, f"ablation directory {out}")
     if check_data:  # missing data stops the ablation here, not every run one by one
         task_obj.load_data_showing(progress)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, f"ablation directory {out}")
     return _Study(
         task=task_obj,
         out=out,

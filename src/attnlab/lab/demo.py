@@ -37,6 +37,8 @@ __all__ = [
     "DEMO_OPTIONS",
     "QUICK_OPTIONS",
     "DataMissing",
+    "DemoError",
+    "RunsFailed",
     "check_demo_data",
     "demo_command",
     "run_demo",
@@ -69,10 +71,24 @@ INSTALL_HINT = (
 )
 
 
-class DataMissing(click.ClickException):
+class DemoError(click.ClickException):
+    """The demo could not finish; the command prints ``error: ...`` (as every attnlab
+    command) and exits with :attr:`exit_code`."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class DataMissing(DemoError):
     """The demo's data packages are not installed."""
 
     exit_code = 3
+
+
+class RunsFailed(DemoError):
+    """Some runs of the demo failed (the others are recorded; running again retries)."""
 
 
 def check_demo_data(options: dict[str, Any] | None = None) -> None:
@@ -116,6 +132,11 @@ def run_demo(
         jobs: local processes (default: 2 where there are 2 CPUs or more, else 1).
         device: the torch device of the runs (``"auto"``: CUDA when available, else cpu).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast).
+
+    Raises :class:`DataMissing` when the demo's data packages are absent,
+    :class:`RunsFailed` when runs failed (the others stay recorded) and
+    :class:`~attnlab._checks.ConfigError` for a bad setting or an output folder that
+    cannot be made.
     """
     options = QUICK_OPTIONS if quick else DEMO_OPTIONS
     out = (
@@ -147,7 +168,7 @@ def run_demo(
     if progress:
         click.echo(f"\nablation: {len(result.ran)} run(s) trained in {seconds:.0f} s ({out})")
     if result.failed:
-        raise click.ClickException(
+        raise RunsFailed(
             f"{len(result.failed)} demo run(s) failed (run `attnlab demo` again to retry): "
             + "; ".join(f"{k}: {v}" for k, v in result.failed.items())
         )
@@ -186,4 +207,4 @@ def demo_command(out: str | None, quick: bool, device: str, precision: str) -> N
     try:
         run_demo(out, quick=quick, device=device, precision=precision)
     except ConfigError as err:
-        raise click.ClickException(str(err)) from err
+        fail(str(err))

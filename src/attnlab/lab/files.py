@@ -23,7 +23,7 @@ import torch
 
 from attnlab._checks import ConfigError
 
-__all__ = ["check_folder", "jsonable", "utc_now", "write_json", "write_text"]
+__all__ = ["check_folder", "jsonable", "make_folder", "utc_now", "write_json", "write_text"]
 
 
 def utc_now() -> str:
@@ -67,6 +67,10 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+    except OSError as error:  # name the file asked for, not the temporary one
+        if error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -89,3 +93,17 @@ def check_folder(folder: str | os.PathLike[str], what: str) -> None:
         if path.exists() or path.is_symlink():
             kind = "a file, not a folder" if path.is_file() else "not a folder"
             raise ConfigError(f"{what}: {path} is {kind}")
+
+
+def make_folder(folder: str | os.PathLike[str], what: str) -> Path:
+    """Create ``folder`` and the folders above it (nothing when it exists) and return it; a
+    file in the way (:func:`check_folder`) or a folder that cannot be made (no permission,
+    a read-only disk) raises :class:`~attnlab._checks.ConfigError` with one line starting
+    with ``what``: ``"--out /usr/x: cannot create /usr/x (Permission denied)"``."""
+    folder = Path(folder)
+    check_folder(folder, what)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{what}: cannot create {folder} ({error.strerror or error})") from None
+    return folder

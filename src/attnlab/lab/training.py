@@ -96,7 +96,7 @@ from attnlab.lab.checkpoint import (
 )
 from attnlab.lab.config import check_training_values, parse_attention, resolve_task
 from attnlab.lab.errors import error_message
-from attnlab.lab.files import check_folder, jsonable, utc_now, write_json
+from attnlab.lab.files import jsonable, make_folder, utc_now, write_json
 from attnlab.lab.progress import ProgressBar
 from attnlab.lab.resume import (
     EpochState,
@@ -696,10 +696,13 @@ def _make_work_dir(run_dir: Path) -> Path:
     """A new hidden work folder beside ``run_dir``, owned by this process (the stale ones
     of dead processes are removed first); a file where a folder above ``run_dir`` must be
     raises :class:`ConfigError` naming it."""
-    check_folder(run_dir.parent, f"run directory {run_dir}")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    what = f"run directory {run_dir}"
+    make_folder(run_dir.parent, what)
     remove_stale_work_dirs(run_dir.parent, run_dir.name)
-    return Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
+    try:
+        return Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
+    except OSError as error:  # e.g. a folder the user may not write in
+        raise ConfigError(f"{what}: cannot write in {run_dir.parent} ({error.strerror})") from None
 
 
 def _run_info(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attnlab.lab.files import check_folder, utc_now, write_text
+from attnlab.lab.files import check_folder, make_folder, utc_now, write_text
 from attnlab.lab.report.context import ReportContext, Section
 from attnlab.lab.report.data import load_report_data
 from attnlab.lab.report.markup import esc
@@ -106,6 +106,6 @@ def write_report(
         path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
     )
     target = Path(out) if out is not None else Path(path) / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target.parent, f"report file {target}")
     write_text(target, text)
     return target
