@@ -181,6 +181,30 @@ def test_path_option_values_are_read_as_task_option_values():
     assert listed.exit_code == 2 and "write [1;2], not [1,2]" in listed.stderr
 
 
+def test_path_takes_the_spec_of_train():
+    """``-a SPEC`` as ``attnlab train -a`` reads it; the flags override its keys."""
+    same = [
+        (["-a", "score=additive,dim=multi"], ["--score", "additive", "--dim", "multi"]),
+        (["-a", "score=dot,d_q=4,d_k=8"], ["--score", "dot", "--d-q", "4", "--d-k", "8"]),
+        (["-a", "score=additive,act=relu"], ["--score", "additive", "--option", "act=relu"]),
+        (["-a", "score=additive", "--score", "dot"], ["--score", "dot"]),
+        (["-a", "align=local-m,D=3,score=dot", "--option", "D=2"], ["--score", "dot",
+         "--align", "local-m", "--option", "D=2"]),
+    ]  # fmt: skip
+    for spec_argv, flag_argv in same:
+        by_spec, by_flags = run("path", *spec_argv), run("path", *flag_argv)
+        assert (by_spec.exit_code, by_spec.output) == (by_flags.exit_code, by_flags.output)
+    assert "2D+1 = 5" in run("path", "-a", "align=local-m,D=3,score=dot", "--option", "D=2").stdout
+    preset = run("path", "-a", "tanh")
+    assert preset.exit_code == 2
+    assert preset.stderr.strip() == (
+        "error: --attention tanh: 'tanh' names a task's preset or baseline; path takes "
+        "score=..., align=..., dim=... and their options"
+    )
+    broken = run("path", "-a", "score=dot,,")
+    assert broken.exit_code == 2 and broken.stderr.startswith("error: ")
+
+
 def test_path_bad_option_exits_2():
     result = run("path", "--score", "additive", "--option", "bogus=1")
     assert result.exit_code == 2

@@ -221,45 +221,85 @@ def list_command(kind: str | None, as_json: bool) -> None:
 
 def _size_option(flag: str, vector: str) -> Any:
     """``--d-q`` / ``--d-k`` of ``attnlab path``: the size of a query or key vector, an int
-    >= 1 (default 64)."""
+    >= 1 (default 64, or the spec's value)."""
     return click.option(
         flag,
         flag.lstrip("-").replace("-", "_"),
         type=click.IntRange(min=1),
-        default=64,
-        show_default=True,
-        help=f"the size of a {vector} vector",
+        help=f"the size of a {vector} vector  [default: 64; x>=1]",
     )
+
+
+#: What ``attnlab path`` asks about when neither ``-a`` nor an option says otherwise.
+_PATH_DEFAULTS = {"score": "scaled-dot", "align": "soft", "dim": "single", "d_q": 64, "d_k": 64}
 
 
 @main.command("path")
 @click.option(
+    "--attention",
+    "-a",
+    metavar="SPEC",
+    help="the attention as `attnlab train -a` takes it: key=value pairs joined by ',' "
+    "(score=additive,align=sparsemax,act=relu) or a .yaml/.toml/.json file; --score, "
+    "--align, --dim, --d-q, --d-k and --option override its keys",
+)
+@click.option(
     "--score",
-    default="scaled-dot",
-    show_default=True,
-    help="the score function (the names: attnlab list --kind score)",
+    help="the score function (the names: attnlab list --kind score)  [default: scaled-dot]",
 )
 @click.option(
     "--align",
-    default="soft",
-    show_default=True,
-    help="the alignment function (the names: attnlab list --kind align)",
+    help="the alignment function (the names: attnlab list --kind align)  [default: soft]",
 )
 @click.option(
     "--dim",
-    default="single",
-    show_default=True,
-    help="single: one weight per key; multi: one weight per key and feature",
+    help="single: one weight per key; multi: one weight per key and feature  [default: single]",
 )
 @_size_option("--d-q", "query")
 @_size_option("--d-k", "key")
 @click.option("--need-weights", is_flag=True, help="the caller asks for the attention weights")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="score/align option")
 def path_command(
-    score: str, align: str, dim: str, d_q: int, d_k: int, need_weights: bool, options
+    attention: str | None,
+    score: str | None,
+    align: str | None,
+    dim: str | None,
+    d_q: int | None,
+    d_k: int | None,
+    need_weights: bool,
+    options: tuple[str, ...],
 ) -> None:
     """Say which implementation path an attention takes, and why."""
     from attnlab import Attention
+
+    spec = {**_PATH_DEFAULTS, **_path_spec(attention)}
+    given = {"score": score, "align": align, "dim": dim, "d_q": d_q, "d_k": d_k}
+    spec.update({k: v for k, v in given.items() if v is not None})
+    spec.update(_path_options(options))
+    try:
+        attn = Attention(**spec)
+    except (ValueError, TypeError, KeyError) as err:
+        fail(error_message(err))
+    path, reason = attn.explain(need_weights=need_weights)
+    click.echo(f"path:   {path}\nreason: {reason}")
+
+
+def _path_spec(attention: str | None) -> dict[str, Any]:
+    """The keys of ``attnlab path -a SPEC``; a task's preset or baseline name (``tanh``,
+    ``mean``) ends the command: it means something only to its task."""
+    from attnlab.lab.config import parse_attention
+
+    spec = _or_fail(parse_attention, attention)
+    if "name" in spec:
+        fail(
+            f"--attention {attention}: {spec['name']!r} names a task's preset or baseline; "
+            "path takes score=..., align=..., dim=... and their options"
+        )
+    return spec
+
+
+def _path_options(options: tuple[str, ...]) -> dict[str, Any]:
+    """The ``--option KEY=VALUE`` values of ``attnlab path``, read as ``-o`` reads them."""
     from attnlab._checks import ConfigError
     from attnlab.lab.config import coerce_value
 
@@ -272,12 +312,7 @@ def path_command(
             parsed[key] = coerce_value(value)  # read as the values of -o and --attention
         except ConfigError as err:
             fail(f"--option {item}: {err}")
-    try:
-        attn = Attention(score=score, align=align, dim=dim, d_q=d_q, d_k=d_k, **parsed)
-    except (ValueError, TypeError, KeyError) as err:
-        fail(error_message(err))
-    path, reason = attn.explain(need_weights=need_weights)
-    click.echo(f"path:   {path}\nreason: {reason}")
+    return parsed
 
 
 # ----------------------------------------------------------------------------- train
