@@ -38,6 +38,7 @@ import click
 
 from attnlab._checks import ConfigError, check_int
 from attnlab.lab._process import Owner
+from attnlab.lab.ablation_record import AblationRecordError, read_ablation_record
 from attnlab.lab.commands import (
     PRECISION_HELP,
     TaskHelpCommand,
@@ -389,22 +390,9 @@ def _check_existing(
     :class:`AblationMismatchError` naming what differs. An option the record lacks (the
     task gained it after the ablation was recorded) counts as its default ``defaults``."""
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AblationMismatchError(
-            f"{path} is not readable JSON ({err}); restore it or choose another --out"
-        ) from None
-    if (
-        not isinstance(old, dict)
-        or not all(isinstance(old.get(k, []), list) for k in ("grid", "seeds"))
-        or not isinstance(old.get("task_options", {}), dict)
-    ):
-        raise AblationMismatchError(
-            f"{path} is not an ablation record (an object with task, task_options, grid "
-            "and seeds); restore it or choose another --out"
-        )
-    if not all(isinstance(s, dict) for s in old.get("grid", [])):
-        raise AblationMismatchError(f"{path}: the recorded grid holds a non-object spec")
+        old = read_ablation_record(path.parent)
+    except AblationRecordError as err:
+        raise AblationMismatchError(f"{err}; restore it or choose another --out") from None
     where = path.parent
     problems = []
     if old.get("task") != task:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.lab.ablation_record import RECORD_NAME, AblationRecordError, read_ablation_record
 from attnlab.lab.task import spec_label
 
 __all__ = [
@@ -334,13 +335,16 @@ def _read_runs(
 
 
 def _read_ablation(root: Path, on_warning: Callable[[str], None] | None) -> ReportData:
-    ablation = read_json(root / "ablation.json", {})
+    try:
+        ablation = read_ablation_record(root) if (root / RECORD_NAME).is_file() else {}
+    except AblationRecordError as err:
+        raise ReportError(str(err)) from None
     store = _read_store(root / "results.sqlite")
     records, unreadable = _read_runs(_run_dirs(root / "runs"), store, on_warning)
     return ReportData(
         root=root,
         kind="ablation",
-        ablation=ablation if isinstance(ablation, dict) else {},
+        ablation=ablation,
         runs=records,
         unreadable=unreadable,
     )

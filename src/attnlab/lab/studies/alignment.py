@@ -35,6 +35,7 @@ from attnlab.evaluation.attention_alignment import (
     score_links,
     translation_part,
 )
+from attnlab.lab.ablation_record import read_ablation_record
 from attnlab.lab.seed_stats import mean_std
 
 __all__ = [
@@ -147,12 +148,13 @@ def _option_tag(options: Mapping[str, Any]) -> str:
 
 
 def _read_ablation(root: Path) -> dict[str, Any]:
-    meta_path = root / "ablation.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{str(root)!r} is not an ablation directory (no ablation.json)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    """The checked ``ablation.json`` of a translation ablation (:class:`ValueError`
+    otherwise, :class:`AblationRecordError` naming a missing or damaged record)."""
+    meta = read_ablation_record(root)
     if meta.get("task") != "translation":
-        raise ValueError(f"{str(root)!r} is a {meta.get('task')!r} ablation, not 'translation'")
+        task = meta.get("task")
+        what = f"a {task!r} ablation" if task else "an ablation without a task"
+        raise ValueError(f"{str(root)!r} is {what}, not 'translation'")
     return meta
 
 
