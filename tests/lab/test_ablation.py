@@ -342,6 +342,20 @@ def test_ablate_command(tmp_path, monkeypatch):
     assert res.exit_code != 0 and "--executor ray" in res.output
 
 
+def test_ablate_command_without_progress_bars_prints_the_table_all_the_same(tmp_path):
+    args = ["toy", "--plugin", "tests.lab.toy_task", "-a", "tanh", "--seeds", "0", "--no-report"]
+    args += ["-o", "epochs=1", "-o", "n_train=64", "-o", "n_eval=32", "--out", str(tmp_path)]
+    shown = CliRunner().invoke(ablate_command, args)
+    quiet = CliRunner().invoke(ablate_command, [*args, "--no-progress"])
+    assert shown.exit_code == quiet.exit_code == 0, quiet.output
+    assert "ablate toy" in shown.stderr  # the bar over the runs
+    assert quiet.stderr == ""
+    # the same table, and the line that says the ablation resumed
+    assert shown.stdout.strip().splitlines()[-6:] == quiet.stdout.strip().splitlines()[-6:]
+    assert f"resuming {tmp_path}: 3 of 3 runs already done, 0 to run" in quiet.stdout
+    assert "test accuracy" in quiet.stdout and "tanh" in quiet.stdout
+
+
 def test_ablate_command_exits_1_when_runs_fail(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(

@@ -728,12 +728,19 @@ def _progress_bar(progress: bool, result: AblationResult, todo: int) -> Progress
     bar = ProgressBar(
         progress, total=total, initial=total - todo, desc=f"ablate {result.task}", unit="run"
     )
-    if result.skipped or result.recovered:
-        bar.write(
-            f"resuming {result.out_dir}: {len(result.skipped) + len(result.recovered)} of "
-            f"{total} runs already done, {todo} to run"
-        )
+    line = _resume_line(result, todo)
+    if line is not None:
+        bar.write(line)
     return bar
+
+
+def _resume_line(result: AblationResult, todo: int) -> str | None:
+    """``resuming DIR: k of n runs already done, m to run``, or None when nothing was."""
+    done = len(result.skipped) + len(result.recovered)
+    if not done:
+        return None
+    total = len(result.grid) * len(result.seeds)
+    return f"resuming {result.out_dir}: {done} of {total} runs already done, {todo} to run"
 
 
 def _print_result(result: AblationResult) -> None:
@@ -880,6 +887,11 @@ ABLATE_SYNTAX = (
     help="Write the HTML report of the ablation afterwards.",
 )
 @click.option(
+    "--no-progress",
+    is_flag=True,
+    help="No progress bars (the table of results is printed all the same).",
+)
+@click.option(
     "--list-options",
     is_flag=True,
     help="Print TASK's options with their defaults, its presets and metrics, and exit.",
@@ -903,6 +915,7 @@ def ablate_command(
     plugins: tuple[str, ...],
     baselines: bool,
     report: bool,
+    no_progress: bool,
     list_options: bool,
 ) -> None:
     """Run an ablation: every attention spec x every seed on TASK.
@@ -943,11 +956,17 @@ def ablate_command(
             executor=executor,
             jobs=jobs,
             address=address,
-            progress=True,
+            progress=not no_progress,
             device=device,
             precision=precision,
             plugins=plugins,
         )
+    if no_progress:  # what the bar would have said, then the table
+        done = len(result.skipped) + len(result.recovered)
+        line = _resume_line(result, len(result.grid) * len(result.seeds) - done)
+        if line is not None:
+            click.echo(line)
+        _print_result(result)
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:
