@@ -237,6 +237,17 @@ def test_a_state_that_cannot_be_written_warns_once_and_the_run_goes_on(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temporary file left
 
 
+def test_a_half_written_state_of_a_killed_process_is_removed(tmp_path, toy):
+    """A process killed while writing leaves its temporary file (the state itself is only
+    ever replaced whole): the next start of the run removes it."""
+    leftover = tmp_path / f"{STATE}.a1b2c3"
+    leftover.write_bytes(b"half")
+    other = tmp_path / ".rr.resume.safetensors.x9"  # another run's: not touched
+    other.write_bytes(b"half")
+    _run(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "r"]
+
+
 def test_resume_path():
     assert resume_path("runs/toy/a--seed0") == Path("runs/toy/.a--seed0.resume.safetensors")
 

@@ -26,6 +26,7 @@ the run then starts from epoch 1 and replaces it after its first epoch.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -220,7 +221,10 @@ class ResumeFile:
     def load(self) -> EpochState | None:
         """The saved state of this run, or None: no file, a file of other settings (a
         warning names the settings that differ) or one that cannot be read (a warning
-        names the file and the reason)."""
+        names the file and the reason). Temporary files that a process killed while
+        writing the state left beside it are removed."""
+        for leftover in self.path.parent.glob(glob.escape(self.path.name) + ".*"):
+            leftover.unlink(missing_ok=True)
         if not self.path.is_file():
             return None
         try:
