@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from attnlab.lab import resume as resume_module
 from attnlab.lab import training
@@ -105,6 +106,26 @@ def _constant_dev(toy):
             return {**real, "accuracy": 0.5} if split == "dev" else real
 
     return Flat
+
+
+def test_the_cost_counts_the_processes_the_run_resumed_from(tmp_path, toy, monkeypatch):
+    """The training time adds up; the peak memory is the largest of the processes."""
+    with monkeypatch.context() as patch:
+        _interrupt_epoch(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            _run(tmp_path)
+    path = tmp_path / STATE
+    with safe_open(str(path), framework="pt") as handle:
+        prints = json.loads(handle.metadata()["attnlab_resume"])["fingerprint"]
+    saved = ResumeFile(path, prints)
+    state = saved.load()
+    assert state is not None and state.counters["train_seconds"] > 0
+    state.counters.update(train_seconds=1000.0, peak_memory_mb=4096.0)
+    saved.save(state)
+    again = _run(tmp_path)
+    assert again.cost["peak_memory_mb"] == 4096.0
+    assert again.cost["train_seconds"] > 1000.0  # the 1000 s before, and this process's
+    assert again.cost["seconds_per_epoch"] == again.cost["train_seconds"] / 4
 
 
 @pytest.mark.parametrize("where", ["epoch 3", "test"])

@@ -914,6 +914,8 @@ class _Trainer:
         self.loop_seconds = 0.0  # in the training loops (not the dev evaluations)
         self.data_total = DataTimer()
         self.earlier_seconds = 0.0  # of training, by the processes this run resumed from
+        self.earlier_peak: float | None = None  # their largest peak memory (MB)
+        self.sampler: _PeakRSS | None = None  # the CPU memory sampler of this process
 
     def amp(self) -> contextlib.AbstractContextManager[None]:
         return precision_context(self.device, self.precision)
@@ -1078,6 +1080,7 @@ def _capture(
         generator=trainer.generator.get_state(),
         rng=capture_rng(trainer.device),
         counters={
+            **_peak_counter(trainer),
             "train_seconds": seconds,
             "loop_seconds": trainer.loop_seconds,
             "data_seconds": data.seconds,
@@ -1086,6 +1089,22 @@ def _capture(
         },
         resumed_after=resumed_after,
     )
+
+
+def _peak_so_far(trainer: _Trainer) -> float | None:
+    """The run's peak memory (MB) so far in this process: CUDA's allocator peak on CUDA,
+    else the resident-set sampler's (None where it cannot measure)."""
+    if trainer.cuda:
+        return torch.cuda.max_memory_allocated(trainer.device) / 2**20
+    sampler = trainer.sampler
+    return sampler.peak if sampler is not None and sampler.start is not None else None
+
+
+def _peak_counter(trainer: _Trainer) -> dict[str, float]:
+    """``{"peak_memory_mb": ...}``: the largest peak of this process and of those the run
+    resumed from (empty when none was measured)."""
+    peaks = [p for p in (_peak_so_far(trainer), trainer.earlier_peak) if p is not None]
+    return {"peak_memory_mb": max(peaks)} if peaks else {}
 
 
 def _restore(
@@ -1104,6 +1123,7 @@ def _restore(
     best.state = state.best_state
     counters = state.counters
     trainer.earlier_seconds = counters["train_seconds"]
+    trainer.earlier_peak = counters.get("peak_memory_mb")
     trainer.loop_seconds = counters["loop_seconds"]
     trainer.data_total.seconds = counters["data_seconds"]
     trainer.data_total.batches = int(counters["data_batches"])
@@ -1152,6 +1172,7 @@ def _train(
     model = _build_model(task, data, spec, sampler).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress)
+    trainer.sampler = sampler
     epochs = int(task.options["epochs"])
     train_start = time.perf_counter()
     history, best, resumed_after = _fit(trainer, seed, epochs, saved)
@@ -1168,10 +1189,9 @@ def _train(
     eval_seconds = time.perf_counter() - t0
     examples = _test_examples(trainer)
 
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak = sampler.stop() if sampler is not None else None
+    if sampler is not None:
+        sampler.stop()
+    peak = _peak_counter(trainer).get("peak_memory_mb")
     primary, higher = task.selection()
     metrics = {
         "primary": primary,

@@ -125,6 +125,20 @@ def test_overview_names_the_gpu_and_the_precision(tmp_path: Path) -> None:
     assert meta["precision"] == "bf16"
 
 
+def test_overview_says_which_runs_went_on_after_an_interruption(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    assert "resumed" not in _meta(render_report(root))
+    info = json.loads((root / "run.json").read_text())
+    info["resumed_after"] = [3, 7]
+    (root / "run.json").write_text(json.dumps(info))
+    assert _meta(render_report(root))["resumed"] == (
+        "run after epochs 3, 7 (times summed over the processes, memory their largest)"
+    )
+    info["resumed_after"] = []
+    (root / "run.json").write_text(json.dumps(info))
+    assert "resumed" not in _meta(render_report(root))
+
+
 def test_runs_without_a_recorded_precision_trained_in_float32(tmp_path: Path) -> None:
     root = write_run_dir(tmp_path / "run", attention=ADD)
     info = json.loads((root / "run.json").read_text())

@@ -100,7 +100,24 @@ def _environment(runs: Sequence[RunRecord]) -> list[Item]:
     if devices:
         items.append(("device", esc(", ".join(sorted(devices)))))
         items.append(("precision", esc(", ".join(sorted(precisions)))))
+    resumed = _resumed(runs)
+    if resumed:
+        items.append(("resumed", resumed))
     return items
+
+
+def _resumed(runs: Sequence[RunRecord]) -> str | None:
+    """The runs that went on after an interruption (``run.json``'s ``resumed_after``), and
+    after which epochs: their times and peak memory are those of several processes."""
+    parts = []
+    for r in runs:
+        after = r.run.get("resumed_after")
+        if isinstance(after, list) and after:
+            epochs = ", ".join(str(e) for e in after)
+            parts.append(f"{esc(r.run_id)} after epoch{'s' if len(after) > 1 else ''} {epochs}")
+    if not parts:
+        return None
+    return "; ".join(parts) + " (times summed over the processes, memory their largest)"
 
 
 def _runs(data: ReportData) -> str:
