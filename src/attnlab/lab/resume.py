@@ -12,7 +12,8 @@ device, precision and attnlab version (:func:`fingerprint`) -- it goes on after 
 instead of from epoch 1 and ends with what a run that was never stopped would have given:
 on the CPU the same weights, history and metrics, bit for bit (on CUDA as close as two
 uninterrupted runs are). ``run.json`` lists the epochs after which the run was resumed
-(``resumed_after``), and ``cost.json`` counts the time of every part.
+(``resumed_after``); ``cost.json`` sums the training time of every part and keeps the
+largest peak memory.
 
 The file is removed once the run directory is published as done. A failed run keeps it, so
 that a run stopped by an error that does not come again (out of memory, a full disk) goes
