@@ -71,7 +71,8 @@ def test_an_interrupted_run_goes_on_and_ends_as_an_uninterrupted_one(tmp_path, t
         _interrupt_epoch(patch, 3)
         with pytest.raises(KeyboardInterrupt):
             _run(tmp_path)
-    assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "failed"
+    stopped = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert (stopped["status"], stopped["error"]) == ("failed", "KeyboardInterrupt")
     assert (tmp_path / STATE).is_file()
     again = _run(tmp_path)
     _same_run(whole.run_dir, again.run_dir)

@@ -755,7 +755,8 @@ def _publish_failed(
         shutil.rmtree(work, ignore_errors=True)
         return
     run_info["finished"] = utc_now()
-    run_info["error"] = f"{type(error).__name__}: {error}"
+    text = str(error)  # KeyboardInterrupt has none: "KeyboardInterrupt", not "...: "
+    run_info["error"] = f"{type(error).__name__}: {text}" if text else type(error).__name__
     try:
         write_json(work / "run.json", run_info)
         _publish(work, run_dir, before)
