@@ -31,6 +31,7 @@ import click
 from attnlab import __version__
 from attnlab.lab.commands import (
     PRECISION_HELP,
+    NonEmpty,
     TaskHelpCommand,
     describe_task_of,
     device_option,
@@ -388,7 +389,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     metavar="FILE",
     help="a .yaml/.toml/.json file with attention, options and seeds",
 )
-@click.option("--out", metavar="DIR", help="folder of the run directories [default: runs/<task>]")
+@click.option(
+    "--out",
+    type=NonEmpty(),
+    metavar="DIR",
+    help="folder of the run directories [default: runs/<task>]",
+)
 @click.option("--threads", type=int, help="torch threads for training")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 @click.option(

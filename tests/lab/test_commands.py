@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from attnlab._checks import ConfigError
 from attnlab.lab.commands import (
     DEVICE_HELP,
+    NonEmpty,
     TaskHelpCommand,
     describe_task_of,
     device_option,
@@ -57,3 +58,35 @@ def test_describe_task_of():
     assert describe_task_of("sentiment").startswith("task sentiment")
     with pytest.raises(ConfigError, match=r"unknown task 'nope'; registered tasks: .*sentiment"):
         describe_task_of("nope")
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t"])
+def test_an_empty_out_is_an_error_in_every_command(tmp_path, monkeypatch, value):
+    """``--out "$DIR"`` with DIR unset: an error, not the working folder or the default
+    (before, ``ablate`` wrote into the working folder and ``report`` raised ValueError)."""
+    from attnlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        ["train", "sentiment", "--out", value],
+        ["ablate", "sentiment", "-a", "mean", "--out", value],
+        ["demo", "--out", value],
+        ["report", str(tmp_path), "--out", value],
+    ):
+        res = CliRunner().invoke(main, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        assert (
+            "Invalid value for '--out': is empty: give a path, or leave the option out for its "
+            "default" in res.output
+        ), argv
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_non_empty_keeps_the_inner_type():
+    kind = NonEmpty(click.IntRange(min=1))
+    assert kind.convert("3", None, None) == 3
+    with pytest.raises(click.BadParameter, match="is empty"):
+        kind.convert("", None, None)
+    with pytest.raises(click.BadParameter, match="not in the range"):
+        kind.convert("0", None, None)
+    assert NonEmpty().convert("runs/x", None, None) == "runs/x"

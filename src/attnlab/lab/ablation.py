@@ -41,6 +41,7 @@ from attnlab.lab._process import Owner
 from attnlab.lab.ablation_record import AblationRecordError, read_ablation_record
 from attnlab.lab.commands import (
     PRECISION_HELP,
+    NonEmpty,
     TaskHelpCommand,
     describe_task_of,
     device_option,
@@ -850,7 +851,7 @@ ABLATE_SYNTAX = (
 @click.option("--lr", type=float, help="Learning rate, Adam (over -o lr=).")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False),
+    type=NonEmpty(click.Path(file_okay=False)),
     help="The ablation directory [default: ablations/TASK].",
 )
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)

@@ -18,6 +18,7 @@ import click
 __all__ = [
     "DEVICE_HELP",
     "PRECISION_HELP",
+    "NonEmpty",
     "TaskHelpCommand",
     "describe_task_of",
     "device_option",
@@ -31,6 +32,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEVICE_HELP = "auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ..."
 #: The ``--precision`` help, without the end that differs between the commands.
 PRECISION_HELP = "fp32, or bf16 / fp16 autocast (fp16 with a gradient scaler)"
+
+
+class NonEmpty(click.ParamType):
+    """The click type ``inner`` (text by default), refusing an empty value: ``--out ""``
+    (an unset shell variable, ``--out "$DIR"``) is an error, not the working folder or the
+    default folder."""
+
+    def __init__(self, inner: click.ParamType | None = None) -> None:
+        self.inner = inner if inner is not None else click.STRING
+        self.name = self.inner.name
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
+        return self.inner.get_metavar(param, ctx)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: give a path, or leave the option out for its default", param, ctx)
+        return self.inner.convert(value, param, ctx)
 
 
 def device_option(help: str = DEVICE_HELP) -> Callable[[F], F]:

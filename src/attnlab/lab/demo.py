@@ -28,7 +28,7 @@ import click
 
 from attnlab._checks import ConfigError
 from attnlab.lab.ablation import AblationResult, run_ablation, write_report_for
-from attnlab.lab.commands import device_option, precision_option
+from attnlab.lab.commands import NonEmpty, device_option, precision_option
 from attnlab.lab.errors import fail
 from attnlab.lab.executors import cpu_count
 
@@ -185,7 +185,7 @@ def run_demo(
 @click.command("demo")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False),
+    type=NonEmpty(click.Path(file_okay=False)),
     help="The ablation directory [default: ablations/demo].",
 )
 @click.option(

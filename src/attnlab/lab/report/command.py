@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab._checks import ConfigError
+from attnlab.lab.commands import NonEmpty
 from attnlab.lab.errors import failing_on
 from attnlab.lab.report.data import ReportError
 from attnlab.lab.report.page import write_report
@@ -18,7 +19,7 @@ __all__ = ["report_command"]
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=True, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmpty(click.Path(dir_okay=False, path_type=Path)),
     default=None,
     help="The HTML file to write (default: DIR/report.html).",
 )
