@@ -149,8 +149,13 @@ def test_check_text_options():
         ),
         ({"max_eval": 0}, "option max_eval must be an int >= 1 or None, got 0"),
         ({"min_freq": 1.5}, "option min_freq must be an int, got 1.5"),
+        # GloVe sets the size: a bad embed_dim is refused all the same, never ignored
+        ({"embed_dim": -3}, r"^option embed_dim must be an int >= 1, got -3$"),
+        ({"embed_dim": 0, "embeddings": "learned"}, "option embed_dim must be an int >= 1"),
     ):
-        task.options.update({"embeddings": "glove", "max_eval": None, "min_freq": 1, **options})
+        task.options.update(
+            {"embeddings": "glove", "max_eval": None, "min_freq": 1, "embed_dim": 50, **options}
+        )
         with pytest.raises(ConfigError, match=match):
             check_text_options(task, "max_len")
 

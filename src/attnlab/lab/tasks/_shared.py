@@ -73,9 +73,12 @@ def check_size_limits(task: Task, *limits: str) -> None:
 
 def check_text_options(task: Task, *limits: str) -> None:
     """The options every text classifier task checks: ``embeddings`` (``"glove"`` or
-    ``"learned"``), the size limits ``max_train``, ``max_eval`` and ``limits`` (ints
-    ``>= 1`` or None) and ``min_freq`` (an int); ``ConfigError`` naming the option."""
+    ``"learned"``), ``embed_dim`` (an int ``>= 1``, also where GloVe's size is used instead:
+    a bad value is refused, never ignored), the size limits ``max_train``, ``max_eval`` and
+    ``limits`` (ints ``>= 1`` or None) and ``min_freq`` (an int); ``ConfigError`` naming the
+    option."""
     task.check_option_choice("embeddings", ("glove", "learned"))
+    task.check_int_options("embed_dim")
     check_size_limits(task, *limits)
     min_freq = task.options["min_freq"]
     if isinstance(min_freq, bool) or not isinstance(min_freq, int):
