@@ -156,3 +156,64 @@ def test_optional_int_options() -> None:
         task.check_int_options("size")
     with pytest.raises(ConfigError, match="option size must be an int >= 1 or None, got 0"):
         _Lines(size=0).check_int_options("size", optional=True)
+
+
+@pytest.mark.parametrize(
+    ("bounds", "fine", "refused", "wanted"),
+    [
+        ({}, [0, -3.5, 1e300], [float("nan"), float("inf"), "1", True, None], "a finite number"),
+        ({"low": 0.0}, [0, 0.0, 2], [-1e-9, -1], "a number >= 0"),
+        ({"low": 0.0, "open_low": True}, [1e-9, 3], [0, -1], "a number > 0"),
+        ({"high": 1.0}, [1, -5], [1.5], "a number <= 1"),
+        ({"high": 1.0, "open_high": True}, [0.999], [1], "a number < 1"),
+        ({"low": 0.0, "high": 1.0}, [0, 0.5, 1], [-0.1, 1.1], "a number in [0, 1]"),
+        (
+            {"low": 0.0, "high": 1.0, "open_low": True, "open_high": True},
+            [0.5],
+            [0, 1, -1, 2],
+            "a number in (0, 1)",
+        ),
+        ({"low": 0.0, "high": 1.0, "open_high": True}, [0], [1], "a number in [0, 1)"),
+    ],
+)
+def test_number_options(bounds, fine, refused, wanted) -> None:
+    for value in fine:
+        _Lines(size=value).check_number_options("size", **bounds)
+    for value in refused:
+        with pytest.raises(ConfigError) as caught:
+            _Lines(size=value).check_number_options("size", **bounds)
+        assert str(caught.value) == f"option size must be {wanted}, got {value!r}"
+
+
+@pytest.mark.parametrize(
+    ("task", "options", "message"),
+    [
+        ("multilabel", {"threshold": -1}, "option threshold must be a number in (0, 1), got -1"),
+        ("multilabel", {"threshold": 1.5}, "option threshold must be a number in (0, 1), got 1.5"),
+        (
+            "target-sentiment",
+            {"multi_airline": "all"},
+            "option multi_airline must be 'drop' or 'first', got 'all'",
+        ),
+        (
+            "target-sentiment",
+            {"min_confidence": 2},
+            "option min_confidence must be a number in [0, 1], got 2",
+        ),
+        ("captioning", {"expected_mix": -1}, "option expected_mix must be a number in [0, 1]"),
+        ("captioning", {"reinforce_weight": -1}, "option reinforce_weight must be a number >= 0"),
+        ("sentiment", {"reinforce_weight": float("nan")}, "option reinforce_weight must be"),
+        ("speech", {"snr_db": float("inf")}, "option snr_db must be a finite number, got inf"),
+        ("speech", {"band": "wide"}, "option band must be a number in [0, 1], got 'wide'"),
+    ],
+)
+def test_tasks_check_their_number_and_choice_options_before_reading_data(
+    task, options, message
+) -> None:
+    """Values that ran before (every label or none above threshold 1.5, gradient ascent on
+    a negative REINFORCE weight) or failed late with a traceback (a bad multi_airline)."""
+    from attnlab.lab.config import resolve_task
+
+    with pytest.raises(ConfigError) as caught:
+        resolve_task(task, options)
+    assert str(caught.value).startswith(message)

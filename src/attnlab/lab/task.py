@@ -23,6 +23,7 @@ in tables and run ids).
 from __future__ import annotations
 
 import abc
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -239,6 +240,8 @@ class Task(abc.ABC):
             )
         self.options: dict[str, Any] = {**known, **options}
         self.progress = False
+        if "reinforce_weight" in self.options:  # every task with hard attention has it
+            self.check_number_options("reinforce_weight", low=0.0)
 
     @property
     def name(self) -> str:
@@ -360,6 +363,39 @@ class Task(abc.ABC):
                 raise ConfigError(
                     f"option {name} must be an int >= {minimum} or None, got {value!r}"
                 ) from error
+
+    def check_number_options(
+        self,
+        *names: str,
+        low: float | None = None,
+        high: float | None = None,
+        open_low: bool = False,
+        open_high: bool = False,
+    ) -> None:
+        """Each option ``names`` a finite number (not a bool) in the range ``low .. high``
+        (bounds left out: unbounded; ``open_low`` / ``open_high``: the bound itself is
+        excluded): ``ConfigError`` "option NAME must be a number in (0, 1), got V"."""
+        lo = "" if low is None else ("(" if open_low else "[") + f"{low:g}"
+        hi = "" if high is None else f"{high:g}" + (")" if open_high else "]")
+        if low is not None and high is not None:
+            wanted = f"a number in {lo}, {hi}"
+        elif low is not None:
+            wanted = f"a number {'>' if open_low else '>='} {low:g}"
+        elif high is not None:
+            wanted = f"a number {'<' if open_high else '<='} {high:g}"
+        else:
+            wanted = "a finite number"
+        for name in names:
+            value = self.options[name]
+            fine = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and (low is None or value > low or (value == low and not open_low))
+                and (high is None or value < high or (value == high and not open_high))
+            )
+            if not fine:
+                raise ConfigError(f"option {name} must be {wanted}, got {value!r}")
 
     def check_option_choice(self, name: str, choices: tuple[Any, ...]) -> None:
         """The option ``name`` one of ``choices`` (``ConfigError`` "option NAME must be one

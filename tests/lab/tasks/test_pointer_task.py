@@ -93,6 +93,12 @@ def test_options():
         PointerTask(problem="tsp")
     with pytest.raises(ConfigError, match="min_points"):
         PointerTask(problem="hull", n=5, min_points=6)
+    for problem in (
+        "sort",
+        "hull",
+    ):  # sorting ignores min_points: a bad one is refused all the same
+        with pytest.raises(ConfigError, match=r"^option min_points must be an int >= 3, got -1$"):
+            PointerTask(problem=problem, min_points=-1)
     with pytest.raises(ConfigError, match="no option"):
         PointerTask(bogus=1)
     with pytest.raises(ConfigError, match="preset"):

@@ -15,6 +15,7 @@ from task_harness import (
     load_or_skip,
 )
 
+from attnlab._checks import ConfigError
 from attnlab.data.pharaoh import Alignment
 from attnlab.lab.task import TaskData
 from attnlab.lab.tasks.translation import (
@@ -375,3 +376,31 @@ def test_supervised_attention_lowers_aer_on_reverse(one_thread) -> None:
     aer_plain = _aer_after_training(0.0, EPOCHS_LEARN)
     assert aer_sup < SUP_MAX, aer_sup
     assert aer_plain > aer_sup + GAP, (aer_plain, aer_sup)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_len": -1}, "option max_len must be an int >= 1 or None, got -1"),
+        ({"max_pairs": 0}, "option max_pairs must be an int >= 1 or None, got 0"),
+        ({"max_decode_len": 0}, "option max_decode_len must be an int >= 1 or None, got 0"),
+        ({"beam_size": 0}, "option beam_size must be an int >= 1, got 0"),  # greedy: unused
+        ({"synthetic_pairs": -1}, "option synthetic_pairs must be an int >= 1, got -1"),
+        ({"embed_dim": 0}, "option embed_dim must be an int >= 1, got 0"),
+        ({"corpus": "wmt"}, "option corpus must be one of 'bible', 'reverse', 'copy', got 'wmt'"),
+        ({"decode": "sample"}, "option decode must be 'greedy' or 'beam', got 'sample'"),
+        ({"style": "vaswani"}, "option style must be 'bahdanau' or 'luong', got 'vaswani'"),
+        ({"rnn": "rnn"}, "option rnn must be 'lstm' or 'gru', got 'rnn'"),
+        ({"split_by": "verse"}, "option split_by must be 'chapter' or 'book', got 'verse'"),
+        ({"links": "all"}, "option links must be 'sure' or 'graded', got 'all'"),
+        ({"supervise": -0.5}, "option supervise must be a number >= 0, got -0.5"),
+        ({"supervise": math.nan}, "option supervise must be a number >= 0, got nan"),
+        ({"supervise": True}, "option supervise must be a number >= 0, got True"),
+        ({"length_penalty": math.inf}, "option length_penalty must be a finite number, got inf"),
+        ({"supervise_divergence": "l1"}, "option supervise_divergence must be"),
+    ],
+)
+def test_every_option_is_checked_before_any_data_is_read(options, message):
+    with pytest.raises(ConfigError) as caught:
+        TranslationTask(**options)
+    assert str(caught.value).startswith(message)

@@ -213,6 +213,7 @@ class CaptioningTask(Task):
             raise ConfigError(f"option max_objects={hi} must be >= min_objects={lo}")
         if not 2 <= o["colors"] <= len(COLORS):
             raise ConfigError(f"option colors must be in [2, {len(COLORS)}], got {o['colors']}")
+        self.check_number_options("expected_mix", low=0.0, high=1.0)  # before the scenes
 
     # ------------------------------------------------------------------ data
 

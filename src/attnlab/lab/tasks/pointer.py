@@ -136,8 +136,8 @@ class PointerTask(Task):
         self.check_option_choice("problem", ("sort", "hull"))
         self.check_int_options("n", minimum=1 if o["problem"] == "sort" else 3)
         n = o["n"]
+        self.check_int_options("min_points", minimum=3)  # also for sorting, which ignores it
         if o["problem"] == "hull":
-            self.check_int_options("min_points", minimum=3)
             if o["min_points"] > n:
                 raise ConfigError(f"option min_points={o['min_points']} must be <= n={n}")
         self.check_int_options("train_size", "dev_size", "test_size", "hidden_size")

@@ -200,8 +200,8 @@ class SpeechTask(Task):
             raise ConfigError(
                 f"option max_words={o['max_words']} must be >= min_words={o['min_words']}"
             )
-        if not 0.0 <= float(o["band"]) <= 1.0:
-            raise ConfigError(f"option band must be in [0, 1], got {o['band']}")
+        self.check_number_options("band", low=0.0, high=1.0)
+        self.check_number_options("snr_db")  # any finite level: below 0 dB the noise is louder
 
     # ------------------------------------------------------------------ data
 

@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
 from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.meteor import meteor_or_nan
@@ -205,26 +204,24 @@ class TranslationTask(Task):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        o = self.options
-        if o["corpus"] not in ("bible", "reverse", "copy"):
-            raise ConfigError(f"corpus must be 'bible', 'reverse' or 'copy', got {o['corpus']!r}")
-        if o["decode"] not in ("greedy", "beam"):
-            raise ConfigError(f"decode must be 'greedy' or 'beam', got {o['decode']!r}")
-        if o["style"] not in ("bahdanau", "luong"):
-            raise ConfigError(f"style must be 'bahdanau' or 'luong', got {o['style']!r}")
-        lam = o["supervise"]
-        if (
-            isinstance(lam, bool)
-            or not isinstance(lam, int | float)
-            or not math.isfinite(lam)
-            or lam < 0
+        # every option checked here, before any data is read: a bad value is one error
+        # line (a negative max_len reached the Bible reader as a ValueError traceback), and
+        # an option that the run may not use (beam_size under greedy decoding) is checked
+        # all the same
+        for name, choices in (
+            ("corpus", ("bible", "reverse", "copy")),
+            ("decode", ("greedy", "beam")),
+            ("style", ("bahdanau", "luong")),
+            ("rnn", ("lstm", "gru")),
+            ("split_by", ("chapter", "book")),
+            ("links", ("sure", "graded")),
+            ("supervise_divergence", DIVERGENCES),
         ):
-            raise ConfigError(f"supervise (lambda) must be a number >= 0, got {lam!r}")
-        if o["supervise_divergence"] not in DIVERGENCES:
-            raise ConfigError(
-                f"supervise_divergence must be one of {', '.join(DIVERGENCES)}, got "
-                f"{o['supervise_divergence']!r}"
-            )
+            self.check_option_choice(name, choices)
+        self.check_int_options("synthetic_pairs", "embed_dim", "hidden_size", "beam_size")
+        self.check_int_options("max_len", "max_pairs", "max_eval", "max_decode_len", optional=True)
+        self.check_number_options("supervise", low=0.0)
+        self.check_number_options("length_penalty")
 
     @property
     def supervised(self) -> bool:
