@@ -445,3 +445,34 @@ def test_check_choice_names_every_choice():
     with pytest.raises(ConfigError, match=r"^mode must be one of 'a', 'b', 'c', got 3$"):
         check_choice(3, "mode", iter("abc"))  # any iterable
     assert _inputs.check_choice is check_choice  # the models' checks are the same one
+
+
+def test_check_positive_is_the_one_check_of_a_positive_number():
+    import math
+
+    import numpy as np
+
+    from attnlab._checks import check_positive
+    from attnlab.evaluation import explanation, image_quality, vqa_correctness
+    from attnlab.general import alignment, scoring
+
+    assert check_positive(2, "tau") == 2.0 and type(check_positive(2, "tau")) is float
+    assert check_positive(np.float32(0.5), "tau") == 0.5
+    for bad in (0, -1.0, math.nan, math.inf, -math.inf, True, "1", None):
+        with pytest.raises(ConfigError) as caught:
+            check_positive(bad, "tau")
+        assert str(caught.value) == f"tau must be a finite number > 0, got {bad!r}"
+    with pytest.raises(ValueError, match=r"^alpha must be") as caught:
+        check_positive(0, "alpha", error=ValueError)
+    assert type(caught.value) is ValueError
+    # every user calls this one function (their own inline tests let inf, or NaN, through)
+    for module in (explanation, image_quality, vqa_correctness, alignment, scoring):
+        assert module.check_positive is check_positive
+    for make in (
+        lambda: scoring.CosineScore(temperature=math.inf),
+        lambda: alignment.HardAlign(tau=math.inf),
+        lambda: alignment.gumbel_softmax_align(torch.zeros(1, 2), tau=math.nan),
+        lambda: vqa_correctness.check_alpha(math.inf),
+    ):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            make()

@@ -7,6 +7,7 @@ was expected.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable
 from typing import Any
@@ -41,6 +42,18 @@ def check_int(
         what = f"an int >= {minimum}" if wording is None else wording
         raise error(f"{prefix}{name} must be {what}, got {value!r}")
     return value
+
+
+def check_positive(value: object, name: str, *, error: type[Exception] = ConfigError) -> float:
+    """``value`` as a float, when it is a finite real number ``> 0`` (a temperature, a
+    concentration, a data range, a tolerance); otherwise ``error`` (a ``ConfigError``
+    unless told) with one line: ``"tau must be a finite number > 0, got inf"``. NaN and
+    infinity are refused (they passed the plain ``> 0`` tests this replaces), and so are
+    bools and text."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not value > 0:  # type: ignore[arg-type,operator]
+        raise error(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def check_dropout(p: object, name: str = "dropout") -> float:

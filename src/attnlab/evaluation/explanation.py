@@ -42,6 +42,7 @@ import torch
 from scipy import stats
 from torch import Tensor, nn
 
+from attnlab._checks import check_positive
 from attnlab.evaluation._measures import as_array
 from attnlab.evaluation.divergences import jsd, tvd
 
@@ -286,8 +287,7 @@ def adversarial_attention(
 ) -> AdversarialResult:
     """Weights as far (JSD) from the model's as possible while the output moves by at most
     ``epsilon`` (TVD); see the module docstring."""
-    if epsilon <= 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    check_positive(epsilon, "epsilon", error=ValueError)  # NaN and inf: no bound at all
     w, probs, m, hidden = _encoded(model, tokens, lengths)
     gen = torch.Generator().manual_seed(0)
     init = w.clamp_min(1e-8).log() + 0.5 * torch.randn(w.shape, generator=gen).to(w.device)
@@ -341,8 +341,8 @@ def adversarial_attention_multi(
     """
     if k < 1 or steps < 0:
         raise ValueError(f"k must be >= 1 and steps >= 0, got k={k}, steps={steps}")
-    if epsilon <= 0 or select_epsilon <= 0:
-        raise ValueError(f"epsilon and select_epsilon must be > 0, got {epsilon}, {select_epsilon}")
+    check_positive(epsilon, "epsilon", error=ValueError)
+    check_positive(select_epsilon, "select_epsilon", error=ValueError)
     w, probs, m, hidden = _encoded(model, tokens, lengths)
     B, n = w.shape
     mk = m[:, None, :].expand(B, k, n)

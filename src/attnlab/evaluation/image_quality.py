@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnlab._checks import check_positive
 from attnlab._optional import require
 
 __all__ = ["psnr", "psnr_per_image", "ssim", "ssim_per_image"]
@@ -46,8 +47,7 @@ def _images(preds: Tensor, target: Tensor, data_range: float) -> tuple[Tensor, T
             f"images have shape {tuple(preds.shape)}, expected [N, C, H, W] (or [C, H, W]) "
             "with N >= 1"
         )
-    if not data_range > 0:
-        raise ValueError(f"data_range must be > 0, got {data_range}")
+    check_positive(data_range, "data_range", error=ValueError)
     return preds.detach().double(), target.detach().double()
 
 

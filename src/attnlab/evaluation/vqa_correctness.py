@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab._checks import check_positive
 from attnlab.data.easy_vqa import shape_region
 from attnlab.evaluation._measures import as_array
 from attnlab.evaluation.correctness import attention_mass, rank_correlation, region_to_grid
@@ -122,9 +123,8 @@ def _summary(rows: list[dict[str, float]], groups: Mapping[str, np.ndarray]) -> 
 
 
 def check_alpha(alpha: float) -> None:
-    """The Dirichlet concentration must be > 0 (ValueError)."""
-    if not alpha > 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    """The Dirichlet concentration must be a finite number > 0 (ValueError)."""
+    check_positive(alpha, "alpha", error=ValueError)
 
 
 def _per_question(

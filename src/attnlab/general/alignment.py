@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, broadcasts_to, check_tensor, softmax_dtype
+from attnlab._checks import (
+    ConfigError,
+    broadcasts_to,
+    check_choice,
+    check_positive,
+    check_tensor,
+    softmax_dtype,
+)
 from attnlab.general.padding import clear_nonfinite_rows, masked_mean
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.masks import check_score_mask, fill_value
@@ -219,8 +226,7 @@ def gumbel_softmax_align(
     it -> weights of the shape of ``e``. Cost O(B n_q n_k).
     """
     _check_scores(e, mask)
-    if not tau > 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
+    check_positive(tau, "tau", error=ValueError)
     u = torch.rand(e.shape, generator=generator, device=e.device, dtype=softmax_dtype(e.dtype))
     g = -torch.log(-torch.log(u.clamp(1e-10, 1 - 1e-7)))
     y = masked_softmax((e.to(g.dtype) + g) / tau, mask)
@@ -398,15 +404,9 @@ class HardAlign(Alignment):
         self, estimator: str = "reinforce", eval_mode: str = "argmax", tau: float = 1.0
     ) -> None:
         super().__init__()
-        if estimator not in ("reinforce", "gumbel"):
-            raise ConfigError(f"estimator must be 'reinforce' or 'gumbel', got {estimator!r}")
-        if eval_mode not in ("argmax", "sample"):
-            raise ConfigError(f"eval_mode must be 'argmax' or 'sample', got {eval_mode!r}")
-        if not tau > 0:
-            raise ConfigError(f"tau must be > 0, got {tau}")
-        self.estimator = estimator
-        self.eval_mode = eval_mode
-        self.tau = float(tau)
+        self.estimator = check_choice(estimator, "estimator", ("reinforce", "gumbel"))
+        self.eval_mode = check_choice(eval_mode, "eval_mode", ("argmax", "sample"))
+        self.tau = check_positive(tau, "tau")
 
     def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
         sample = self.training or self.eval_mode == "sample"

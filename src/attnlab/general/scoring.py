@@ -52,6 +52,7 @@ from attnlab._checks import (
     batched_query,
     check_keys,
     check_param,
+    check_positive,
     check_same,
     check_tensor,
     softmax_dtype,
@@ -428,9 +429,7 @@ class CosineScore(_DotFamily):
         self, d_q: int | None = None, d_k: int | None = None, temperature: float = 1.0
     ) -> None:
         super().__init__(d_q, d_k)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_positive(temperature, "temperature", error=ValueError)
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         _require_same_dim(q, k, "CosineScore")

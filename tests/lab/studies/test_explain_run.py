@@ -88,8 +88,10 @@ def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:
 
 
 def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
-    """A --compare run of another task, or one without attention weights, stops the command
-    with one line naming it before any test runs (not with a traceback after all of them)."""
+    """A --compare run of another task, or of another mechanism (here one without attention
+    weights), the run itself, its seed again or other task options stop the command with
+    one line naming it before any test runs (not with a traceback after all of them); so
+    does a --uniform-run that is not the uniform baseline."""
     tiny = {"epochs": 1, "n_train": 64, "n_eval": 32}
     run = train_run("toy", "tanh", options=tiny, out_dir=tmp_path / "run", progress=False)
     pointer = train_run(
@@ -99,9 +101,25 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         progress=False,
     )
     mean = train_run("toy", "mean", options=tiny, out_dir=tmp_path / "mean", progress=False)
+    again = train_run("toy", "tanh", options=tiny, out_dir=tmp_path / "again", progress=False)
+    longer = train_run(
+        "toy", "tanh", seed=1, options={**tiny, "epochs": 2}, out_dir=tmp_path / "longer",
+        progress=False,
+    )  # fmt: skip
     wrong_task = f"compare run {str(pointer.run_dir)!r} is a run of task 'pointer', not 'toy'"
-    for other, text in ((pointer, wrong_task), (mean, "attention weights")):
-        argv = [str(run.run_dir), "--quick", "--no-progress", "--compare", str(other.run_dir)]
+    for other, text, flag in (
+        (pointer, wrong_task, "--compare"),
+        (mean, "was trained with attention 'mean', the run with 'tanh'", "--compare"),
+        (run, "is the run itself: give runs of other seeds", "--compare"),
+        (again, "has seed 0 again: give other seeds", "--compare"),
+        (longer, "was trained with other task options: epochs", "--compare"),
+        (
+            again,
+            "is not a run of the uniform baseline (train one with -a uniform)",
+            "--uniform-run",
+        ),
+    ):
+        argv = [str(run.run_dir), "--quick", "--no-progress", flag, str(other.run_dir)]
         res = CliRunner().invoke(explain_command, argv)
         assert res.exit_code == 2, res.output
         assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
@@ -109,3 +127,13 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith("error: "), res.output
         assert text in lines[0] and str(other.run_dir) in lines[0]
         assert not (run.run_dir / "explanation").exists()  # no test ran, nothing written
+
+
+@pytest.mark.parametrize("epsilon", ["nan", "inf", "-inf", "0", "-0.1"])
+def test_epsilon_is_a_finite_number_above_0(runs: tuple[Path, Path], epsilon: str) -> None:
+    """NaN and inf passed the old ``epsilon <= 0`` test and searched with no bound."""
+    run, _ = runs
+    argv = [str(run), "--quick", "--no-progress", "--epsilon", epsilon]
+    res = CliRunner().invoke(explain_command, argv)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().startswith("error: epsilon must be a finite number > 0, got ")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab._checks import check_int
+from attnlab._checks import check_int, check_positive
 from attnlab.evaluation.diagnostics import (
     adversarial_model,
     frozen_weight_diagnostic,
@@ -191,6 +191,8 @@ def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
         if value != unset:
             settings[key] = value
     check_int(settings["permutations"], "permutations", error=ValueError)
+    for name in ("epsilon", "mlp_lr", "adversarial_lr"):  # before the run is loaded
+        check_positive(settings[name], name, error=ValueError)
     return settings
 
 
@@ -231,17 +233,75 @@ def _check_classifier(model: Any, run_dir: str | Path, probe: Batch) -> None:
 def _check_other_runs(
     run_dir: Path, compare: Sequence[str | Path], uniform_run: str | Path | None
 ) -> None:
-    """The runs given beside ``run_dir`` (``compare``, ``uniform_run``) are runs of its
-    task: read from their ``run.json`` before anything is loaded, so a wrong one fails at
-    once, not after the other tests."""
+    """The runs given beside ``run_dir`` are what the tests need, read from their
+    ``run.json`` before anything is loaded, so a wrong one fails at once, not after the
+    other tests: runs of its task; ``uniform_run`` one of the ``uniform`` baseline; each
+    ``compare`` run one of the same attention and task options with another seed (the
+    run itself, or its seed again, would measure no seed variance at all)."""
     from attnlab.lab.training import read_run
 
-    task = read_run(run_dir).get("task")
+    info = read_run(run_dir)
+    task = info.get("task")
     others = [("uniform_run", uniform_run)] if uniform_run is not None else []
     for what, other in [*others, *(("compare run", p) for p in compare)]:
-        found = read_run(other).get("task")
-        if found != task:
-            raise ValueError(f"{what} {str(other)!r} is a run of task {found!r}, not {task!r}")
+        found = read_run(other)
+        if found.get("task") != task:
+            raise ValueError(
+                f"{what} {str(other)!r} is a run of task {found.get('task')!r}, not {task!r}"
+            )
+    if uniform_run is not None and not _is_uniform(read_run(uniform_run).get("attention")):
+        raise ValueError(
+            f"uniform_run {str(uniform_run)!r} is not a run of the uniform baseline "
+            "(train one with -a uniform)"
+        )
+    seeds = {info.get("seed")}
+    for other in compare:
+        _check_compare_run(run_dir, info, Path(other), read_run(other), seeds)
+
+
+def _is_uniform(attention: Any) -> bool:
+    """Whether a run's ``attention`` (as given) is the ``uniform`` baseline."""
+    return isinstance(attention, dict) and (
+        attention.get("name") == "uniform" or attention.get("uniform") is True
+    )
+
+
+def _mechanism(info: dict[str, Any]) -> Any:
+    """The attention a run trained, as its task resolves the spec given (``{}`` and the
+    default attention written out are the same); the spec as given where the task cannot
+    resolve it."""
+    from attnlab._checks import ConfigError
+    from attnlab.lab.config import resolve_task
+
+    given = info.get("attention") or {}
+    try:
+        return resolve_task(info.get("task"), info.get("task_options") or {}).resolve_attention(
+            given
+        )
+    except (ConfigError, TypeError, ValueError, KeyError):
+        return given
+
+
+def _check_compare_run(
+    run_dir: Path, info: dict[str, Any], other: Path, found: dict[str, Any], seeds: set[Any]
+) -> None:
+    """A ``--compare`` run: another directory, the same attention and task options, a seed
+    not seen yet (``seeds`` grows)."""
+    where = f"compare run {str(other)!r}"
+    if other.resolve() == Path(run_dir).resolve():
+        raise ValueError(f"{where} is the run itself: give runs of other seeds")
+    if _mechanism(found) != _mechanism(info):
+        raise ValueError(
+            f"{where} was trained with attention {found.get('label')!r}, the run with "
+            f"{info.get('label')!r}"
+        )
+    mine, theirs = info.get("task_options") or {}, found.get("task_options") or {}
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(f"{where} was trained with other task options: {', '.join(differ)}")
+    if found.get("seed") in seeds:
+        raise ValueError(f"{where} has seed {found.get('seed')!r} again: give other seeds")
+    seeds.add(found.get("seed"))
 
 
 def _compare_models(s: _Study, compare: Sequence[str | Path]) -> list[Any]:
