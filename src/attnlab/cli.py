@@ -539,8 +539,8 @@ def _train_seed(
 ) -> Any:
     """Train one seed of ``attnlab train`` into ``base/<spec slug>--seed<N>`` (``base``:
     :func:`_out_folder`), going on after the last finished epoch of an interrupted run of
-    the same settings unless ``resume`` is False; an error of the task model (exit 2, an empty new ``base``
-    removed) or missing data (exit 1) ends the command."""
+    the same settings unless ``resume`` is False; an error of the task model (exit 2, an
+    empty new ``base`` removed) or missing data (exit 1) ends the command."""
     from attnlab._checks import ConfigError
     from attnlab.data._common import MissingDataError
     from attnlab.lab.task import spec_slug

@@ -243,20 +243,21 @@ def _check_other_runs(
     info = read_run(run_dir)
     task = info.get("task")
     others = [("uniform_run", uniform_run)] if uniform_run is not None else []
-    for what, other in [*others, *(("compare run", p) for p in compare)]:
-        found = read_run(other)
-        if found.get("task") != task:
+    others += [("compare run", p) for p in compare]
+    found = [read_run(other) for _, other in others]  # each run.json read once
+    for (what, other), their in zip(others, found, strict=True):
+        if their.get("task") != task:
             raise ValueError(
-                f"{what} {str(other)!r} is a run of task {found.get('task')!r}, not {task!r}"
+                f"{what} {str(other)!r} is a run of task {their.get('task')!r}, not {task!r}"
             )
-    if uniform_run is not None and not _is_uniform(read_run(uniform_run).get("attention")):
+    if uniform_run is not None and not _is_uniform(found[0].get("attention")):
         raise ValueError(
             f"uniform_run {str(uniform_run)!r} is not a run of the uniform baseline "
             "(train one with -a uniform)"
         )
-    seeds = {info.get("seed")}
-    for other in compare:
-        _check_compare_run(run_dir, info, Path(other), read_run(other), seeds)
+    seeds, mechanism = {info.get("seed")}, _mechanism(info)
+    for other, their in zip(compare, found[len(others) - len(compare) :], strict=True):
+        _check_compare_run(run_dir, info, mechanism, Path(other), their, seeds)
 
 
 def _is_uniform(attention: Any) -> bool:
@@ -283,14 +284,19 @@ def _mechanism(info: dict[str, Any]) -> Any:
 
 
 def _check_compare_run(
-    run_dir: Path, info: dict[str, Any], other: Path, found: dict[str, Any], seeds: set[Any]
+    run_dir: Path,
+    info: dict[str, Any],
+    mechanism: Any,
+    other: Path,
+    found: dict[str, Any],
+    seeds: set[Any],
 ) -> None:
-    """A ``--compare`` run: another directory, the same attention and task options, a seed
-    not seen yet (``seeds`` grows)."""
+    """A ``--compare`` run: another directory, the same attention (``mechanism``: the run's
+    own, :func:`_mechanism`) and task options, a seed not seen yet (``seeds`` grows)."""
     where = f"compare run {str(other)!r}"
     if other.resolve() == Path(run_dir).resolve():
         raise ValueError(f"{where} is the run itself: give runs of other seeds")
-    if _mechanism(found) != _mechanism(info):
+    if _mechanism(found) != mechanism:
         raise ValueError(
             f"{where} was trained with attention {found.get('label')!r}, the run with "
             f"{info.get('label')!r}"
