@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "base",
         frozenset(
             {
+                "_atomic",
                 "_checks",
                 "_deprecation",
                 "_optional",

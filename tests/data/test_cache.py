@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 
@@ -87,6 +88,16 @@ def test_unwritable_cache_warns_and_still_returns(fresh_cache, monkeypatch):
     build, _ = _counting([3])
     with pytest.warns(RuntimeWarning, match="could not write its data cache"):
         assert _cache.cached("t", (), build, to_json=list, from_json=list) == [3]
+
+
+def test_a_cache_file_gets_the_mode_of_a_new_file(fresh_cache):
+    old = os.umask(0o002)
+    try:
+        _cache.cached("t", (), _counting([1])[0], to_json=list, from_json=list)
+    finally:
+        os.umask(old)
+    (file,) = (fresh_cache / "parsed").iterdir()
+    assert file.stat().st_mode & 0o777 == 0o664  # not mkstemp's 0600
 
 
 def test_clear_disk(fresh_cache):

@@ -270,6 +270,22 @@ def test_a_half_written_state_of_a_killed_process_is_removed(tmp_path, toy):
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "r"]
 
 
+def test_the_state_file_gets_the_mode_of_a_new_file_or_keeps_its_own(tmp_path):
+    file = ResumeFile(tmp_path / STATE, {"seed": 1})
+    model = torch.nn.Linear(2, 2)
+    state = _state(model, torch.optim.Adam(model.parameters()))
+    old = os.umask(0o027)
+    try:
+        file.save(state)
+        assert file.path.stat().st_mode & 0o777 == 0o640
+        file.path.chmod(0o600)  # made private by its owner: the next epoch's write keeps that
+        file.save(state)
+    finally:
+        os.umask(old)
+    assert file.path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [STATE]
+
+
 def test_resume_path():
     assert resume_path("runs/toy/a--seed0") == Path("runs/toy/.a--seed0.resume.safetensors")
 

@@ -154,6 +154,25 @@ def test_default_run_dir_and_replacing_a_run(tmp_path, monkeypatch, toy):
     assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir()) == [first.run_dir.name]
 
 
+@pytest.mark.parametrize(
+    ("umask", "folder", "file"), [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)]
+)
+def test_a_run_gets_the_modes_of_the_umask(tmp_path, toy, umask, folder, file):
+    """The run directory and every file in it (the checkpoint too) get the modes the umask
+    gives any new folder and file, so a group may read the runs under the usual 022."""
+    old = os.umask(umask)
+    try:
+        result = train_run(
+            "toy", "tanh", seed=0, options={"epochs": 1}, out_dir=tmp_path / "r", progress=False
+        )
+    finally:
+        os.umask(old)
+    assert result.run_dir.stat().st_mode & 0o777 == folder
+    modes = {p.name: p.stat().st_mode & 0o777 for p in result.run_dir.iterdir()}
+    assert "model.safetensors" in modes
+    assert modes == dict.fromkeys(modes, file)
+
+
 # ----------------------------------------------------------------------------- selection
 
 

@@ -15,12 +15,12 @@ import gzip
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+from attnlab._atomic import write_file
 from attnlab.data._common import file_fingerprint, package_version
 
 __all__ = ["cache_dir", "cached", "cached_package_file", "clear_cache"]
@@ -124,16 +124,14 @@ def write_atomic(file: Path, write: Callable[[BinaryIO], None], *, what: str, th
     folder, then a rename). A cache is optional: an ``OSError`` becomes a
     ``RuntimeWarning`` "attnlab could not write its WHAT FILE (ERROR); THEN" pointing at
     the caller's caller, and the file is left as it was."""
+
+    def write_to(tmp: Path) -> None:
+        with open(tmp, "wb") as raw:
+            write(raw)
+
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as raw:
-                write(raw)
-            os.replace(tmp, file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file(file, write_to)
     except OSError as error:
         warnings.warn(
             f"attnlab could not write its {what} {file} ({error}); {then}",

@@ -30,14 +30,13 @@ line): the message names the file and what to do.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from attnlab._atomic import write_file
 from attnlab._checks import ConfigError
 
 __all__ = [
@@ -148,15 +147,7 @@ def save_state(model: nn.Module, path: str | Path, *, metadata: dict[str, str] |
     tensors, aliases = portable_state(model)
     meta = dict(aliases)
     meta.update(metadata or {})  # the caller's own entries win, as with save_model
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta or None)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_file(target, lambda tmp: save_file(tensors, str(tmp), metadata=meta or None))
 
 
 def _read_file(file: Path, device: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab._atomic import write_file
 from attnlab._checks import ConfigError
 
 __all__ = ["check_folder", "jsonable", "make_folder", "utc_now", "write_json", "write_text"]
@@ -61,18 +62,15 @@ def jsonable(value: Any) -> Any:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file beside it, then rename)."""
+    """Write ``text`` to ``path`` atomically (temporary file beside it, then rename), with
+    the mode of the file it replaces or of a new file (:mod:`attnlab._atomic`)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     except OSError as error:  # name the file asked for, not the temporary one
         if error.errno is None:
             raise
         raise OSError(error.errno, error.strerror, str(path)) from error
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = False) -> None:

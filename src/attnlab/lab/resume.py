@@ -27,11 +27,9 @@ the run then starts from epoch 1 and replaces it after its first epoch.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import random
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +40,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
+
+from attnlab._atomic import temp_files, write_file
 
 __all__ = [
     "RESUME_SUFFIX",
@@ -224,7 +224,7 @@ class ResumeFile:
         warning names the settings that differ) or one that cannot be read (a warning
         names the file and the reason). Temporary files that a process killed while
         writing the state left beside it are removed."""
-        for leftover in self.path.parent.glob(glob.escape(self.path.name) + ".*"):
+        for leftover in temp_files(self.path):
             leftover.unlink(missing_ok=True)
         if not self.path.is_file():
             return None
@@ -261,16 +261,12 @@ class ResumeFile:
     def save(self, state: EpochState) -> None:
         """Write ``state`` (to a temporary file, then moved into place). A file that cannot
         be written (a full disk) does not stop the run: a warning says so, once."""
-        tmp = None
         try:
             tensors, header = _to_file(state, self.prints)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", dir=self.path.parent)
-            os.close(fd)
-            save_file(tensors, tmp, metadata={_META_KEY: header})
-            os.replace(tmp, self.path)
+            write_file(
+                self.path, lambda tmp: save_file(tensors, str(tmp), metadata={_META_KEY: header})
+            )
         except (OSError, TypeError, ValueError) as error:  # TypeError: not JSON data
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
             if not self._save_failed:
                 self._save_failed = True
                 warnings.warn(

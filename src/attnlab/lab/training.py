@@ -71,7 +71,6 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -84,6 +83,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnlab._atomic import make_temp_folder
 from attnlab._checks import ConfigError, check_int
 from attnlab.lab._process import Owner, host_tag
 from attnlab.lab.checkpoint import (
@@ -700,7 +700,7 @@ def _make_work_dir(run_dir: Path) -> Path:
     make_folder(run_dir.parent, what)
     remove_stale_work_dirs(run_dir.parent, run_dir.name)
     try:
-        return Path(tempfile.mkdtemp(prefix=_owned_name(run_dir.name, "tmp"), dir=run_dir.parent))
+        return make_temp_folder(_owned_name(run_dir.name, "tmp"), run_dir.parent)
     except OSError as error:  # e.g. a folder the user may not write in
         raise ConfigError(f"{what}: cannot write in {run_dir.parent} ({error.strerror})") from None
 
