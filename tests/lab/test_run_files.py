@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import attnlab.lab.training as training
+from attnlab._checks import ConfigError
 from attnlab.lab._process import host_tag
 from attnlab.lab.checkpoint import MissingRunFileError, RunFileError, file_sha256
 from attnlab.lab.training import load_run, read_metrics, read_run, read_run_file, train_run
@@ -191,6 +192,97 @@ def test_other_rename_errors_still_raise(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", denied)
     with pytest.raises(OSError, match="denied"):
         training._replace_dir(src, dst)
+
+
+# ------------------------------------------------------------- what a run may replace
+
+
+@pytest.mark.parametrize("out_dir", ["", "  ", 5, None])
+def test_an_empty_or_non_path_out_dir_is_refused(tmp_path, monkeypatch, out_dir):
+    """``out_dir=""`` is the working folder: a run there would replace the whole folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    if out_dir is None:  # None is the default run directory, not an error
+        train_run("toy", options={"epochs": 1}, out_dir=out_dir, progress=False)
+        assert (tmp_path / "notes.txt").read_text() == "mine"
+        return
+    with pytest.raises(ConfigError, match="out_dir must"):
+        train_run("toy", options={"epochs": 1}, out_dir=out_dir, progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_folder_of_other_files_is_never_replaced(tmp_path):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "chapter1.tex").write_text("precious")
+    with pytest.raises(ConfigError, match=r"no run\.json") as caught:
+        train_run("toy", options={"epochs": 1}, out_dir=out, progress=False)
+    _one_line_naming(caught.value, out)
+    assert [p.name for p in out.iterdir()] == ["chapter1.tex"]
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis"]  # no work folder either
+
+
+def test_a_file_is_never_replaced(tmp_path):
+    out = tmp_path / "results"
+    out.write_text("precious")
+    with pytest.raises(ConfigError, match="is a file"):
+        train_run("toy", options={"epochs": 1}, out_dir=out, progress=False)
+    assert out.read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]
+
+
+def test_an_empty_folder_and_a_dangling_link_are_replaced(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    train_run("toy", options={"epochs": 1}, out_dir=empty, progress=False)
+    assert read_run(empty)["status"] == "done"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    train_run("toy", options={"epochs": 1}, out_dir=link, progress=False)
+    assert not link.is_symlink() and read_run(link)["status"] == "done"
+
+
+def test_a_folder_that_gains_files_while_the_run_trains_keeps_them(tmp_path):
+    """The check before training cannot see the future: a folder that holds other files
+    when the run is published keeps them, and the finished run goes beside it."""
+    out = tmp_path / "r"
+
+    def user_writes_there():
+        out.mkdir()
+        (out / "draft.txt").write_text("precious")
+
+    with pytest.raises(ConfigError, match="the run is kept in") as caught:
+        train_run(
+            "toy",
+            options={"epochs": 1},
+            out_dir=out,
+            progress=False,
+            before_publish=user_writes_there,
+        )
+    assert [p.name for p in out.iterdir()] == ["draft.txt"]
+    (kept,) = tmp_path.glob("r.run-*")
+    assert str(kept) in str(caught.value)
+    assert read_run(kept)["status"] == "done"
+    assert read_run(kept)["checkpoint_sha256"] == file_sha256(kept / "model.safetensors")
+
+
+def test_a_failed_run_into_a_folder_that_gained_files_is_not_published(tmp_path):
+    out = tmp_path / "r"
+
+    def user_writes_there():
+        out.mkdir()
+        (out / "draft.txt").write_text("precious")
+
+    options = {"epochs": 1, "fail_after_steps": 1}
+    with (
+        pytest.warns(UserWarning, match="the run is not published"),
+        pytest.raises(RuntimeError, match="failing on purpose"),
+    ):
+        train_run(
+            "toy", options=options, out_dir=out, progress=False, before_publish=user_writes_there
+        )
+    assert [p.name for p in out.iterdir()] == ["draft.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
 class Stop(Exception):

@@ -41,8 +41,11 @@ The directory is built in a hidden sibling folder and moved into place with ``os
 at the end, so a run killed midway never leaves a directory whose ``run.json`` says
 ``"done"`` (only the hidden ``.<name>.tmp-<pid>.<host>.*`` work folder, without a
 run.json). When training raises, ``run.json`` with ``"status": "failed"`` and the error is
-moved into place instead, and the exception propagates. An existing directory at
-``run_dir`` is replaced. The work folder's name holds its owner's process id and host, so
+moved into place instead, and the exception propagates. An earlier run (a folder with
+``run.json``) or an empty folder at ``run_dir`` is replaced; a folder of other files or a
+file there is never deleted: the run refuses to start (:class:`ConfigError`), and a folder
+that gains other files while the run trains gets the finished run beside it
+(``<run_dir>.run-<time>``, named in the error). The work folder's name holds its owner's process id and host, so
 :func:`remove_stale_work_dirs` (called by every run, and by an ablation when it resumes)
 removes the folders that a killed process left behind, and never one a live process owns.
 
@@ -420,8 +423,44 @@ def remove_stale_work_dirs(folder: str | Path, name: str | None = None) -> list[
     return removed
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder ``src`` to ``dst``, replacing what is there.
+def _not_replaceable(path: Path) -> str | None:
+    """Why a run may not replace what is at ``path``, or None when it may: nothing there,
+    an empty folder or an earlier run (a folder holding ``run.json``). A folder of other
+    files or a file is never deleted to make room for a run."""
+    if not path.exists():  # a dangling link too: replacing it loses nothing
+        return None
+    if not path.is_dir():
+        return "is a file, not a run directory"
+    if (path / "run.json").is_file() or not any(path.iterdir()):
+        return None
+    return "holds files but no run.json, so it is not a run directory"
+
+
+def _check_out_dir(out_dir: Any) -> None:
+    """``out_dir`` must be a path that is not empty text (``""`` is the working folder)."""
+    if not isinstance(out_dir, str | os.PathLike):
+        raise ConfigError(f"out_dir must be a path, got {type(out_dir).__name__}")
+    if not str(out_dir).strip():
+        raise ConfigError("out_dir must not be empty (it would be the working folder)")
+
+
+def _keep_aside(src: Path, dst: Path) -> Path:
+    """Move the finished run ``src`` to a new visible name beside ``dst`` and return it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        kept = dst.with_name(f"{dst.name}.run-{stamp}" + (f"-{n}" if n else ""))
+        if not kept.exists() and not kept.is_symlink():
+            os.rename(src, kept)
+            return kept
+    raise OSError(f"cannot find a free name beside {dst} for the finished run {src}")
+
+
+def _replace_dir(src: Path, dst: Path, *, keep: bool = True) -> None:
+    """Move the finished folder ``src`` to ``dst``, replacing what is there when it is an
+    earlier run or an empty folder (:func:`_not_replaceable`). Anything else there (files
+    the user put in the folder while the run trained) is left alone and
+    :class:`ConfigError` says so; the run is moved to ``<dst>.run-<time>`` beside it
+    (``keep``) or removed.
 
     Safe against another process replacing ``dst`` at the same time: a rename onto a
     non-empty directory fails (it never merges), so what is there is moved aside and the
@@ -433,6 +472,13 @@ def _replace_dir(src: Path, dst: Path) -> None:
         except OSError as err:
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
                 raise
+        why = _not_replaceable(dst)
+        if why is not None:
+            if not keep:
+                shutil.rmtree(src, ignore_errors=True)
+                raise ConfigError(f"run directory {dst} {why}; the run is not published")
+            kept = _keep_aside(src, dst)
+            raise ConfigError(f"run directory {dst} {why}; the run is kept in {kept}")
         trash = dst.with_name(_owned_name(dst.name, "old") + str(time.time_ns()))
         try:
             os.replace(dst, trash)
@@ -613,7 +659,9 @@ def train_run(
             ``"cuda:1"``, ...; every tensor of a batch is moved there.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast; a gradient scaler for
             fp16); recorded in ``run.json``.
-        out_dir: the run directory (default ``runs/<task>/<spec slug>--seed<seed>``).
+        out_dir: the run directory (default ``runs/<task>/<spec slug>--seed<seed>``); an
+            earlier run or an empty folder there is replaced, a folder of other files or a
+            file raises :class:`~attnlab._checks.ConfigError` (nothing is deleted).
         progress: show tqdm progress bars for epochs and batches on stderr.
         num_threads: ``torch.set_num_threads`` for the run (restored afterwards).
         before_publish: called right before the run directory (done or failed) is moved
@@ -642,9 +690,17 @@ def train_run(
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     prefetch = _check_run_args(the_task, seed, num_threads, prefetch, dev)
+    if out_dir is not None:
+        _check_out_dir(out_dir)
     run_dir = (
         Path(out_dir) if out_dir is not None else default_run_dir(the_task.name, spec_given, seed)
     ).absolute()
+    why = _not_replaceable(run_dir)
+    if why is not None:
+        raise ConfigError(
+            f"run directory {run_dir} {why}; a run replaces only an earlier run: "
+            "move it away or write the run elsewhere"
+        )
     work = _make_work_dir(run_dir)
     run_info = _run_info(the_task, spec_given, seed, dev, precision)
     saved = ResumeFile(resume_path(run_dir), fingerprint(run_info))
@@ -759,9 +815,11 @@ def _publish_failed(
     run_info["error"] = f"{type(error).__name__}: {text}" if text else type(error).__name__
     try:
         write_json(work / "run.json", run_info)
-        _publish(work, run_dir, before)
+        _publish(work, run_dir, before, keep=False)
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
+    except ConfigError as refused:  # the folder is no run directory now: nothing published
+        warnings.warn(str(refused), stacklevel=4)
 
 
 def _publish_done(
@@ -780,16 +838,18 @@ def _publish_done(
     _publish(work, run_dir, before)
 
 
-def _publish(work: Path, run_dir: Path, before: Callable[[], None] | None) -> None:
-    """``before()``, then move ``work`` into place; when ``before`` raises, ``work`` is
-    removed and nothing is published."""
+def _publish(
+    work: Path, run_dir: Path, before: Callable[[], None] | None, *, keep: bool = True
+) -> None:
+    """``before()``, then move ``work`` into place (:func:`_replace_dir`, ``keep``); when
+    ``before`` raises, ``work`` is removed and nothing is published."""
     if before is not None:
         try:
             before()
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-    _replace_dir(work, run_dir)
+    _replace_dir(work, run_dir, keep=keep)
 
 
 def _build_model(
