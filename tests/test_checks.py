@@ -5,16 +5,27 @@ with one line that names the argument, both dtypes and the fix, not PyTorch's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import attnlab
 from attnlab import registry
-from attnlab._checks import ConfigError, check_int, check_module_dtype
+from attnlab._checks import (
+    ConfigError,
+    check_callable,
+    check_int,
+    check_module_dtype,
+    check_number,
+    check_path,
+    check_seed,
+)
 from attnlab.feature.co_attention import (
     AlternatingCoAttention,
     InteractiveCoAttention,
@@ -476,3 +487,68 @@ def test_check_positive_is_the_one_check_of_a_positive_number():
     ):
         with pytest.raises(ValueError, match="must be a finite number > 0"):
             make()
+
+
+def test_check_callable_names_the_argument_and_the_type():
+    check_callable(print, "hook")
+    check_callable(lambda: None, "hook")
+    for bad, kind in ((3, "int"), ("print", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"^hook must be callable, got {kind}$"):
+            check_callable(bad, "hook")
+
+
+def test_check_path_refuses_empty_text_and_what_is_no_path(tmp_path):
+    assert check_path("runs/x", "out") == Path("runs/x")
+    assert check_path(tmp_path, "out") == tmp_path
+    assert check_path("~/x", "out") == Path.home() / "x"
+    for empty in ("", "   "):  # an unset shell variable: Path("") is the working folder
+        with pytest.raises(ConfigError, match=r"^out must not be empty \(it would be the working"):
+            check_path(empty, "out")
+    for bad, kind in ((3, "int"), (None, "NoneType"), (b"runs", "bytes")):
+        with pytest.raises(
+            TypeError, match=rf"^out_dir must be a path \(a str or os\.PathLike\), got {kind}$"
+        ):
+            check_path(bad, "out_dir")
+
+
+@pytest.mark.parametrize(
+    ("value", "bounds", "message"),
+    [
+        (
+            float("nan"),
+            {"low": 0, "high": 4, "open_high": True},
+            "x must be a number in [0, 4), got nan",
+        ),
+        (4, {"low": 0, "high": 4, "open_high": True}, "x must be a number in [0, 4), got 4"),
+        (0, {"low": 0, "high": 1, "open_low": True}, "x must be a number in (0, 1], got 0"),
+        (-1, {"low": 0}, "x must be a number >= 0, got -1"),
+        (0, {"low": 0, "open_low": True}, "x must be a number > 0, got 0"),
+        (2, {"high": 1}, "x must be a number <= 1, got 2"),
+        (float("inf"), {}, "x must be a finite number, got inf"),
+        (True, {}, "x must be a finite number, got True"),
+        ("0.5", {"low": 0}, "x must be a number >= 0, got '0.5'"),
+    ],
+)
+def test_check_number_refuses_with_its_range(value, bounds, message):
+    with pytest.raises(ConfigError) as caught:
+        check_number(value, "x", **bounds)
+    assert str(caught.value) == message
+    with pytest.raises(KeyError):  # the error type is the caller's
+        check_number(value, "x", error=KeyError, **bounds)
+
+
+def test_check_number_returns_floats_on_the_bounds():
+    assert check_number(0, "x", low=0, high=1) == 0.0
+    assert check_number(1, "x", low=0, high=1) == 1.0
+    assert check_number(np.float32(0.5), "x", low=0, high=1, open_low=True, open_high=True) == 0.5
+
+
+def test_check_seed_takes_python_and_numpy_ints_only():
+    assert check_seed(3) == 3 and check_seed(np.int64(4)) == 4 and check_seed(-2) == -2
+    for bad in (1.5, True, "1", None):
+        with pytest.raises(TypeError, match=rf"^seed must be an int, got {re.escape(repr(bad))}$"):
+            check_seed(bad)
+    with pytest.raises(ConfigError, match=r"^run seed must be an int"):
+        check_seed(1.0, "run seed", error=ConfigError)
+    with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$"):
+        check_seed(-1, minimum=0)

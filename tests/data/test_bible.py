@@ -226,3 +226,27 @@ def test_unknown_book() -> None:
 
 def test_alignment_type() -> None:
     assert isinstance(strong_links([("H1",)], [("H1",)]), Alignment)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"source": 5}, ValueError, r"source must be the name or abbreviation of a SWORD module"),
+        ({"target": ""}, ValueError, r"target must be the name or abbreviation of a SWORD module"),
+        (
+            {"books": []},
+            ValueError,
+            r"books must be None \(all books\), a book name or a non-empty",
+        ),
+        ({"books": 5}, ValueError, r"books must be None \(all books\), a book name or a non-empty"),
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
+        ({"cache": "no"}, TypeError, r"cache must be a bool, got 'no'"),
+        ({"sword_path": ""}, ValueError, r"sword_path must not be empty"),
+    ],
+)
+def test_bad_arguments_fail_before_the_modules_are_read(tmp_path, options, error, message):
+    """books=[] read all 66 books; source=5 failed in str.lower; a NaN fraction ended in
+    round() after both Bibles were parsed; sword_path='' searched the working folder."""
+    with pytest.raises(error, match=f"^{message}"):
+        load_bible_pairs(**{"sword_path": tmp_path, **options})

@@ -188,3 +188,49 @@ def test_sst_binary_csv_from_shared_datasets():
     assert set(ds.labels) == {0, 1}
     assert all(t == t.lower() for t in ds.texts[:200])  # lower-cased, tokenised
     assert ds.texts[0].startswith("the rock is destined to be the 21st century")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"format": ""}, ValueError, r"format must be 'csv', 'tsv' or 'jsonl', got ''"),
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
+        ({"labels": 5}, TypeError, r"labels must be a sequence of label names or a mapping"),
+        ({"labels": {"pos": "p", "neg": 5}}, TypeError, r"labels maps 'neg' to 5; a label name"),
+        ({"encoding": "no-such-codec"}, ValueError, r"encoding must be the name of a text enc"),
+    ],
+)
+def test_bad_options_fail_before_the_file_is_read(tmp_path, options, error, message):
+    """Each bad option raises one line naming it before the (missing) file is opened: a NaN
+    fraction ended in round()'s "cannot convert float NaN", format='' guessed the format,
+    a str or float seed and a label mapped to an int were taken, labels=5 and an unknown
+    encoding raised from deep inside (after the file was read)."""
+    with pytest.raises(error, match=f"^{message}"):
+        read_text_classification(tmp_path / "missing.csv", **options)
+
+
+def test_a_binary_file_is_a_format_error_naming_it(tmp_path):
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    with pytest.raises(DataFormatError, match=r"a\.csv: not utf-8 text \(invalid start byte\)"):
+        read_csv(path)
+    gz = tmp_path / "b.csv.gz"
+    gz.write_bytes(b"not gzip at all")
+    with pytest.raises(DataFormatError, match=r"b\.csv\.gz: cannot decompress"):
+        read_csv(gz)
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "message"),
+    [
+        (None, TypeError, r"^source must be a path \(a str or os\.PathLike\), got NoneType$"),
+        (5, TypeError, r"^source must be a path \(a str or os\.PathLike\), got int$"),
+        ("", ValueError, r"^source must not be empty \(it would be the working folder\)$"),
+    ],
+)
+def test_a_source_that_is_no_path(source, error, message):
+    """'' was read as the working folder ("'.' is a folder"), None and 5 failed in pathlib."""
+    with pytest.raises(error, match=message):
+        read_csv(source)

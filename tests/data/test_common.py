@@ -164,3 +164,49 @@ def test_number_in_range():
         number_in_range("4.5", "rating", -4.0, 4.0, path="f", line=3)
     with pytest.raises(DataFormatError, match=r"confidence nan is outside \[0, 1\]"):
         number_in_range("nan", "confidence", 0.0, 1.0, path="f", line=1)
+
+
+@pytest.mark.parametrize(
+    "fractions",
+    [
+        (float("nan"), 0.5, 0.5),  # NaN passed "f < 0" and the sum test, then round() raised
+        (0.5, float("nan"), 0.5),
+        ("a", "b", "c"),  # a TypeError from comparing str and int
+        (True, False, False),
+        0.8,  # "object of type 'float' has no len()"
+        None,
+        "0.8",
+    ],
+)
+def test_assign_splits_refuses_bad_fractions_in_one_line(fractions):
+    with pytest.raises(ValueError, match=r"^fractions must be three non-negative numbers summing"):
+        assign_splits(["a", "b", "c"], fractions=fractions)
+
+
+def test_assign_splits_takes_fractions_as_any_sequence_of_numbers():
+    import numpy as np
+
+    groups = [str(i) for i in range(20)]
+    want = assign_splits(groups, fractions=(0.5, 0.25, 0.25))
+    assert assign_splits(groups, fractions=[0.5, 0.25, 0.25]) == want
+    assert assign_splits(groups, fractions=np.array([0.5, 0.25, 0.25])) == want
+    assert assign_splits(groups, seed=np.int64(0)) == assign_splits(groups, seed=0)
+
+
+@pytest.mark.parametrize("seed", ["x", 1.5, None, True])
+def test_assign_splits_refuses_a_seed_that_is_not_an_int(seed):
+    """A str, float or None seed was silently taken by random.Random."""
+    with pytest.raises(TypeError, match=rf"^seed must be an int, got {re.escape(repr(seed))}$"):
+        assign_splits(["a", "b"], seed=seed)
+
+
+def test_assign_splits_refuses_a_string_of_groups():
+    """A string was taken for one group per character."""
+    with pytest.raises(TypeError, match="groups must be a sequence with one group per item"):
+        assign_splits("abc")
+
+
+@pytest.mark.parametrize("text", [None, 5, b"bytes"])
+def test_simple_tokenize_refuses_non_text(text):
+    with pytest.raises(TypeError, match=r"^text must be a str, got "):
+        simple_tokenize(text)

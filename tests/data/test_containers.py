@@ -57,6 +57,10 @@ def test_unknown_split_is_an_error():
         ({"labels": (1, 0, 2, 0)}, r"labels must index label_names .* found 2"),
         ({"splits": ("train",)}, r"splits has 1 entries"),
         ({"scores": (1.0,)}, r"scores has 1 entries"),
+        # a bool was taken for the label 0 / 1
+        ({"labels": (1, 0, True, 0)}, r"labels must index label_names .* found True"),
+        # a split outside train/dev/test could never be chosen with split()
+        ({"splits": ("train", "test", "valid", "dev")}, r"splits must hold 'train', .* 'valid'"),
     ],
 )
 def test_text_dataset_validation(over, message):
@@ -143,3 +147,11 @@ def test_seeded_splits_by_groups_else_by_ids():
     assert by_ids.splits == assign_splits(ids, fractions=(0.5, 0.25, 0.25), seed=3)
     test = TextDataset.seeded("test", seed=3, fractions=(0.5, 0.25, 0.25), ids=ids, **common)
     assert test.ids == by_ids.split("test").ids and set(test.splits) == {"test"}
+
+
+def test_seeded_refuses_nan_fractions_and_a_str_seed():
+    common = {"texts": ["a", "b"], "labels": [0, 1], "label_names": ("n", "p"), "ids": ["1", "2"]}
+    with pytest.raises(ValueError, match=r"^fractions must be three non-negative numbers"):
+        TextDataset.seeded(None, seed=0, fractions=(float("nan"), 0.5, 0.5), **common)
+    with pytest.raises(TypeError, match=r"^seed must be an int, got 'x'$"):
+        TextDataset.seeded(None, seed="x", fractions=(0.8, 0.1, 0.1), **common)

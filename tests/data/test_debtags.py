@@ -312,3 +312,29 @@ def test_real_lists(tmp_path):
         by_group.setdefault(group, set()).add(split)
     assert all(len(s) == 1 for s in by_group.values())
     assert all(t.strip() for t in ds.texts) and len(set(ds.ids)) == len(ds)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"min_count": 2.5}, ValueError, r"min_count must be an int >= 1, got 2\.5"),
+        ({"min_count": True}, ValueError, r"min_count must be an int >= 1, got True"),
+        ({"min_count": float("nan")}, ValueError, r"min_count must be an int >= 1, got nan"),
+        ({"min_count": "5"}, ValueError, r"min_count must be an int >= 1, got '5'"),
+        ({"max_labels": 2.5}, ValueError, r"max_labels must be an int >= 1 or None, got 2\.5"),
+        ({"max_labels": True}, ValueError, r"max_labels must be an int >= 1 or None, got True"),
+        ({"facets": "use"}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
+        ({"facets": []}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
+        ({"facets": 5}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"keep_unlabelled": "no"}, TypeError, r"keep_unlabelled must be a bool, got 'no'"),
+        ({"path": ""}, ValueError, r"path must not be empty"),
+    ],
+)
+def test_bad_options_fail_before_the_data_is_read(tmp_path, options, error, message):
+    """Checked before the (missing) frozen file is looked for: min_count=nan kept no
+    label, 2.5 and True passed as numbers, facets='use' was read as the facets u, s, e
+    and [] as no facet (both an empty dataset), strings failed in comparisons."""
+    with pytest.raises(error, match=f"^{message}"):
+        load_debtags(**{"path": tmp_path / "missing.jsonl.gz", **options})

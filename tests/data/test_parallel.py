@@ -80,3 +80,31 @@ def test_wpt2003_enfr():
     assert corpus.split("train").ids == tuple(
         i for i, s in zip(corpus.ids, corpus.splits, strict=True) if s == "train"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"separator": None}, ValueError, r"separator must be a non-empty string, got None"),
+        ({"separator": ""}, ValueError, r"separator must be a non-empty string, got ''"),
+        ({"split": "valid"}, ValueError, r"split must be 'train', 'dev', 'test' or None"),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"lower": "no"}, TypeError, r"lower must be a bool, got 'no'"),
+        ({"allow_empty": 1}, TypeError, r"allow_empty must be a bool, got 1"),
+    ],
+)
+def test_bad_options_fail_before_the_file_is_read(tmp_path, options, error, message):
+    """separator=None split on white space ("expected one None ..."), '' raised str.split's
+    "empty separator", a bad split was found only after reading, a str seed and a
+    truthy string flag were taken."""
+    with pytest.raises(error, match=f"^{message}"):
+        read_parallel(tmp_path / "missing.txt", **options)
+    if "separator" not in options:
+        with pytest.raises(error, match=f"^{message}"):
+            read_parallel_files(tmp_path / "a.en", tmp_path / "a.fr", **options)
+
+
+def test_write_parallel_checks_the_separator():
+    corpus = read_parallel(io.StringIO("a ||| b\n"))
+    with pytest.raises(ValueError, match=r"^separator must be a non-empty string, got 5$"):
+        write_parallel(corpus, io.StringIO(), separator=5)

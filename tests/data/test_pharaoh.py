@@ -127,3 +127,27 @@ def test_wpt2003_read_zero_indexed_by_mistake_is_caught():
     # reading the 1-indexed gold file as 0-indexed runs past sentence ends somewhere
     with pytest.raises(DataFormatError, match="a link reaches"):
         read_pharaoh(folder / "enfr.gold", lengths=corpus.lengths)
+
+
+def test_parse_pharaoh_bad_arguments():
+    """None raised AttributeError ('NoneType' has no attribute 'split'); one_indexed='no'
+    was truthy and read the line 1-indexed."""
+    with pytest.raises(TypeError, match=r"^line must be a str of links, got NoneType$"):
+        parse_pharaoh(None)
+    with pytest.raises(TypeError, match=r"^one_indexed must be a bool, got 'no'$"):
+        parse_pharaoh("1-1", one_indexed="no")
+
+
+def test_read_pharaoh_bad_lengths():
+    with pytest.raises(TypeError, match=r"^lengths must be a sequence of \(source length"):
+        read_pharaoh(io.StringIO("0-0\n"), lengths=5)  # 'int' has no len()
+    with pytest.raises(TypeError, match=r"^lengths\[0\] must be a \(source length, target len"):
+        read_pharaoh(io.StringIO("0-0\n"), lengths=[(1,)])  # "not enough values to unpack"
+    assert read_pharaoh(io.StringIO("0-0\n"), lengths=[[1, 1]]) == [Alignment({(0, 0)})]
+
+
+@pytest.mark.parametrize("link", [(True, 2), (1, 2, 3), ("a",)])
+def test_alignment_refuses_links_that_are_not_index_pairs(link):
+    """(True, 2) was taken as (1, 2); (1, 2, 3) and ('a',) failed to unpack."""
+    with pytest.raises(ValueError, match=r"^alignment links must be pairs of non-negative ints"):
+        Alignment(sure={link})

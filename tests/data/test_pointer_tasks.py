@@ -114,3 +114,9 @@ def test_bad_arguments():
         make_pointer_data("tsp", 2, 5, 0)
     with pytest.raises(TypeError, match="seed"):
         make_sort(2, 3, "0")
+
+
+def test_negative_seed_is_one_clear_error():
+    """A negative seed failed inside numpy ("expected non-negative integer")."""
+    with pytest.raises(ValueError, match=r"^rng must be a numpy Generator or an int seed >= 0"):
+        make_pointer_data("sort", 2, 3, -1)

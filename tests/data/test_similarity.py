@@ -277,3 +277,52 @@ def test_sets_check_their_columns_and_round_trip_through_json():
     ):
         back = type(data).from_json(json.loads(json.dumps(data.to_json())))
         assert type(back) is type(data) and back.to_json() == data.to_json()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"max_questions": "10"},
+            ValueError,
+            r"max_questions must be an int >= 1 or None, got '10'",
+        ),
+        (
+            {"max_questions": 2.5},
+            ValueError,
+            r"max_questions must be an int >= 1 or None, got 2\.5",
+        ),
+        (
+            {"max_questions": float("nan")},
+            ValueError,
+            r"max_questions must be an int >= 1 or None, got nan",
+        ),
+        (
+            {"max_questions": True},
+            ValueError,
+            r"max_questions must be an int >= 1 or None, got True",
+        ),
+        ({"restrict_vocab": 0}, ValueError, r"restrict_vocab must be an int >= 1 or None, got 0"),
+        ({"restrict_vocab": -5}, ValueError, r"restrict_vocab must be an int >= 1 or None, got -5"),
+        ({"batch_size": 0}, ValueError, r"batch_size must be an int >= 1, got 0"),
+        ({"batch_size": -1}, ValueError, r"batch_size must be an int >= 1, got -1"),
+        ({"lowercase": "no"}, TypeError, r"lowercase must be a bool, got 'no'"),
+        ({"questions": "x"}, TypeError, r"questions must be an AnalogySet or None, got str"),
+    ],
+)
+def test_analogies_bad_options(options, error, message):
+    """restrict_vocab=0 / -5 left every question out and batch_size=-1 asked none (an
+    accuracy of 0 or NaN without a word); batch_size=0, NaN and strings failed deep
+    inside range() or numpy."""
+    data = read_analogies(FIXTURES / "analogies_tiny.txt")
+    with pytest.raises(error, match=f"^{message}"):
+        evaluate_analogies(analogy_vectors(), **{"questions": data, **options})
+
+
+def test_evaluations_check_their_inputs():
+    with pytest.raises(TypeError, match=r"^vectors must be WordVectors .*got NoneType$"):
+        evaluate_similarity(None)  # was "'NoneType' object has no attribute 'lookup'"
+    with pytest.raises(TypeError, match=r"^vectors must be WordVectors .*got NoneType$"):
+        evaluate_analogies(None)
+    with pytest.raises(TypeError, match=r"^name must be 'wordsim353' or 'simlex999' or a Sim"):
+        evaluate_similarity(compass(), 5)  # was "'int' object has no attribute 'pairs'"

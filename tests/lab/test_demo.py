@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
+from attnlab._checks import ConfigError
 from attnlab.data._common import MissingDataError
 from attnlab.lab import demo
 from attnlab.lab.store import ResultsStore
@@ -100,3 +101,40 @@ def test_failed_runs_end_the_demo_with_one_error_line(monkeypatch, tmp_path):
     assert res.output.splitlines()[-1] == (
         "error: 1 demo run(s) failed (run `attnlab demo` again to retry): tanh--seed0: boom"
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"out_dir": ""}, ConfigError, "out_dir must not be empty"),
+        ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),
+        ({"quick": 1}, TypeError, "quick must be a bool, got 1"),
+        ({"report": None}, TypeError, "report must be a bool, got None"),
+        ({"seeds": "0,x"}, ConfigError, "seeds must be integers separated by ','"),
+        ({"seeds": [0.5]}, ConfigError, "seeds must be integers, got 0.5"),
+    ],
+)
+def test_bad_settings_are_one_line_before_anything_runs(
+    monkeypatch, tmp_path, kwargs, error, message
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(SentimentTask, "load_data", _no_data_needed)
+    with pytest.raises(error, match=message):
+        demo.run_demo(**{"out_dir": tmp_path / "d", "progress": False, **kwargs})
+    assert list(tmp_path.iterdir()) == []
+
+
+def _no_data_needed(self):  # pragma: no cover - the settings fail before the data
+    raise AssertionError("the data was loaded before the settings were checked")
+
+
+def test_the_seeds_may_be_text_as_on_the_command_line(monkeypatch, tmp_path):
+    seen = {}
+
+    def ablation(task, grid, seeds, **kwargs):
+        seen["seeds"] = seeds
+        return SimpleNamespace(ran=[], failed={})
+
+    monkeypatch.setattr(demo, "run_ablation", ablation)
+    demo.run_demo(tmp_path / "d", seeds="3,4", progress=False, report=False)
+    assert seen["seeds"] == "3,4"  # parsed by the ablation's parse_seeds, as --seeds is

@@ -92,8 +92,11 @@ def test_a_run_draws_its_bars_only_in_the_calling_process(tmp_path, capsys):
 
 def test_make_executor_checks_its_arguments():
     assert isinstance(make_executor("local", jobs=2), LocalExecutor)
-    with pytest.raises(ValueError, match="jobs must be >= 1"):
+    with pytest.raises(ValueError, match="jobs must be an int >= 1, got 0"):
         LocalExecutor(0)
+    for bad in ("2", 2.5, True):  # not rounded or read as text
+        with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+            LocalExecutor(bad)
     with pytest.raises(ValueError, match="--executor ray"):
         make_executor("local", address="localhost:6379")
     with pytest.raises(ValueError, match="executor must be one of"):

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from attnlab._checks import ConfigError
-from attnlab.lab.files import jsonable, make_folder, utc_now, write_json, write_text
+from attnlab.lab.files import (
+    jsonable,
+    make_folder,
+    utc_now,
+    write_json,
+    write_text,
+)
 
 
 @pytest.mark.parametrize(

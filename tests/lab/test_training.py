@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -265,6 +266,34 @@ def test_same_seed_same_run_and_other_seed_differs(tmp_path, toy):
 
 
 # ----------------------------------------------------------------------------- failures
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"options": [("epochs", 1)]}, ConfigError, "options must be a mapping of option names"),
+        ({"options": "epochs=1"}, ConfigError, "options must be a mapping of option names"),
+        ({"attention": 5}, ConfigError, "attention must be a mapping, spec text or None, got int"),
+        ({"attention": ["dot"]}, ConfigError, "attention must be a mapping, spec text or None"),
+        ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),
+        ({"resume": 1}, TypeError, "resume must be a bool, got 1"),
+        ({"before_publish": 3}, TypeError, "before_publish must be callable, got int"),
+    ],
+)
+def test_bad_arguments_fail_before_training(tmp_path, toy, kwargs, error, message):
+    """Each is refused at once, not after the training (a hook that is not callable) and
+    not as a truthy value (``resume="no"``)."""
+    kwargs = {"attention": "tanh", "options": {"epochs": 1}, "progress": False, **kwargs}
+    with pytest.raises(error, match=re.escape(message)):
+        train_run("toy", out_dir=tmp_path / "r", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_attention_may_be_the_path_of_a_spec_file(tmp_path, toy):
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"name": "tanh", "d_w": 3}')
+    result = train_run("toy", spec, options={"epochs": 1}, out_dir=tmp_path / "r", progress=False)
+    assert _read(result.run_dir / "run.json")["attention"] == {"name": "tanh", "d_w": 3}
 
 
 def test_a_failing_run_writes_failed_status_and_reraises(tmp_path, toy):

@@ -10,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import math
+import numbers
 import os
 import random
 import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
+
+from attnlab._checks import check_seed
 
 __all__ = [
     "DataFormatError",
@@ -172,6 +176,8 @@ def simple_tokenize(text: str, *, lower: bool = False) -> list[str]:
     tokens from raw text: ``simple_tokenize("@united: can't wait!")`` is
     ``["@united", ":", "can't", "wait", "!"]``.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     tokens = _TOKEN.findall(text)
     return [t.lower() for t in tokens] if lower else tokens
 
@@ -179,6 +185,26 @@ def simple_tokenize(text: str, *, lower: bool = False) -> list[str]:
 # ----------------------------------------------------------------------------- splits
 
 SPLIT_NAMES = ("train", "dev", "test")
+
+
+def check_fractions(fractions: object) -> tuple[float, float, float]:
+    """``fractions`` (train, dev, test) as three floats: finite, non-negative numbers (not
+    bools) summing to 1; otherwise a ``ValueError``: ``"fractions must be three
+    non-negative numbers summing to 1, got (nan, 0.5, 0.5)"`` (NaN passed the plain
+    ``< 0`` and ``sum`` tests)."""
+    try:
+        items = () if isinstance(fractions, str | bytes) else tuple(fractions)  # type: ignore[arg-type]
+    except TypeError:
+        items = ()
+    ok = len(items) == 3 and all(
+        isinstance(f, numbers.Real) and not isinstance(f, bool) and math.isfinite(f) and f >= 0
+        for f in items
+    )
+    if not ok or abs(sum(items) - 1) > 1e-6:
+        raise ValueError(
+            f"fractions must be three non-negative numbers summing to 1, got {fractions!r}"
+        )
+    return (float(items[0]), float(items[1]), float(items[2]))
 
 
 def assign_splits(
@@ -195,10 +221,16 @@ def assign_splits(
     group land in the same split, so no movie or document leaks from train into test.
     The same data and seed always give the same splits (on every platform and Python
     version). Returns one split name per item.
+
+    ``fractions`` must be three finite non-negative numbers summing to 1
+    (:func:`check_fractions`) and ``seed`` an int (:func:`check_seed`); ``groups`` is a
+    sequence of group keys, not a string.
     """
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise ValueError(
-            f"fractions must be three non-negative numbers summing to 1, got {fractions}"
+    fractions = check_fractions(fractions)
+    seed = check_seed(seed)
+    if isinstance(groups, str | bytes):
+        raise TypeError(
+            f"groups must be a sequence with one group per item, not a string: {groups!r}"
         )
     distinct = sorted({str(g) for g in groups})
     random.Random(seed).shuffle(distinct)

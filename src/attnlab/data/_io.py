@@ -4,6 +4,7 @@ reading JSON Lines."""
 from __future__ import annotations
 
 import bz2
+import codecs
 import contextlib
 import gzip
 import io
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from attnlab._checks import check_path
 from attnlab.data._common import DataFormatError
 
 Source = str | os.PathLike | IO[str]
@@ -48,24 +50,50 @@ def open_text(
 
     Any path that is not a folder may be read, a pipe too (``<(command)``, ``/dev/stdin``);
     a missing path raises :class:`FileNotFoundError` (``no such data file: ...``), a folder
-    :class:`IsADirectoryError` (``... is a folder, not a data file``)."""
+    :class:`IsADirectoryError` (``... is a folder, not a data file``), something that is
+    neither a path nor a stream (or an empty path) ``TypeError`` (``ValueError``), an
+    unknown ``encoding`` ``ValueError``. Text that is not in ``encoding`` (a binary file, a
+    file of another format) raises :class:`~attnlab.data.DataFormatError` naming the file.
+    """
+    where = source_name(source)
+    compressed = False
     if isinstance(source, io.TextIOBase) or (
         not isinstance(source, str | os.PathLike) and hasattr(source, "read")
     ):
-        yield source  # type: ignore[misc]
-        return
-    path = Path(source)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder, not a data file")
-    if not path.exists():
-        raise FileNotFoundError(f"no such data file: {path}")
-    opener = _OPENERS.get(path.suffix.lower())
-    if opener is not None:
-        with opener(path, "rt", encoding=encoding, newline=newline) as f:
-            yield f
+        stream: TextIO = source  # type: ignore[assignment]
     else:
-        with open(path, encoding=encoding, newline=newline) as f:
-            yield f
+        path = check_path(source, "source")
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ValueError(
+                f"encoding must be the name of a text encoding, got {encoding!r}"
+            ) from None
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder, not a data file")
+        if not path.exists():
+            raise FileNotFoundError(f"no such data file: {path}")
+        opener = _OPENERS.get(path.suffix.lower())
+        compressed = opener is not None
+        if opener is not None:
+            stream = opener(path, "rt", encoding=encoding, newline=newline)
+        else:
+            stream = open(path, encoding=encoding, newline=newline)
+    try:
+        yield stream
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            f"not {error.encoding} text ({error.reason}): a binary file, or a file of "
+            "another format or encoding?",
+            path=where,
+        ) from None
+    except (OSError, EOFError, lzma.LZMAError) as error:
+        if not compressed:
+            raise
+        raise DataFormatError(f"cannot decompress ({error})", path=where) from None
+    finally:
+        if stream is not source:
+            stream.close()
 
 
 def json_objects(

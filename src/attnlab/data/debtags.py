@@ -47,10 +47,12 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from attnlab._checks import check_flags, check_int, check_path, check_seed
 from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
+    check_fractions,
     check_split,
     file_fingerprint,
 )
@@ -464,7 +466,7 @@ def _records(path: str | Path | None, lists_dir: str | Path, cache: bool) -> tup
         if default is not None and default.is_file():
             path = default
     if path is not None:
-        path = Path(path)
+        path = check_path(path)
         if not path.is_file():
             raise MissingDataError(f"no frozen debtags file at {path}; {SETUP_HINT}")
         records = cached(
@@ -490,6 +492,20 @@ def _records(path: str | Path | None, lists_dir: str | Path, cache: bool) -> tup
     return records, f"debtags ({lists_dir})"
 
 
+def _check_facets(facets: object) -> tuple[str, ...] | None:
+    """``load_debtags``' ``facets``: None, or a non-empty sequence of facet names (a
+    string would be read as its characters)."""
+    if facets is None:
+        return None
+    names = () if isinstance(facets, str) or not isinstance(facets, Iterable) else tuple(facets)
+    if not names or not all(isinstance(f, str) and f for f in names):
+        raise ValueError(
+            "facets must be None (every facet) or a non-empty list of facet names such as "
+            f"{list(DEFAULT_FACETS[:2])}, got {facets!r}"
+        )
+    return names
+
+
 def load_debtags(
     split: str | None = None,
     *,
@@ -512,8 +528,8 @@ def load_debtags(
 
     Label set: the tags of the facets ``facets`` (None: every facet), without the
     placeholder ``facet::TODO`` tags, carried by at least ``min_count`` packages (counted
-    over all packages, before the split); with ``max_labels``, only the ``max_labels``
-    most frequent of those (ties by name). ``label_names`` is sorted by name. Packages
+    over all packages, before the split; an int >= 1); with ``max_labels`` (an int >= 1),
+    only the ``max_labels`` most frequent of those (ties by name). ``label_names`` is sorted by name. Packages
     without any kept label are left out unless ``keep_unlabelled``.
 
     Text: the short description, then (``long_description=True``, where the lists have one)
@@ -521,12 +537,15 @@ def load_debtags(
     package names; the split (``seed``, ``fractions``) is by source package.
     """
     check_split(split, ("train", "dev", "test"))
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
-    if max_labels is not None and max_labels < 1:
-        raise ValueError(f"max_labels must be >= 1 or None, got {max_labels}")
-    records, name = _records(path, lists_dir, cache)
-    wanted = None if facets is None else set(facets)
+    check_int(min_count, "min_count", 1, error=ValueError)
+    if max_labels is not None:
+        check_int(max_labels, "max_labels", 1, error=ValueError, wording="an int >= 1 or None")
+    chosen = _check_facets(facets)
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(long_description=long_description, keep_unlabelled=keep_unlabelled, cache=cache)
+    records, name = _records(path, check_path(lists_dir, "lists_dir"), cache)
+    wanted = None if chosen is None else set(chosen)
 
     def keep(tag: str) -> bool:
         facet, _, value = tag.partition("::")
@@ -550,7 +569,7 @@ def load_debtags(
         label_sets.append(labels)
         ids.append(r["package"])
         groups.append(r["source"])
-    facet_note = "all facets" if facets is None else "+".join(facets)
+    facet_note = "all facets" if chosen is None else "+".join(chosen)
     return MultiLabelDataset.seeded(
         split,
         seed=seed,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab._checks import check_number, check_seed
 from attnlab.data._cache import cache_dir, write_atomic
 from attnlab.data._common import (
     DataFormatError,
@@ -252,14 +253,27 @@ def shape_region(image: np.ndarray, *, threshold: int = 24) -> np.ndarray:
     The background colour is the most frequent colour of the image's border (easy-VQA
     backgrounds are one plain colour; the shape may touch the border but never covers most
     of it). Anti-aliased edge pixels count as shape when they differ enough.
+
+    ``image`` is ``[H, W, 3]`` (H, W >= 1), uint8 or float in [0, 1]; ``threshold`` a number
+    in [0, 255) (from 255 on no pixel could count).
     """
-    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
+    if (
+        not isinstance(image, np.ndarray)
+        or image.ndim != 3
+        or image.shape[2] != 3
+        or 0 in image.shape
+    ):
         shape = getattr(image, "shape", type(image).__name__)
-        raise ValueError(f"image has shape {shape}, expected [H, W, 3]")
+        raise ValueError(f"image has shape {shape}, expected [H, W, 3] with H, W >= 1")
+    check_number(threshold, "threshold", low=0, high=255, open_high=True)
     img = image
     if img.dtype != np.uint8:
         if not np.issubdtype(img.dtype, np.floating):
             raise TypeError(f"image has dtype {img.dtype}, expected uint8 or float in [0, 1]")
+        if not ((img >= 0) & (img <= 1)).all():
+            raise ValueError(
+                "image has float values outside [0, 1] (or NaN); expected uint8 or float in [0, 1]"
+            )
         img = np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
     border = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
     colors, counts = np.unique(border, axis=0, return_counts=True)
@@ -393,11 +407,11 @@ def load_easy_vqa(*, dev_fraction: float = 0.1, seed: int = 0) -> EasyVQA:
     Raises :class:`MissingDataError` naming ``pip install easy-vqa`` when the package is
     not installed.
     """
-    if not 0.0 <= dev_fraction < 1.0:
-        raise ValueError(f"dev_fraction must lie in [0, 1), got {dev_fraction}")
+    dev_fraction = check_number(dev_fraction, "dev_fraction", low=0, high=1, open_high=True)
+    seed = check_seed(seed)
     root = _root()
     version = package_version(DISTRIBUTION) or "unknown"
-    key = (str(root), version, float(dev_fraction), int(seed))
+    key = (str(root), version, dev_fraction, seed)
     if key in _MEMORY:
         return _MEMORY[key]
     answer_file = root / "answers.txt"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab._checks import check_flags, check_number, check_seed
 from attnlab.data import _parquet
 from attnlab.data._cache import cached
 from attnlab.data._common import DataFormatError, file_fingerprint, package_file, package_version
@@ -142,12 +143,16 @@ class WordVectors:
         words) follow ``oov``: ``"random"`` draws from N(0, scale^2) with
         ``numpy.random.default_rng(seed)`` (``scale`` defaults to the standard deviation of
         the pretrained rows found), ``"zero"`` sets zeros, ``"mean"`` the mean found vector.
-        Only the rows needed are read from the memory-mapped file.
+        ``scale`` is a finite number >= 0 (or None) and ``seed`` an int >= 0. Only the rows
+        needed are read from the memory-mapped file.
         """
-        if not isinstance(vocab, Vocab):
-            vocab = Vocab(vocab)
         if oov not in ("random", "zero", "mean"):
             raise ValueError(f"oov must be 'random', 'zero' or 'mean', got {oov!r}")
+        if scale is not None:
+            check_number(scale, "scale", low=0)
+        check_seed(seed, minimum=0)
+        if not isinstance(vocab, Vocab):
+            vocab = Vocab(vocab)
         rows = [None if t in vocab.specials else self.lookup(t) for t in vocab.tokens]
         found = np.array([r is not None for r in rows], dtype=bool)
         where = np.flatnonzero(found)
@@ -182,6 +187,7 @@ def load_glove(*, cache: bool = True) -> WordVectors:
     once and cached (in the process, and on disk unless ``cache=False``); the vectors are
     memory-mapped, validated (shape, dtype, finite) on the first load in a process.
     """
+    check_flags(cache=cache)
     vectors_path = package_file(MODULE, VECTORS_FILE, distribution=DISTRIBUTION, version=VERSION)
     index_path = package_file(MODULE, INDEX_FILE, distribution=DISTRIBUTION, version=VERSION)
     version = package_version(DISTRIBUTION)

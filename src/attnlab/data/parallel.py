@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, ClassVar, NamedTuple
 
+from attnlab._checks import check_flags, check_seed
 from attnlab.data._common import DataFormatError, assign_splits
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import _Columns
@@ -78,6 +79,19 @@ class ParallelCorpus(_Columns):
         raise TypeError("a ParallelCorpus has no labels")
 
 
+def _check_options(split: str | None, seed: int, **flags: bool) -> None:
+    """The readers' options, checked before a file is opened."""
+    if split is not None and split not in ("train", "dev", "test"):
+        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_seed(seed)
+    check_flags(**flags)
+
+
+def _check_separator(separator: object) -> None:
+    if not isinstance(separator, str) or not separator:
+        raise ValueError(f"separator must be a non-empty string, got {separator!r}")
+
+
 def _finish(
     pairs: list[tuple[tuple[str, ...], tuple[str, ...], str]],
     name: str,
@@ -87,8 +101,6 @@ def _finish(
     if not pairs:
         raise DataFormatError("no sentence pairs", path=name)
     ids = tuple(p[2] for p in pairs)
-    if split is not None and split not in ("train", "dev", "test"):
-        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
     splits = (split,) * len(pairs) if split else assign_splits(ids, seed=seed)
     return ParallelCorpus(
         source=tuple(p[0] for p in pairs),
@@ -117,6 +129,8 @@ def read_parallel(
         allow_empty: accept pairs with an empty side (otherwise an error).
         split: the split of every pair; by default a seeded 80/10/10 split (``seed``).
     """
+    _check_separator(separator)
+    _check_options(split, seed, lower=lower, allow_empty=allow_empty)
     where = source_name(source)
     pairs = []
     with open_text(source) as f:
@@ -149,6 +163,7 @@ def read_parallel_files(
     seed: int = 0,
 ) -> ParallelCorpus:
     """Read two line-aligned files (line k of ``source`` translates line k of ``target``)."""
+    _check_options(split, seed, lower=lower, allow_empty=allow_empty)
     where_s, where_t = source_name(source), source_name(target)
     pairs = []
     with open_text(source) as fs, open_text(target) as ft:
@@ -183,6 +198,7 @@ def write_parallel(
     corpus: ParallelCorpus, target: str | os.PathLike | IO[str], *, separator: str = "|||"
 ) -> None:
     """Write a corpus as ``source ||| target`` lines."""
+    _check_separator(separator)
     text = "".join(
         f"{' '.join(s)} {separator} {' '.join(t)}\n"
         for s, t in zip(corpus.source, corpus.target, strict=True)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
+from attnlab._checks import check_flags
 from attnlab.data._common import DataFormatError
 from attnlab.data._io import Source, open_text, source_name
 
@@ -49,10 +50,10 @@ class Alignment:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sure", frozenset(self.sure))
         object.__setattr__(self, "possible_only", frozenset(self.possible_only) - self.sure)
-        for i, j in self.sure | self.possible_only:
-            if not (isinstance(i, int) and isinstance(j, int)) or i < 0 or j < 0:
+        for link in self.sure | self.possible_only:
+            if not _is_link(link):
                 raise ValueError(
-                    f"alignment links must be pairs of non-negative ints, got {(i, j)!r}"
+                    f"alignment links must be pairs of non-negative ints, got {link!r}"
                 )
 
     @property
@@ -75,11 +76,23 @@ class Alignment:
         return " ".join(f"{i + o}{sep}{j + o}" for i, j, sep in sorted(links))
 
 
+def _is_link(link: object) -> bool:
+    """Whether ``link`` is a pair ``(i, j)`` of non-negative ints (bools are not ints here)."""
+    return (
+        isinstance(link, tuple)
+        and len(link) == 2
+        and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in link)
+    )
+
+
 def parse_pharaoh(line: str, *, one_indexed: bool = False) -> Alignment:
     """One line of links; raises ``ValueError`` naming the bad link.
 
     A link given both as sure and as possible counts as sure; a repeated link is kept once.
     """
+    if not isinstance(line, str):
+        raise TypeError(f"line must be a str of links, got {type(line).__name__}")
+    check_flags(one_indexed=one_indexed)
     offset = 1 if one_indexed else 0
     sure: set[Link] = set()
     possible: set[Link] = set()
@@ -115,6 +128,9 @@ def read_pharaoh(
 
     Raises :class:`~attnlab.data.DataFormatError` naming the file and line of a bad link.
     """
+    check_flags(one_indexed=one_indexed)
+    if lengths is not None:
+        _check_lengths(lengths)
     where = source_name(source)
     out: list[Alignment] = []
     with open_text(source) as f:
@@ -141,6 +157,21 @@ def read_pharaoh(
             f"{len(out)} alignment lines for {len(lengths)} sentence pairs", path=where
         )
     return out
+
+
+def _check_lengths(lengths: object) -> None:
+    """``read_pharaoh``'s ``lengths``: a sequence of ``(source length, target length)``
+    pairs of non-negative ints; a ``TypeError`` naming the first bad entry otherwise."""
+    if isinstance(lengths, str) or not isinstance(lengths, Sequence):
+        raise TypeError(
+            f"lengths must be a sequence of (source length, target length) pairs, got {lengths!r}"
+        )
+    for k, pair in enumerate(lengths):
+        if not _is_link(tuple(pair) if isinstance(pair, list) else pair):
+            raise TypeError(
+                f"lengths[{k}] must be a (source length, target length) pair of "
+                f"non-negative ints, got {pair!r}"
+            )
 
 
 def write_pharaoh(

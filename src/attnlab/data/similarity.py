@@ -36,6 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from attnlab._checks import check_flags, check_int
 from attnlab.data._cache import cached_package_file
 from attnlab.data._common import DataFormatError, package_file
 from attnlab.data.glove import WordVectors
@@ -236,6 +237,14 @@ def load_analogies(*, cache: bool = True) -> AnalogySet:
 # ----------------------------------------------------------------------------- evaluation
 
 
+def _check_vectors(vectors: object) -> None:
+    if not isinstance(vectors, WordVectors):
+        raise TypeError(
+            "vectors must be WordVectors (load_glove(), load_spacy_vectors(), ...), got "
+            f"{type(vectors).__name__}"
+        )
+
+
 def evaluate_similarity(
     vectors: WordVectors, name: str | SimilaritySet = "wordsim353"
 ) -> dict[str, Any]:
@@ -250,6 +259,11 @@ def evaluate_similarity(
     """
     from scipy import stats
 
+    _check_vectors(vectors)
+    if not isinstance(name, str | SimilaritySet):
+        raise TypeError(
+            f"name must be {' or '.join(repr(n) for n in FILES)} or a SimilaritySet, got {name!r}"
+        )
     data = load_similarity(name) if isinstance(name, str) else name
     rows_a, rows_b, human = [], [], []
     n_oov = 0
@@ -279,6 +293,25 @@ def evaluate_similarity(
     return result
 
 
+def _check_analogy_options(
+    vectors: object,
+    max_questions: object,
+    questions: object,
+    restrict_vocab: object,
+    lowercase: object,
+    batch_size: object,
+) -> None:
+    """:func:`evaluate_analogies`' arguments, checked before the questions are loaded."""
+    _check_vectors(vectors)
+    for option, value in (("max_questions", max_questions), ("restrict_vocab", restrict_vocab)):
+        if value is not None:
+            check_int(value, option, 1, error=ValueError, wording="an int >= 1 or None")
+    check_int(batch_size, "batch_size", 1, error=ValueError)
+    check_flags(lowercase=lowercase)
+    if questions is not None and not isinstance(questions, AnalogySet):
+        raise TypeError(f"questions must be an AnalogySet or None, got {type(questions).__name__}")
+
+
 def evaluate_analogies(
     vectors: WordVectors,
     max_questions: int | None = None,
@@ -296,7 +329,8 @@ def evaluate_analogies(
     asked (counted in ``n_oov``), as in word2vec's ``compute-accuracy`` and gensim. The
     answer is ``argmax_w cos(w, b - a + c)`` over unit vectors, ``w`` not one of a, b, c.
     ``questions`` defaults to the Google set; ``max_questions`` keeps that many, evenly
-    spaced through the file (so every section keeps its share).
+    spaced through the file (so every section keeps its share). ``max_questions`` and
+    ``restrict_vocab`` are ints >= 1 or None, ``batch_size`` an int >= 1.
 
     Returns ``{"accuracy": {section: accuracy}, "overall", "semantic", "syntactic",
     "n_questions", "n_correct", "n_oov"}``: accuracies over the questions asked (NaN for a
@@ -305,11 +339,10 @@ def evaluate_analogies(
     """
     import torch
 
+    _check_analogy_options(vectors, max_questions, questions, restrict_vocab, lowercase, batch_size)
     data = questions if questions is not None else load_analogies()
     picked = range(len(data))
     if max_questions is not None:
-        if max_questions < 1:
-            raise ValueError(f"max_questions must be >= 1 or None, got {max_questions}")
         if max_questions < len(data):
             picked = sorted(
                 set(np.linspace(0, len(data) - 1, max_questions).round().astype(int).tolist())

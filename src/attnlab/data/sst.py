@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from attnlab.data._common import DataFormatError, assign_splits
+from attnlab._checks import check_flags, check_seed
+from attnlab.data._common import DataFormatError, assign_splits, check_fractions
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import TextDataset, _Columns, _tuplify
 
@@ -92,6 +93,9 @@ def parse_tree(text: str, *, unescape: bool = True) -> Tree:
     ``unescape`` turns the treebank's ``-LRB-`` / ``-RRB-`` (and square / curly variants)
     back into brackets. Raises ``ValueError`` naming the character position of a problem.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str holding one tree, got {type(text).__name__}")
+    check_flags(unescape=unescape)
     reader = _TreeReader(text, unescape)
     if not reader.tokens:
         raise ValueError("empty tree")
@@ -256,6 +260,9 @@ def read_sst_trees(
         split = stem
     if split is not None and split not in ("train", "dev", "test"):
         raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(lower=lower, binarize=binarize, unescape=unescape)
     rows = []
     for line_no, tree in _trees(source, where, unescape=unescape):
         if binarize:

@@ -20,7 +20,9 @@ rating of its sentences, and its label the sign of that score (documented choice
 
 Labels: ``labels="binary"`` gives negative (score < -threshold) / positive (score >
 threshold) and drops the rest; ``labels="ternary"`` keeps them as neutral. With the default
-``threshold=0`` only exact zeros are neutral. ``scores`` keeps the ratings for regression.
+``threshold=0`` only exact zeros are neutral; ``threshold`` is a number in ``[0, 4)`` (from 4
+on, no rating of the -4..4 scale lies outside the neutral band). ``scores`` keeps the
+ratings for regression.
 Splits: none in the source; seeded 80/10/10 by document (Amazon, NYT) or sentence.
 
 Where the file comes from: the archive ships in the *source* distribution of
@@ -47,10 +49,12 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
+from attnlab._checks import check_flags, check_number, check_path, check_seed
 from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
+    check_fractions,
     check_split,
     env_path,
     file_fingerprint,
@@ -89,7 +93,7 @@ def sources_dir() -> Path:
 def find_vader_archive(path: str | os.PathLike | None = None) -> Path:
     """The archive (or folder) holding the VADER ground-truth files; see the module doc."""
     if path is not None:
-        p = Path(path).expanduser()
+        p = check_path(path)
         if not p.exists():
             raise MissingDataError(f"no such file or folder: {p}")
         return p
@@ -238,15 +242,20 @@ def _checked_ratings(
     split: str | None,
     labels: str,
     threshold: float,
+    seed: int,
+    fractions: tuple[float, float, float],
     path: str | os.PathLike | None,
     cache: bool,
 ) -> tuple[tuple[str, ...], dict[str, list[Row]]]:
-    """Check the loaders' arguments; the label names and the parsed ratings."""
+    """Check the loaders' arguments (before any file is read); the label names and the
+    parsed ratings."""
     _check_source(source, allowed)
     check_split(split, ("train", "dev", "test"))
     names = _label_names(labels)
-    if threshold < 0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    check_number(threshold, "threshold", low=0, high=4, open_high=True)
+    check_seed(seed)
+    check_fractions(fractions)
+    check_flags(cache=cache)
     return names, _load(path, cache)
 
 
@@ -267,7 +276,9 @@ def load_vader_sentences(
     ``ids`` are ``"<source>-<id>"``; ``groups`` are the documents (Amazon, NYT) or the
     sentences themselves, and the seeded split keeps a document together.
     """
-    names, data = _checked_ratings(source, (*SOURCES, "all"), split, labels, threshold, path, cache)
+    names, data = _checked_ratings(
+        source, (*SOURCES, "all"), split, labels, threshold, seed, fractions, path, cache
+    )
     texts, label_ids, ids, scores, groups = [], [], [], [], []
     for src in SOURCES if source == "all" else (source,):
         for sid, score, sentence in data[src]:
@@ -310,7 +321,9 @@ def load_vader_documents(
     A document's score is the mean of its sentence ratings; its label is that score's
     sign (``labels``/``threshold`` as for sentences). All sentences are kept, also neutral ones.
     """
-    names, data = _checked_ratings(source, DOCUMENT_SOURCES, split, labels, threshold, path, cache)
+    names, data = _checked_ratings(
+        source, DOCUMENT_SOURCES, split, labels, threshold, seed, fractions, path, cache
+    )
     docs: dict[str, list[tuple[int, str, float, str]]] = defaultdict(list)
     for sid, score, sentence in data[source]:
         doc, number = sid.split("_")  # the parser checked the form doc_sentence

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab._checks import check_flags
 from attnlab.data._cache import cached
 from attnlab.data._common import (
     DataFormatError,
@@ -284,6 +285,7 @@ def load_spacy_vectors(*, lowercase: bool = True, cache: bool = True) -> WordVec
     and gathered into a read-only ``[n_words, 300]`` float32 array (rows are shared by
     words in the package, so this is a copy: 411 MB lower-cased).
     """
+    check_flags(lowercase=lowercase, cache=cache)
     vectors_path = _spacy_file("vectors")
     key2row = _spacy_file("key2row")
     strings = _spacy_file("strings.json")
@@ -339,6 +341,7 @@ def load_minilm_embeddings(*, whole_words: bool = False) -> WordVectors:
     the weights are read with ``safetensors`` and numpy); raises
     :class:`~attnlab.data.MissingDataError` saying so otherwise.
     """
+    check_flags(whole_words=whole_words)
     weights = package_file(
         MINILM_MODULE,
         MINILM_WEIGHTS,

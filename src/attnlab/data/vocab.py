@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from attnlab._checks import check_int
+
 __all__ = ["PAD", "UNK", "Vocab"]
 
 PAD = "<pad>"
@@ -39,6 +41,8 @@ class Vocab:
         unk: str | None = UNK,
         pad: str | None = PAD,
     ):
+        _check_not_text(tokens, "tokens", "an iterable of token strings")
+        _check_not_text(specials, "specials", "a sequence of token strings")
         for name, special in (("unk", unk), ("pad", pad)):
             if special is not None and special not in specials:
                 raise ValueError(f"{name}={special!r} must be one of specials {tuple(specials)}")
@@ -68,8 +72,18 @@ class Vocab:
         pad: str | None = PAD,
     ) -> Vocab:
         """The tokens of ``texts`` (lists of tokens) seen at least ``min_freq`` times, most
-        frequent first (ties in alphabetical order), at most ``max_size`` of them."""
-        counts = Counter(token for text in texts for token in text)
+        frequent first (ties in alphabetical order), at most ``max_size`` of them.
+
+        ``min_freq`` is an int >= 1 and ``max_size`` an int >= 1 or None; each text is a
+        list of tokens, not a string (a string would count its characters)."""
+        check_int(min_freq, "min_freq", 1, error=ValueError)
+        if max_size is not None:
+            check_int(max_size, "max_size", 1, error=ValueError, wording="an int >= 1 or None")
+        _check_not_text(texts, "texts", "an iterable of token lists")
+        counts: Counter[str] = Counter()
+        for text in texts:
+            _check_not_text(text, "each text of texts", "a list of tokens")
+            counts.update(text)
         ranked = sorted(
             (t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t)
         )
@@ -149,3 +163,13 @@ class Vocab:
     def __repr__(self) -> str:
         head = ", ".join(repr(t) for t in self._itos[:6])
         return f"Vocab({len(self)} tokens: {head}{', ...' if len(self) > 6 else ''})"
+
+
+def _check_not_text(value: object, name: str, wanted: str) -> None:
+    """A ``TypeError`` when ``value`` is a string (whose characters would be taken for
+    tokens) or not iterable at all: ``"tokens must be an iterable of token strings, not
+    the string 'abc'"``."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name} must be {wanted}, not the string {value[:40]!r}")
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be {wanted}, got {value!r}")

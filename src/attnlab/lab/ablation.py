@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +37,7 @@ from typing import Any
 
 import click
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_flags, check_int, check_path
 from attnlab.lab._process import Owner
 from attnlab.lab.ablation_record import AblationRecordError, read_ablation_record
 from attnlab.lab.commands import (
@@ -125,7 +126,14 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
         except ValueError:
             raise ConfigError(f"seeds must be integers separated by ',', got {seeds!r}") from None
     else:
-        values = [int(s) for s in seeds]
+        try:
+            values = list(seeds)
+        except TypeError:
+            raise ConfigError(f"seeds must be integers, got {seeds!r}") from None
+        for seed in values:  # 1.5 or True would otherwise become seed 1
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+                raise ConfigError(f"seeds must be integers, got {seed!r}")
+        values = [int(s) for s in values]
     if not values:
         raise ConfigError("no seeds given")
     return list(dict.fromkeys(values))
@@ -505,6 +513,9 @@ def run_ablation(
     :class:`AblationMismatchError`. Failed runs are counted (``result.failed``), not
     raised.
     """
+    check_flags(progress=progress)
+    if out_dir is not None:
+        check_path(out_dir, "out_dir")
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     runner = make_executor(executor, jobs=jobs, address=address)  # Ray missing: fails now

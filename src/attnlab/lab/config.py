@@ -614,6 +614,10 @@ def resolve_task(task: str | Task | type[Task], options: Mapping[str, Any] | Non
     instance; ``options`` update the instance's options (a new instance is made)."""
     from attnlab.lab.task import Task
 
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(
+            f"options must be a mapping of option names to values, got {type(options).__name__}"
+        )
     options = dict(options or {})
     if isinstance(task, Task):
         return type(task)(**{**task.options, **options}) if options else task

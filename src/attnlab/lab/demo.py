@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_flags, check_path
 from attnlab.lab.ablation import AblationResult, run_ablation, write_report_for
 from attnlab.lab.commands import NonEmpty, device_option, precision_option
 from attnlab.lab.errors import fail
@@ -112,7 +112,7 @@ def _data_missing(error: Exception) -> DataMissing:
 def run_demo(
     out_dir: str | os.PathLike[str] | None = None,
     *,
-    seeds: Sequence[int] = (0, 1),
+    seeds: Sequence[int] | str = (0, 1),
     progress: bool = True,
     quick: bool = False,
     jobs: int | None = None,
@@ -126,7 +126,7 @@ def run_demo(
     Args:
         out_dir: the ablation directory (default ``ablations/demo``, ``ablations/demo-quick``
             with ``quick``).
-        seeds: the seeds of every mechanism.
+        seeds: the seeds of every mechanism (a list, or text such as ``"0,1"``).
         progress: progress bar and the printed table.
         quick: a smaller smoke version (1,000 training sentences, 2 epochs).
         jobs: local processes (default: 2 where there are 2 CPUs or more, else 1).
@@ -138,6 +138,9 @@ def run_demo(
     :class:`~attnlab._checks.ConfigError` for a bad setting or an output folder that
     cannot be made.
     """
+    check_flags(progress=progress, quick=quick, report=report)
+    if out_dir is not None:
+        check_path(out_dir, "out_dir")
     options = QUICK_OPTIONS if quick else DEMO_OPTIONS
     out = (
         Path(out_dir)
@@ -153,7 +156,7 @@ def run_demo(
         result: AblationResult = run_ablation(
             TASK,
             list(DEMO_GRID),
-            list(seeds),
+            seeds,
             out_dir=out,
             options=options,
             executor="local",

@@ -36,6 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlab._checks import ConfigError, check_int
 from attnlab.lab.errors import notes_wanted, show_warnings_as_notes
 
 __all__ = [
@@ -99,15 +100,22 @@ def cpu_count() -> int:
 
 def import_plugins(modules: Iterable[str], paths: Iterable[str] = ()) -> None:
     """Import plugin modules (that register tasks or mechanisms), after adding ``paths`` to
-    ``sys.path`` (only when there is a module to import)."""
-    modules = list(modules)
+    ``sys.path`` (only when there is a module to import). ``modules`` may be one name; a
+    module that cannot be found (or one that its import needs) raises
+    :class:`~attnlab._checks.ConfigError` naming the plugin."""
+    modules = [modules] if isinstance(modules, str) else list(modules)
     if not modules:
         return
     for path in paths:
         if path not in sys.path:
             sys.path.insert(0, path)
     for module in modules:
-        importlib.import_module(module)
+        if not isinstance(module, str) or not module.strip():
+            raise ConfigError(f"a plugin must be a module name, got {module!r}")
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            raise ConfigError(f"plugin {module!r} cannot be imported: {error}") from None
 
 
 #: The process that started this pool worker (None outside a worker of LocalExecutor).
@@ -235,9 +243,7 @@ class LocalExecutor(_Executor):
     name = "local"
 
     def __init__(self, jobs: int = 1) -> None:
-        if int(jobs) < 1:
-            raise ValueError(f"jobs must be >= 1, got {jobs}")
-        self.jobs = int(jobs)
+        self.jobs = check_int(jobs, "jobs")  # "2" or 2.5 is refused, not rounded
 
     def _run(self, jobs: Sequence[RunJob], on_done: OnDone, allowed: Allowed) -> None:
         if self.jobs == 1:
@@ -314,7 +320,7 @@ class RayExecutor(_Executor):
     def __init__(self, address: str | None = None, jobs: int | None = None) -> None:
         self.ray = _import_ray()
         self.address = address
-        self.jobs = jobs
+        self.jobs = None if jobs is None else check_int(jobs, "jobs")
 
     def _run(self, jobs: Sequence[RunJob], on_done: OnDone, allowed: Allowed) -> None:
         """Submit every job (``allowed(job)`` first: False skips it); ``on_done`` as each

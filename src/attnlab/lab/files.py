@@ -24,7 +24,14 @@ import torch
 from attnlab._atomic import write_file
 from attnlab._checks import ConfigError
 
-__all__ = ["check_folder", "jsonable", "make_folder", "utc_now", "write_json", "write_text"]
+__all__ = [
+    "check_folder",
+    "jsonable",
+    "make_folder",
+    "utc_now",
+    "write_json",
+    "write_text",
+]
 
 
 def utc_now() -> str:

@@ -23,7 +23,6 @@ in tables and run ids).
 from __future__ import annotations
 
 import abc
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -32,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_choice, check_int
+from attnlab._checks import ConfigError, check_choice, check_int, check_number
 from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.registry import register
 
@@ -374,28 +373,17 @@ class Task(abc.ABC):
     ) -> None:
         """Each option ``names`` a finite number (not a bool) in the range ``low .. high``
         (bounds left out: unbounded; ``open_low`` / ``open_high``: the bound itself is
-        excluded): ``ConfigError`` "option NAME must be a number in (0, 1), got V"."""
-        lo = "" if low is None else ("(" if open_low else "[") + f"{low:g}"
-        hi = "" if high is None else f"{high:g}" + (")" if open_high else "]")
-        if low is not None and high is not None:
-            wanted = f"a number in {lo}, {hi}"
-        elif low is not None:
-            wanted = f"a number {'>' if open_low else '>='} {low:g}"
-        elif high is not None:
-            wanted = f"a number {'<' if open_high else '<='} {high:g}"
-        else:
-            wanted = "a finite number"
+        excluded): ``ConfigError`` "option NAME must be a number in (0, 1), got V"
+        (:func:`attnlab._checks.check_number`)."""
         for name in names:
-            value = self.options[name]
-            fine = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and (low is None or value > low or (value == low and not open_low))
-                and (high is None or value < high or (value == high and not open_high))
+            check_number(
+                self.options[name],
+                f"option {name}",
+                low=low,
+                high=high,
+                open_low=open_low,
+                open_high=open_high,
             )
-            if not fine:
-                raise ConfigError(f"option {name} must be {wanted}, got {value!r}")
 
     def check_option_choice(self, name: str, choices: tuple[Any, ...]) -> None:
         """The option ``name`` one of ``choices`` (``ConfigError`` "option NAME must be one

@@ -87,7 +87,14 @@ import torch
 from torch import nn
 
 from attnlab._atomic import make_temp_folder
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import (
+    ConfigError,
+    check_callable,
+    check_flags,
+    check_int,
+    check_path,
+    check_seed,
+)
 from attnlab.lab._process import Owner, host_tag
 from attnlab.lab.checkpoint import (
     MissingRunFileError,
@@ -188,15 +195,10 @@ class RunResult:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch (CPU and CUDA)."""
-    _check_seed(seed)
+    check_seed(seed, error=ConfigError)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 -- seeds code that uses the global generator
     torch.manual_seed(seed)
-
-
-def _check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -434,14 +436,6 @@ def _not_replaceable(path: Path) -> str | None:
     if (path / "run.json").is_file() or not any(path.iterdir()):
         return None
     return "holds files but no run.json, so it is not a run directory"
-
-
-def _check_out_dir(out_dir: Any) -> None:
-    """``out_dir`` must be a path that is not empty text (``""`` is the working folder)."""
-    if not isinstance(out_dir, str | os.PathLike):
-        raise ConfigError(f"out_dir must be a path, got {type(out_dir).__name__}")
-    if not str(out_dir).strip():
-        raise ConfigError("out_dir must not be empty (it would be the working folder)")
 
 
 def _keep_aside(src: Path, dst: Path) -> Path:
@@ -683,6 +677,9 @@ def train_run(
         :class:`~attnlab._checks.ConfigError` before anything is written.
     """
     # --- everything that can be checked cheaply, before a directory exists
+    check_flags(progress=progress, resume=resume)
+    if before_publish is not None:
+        check_callable(before_publish, "before_publish")
     spec_given = _given_spec(attention)
     the_task = resolve_task(task, options)
     spec = the_task.resolve_attention(spec_given)
@@ -691,7 +688,7 @@ def train_run(
     precision = resolve_precision(precision, dev)
     prefetch = _check_run_args(the_task, seed, num_threads, prefetch, dev)
     if out_dir is not None:
-        _check_out_dir(out_dir)
+        check_path(out_dir, "out_dir")
     run_dir = (
         Path(out_dir) if out_dir is not None else default_run_dir(the_task.name, spec_given, seed)
     ).absolute()
@@ -720,7 +717,14 @@ def train_run(
 
 
 def _given_spec(attention: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """The attention spec as given: a mapping (copied), spec text or None."""
+    """The attention spec as given: a mapping (copied), spec text (or the path of a spec
+    file) or None."""
+    if isinstance(attention, os.PathLike):
+        attention = os.fspath(attention)
+    if not (attention is None or isinstance(attention, str | Mapping)):
+        raise ConfigError(
+            f"attention must be a mapping, spec text or None, got {type(attention).__name__}"
+        )
     spec = (
         parse_attention(attention)
         if isinstance(attention, str) or attention is None
@@ -738,7 +742,7 @@ def _check_run_args(
     (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``:
     :func:`~attnlab.lab.config.check_training_values`); return the prefetch depth (None:
     :data:`CUDA_PREFETCH` on CUDA, 0 elsewhere)."""
-    _check_seed(seed)
+    check_seed(seed, error=ConfigError)
     if num_threads is not None:
         check_int(num_threads, "num_threads")
     if prefetch is None:

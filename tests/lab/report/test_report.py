@@ -35,6 +35,7 @@ from report_fixtures import (
     write_run_dir,
 )
 
+from attnlab._checks import ConfigError
 from attnlab.lab.report import (
     SECTIONS,
     ReportError,
@@ -470,6 +471,39 @@ def test_missing_and_wrong_directories(tmp_path: Path) -> None:
     (bad / "run.json").write_text("{not json")
     with pytest.raises(ReportError, match="cannot read"):
         write_report(bad)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_examples": -1}, "max_examples must be an int >= 0, got -1"),
+        ({"max_examples": "3"}, "max_examples must be an int >= 0, got '3'"),
+        ({"max_examples": True}, "max_examples must be an int >= 0, got True"),
+        ({"title": 5}, "title must be text or None, got int"),
+        ({"sections": ["x"]}, "sections must hold Section objects, got 'x'"),
+        ({"sections": "overview"}, "sections must be a sequence of Section"),
+        ({"on_warning": 3}, "on_warning must be callable, got int"),
+        ({"out": ""}, "out must not be empty"),
+    ],
+)
+def test_bad_settings_are_one_line_before_anything_is_read(
+    ablation: Path, settings: dict, message: str
+) -> None:
+    with pytest.raises((ConfigError, TypeError), match=re.escape(message)):
+        write_report(ablation, **settings)
+    assert not (ablation / "report.html").exists()
+
+
+def test_an_empty_path_or_an_out_folder_is_refused(
+    ablation: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(ablation)  # "" would be this folder
+    with pytest.raises(ConfigError, match="path must not be empty"):
+        write_report("")
+    with pytest.raises(ConfigError, match="is a folder: name the HTML file"):
+        write_report(ablation, tmp_path)
+    assert not (ablation / "report.html").exists()
+    assert write_report(ablation, max_examples=0) == ablation / "report.html"  # 0 is allowed
 
 
 def test_cli(ablation: Path, tmp_path: Path) -> None:

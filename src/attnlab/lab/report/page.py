@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from attnlab._checks import ConfigError, check_callable, check_int, check_path
 from attnlab.lab.files import check_folder, make_folder, utc_now, write_text
 from attnlab.lab.report.context import ReportContext, Section
 from attnlab.lab.report.data import load_report_data
@@ -45,6 +46,23 @@ def _page(title: str, rendered: Sequence[tuple[Section, str]]) -> str:
     return "\n".join(parts)
 
 
+def _check_settings(
+    title: object, max_examples: object, sections: object, on_warning: object
+) -> None:
+    """The report's settings, checked before anything is read (one line each)."""
+    if title is not None and not isinstance(title, str):
+        raise ConfigError(f"title must be text or None, got {type(title).__name__}")
+    check_int(max_examples, "max_examples", 0)
+    if sections is not None:
+        if isinstance(sections, str | Section) or not isinstance(sections, Sequence):
+            raise ConfigError(f"sections must be a sequence of Section, got {sections!r}")
+        for section in sections:
+            if not isinstance(section, Section):
+                raise ConfigError(f"sections must hold Section objects, got {section!r}")
+    if on_warning is not None:
+        check_callable(on_warning, "on_warning")
+
+
 def render_report(
     path: str | Path,
     *,
@@ -54,7 +72,8 @@ def render_report(
     on_warning: Callable[[str], None] | None = None,
 ) -> str:
     """The report of a run or ablation directory as one HTML string (see :func:`write_report`)."""
-    data = load_report_data(path, on_warning=on_warning)
+    _check_settings(title, max_examples, sections, on_warning)
+    data = load_report_data(check_path(path, "path"), on_warning=on_warning)
     if title is None:
         title = f"attnlab {data.kind} report: {data.task or Path(path).name}"
     ctx = ReportContext(data=data, title=title, max_examples=max_examples, generated=utc_now())
@@ -97,11 +116,15 @@ def write_report(
         ReportError: ``path`` is none of these directories, the runs of a folder of run
             directories differ in task or task options, or a file of a single run
             directory, ``ablation.json`` or ``results.sqlite`` cannot be read.
-        ConfigError: a file stands where a folder above ``out`` must be (checked before
-            anything is read).
+        ConfigError: a file stands where a folder above ``out`` must be, ``out`` is a
+            folder, or a setting is off (an empty ``path``, ``max_examples < 0``, a
+            section that is no :class:`Section`): checked before anything is read.
     """
     if out is not None:
-        check_folder(Path(out).parent, f"report file {out}")
+        out = check_path(out, "out")
+        if out.is_dir():
+            raise ConfigError(f"report file {out} is a folder: name the HTML file to write")
+        check_folder(out.parent, f"report file {out}")
     text = render_report(
         path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
     )
