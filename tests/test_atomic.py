@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from attnlab._atomic import file_mode, make_temp_folder, process_umask, temp_files, write_file
+from attnlab._atomic import (
+    file_mode,
+    make_temp_folder,
+    process_umask,
+    temp_files,
+    write_file,
+    write_text,
+)
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002])
@@ -141,3 +148,11 @@ def test_make_temp_folder_has_a_new_folders_mode(tmp_path, umask):
     assert made.parent == tmp_path and made.name.startswith(".run.tmp-") and made.is_dir()
     assert _mode(made) == _mode(ordinary) == 0o777 & ~umask
     assert make_temp_folder(".run.tmp-", tmp_path) != made  # a unique name each time
+
+
+def test_write_text_writes_utf8_atomically(tmp_path, umask):
+    target = tmp_path / "a.txt"
+    assert write_text(target, "Grüße ||| 世界\n") == target
+    assert target.read_bytes() == "Grüße ||| 世界\n".encode()
+    assert _mode(target) == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]

@@ -14,8 +14,9 @@ process's umask: ``0644`` under the usual ``022``), a new folder ``0777`` less t
 and a file that replaces an existing one keeps that file's mode (a checkpoint the user
 made private stays private).
 
-Used by every writer of the package: the data cache, the lab's JSON and text files, model
-checkpoints and resume states, and the lab's run folders.
+Used by every writer of the package: the data cache and the data writers
+(``write_parallel``, ``write_pharaoh``, ``write_bible_pairs``, the frozen debtags file), the
+lab's JSON and text files, model checkpoints and resume states, and the lab's run folders.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["file_mode", "make_temp_folder", "process_umask", "temp_files", "write_file"]
+__all__ = [
+    "file_mode",
+    "make_temp_folder",
+    "process_umask",
+    "temp_files",
+    "write_file",
+    "write_text",
+]
 
 _TEMP_SUFFIX = ".tmp"
 
@@ -88,6 +96,11 @@ def write_file(target: str | os.PathLike[str], write: Callable[[Path], None]) ->
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+def write_text(target: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``target`` as UTF-8, atomically (:func:`write_file`)."""
+    return write_file(target, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def make_temp_folder(prefix: str, folder: str | os.PathLike[str]) -> Path:

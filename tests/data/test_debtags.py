@@ -132,6 +132,7 @@ def test_malformed_stanza_names_the_line():
 
 def test_freeze_then_load_round_trip(lists_dir, tmp_path):
     dest = freeze_debtags(tmp_path / "frozen" / "d.jsonl.gz", lists_dir=lists_dir)
+    assert [p.name for p in dest.parent.iterdir()] == ["d.jsonl.gz"]  # no temporary file
     raw = gzip.decompress(dest.read_bytes()).decode("utf-8").splitlines()
     header = json.loads(raw[0])
     assert header["format"] == "attnlab-debtags" and header["packages"] == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 from datahelpers import SHARED_DATASETS, needs_shared
@@ -46,6 +47,21 @@ def test_custom_separator_and_write(tmp_path):
     write_parallel(corpus, out)
     assert out.read_text() == "a b ||| c\n"
     assert read_parallel(out).source == corpus.source
+
+
+def test_an_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
+    corpus = read_parallel(io.StringIO("a b ||| c\n"))
+    out = tmp_path / "out.txt"
+    out.write_text("the old corpus\n")
+
+    def killed(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_parallel(corpus, out)
+    assert out.read_text() == "the old corpus\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
 def test_two_files(tmp_path):

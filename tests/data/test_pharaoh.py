@@ -68,6 +68,7 @@ def test_read_write_round_trip(tmp_path):
     write_pharaoh(alignments, path, one_indexed=True)
     assert path.read_text() == "1-1 2p3\n\n1-1 3-2\n"
     assert read_pharaoh(path, one_indexed=True) == alignments
+    assert [p.name for p in tmp_path.iterdir()] == ["out.align"]  # no temporary file left
     buf = io.StringIO()
     write_pharaoh(alignments, buf)
     assert buf.getvalue().startswith("0-0 1p2\n")

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+from attnlab._atomic import write_text
 from attnlab._checks import check_flags, check_path, check_seed
 from attnlab.data._cache import cached
 from attnlab.data._common import _TOKEN as _TOKEN  # simple_tokenize's rules, with spans
@@ -642,4 +643,4 @@ def write_bible_pairs(
     if alignment_path is not None:
         write_pharaoh(corpus.alignments, alignment_path)
     if ids_path is not None:
-        Path(ids_path).write_text("".join(f"{i}\n" for i in corpus.ids), encoding="utf-8")
+        write_text(ids_path, "".join(f"{i}\n" for i in corpus.ids))

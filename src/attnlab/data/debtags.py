@@ -47,6 +47,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from attnlab._atomic import write_file
 from attnlab._checks import check_flags, check_int, check_path, check_seed
 from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
@@ -406,11 +407,15 @@ def freeze_debtags(dest: str | Path | None = None, *, lists_dir: str | Path = LI
     lines += [json.dumps(r, ensure_ascii=False, sort_keys=True) for r in records]
     payload = ("\n".join(lines) + "\n").encode("utf-8")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
-        f.write(payload)
-    tmp.replace(dest)
-    return dest
+
+    def write(tmp: Path) -> None:
+        with (
+            open(tmp, "wb") as raw,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f,
+        ):
+            f.write(payload)
+
+    return write_file(dest, write)
 
 
 def read_frozen(path: str | Path) -> list[dict[str, Any]]:

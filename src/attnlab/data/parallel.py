@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, ClassVar, NamedTuple
 
+from attnlab._atomic import write_text
 from attnlab._checks import check_flags, check_seed
 from attnlab.data._common import DataFormatError, assign_splits
 from attnlab.data._io import Source, open_text, source_name
@@ -204,7 +204,7 @@ def write_parallel(
         for s, t in zip(corpus.source, corpus.target, strict=True)
     )
     if isinstance(target, str | os.PathLike):
-        Path(target).write_text(text, encoding="utf-8")
+        write_text(target, text)  # atomically: an interrupted write keeps the old file
     else:
         target.write(text)
 

@@ -21,9 +21,9 @@ import dataclasses
 import os
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import IO
 
+from attnlab._atomic import write_text
 from attnlab._checks import check_flags
 from attnlab.data._common import DataFormatError
 from attnlab.data._io import Source, open_text, source_name
@@ -183,6 +183,6 @@ def write_pharaoh(
     """Write alignments, one line per pair (``i-j`` sure, ``ipj`` possible)."""
     lines = "".join(a.to_pharaoh(one_indexed=one_indexed) + "\n" for a in alignments)
     if isinstance(target, str | os.PathLike):
-        Path(target).write_text(lines, encoding="utf-8")
+        write_text(target, lines)  # atomically: an interrupted write keeps the old file
     else:
         target.write(lines)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab._atomic import write_file
+from attnlab._atomic import write_text as atomic_write_text
 from attnlab._checks import ConfigError
 
 __all__ = [
@@ -73,7 +73,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     the mode of the file it replaces or of a new file (:mod:`attnlab._atomic`)."""
     path = Path(path)
     try:
-        write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        atomic_write_text(path, text)
     except OSError as error:  # name the file asked for, not the temporary one
         if error.errno is None:
             raise
