@@ -129,3 +129,29 @@ def test_command_reads_a_pipe_and_says_one_line_for_an_unreadable_file(
     out = CliRunner().invoke(aer_command, [str(gold), str(locked)])
     assert out.exit_code == 2
     assert out.output.strip() == f"error: [Errno 13] Permission denied: '{locked}'"
+
+
+@pytest.mark.parametrize(
+    ("predicted", "message"),
+    [
+        (["0-0 1-1"], r"predicted\[0\] must be \(source, target\) links.*parse_pharaoh"),
+        ([[(0, -1)]], r"predicted\[0\] must be .* got \(0, -1\)$"),
+        ([[(0, 1, 2)]], r"predicted\[0\] must be .* got \(0, 1, 2\)$"),
+        ([[(True, 0)]], r"predicted\[0\] must be .* got \(True, 0\)$"),
+        ([[(0.5, 1)]], r"predicted\[0\] must be .* got \(0\.5, 1\)$"),
+        ([5], r"predicted\[0\] must be .* got 5$"),
+    ],
+)
+def test_predicted_links_that_are_not_index_pairs_are_one_line(predicted, message):
+    """Text would be read character by character (``"0-0"``: a link of three values);
+    a bool, a float or a negative index is no word position."""
+    with pytest.raises(TypeError, match=message):
+        alignment_error_rate([Alignment({(0, 0)})], predicted)
+
+
+def test_predicted_links_may_be_lists_and_numpy_ints():
+    import numpy as np
+
+    gold = [Alignment({(0, 0), (1, 1)})]
+    as_lists = alignment_error_rate(gold, [[[0, 0], [np.int64(1), np.int64(1)]]])
+    assert as_lists.aer == 0.0 and as_lists.predicted == 2

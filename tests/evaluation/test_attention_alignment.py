@@ -52,7 +52,8 @@ def test_restrict_to_linked_and_oracle_by_hand() -> None:
     assert restrict_to_linked(links, GOLD) == [{(1, 0)}, {(0, 0), (1, 1)}]
     # oracle: a sure link per linked target word (else a possible one), a wrong one else
     oracle = oracle_argmax_links(GOLD, [2, 3])
-    assert oracle == [{(1, 0), (2, 1)}, {(0, 0), (1, 1), (-3, 2)}]
+    # (the wrong one goes to the source position after the gold's largest: 1 + 1 = 2)
+    assert oracle == [{(1, 0), (2, 1)}, {(0, 0), (1, 1), (2, 2)}]
 
 
 def _fake_corpus() -> SimpleNamespace:
@@ -86,7 +87,7 @@ def test_baseline_aers_diagonal_by_hand() -> None:
     d = out["diagonal"]
     assert (d.predicted, d.sure, d.hits_sure, d.hits_possible) == (6, 4, 4, 5)
     assert d.aer == pytest.approx(1 - 9 / 10)
-    # oracle: pair 0 {(0,0),(2,1)}; pair 1 {(0,0),(0,1),(-3,2),(1,3)}: A=6, A&S=4, A&P=5
+    # oracle: pair 0 {(0,0),(2,1)}; pair 1 {(0,0),(0,1),(2,2),(1,3)}: A=6, A&S=4, A&P=5
     assert out["argmax oracle"].aer == pytest.approx(1 - 9 / 10)
     linked = baseline_aers(_fake_corpus(), "test", eflomal=False, oracle=False, scope="linked")
     # pair 1: target 2 is unlinked -> (1, 2) dropped: A = 5

@@ -58,3 +58,17 @@ def test_symmetrize_final_steps_by_hand() -> None:
 def test_symmetrize_rejects_unknown_method() -> None:
     with pytest.raises(ValueError, match="grow-diag-final"):
         symmetrize(set(), set(), "grow")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), "0.5", 0, 1.5, True])
+def test_threshold_links_refuses_a_threshold_outside_zero_one(bad):
+    with pytest.raises(ValueError, match=r"^threshold must be a number in \(0, 1\], got "):
+        threshold_links(torch.eye(2), bad)
+
+
+def test_symmetrize_refuses_what_is_not_links():
+    with pytest.raises(TypeError, match=r"^source_to_target must be \(source, target\) links"):
+        symmetrize("0-0", {(0, 0)})
+    with pytest.raises(TypeError, match=r"^target_to_source must be .* got \(1, -2\)$"):
+        symmetrize({(0, 0)}, [(1, -2)])
+    assert symmetrize([[0, 0]], [(0, 0)], "intersection") == {(0, 0)}  # lists are pairs too

@@ -63,3 +63,12 @@ def test_compare_to_baseline_pairs_by_seed() -> None:
     assert out["tanh"].diff == pytest.approx((0.05 + 0.06 + 0.03) / 3)
     with pytest.raises(KeyError, match="baseline"):
         compare_to_baseline(scores, "uniform")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_score_that_is_not_finite_is_refused(bad):
+    """NaN made every sign flip compare False: perm_p = 0, "significant" out of nothing."""
+    with pytest.raises(ValueError, match=r"^a and b must be finite scores"):
+        paired_comparison([1.0, bad, 3.0], [2.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"^a and b must be finite scores"):
+        paired_comparison([1.0, 2.0], [bad, 1.0])

@@ -132,3 +132,24 @@ def test_supervision_moves_attention_onto_gold_keys() -> None:
     after = mass()
     assert before < 0.3, before
     assert after > 0.8, after
+
+
+def test_links_to_weights_checks_its_sizes_and_links():
+    for n in ("2", 0, 2.0, True):
+        with pytest.raises(ValueError, match=r"^n_target must be an int >= 1"):
+            links_to_weights([[(0, 0)]], n, 2)
+    with pytest.raises(TypeError, match=r"^links\[1\] must be \(source, target\) links"):
+        links_to_weights([[(0, 0)], "0-0"], 2, 2)
+
+
+def test_negative_or_nan_gold_weights_are_refused():
+    """A negated gold gave a zero loss (every gold cell <= 0 counted as outside the row)."""
+    attention = torch.softmax(torch.randn(2, 3), -1)
+    for gold in (-attention, torch.full((2, 3), math.nan)):
+        with pytest.raises(ValueError, match=r"^gold must be finite and non-negative$"):
+            attention_supervision_loss(attention, gold)
+
+
+def test_an_attention_that_is_not_a_tensor_is_a_type_error():
+    with pytest.raises(TypeError, match=r"^attention must be a torch\.Tensor, got list$"):
+        attention_supervision_loss([[0.5, 0.5]], torch.tensor([[1.0, 0.0]]))

@@ -197,8 +197,10 @@ def test_other_rename_errors_still_raise(tmp_path, monkeypatch):
 # ------------------------------------------------------------- what a run may replace
 
 
-@pytest.mark.parametrize("out_dir", ["", "  ", 5, None])
-def test_an_empty_or_non_path_out_dir_is_refused(tmp_path, monkeypatch, out_dir):
+@pytest.mark.parametrize(
+    ("out_dir", "error"), [("", ConfigError), ("  ", ConfigError), (5, TypeError), (None, None)]
+)
+def test_an_empty_or_non_path_out_dir_is_refused(tmp_path, monkeypatch, out_dir, error):
     """``out_dir=""`` is the working folder: a run there would replace the whole folder."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
@@ -206,7 +208,7 @@ def test_an_empty_or_non_path_out_dir_is_refused(tmp_path, monkeypatch, out_dir)
         train_run("toy", options={"epochs": 1}, out_dir=out_dir, progress=False)
         assert (tmp_path / "notes.txt").read_text() == "mine"
         return
-    with pytest.raises(ConfigError, match="out_dir must"):
+    with pytest.raises(error, match="out_dir must"):
         train_run("toy", options={"epochs": 1}, out_dir=out_dir, progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 

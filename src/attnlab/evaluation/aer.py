@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from attnlab.data.pharaoh import Alignment
-from attnlab.evaluation._measures import Record
+from attnlab.evaluation._measures import Record, as_links
 
 __all__ = ["AERResult", "alignment_error_rate"]
 
@@ -60,10 +60,10 @@ class AERResult(Record):
         )
 
 
-def _links(hyp: Alignment | Iterable[Link]) -> frozenset[Link]:
+def _links(hyp: Alignment | Iterable[Link], name: str) -> frozenset[Link]:
     if isinstance(hyp, Alignment):
         return hyp.possible
-    return frozenset((int(i), int(j)) for i, j in hyp)
+    return as_links(hyp, name)
 
 
 def alignment_error_rate(
@@ -76,7 +76,9 @@ def alignment_error_rate(
         predicted: one alignment per pair: an Alignment (all its links count as predicted)
             or an iterable of 0-indexed ``(source, target)`` links.
 
-    Raises ``ValueError`` when the two sequences have different lengths.
+    Raises ``ValueError`` when the two sequences have different lengths, ``TypeError``
+    when a predicted item is no Alignment and holds something other than links (text
+    such as ``"0-0 1-1"``: parse it with :func:`~attnlab.data.parse_pharaoh`).
     """
     if len(gold) != len(predicted):
         raise ValueError(
@@ -84,10 +86,10 @@ def alignment_error_rate(
             "give one alignment per pair, in the same order"
         )
     n_a = n_s = n_p = hit_s = hit_p = 0
-    for g, h in zip(gold, predicted, strict=True):
+    for k, (g, h) in enumerate(zip(gold, predicted, strict=True)):
         if not isinstance(g, Alignment):
             raise TypeError(f"gold items must be attnlab.data.Alignment, got {type(g).__name__}")
-        a = _links(h)
+        a = _links(h, f"predicted[{k}]")
         s, p = g.sure, g.possible
         n_a += len(a)
         n_s += len(s)

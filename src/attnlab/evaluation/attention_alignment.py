@@ -72,16 +72,17 @@ def oracle_argmax_links(
 ) -> list[frozenset[Link]]:
     """The best links a one-link-per-target-word extraction can give: for each target
     word with a sure (else possible) gold link, its smallest such link; for each unlinked
-    target word, a link to a source position no gold link uses (``-1 - j``: never in the
-    gold, so it counts as predicted and wrong)."""
+    target word, a link to a source position no gold link uses (the one after the largest
+    gold source position: never in the gold, so it counts as predicted and wrong)."""
     out = []
     for g, n in zip(gold, target_lengths, strict=True):
         links = set()
+        unused = 1 + max((i for i, _ in g.possible), default=-1)
         for j in range(n):
             sure = sorted(i for i, t in g.sure if t == j)
             poss = sorted(i for i, t in g.possible if t == j)
             best = sure or poss
-            links.add((best[0], j) if best else (-1 - j, j))
+            links.add((best[0], j) if best else (unused, j))
         out.append(frozenset(links))
     return out
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.evaluation._measures import as_array, check_weights
+from attnlab._checks import check_number
+from attnlab.evaluation._measures import as_array, as_links, check_weights
 
 __all__ = ["SYMMETRIZATIONS", "argmax_links", "symmetrize", "threshold_links"]
 
@@ -60,9 +61,8 @@ def argmax_links(weights: Any, *, transpose: bool = False) -> frozenset[Link]:
 
 
 def threshold_links(weights: Any, threshold: float, *, transpose: bool = False) -> frozenset[Link]:
-    """Every cell with weight >= ``threshold`` (``threshold`` in (0, 1])."""
-    if not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    """Every cell with weight >= ``threshold`` (``threshold`` a number in (0, 1])."""
+    check_number(threshold, "threshold", low=0, high=1, open_low=True, error=ValueError)
     m = _matrix(weights)
     rows, cols = np.nonzero(m >= threshold)
     if transpose:
@@ -84,8 +84,8 @@ def symmetrize(
     """
     if method not in SYMMETRIZATIONS:
         raise ValueError(f"method must be one of {', '.join(SYMMETRIZATIONS)}, got {method!r}")
-    a = frozenset((int(i), int(j)) for i, j in source_to_target)
-    b = frozenset((int(i), int(j)) for i, j in target_to_source)
+    a = as_links(source_to_target, "source_to_target")
+    b = as_links(target_to_source, "target_to_source")
     union = a | b
     if method == "intersection":
         return a & b

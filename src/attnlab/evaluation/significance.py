@@ -79,6 +79,8 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> PairedCompariso
     n = x.size
     if n == 0:
         raise ValueError("no paired scores to compare")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):  # NaN gave perm_p = 0
+        raise ValueError(f"a and b must be finite scores, got {a!r} and {b!r}")
     d = x - y
     diff = float(d.mean())
     sd = float(d.std(ddof=1)) if n > 1 else float("nan")

@@ -32,6 +32,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab._checks import check_int
+from attnlab.evaluation._measures import as_links
+
 __all__ = [
     "DIVERGENCES",
     "SupervisedAttentionLoss",
@@ -49,9 +52,11 @@ def links_to_weights(
     """Gold attention ``[B, n_target, n_source]`` from ``(source, target)`` links per pair:
     row ``j`` is uniform over the source words linked to target word ``j`` (zero if none).
     Links outside the sizes raise ``ValueError``."""
+    check_int(n_target, "n_target", error=ValueError)
+    check_int(n_source, "n_source", error=ValueError)
     out = torch.zeros(len(links), n_target, n_source)
     for b, pair in enumerate(links):
-        for i, j in pair:
+        for i, j in sorted(as_links(pair, f"links[{b}]")):
             if not (0 <= i < n_source and 0 <= j < n_target):
                 raise ValueError(
                     f"link {(i, j)} of pair {b} is outside [0, {n_source}) x [0, {n_target})"
@@ -87,8 +92,10 @@ def attention_supervision_loss(
         raise ValueError(f"kind must be 'weights', 'links' or 'region', got {kind!r}")
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {', '.join(DIVERGENCES)}, got {divergence!r}")
-    if not isinstance(attention, Tensor) or attention.dim() not in (2, 3):
-        shape = tuple(attention.shape) if isinstance(attention, Tensor) else type(attention)
+    if not isinstance(attention, Tensor):
+        raise TypeError(f"attention must be a torch.Tensor, got {type(attention).__name__}")
+    if attention.dim() not in (2, 3):
+        shape = tuple(attention.shape)
         raise ValueError(f"attention has shape {shape}, expected [B, n_k] or [B, n_q, n_k]")
     a = attention.float() if attention.dtype in (torch.float16, torch.bfloat16) else attention
     squeeze = a.dim() == 2
@@ -128,6 +135,8 @@ def _gold(gold: Tensor, kind: str, a: Tensor, attention: Tensor) -> tuple[Tensor
             f"{tuple(attention.shape)}"
         )
     g = g.to(a.dtype)
+    if not bool(torch.isfinite(g).all()) or bool((g < 0).any()):  # -w would give a zero loss
+        raise ValueError("gold must be finite and non-negative")
     return g, g > 0
 
 
