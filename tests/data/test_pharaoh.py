@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 from datahelpers import SHARED_DATASETS, needs_shared
 
 from attnlab.data import DataFormatError
 from attnlab.data.parallel import read_parallel
-from attnlab.data.pharaoh import Alignment, parse_pharaoh, read_pharaoh, write_pharaoh
+from attnlab.data.pharaoh import Alignment, as_links, parse_pharaoh, read_pharaoh, write_pharaoh
 
 
 def test_parse_sure_and_possible():
@@ -152,3 +153,14 @@ def test_alignment_refuses_links_that_are_not_index_pairs(link):
     """(True, 2) was taken as (1, 2); (1, 2, 3) and ('a',) failed to unpack."""
     with pytest.raises(ValueError, match=r"^alignment links must be pairs of non-negative ints"):
         Alignment(sure={link})
+
+
+def test_as_links_takes_pairs_of_non_negative_ints_only():
+    assert as_links([(0, 1), [2, np.int32(3)], (0, 1)], "x") == {(0, 1), (2, 3)}
+    assert as_links(frozenset(), "x") == frozenset()
+    for bad in ("0-1", b"0-1", 3, None):
+        with pytest.raises(TypeError, match=r"^x must be \(source, target\) links"):
+            as_links(bad, "x")
+    for link in ((0,), (0, 1, 2), (-1, 0), (False, 1), (0.0, 1), "01", 5):
+        with pytest.raises(TypeError, match=r"^x must be .*, got "):
+            as_links([link], "x")

@@ -20,7 +20,7 @@ from attnlab.evaluation import (
     monotonicity,
     vqa_correctness,
 )
-from attnlab.evaluation._measures import Record, as_array, as_links, check_paired, check_weights
+from attnlab.evaluation._measures import Record, as_array, check_paired, check_weights
 from attnlab.evaluation.aer import AERResult
 from attnlab.evaluation.significance import PairedComparison
 
@@ -139,14 +139,3 @@ def test_map_measures_refuse_nan_and_negative_weights(measure):
         w[1, 2] = bad
         with pytest.raises(ValueError, match=r"^weights must be finite and non-negative$"):
             call(w)
-
-
-def test_as_links_takes_pairs_of_non_negative_ints_only():
-    assert as_links([(0, 1), [2, np.int32(3)], (0, 1)], "x") == {(0, 1), (2, 3)}
-    assert as_links(frozenset(), "x") == frozenset()
-    for bad in ("0-1", b"0-1", 3, None):
-        with pytest.raises(TypeError, match=r"^x must be \(source, target\) links"):
-            as_links(bad, "x")
-    for link in ((0,), (0, 1, 2), (-1, 0), (False, 1), (0.0, 1), "01", 5):
-        with pytest.raises(TypeError, match=r"^x must be .*, got "):
-            as_links([link], "x")

@@ -91,3 +91,50 @@ def test_coattention_hierarchy_image_scatter() -> None:
     )
     with pytest.raises(ValueError, match="values"):
         plot_scatter([0.1], [0.0, 0.3], xlabel="x", ylabel="y")
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: plot_matrix(np.zeros((0, 3))), ValueError, r"shape \(0, 3\): nothing to draw"),
+        (lambda: plot_matrix(np.full((2, 2), np.nan)), ValueError, "weights must be finite"),
+        (lambda: plot_heads(np.full((1, 2, 2), np.inf)), ValueError, "weights must be finite"),
+        (lambda: plot_matrix(np.eye(2), sure="0-0"), TypeError, "sure must be .*parse_pharaoh"),
+        (lambda: plot_matrix(np.eye(2), possible=[(0, -1)]), TypeError, "possible must be"),
+        (lambda: plot_heads(np.ones((2, 2, 2)), columns=0), ValueError, "columns must be an int"),
+        (lambda: plot_heads(np.ones((2, 2, 2)), columns="2"), ValueError, "columns must be"),
+        (
+            lambda: plot_image_attention(np.ones((4, 4, 3)), np.ones((2, 2)), alpha=2),
+            ValueError,
+            r"alpha must be a number in \[0, 1\], got 2",
+        ),
+        (
+            lambda: plot_scatter([1, 2], [1, 2], xlabel="x", ylabel="y", groups=[1]),
+            ValueError,
+            "groups has 1 entries for 2 points",
+        ),
+    ],
+)
+def test_bad_inputs_are_one_line(call, error, message) -> None:
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_the_png_path(tmp_path: Path, monkeypatch) -> None:
+    """Written atomically into folders made on the way; an empty path or a folder is an
+    error, and the figure is closed either way (no figure leaks in a loop)."""
+    import matplotlib.pyplot as plt
+
+    open_before = plt.get_fignums()
+    target = tmp_path / "new" / "deeper" / "m.png"
+    png = plot_matrix(np.eye(2), path=target)
+    assert target.read_bytes() == png
+    assert [p.name for p in target.parent.iterdir()] == ["m.png"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="path must not be empty"):
+        plot_matrix(np.eye(2), path="")
+    with pytest.raises(ValueError, match="is a folder: name the PNG file"):
+        plot_matrix(np.eye(2), path=tmp_path)
+    with pytest.raises(TypeError, match="sure must be"):
+        plot_matrix(np.eye(2), sure="0-0")
+    assert plt.get_fignums() == open_before

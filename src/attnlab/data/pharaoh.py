@@ -18,6 +18,7 @@ links, and :attr:`Alignment.possible_only` holds the links written with ``p``.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -83,6 +84,30 @@ def _is_link(link: object) -> bool:
         and len(link) == 2
         and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in link)
     )
+
+
+def as_links(links: object, name: str) -> frozenset[Link]:
+    """``links`` (an iterable of ``(source, target)`` pairs of non-negative ints: Python or
+    NumPy ints, not bools; a pair may be a list) as a frozenset of int pairs; otherwise a
+    ``TypeError`` naming ``name`` and the first bad entry: ``"predicted[0] must be
+    (source, target) links, pairs of non-negative ints, got '0'"``. Text is refused whole
+    (``"0-0"`` would be read as its characters): :func:`parse_pharaoh` reads it."""
+    wanted = f"{name} must be (source, target) links, pairs of non-negative ints"
+    if isinstance(links, str | bytes) or not isinstance(links, Iterable):
+        hint = " (parse text with attnlab.data.parse_pharaoh)" if isinstance(links, str) else ""
+        raise TypeError(f"{wanted}, got {links!r}{hint}")
+    out = set()
+    for link in links:
+        pair = tuple(map(_plain_int, link)) if isinstance(link, tuple | list) else None
+        if pair is None or not _is_link(pair):
+            raise TypeError(f"{wanted}, got {link!r}")
+        out.add(pair)
+    return frozenset(out)
+
+
+def _plain_int(k: object) -> object:
+    """A NumPy integer as an int; anything else (a bool too) as it is."""
+    return int(k) if isinstance(k, numbers.Integral) and not isinstance(k, bool) else k
 
 
 def parse_pharaoh(line: str, *, one_indexed: bool = False) -> Alignment:

@@ -1,12 +1,10 @@
-"""Shared parts of the evaluation measures: the result record, the pairing check, the
-conversion of the maps a measure reads (tensors or arrays) to NumPy, and the check of
-alignment links."""
+"""Shared parts of the evaluation measures: the result record, the pairing check, and the
+conversion of the maps a measure reads (tensors or arrays) to NumPy."""
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
-from collections.abc import Iterable, Sized
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
@@ -40,31 +38,6 @@ def as_array(x: Any, dtype: Any = np.float64) -> np.ndarray:
             x = x.float()
         x = x.numpy()
     return np.asarray(x) if dtype is None else np.asarray(x, dtype=dtype)
-
-
-def as_links(links: Any, name: str) -> frozenset[tuple[int, int]]:
-    """``links`` (an iterable of ``(source, target)`` pairs of non-negative ints: Python or
-    NumPy ints, not bools) as a frozenset of int pairs; otherwise a ``TypeError`` naming
-    ``name`` and the first bad entry: ``"predicted[0] must be (source, target) links,
-    pairs of non-negative ints, got '0'"``. Text is refused whole (``"0-0"`` would be read
-    as its characters): parse it with :func:`attnlab.data.parse_pharaoh`."""
-    wanted = f"{name} must be (source, target) links, pairs of non-negative ints"
-    if isinstance(links, str | bytes) or not isinstance(links, Iterable):
-        hint = " (parse text with attnlab.data.parse_pharaoh)" if isinstance(links, str) else ""
-        raise TypeError(f"{wanted}, got {links!r}{hint}")
-    out = set()
-    for link in links:
-        pair = tuple(link) if isinstance(link, tuple | list) else None
-        if (
-            pair is None
-            or len(pair) != 2
-            or not all(
-                isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 0 for k in pair
-            )
-        ):
-            raise TypeError(f"{wanted}, got {link!r}")
-        out.add((int(pair[0]), int(pair[1])))
-    return frozenset(out)
 
 
 def check_weights(a: np.ndarray, name: str = "weights") -> np.ndarray:

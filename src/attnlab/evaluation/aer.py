@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attnlab.data.pharaoh import Alignment
-from attnlab.evaluation._measures import Record, as_links
+from attnlab.data.pharaoh import Alignment, as_links
+from attnlab.evaluation._measures import Record
 
 __all__ = ["AERResult", "alignment_error_rate"]
 

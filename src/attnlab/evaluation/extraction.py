@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from attnlab._checks import check_number
-from attnlab.evaluation._measures import as_array, as_links, check_weights
+from attnlab.data.pharaoh import as_links
+from attnlab.evaluation._measures import as_array, check_weights
 
 __all__ = ["SYMMETRIZATIONS", "argmax_links", "symmetrize", "threshold_links"]
 

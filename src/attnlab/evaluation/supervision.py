@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import check_int
-from attnlab.evaluation._measures import as_links
+from attnlab.data.pharaoh import as_links
 
 __all__ = [
     "DIVERGENCES",

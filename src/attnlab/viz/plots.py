@@ -14,8 +14,10 @@
 * :func:`plot_scatter` -- one point per instance, e.g. Jain & Wallace's max attention vs
   median output change under permutation, or JSD vs TVD.
 
-Every function returns the PNG as bytes and writes it to ``path`` when given. Figures are
-closed after saving, so loops do not leak memory.
+Every function returns the PNG as bytes and writes it to ``path`` when given (atomically,
+the folders above it made; an empty path or a folder is a ``ValueError``). Figures are
+closed after saving, also when saving fails, so loops do not leak memory. A matrix that is
+empty or holds NaN or infinity is refused (a NaN cell would look like an empty one).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnlab._atomic import write_file
+from attnlab._checks import check_int, check_number, check_path
+from attnlab.data.pharaoh import as_links
 
 __all__ = [
     "plot_coattention",
@@ -56,6 +62,10 @@ def _array(x: Any, ndim: int, name: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != ndim:
         raise ValueError(f"{name} has shape {a.shape}, expected {ndim} dimensions")
+    if a.size == 0:
+        raise ValueError(f"{name} has shape {a.shape}: nothing to draw")
+    if not np.isfinite(a).all():  # a NaN cell would be drawn as an empty one
+        raise ValueError(f"{name} must be finite")
     return a
 
 
@@ -67,14 +77,29 @@ def _labels(labels: Sequence[str] | None, n: int, name: str) -> list[str]:
     return [str(s) for s in labels]
 
 
+def _target(path: str | Path | None) -> Path | None:
+    """The PNG file to write (checked before the figure is saved): a path that is not
+    empty and not a folder; the folders above it are made."""
+    if path is None:
+        return None
+    target = check_path(path, "path")
+    if target.is_dir():
+        raise ValueError(f"path {target} is a folder: name the PNG file to write")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
 def _finish(fig: Any, path: str | Path | None) -> bytes:
     plt = _plt()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        target = _target(path)
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     data = buf.getvalue()
-    if path is not None:
-        Path(path).write_bytes(data)
+    if target is not None:
+        write_file(target, lambda tmp: tmp.write_bytes(data))  # atomically
     return data
 
 
@@ -93,9 +118,13 @@ def plot_matrix(
     plt = _plt()
     w = _array(weights, 2, "weights")
     r, c = _labels(rows, w.shape[0], "rows"), _labels(cols, w.shape[1], "cols")
+    marks = [
+        (sorted(as_links(links, name)), marker)  # checked before a figure is opened
+        for links, marker, name in ((sure, "s", "sure"), (possible, "o", "possible"))
+    ]
     fig, ax = plt.subplots(figsize=(max(3.0, 0.35 * len(c) + 1.5), max(2.5, 0.35 * len(r) + 1)))
     ax.imshow(w, cmap="Greys", vmin=0.0, vmax=max(float(w.max()), 1e-9), aspect="auto")
-    for links, marker in ((sure, "s"), (possible, "o")):
+    for links, marker in marks:
         pts = [(i, j) for i, j in links if i < w.shape[1] and j < w.shape[0]]
         if pts:
             xs, ys = zip(*pts, strict=True)
@@ -123,7 +152,7 @@ def plot_heads(
     if H == 0:
         raise ValueError("weights has no heads")
     r, c = _labels(rows, w.shape[1], "rows"), _labels(cols, w.shape[2], "cols")
-    ncol = min(columns, H)
+    ncol = min(check_int(columns, "columns", error=ValueError), H)
     nrow = -(-H // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(3 * ncol, 3 * nrow), squeeze=False)
     for h in range(nrow * ncol):
@@ -221,7 +250,9 @@ def plot_image_attention(
     path: str | Path | None = None,
 ) -> bytes:
     """``image [H, W, 3]`` (floats in [0, 1] or uint8) with ``weights [h, w]`` over a grid of
-    cells (``H``, ``W`` multiples of ``h``, ``w``) overlaid, upsampled by nearest cell."""
+    cells (``H``, ``W`` multiples of ``h``, ``w``) overlaid, upsampled by nearest cell;
+    ``alpha`` (in [0, 1]) is the overlay's opacity."""
+    check_number(alpha, "alpha", low=0, high=1, error=ValueError)
     plt = _plt()
     img = _array(image, 3, "image")
     if img.max() > 1.0:
@@ -256,6 +287,8 @@ def plot_scatter(
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if xs.shape != ys.shape:
         raise ValueError(f"x has {xs.size} values and y {ys.size}")
+    if groups is not None and len(groups) != xs.size:
+        raise ValueError(f"groups has {len(groups)} entries for {xs.size} points")
     fig, ax = plt.subplots(figsize=(4, 3))
     if groups is None:
         ax.scatter(xs, ys, s=8, alpha=0.6)
