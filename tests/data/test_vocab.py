@@ -85,3 +85,21 @@ def test_from_corpus_bad_counts(options, message):
     2 without a word; strings failed in a comparison or a slice."""
     with pytest.raises(ValueError, match=message):
         Vocab.from_corpus([["a", "b"], ["a"]], **options)
+
+
+def test_token_and_decode_refuse_what_is_no_index():
+    """``-1`` used to give the last token and 99 a bare "tuple index out of range"."""
+    import numpy as np
+    import torch
+
+    v = Vocab(["a", "b"])
+    assert v.decode(torch.tensor([2, 3])) == ["a", "b"]  # 0-d tensors, as a loop gives them
+    assert v.decode(np.array([3])) == ["b"] and v.token(np.int64(2)) == "a"
+    for bad in (-1, len(v)):
+        with pytest.raises(IndexError, match=rf"^token index {bad} is outside the vocabulary"):
+            v.token(bad)
+        with pytest.raises(IndexError, match=rf"^token index {bad} is outside"):
+            v.decode([2, bad])
+    for bad in (1.0, True, "a", torch.tensor([1])):
+        with pytest.raises(TypeError, match=r"^a token index must be an int"):
+            v.token(bad)

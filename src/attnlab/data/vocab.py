@@ -10,6 +10,7 @@ then the tokens in the order given. Unknown tokens encode to ``<unk>`` (or raise
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -137,13 +138,27 @@ class Vocab:
     __getitem__ = index
 
     def token(self, index: int) -> str:
-        return self._itos[index]
+        """The token of ``index`` (``0 <= index < len(self)``; a Python, NumPy or 0-d tensor
+        int); anything else is an ``IndexError`` naming it (``-1`` is no token here: a
+        negative index would silently give one from the end)."""
+        n = len(self._itos)
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            if not (hasattr(index, "ndim") and index.ndim == 0 and hasattr(index, "item")):
+                raise TypeError(f"a token index must be an int, got {index!r}")
+            value = index.item()
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"a token index must be an int, got {index!r}")
+            index = value
+        if not 0 <= index < n:
+            raise IndexError(f"token index {int(index)} is outside the vocabulary of {n} tokens")
+        return self._itos[int(index)]
 
     def encode(self, tokens: Iterable[str]) -> list[int]:
         return [self.index(t) for t in tokens]
 
     def decode(self, indices: Iterable[int]) -> list[str]:
-        return [self._itos[int(i)] for i in indices]
+        """The tokens of ``indices`` (:meth:`token` of each)."""
+        return [self.token(i) for i in indices]
 
     def to_json(self) -> dict[str, Any]:
         n = len(self.specials)
