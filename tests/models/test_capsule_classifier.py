@@ -357,3 +357,17 @@ def test_learns_token_determined_labels():
     mean = train_micro_f1("mean")
     assert routing >= 0.95, routing
     assert mean >= 0.9, mean
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"reconstruction": float("nan")}, ConfigError, r"^reconstruction must be a number >= 0"),
+        ({"reconstruction": "0.1"}, ConfigError, r"^reconstruction must be a number >= 0"),
+        ({"reconstruction": -1}, ConfigError, r"^reconstruction must be a number >= 0, got -1$"),
+        ({"orphan": "no"}, TypeError, r"^orphan must be a bool, got 'no'$"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(kw, error, message) -> None:
+    with pytest.raises(error, match=message):
+        tiny(**kw)

@@ -160,3 +160,18 @@ def test_only_reinforce_hard_attention_draws_the_coin(attention, mix, coin) -> N
     assert ("expected" in state) is coin
     torch.manual_seed(5)
     assert torch.equal(torch.rand(1), after) is not coin  # a drawn coin moves the stream
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "message"),
+    [
+        ({"expected_mix": "0.1"}, ConfigError, r"^expected_mix must be a number in \[0, 1\]"),
+        ({"expected_mix": True}, ConfigError, r"^expected_mix must be a number in \[0, 1\]"),
+        ({"expected_mix": float("nan")}, ConfigError, r"^expected_mix must be a number"),
+        ({"region_positions": "no"}, TypeError, r"^region_positions must be a bool"),
+        ({"bos_idx": 2.5}, ConfigError, r"^bos_idx must be an int or None, got 2\.5$"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(kw, error, message) -> None:
+    with pytest.raises(error, match=message):
+        _model(**kw)

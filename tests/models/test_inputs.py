@@ -102,6 +102,9 @@ def test_constructor_checks():
         check_index(5, bos_idx=5)
     with pytest.raises(ConfigError, match=r"pad_idx=-1 is outside \[0, tgt_vocab_size\)"):
         check_index(5, "tgt_vocab_size", pad_idx=-1)
+    for bad in (2.5, True, "3"):  # 2.5 passed the range test and broke at the first lookup
+        with pytest.raises(ConfigError, match=rf"^bos_idx must be an int or None, got {bad!r}$"):
+            check_index(5, bos_idx=bad)
 
 
 def test_dict_spec_splits_off_uniform():

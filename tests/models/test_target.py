@@ -387,3 +387,8 @@ def test_rotatory_attention_picks_the_target_dependent_word():
     assert acc >= 0.97, acc
     mean_acc = _train_target("mean")
     assert mean_acc <= 0.85, mean_acc
+
+
+def test_share_weights_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"^share_weights must be a bool, got 1$"):
+        tiny(share_weights=1)

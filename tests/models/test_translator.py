@@ -377,3 +377,10 @@ def test_attention_learns_to_reverse_and_mean_pooling_does_not() -> None:
     base = _train_reverse("mean")
     assert acc >= 0.8, acc
     assert base <= 0.6, base
+
+
+def test_bad_flags_and_indices_are_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"^input_feeding must be a bool, got 'no'$"):
+        _model(input_feeding="no")
+    with pytest.raises(ConfigError, match=r"^eos_idx must be an int or None, got 2\.5$"):
+        _model(eos_idx=2.5)

@@ -306,3 +306,10 @@ def test_learning_parallel_co_attention_finds_the_region(one_thread):
 def test_learning_mean_baseline_cannot(one_thread):
     acc, _, _ = train_cell_task("mean")
     assert acc < 0.5
+
+
+def test_bad_flags_and_indices_are_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"^region_positions must be a bool, got 'no'$"):
+        tiny(region_positions="no")
+    with pytest.raises(ConfigError, match=r"^padding_idx must be an int or None, got True$"):
+        tiny(padding_idx=True)

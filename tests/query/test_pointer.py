@@ -496,3 +496,10 @@ def test_learns_to_sort_five_numbers() -> None:
     assert untrained < 0.1, untrained
     assert copy < 0.1, copy
     assert trained > 0.9, trained
+
+
+@pytest.mark.parametrize("flag", ["mask_chosen", "eos"])
+def test_the_switches_must_be_bools(flag) -> None:
+    """``eos="no"`` used to switch the end-of-sequence pointer on."""
+    with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got 'no'$"):
+        make_model(**{flag: "no"})

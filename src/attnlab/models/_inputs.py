@@ -191,9 +191,12 @@ def check_sizes(**sizes: Any) -> None:
 
 
 def check_index(vocab_size: int, vocab_name: str = "vocab_size", **indices: int | None) -> None:
-    """Each keyword a token id (``padding_idx``, ``bos_idx``, ...) in ``[0, vocab_size)``,
-    or None (``ConfigError`` "bos_idx=9 is outside [0, vocab_size) = [0, 8)")."""
+    """Each keyword a token id (``padding_idx``, ``bos_idx``, ...): an int (not a bool, not
+    a float) in ``[0, vocab_size)``, or None (``ConfigError`` "bos_idx must be an int or
+    None, got 2.5", "bos_idx=9 is outside [0, vocab_size) = [0, 8)")."""
     for name, index in indices.items():
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+            raise ConfigError(f"{name} must be an int or None, got {index!r}")
         if index is not None and not 0 <= index < vocab_size:
             raise ConfigError(f"{name}={index} is outside [0, {vocab_name}) = [0, {vocab_size})")
 

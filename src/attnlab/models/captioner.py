@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_flags, check_number
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
@@ -162,9 +162,8 @@ class ShowAttendTell(Configurable):
         check_sizes(vocab_size=vocab_size, embed_dim=embed_dim, hidden_size=hidden_size)
         check_sizes(image_size=image_size, grid=grid)
         check_dropout(dropout)
-        if not 0.0 <= expected_mix <= 1.0:
-            raise ConfigError(f"expected_mix must be in [0, 1], got {expected_mix}")
-        self.expected_mix = float(expected_mix)
+        self.expected_mix = check_number(expected_mix, "expected_mix", low=0, high=1)
+        check_flags(region_positions=region_positions)
         check_index(vocab_size, pad_idx=pad_idx, bos_idx=bos_idx, eos_idx=eos_idx)
         self.vocab_size, self.image_size, self.grid = vocab_size, image_size, grid
         self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx

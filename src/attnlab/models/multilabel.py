@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_flags, check_int, check_number
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general.padding import masked_mean
 from attnlab.models._inputs import check_choice, dict_spec, token_mask
@@ -171,8 +171,8 @@ class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("l
     ) -> None:
         super().__init__(vocab_size, encoder, text, num_labels=num_labels, hidden_size=hidden_size)
         check_choice(loss, "loss", (None, "margin", "bce"))
-        if reconstruction < 0:
-            raise ConfigError(f"reconstruction must be >= 0, got {reconstruction}")
+        check_number(reconstruction, "reconstruction", low=0)  # NaN or inf: a NaN loss
+        check_flags(orphan=orphan)
         self.num_labels = int(num_labels)
         self.encoder = MaskedRNN(self.embed_dim, hidden_size, cell=encoder, bidirectional=True)
         self.d_h = self.encoder.out_dim

@@ -30,7 +30,7 @@ from typing import Any, Unpack
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_flags
 from attnlab.feature.rotatory import LCRRotHop, masked_mean
 from attnlab.models._inputs import dict_spec, token_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
@@ -155,6 +155,7 @@ class TargetSentimentClassifier(TextClassifier, default_embed_dim=300, encoder_n
         d_h = self.d_h = self.encoders["left"].out_dim
 
         self.uniform = False
+        check_flags(share_weights=share_weights)
         self.rotatory: LCRRotHop | None = self._make_attention(attention, hops, share_weights)
         self.out_dim = 4 * d_h if self.rotatory is None else self._rotatory_size()
         self.output = nn.Linear(self.out_dim, num_classes)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_flags
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
@@ -167,7 +167,8 @@ class Seq2SeqTranslator(Configurable):
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.pad_idx, self.bos_idx, self.eos_idx = pad_idx, bos_idx, eos_idx
         self.style, self.rnn_type = style, rnn
-        self.input_feeding = bool(input_feeding) and style == "luong"
+        check_flags(input_feeding=input_feeding)
+        self.input_feeding = input_feeding and style == "luong"
         d = hidden_size
         self.d = d
         cell = nn.LSTM if rnn == "lstm" else nn.GRU

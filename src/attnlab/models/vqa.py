@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_flags, check_int
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
 from attnlab.models._inputs import (
     check_choice,
@@ -183,6 +183,7 @@ class VQAModel(Configurable):
         for c_in, c_out in itertools.pairwise(sizes):
             blocks += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         self.cnn = nn.Sequential(*blocks)
+        check_flags(region_positions=region_positions)
         if region_positions:
             self.positions = nn.Parameter(torch.randn(self.num_regions, d) * 0.1)
         else:

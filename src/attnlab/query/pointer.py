@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import (
     ConfigError,
+    check_flags,
     check_int,
     check_module_dtype,
     check_tensor,
@@ -248,8 +249,8 @@ class PointerNetwork(Configurable):
         d_embed = check_int(d_hidden if d_embed is None else d_embed, "d_embed")
         self.d_in, self.d_hidden, self.d_embed = d_in, d_hidden, d_embed
         self.num_layers = num_layers
-        self.mask_chosen = bool(mask_chosen)
-        self.eos = bool(eos)
+        check_flags(mask_chosen=mask_chosen, eos=eos)
+        self.mask_chosen, self.eos = mask_chosen, eos
         self.embed = nn.Linear(d_in, d_embed)
         self.encoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
         self.decoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
