@@ -43,7 +43,7 @@ from attnlab.query.linformer import LinformerAttention
 from attnlab.query.multi_head import MultiHeadAttention
 from attnlab.query.multi_hop import MultiHopAttention
 from attnlab.query.pointer import PointerNetwork
-from attnlab.query.positional import LearnedPositions, RelativePositionAttention
+from attnlab.query.positional import LearnedPositions, RelativePositionAttention, RotaryPositions
 from attnlab.query.reformer import LSHAttention
 from attnlab.query.self_attention import (
     ConstantQuerySelfAttention,
@@ -552,3 +552,23 @@ def test_check_seed_takes_python_and_numpy_ints_only():
         check_seed(1.0, "run seed", error=ConfigError)
     with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$"):
         check_seed(-1, minimum=0)
+
+
+@pytest.mark.parametrize(
+    ("build", "flag"),
+    [
+        (lambda v: LSHAttention(8, 2, restrict_to_bucket=v), "restrict_to_bucket"),
+        (lambda v: RotaryPositions(4, interleaved=v), "interleaved"),
+        (lambda v: RelativePositionAttention(8, 2, share_heads=v), "share_heads"),
+        (lambda v: SynthesizerAttention(8, 2, max_len=5, mix_dot=v), "mix_dot"),
+        (lambda v: TransformerEncoderLayer(8, 2, norm_first=v), "norm_first"),
+        (lambda v: ConcatenatedKeyValueAttention(4, 4, 4, num_queries=2, concat=v), "concat"),
+    ],
+)
+def test_a_switch_of_a_module_must_be_a_bool(build, flag):
+    """``bool("no")`` is True: a switch given as text used to turn the option on."""
+    build(True)
+    build(False)
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got {bad!r}$"):
+            build(bad)

@@ -38,7 +38,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnlab._checks import check_int, check_module_dtype, check_same, check_tensor
+from attnlab._checks import check_flags, check_int, check_module_dtype, check_same, check_tensor
 from attnlab._deprecation import deprecated_aliases, renamed_keywords
 from attnlab.functional import attend
 from attnlab.general.attention import Attention
@@ -316,7 +316,8 @@ class ConcatenatedKeyValueAttention(KeyValueAttention):
         if num_queries is not None:
             check_int(num_queries, "num_queries")
         self.num_queries = num_queries
-        self.concat = bool(concat)
+        check_flags(concat=concat)
+        self.concat = concat
 
     query_rank = (3,)
 

@@ -26,6 +26,7 @@ from attnlab import masks as _masks
 from attnlab._checks import (
     ConfigError,
     check_dropout,
+    check_flags,
     check_int,
     check_module_dtype,
     check_same,
@@ -316,7 +317,8 @@ class RotaryPositions(Configurable):
         if dim % 2:
             raise ConfigError(f"dim must be even (RoPE rotates pairs of features), got {dim}")
         self.base = _check_base(base)
-        self.interleaved = bool(interleaved)
+        check_flags(interleaved=interleaved)
+        self.interleaved = interleaved
 
     def _rotate(self, x: Tensor, name: str, positions: Tensor | None, offset: int) -> Tensor:
         check_tensor(x, name)
@@ -552,7 +554,8 @@ class RelativePositionAttention(ProjectedHeadAttention):
             )
         self.align = entry.cls()
         self.max_distance = max_distance
-        self.share_heads = bool(share_heads)
+        check_flags(share_heads=share_heads)
+        self.share_heads = share_heads
         tables = 1 if self.share_heads else num_heads
         rows = 2 * max_distance + 1
         std = 1.0 / math.sqrt(head_dim)

@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_flags, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.masks import normalize_mask
@@ -164,7 +164,8 @@ class LSHAttention(ProjectedHeadAttention):
                     f"got {num_buckets}"
                 )
         self.num_buckets = num_buckets
-        self.restrict_to_bucket = bool(restrict_to_bucket)
+        check_flags(restrict_to_bucket=restrict_to_bucket)
+        self.restrict_to_bucket = restrict_to_bucket
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed must be an int or None, got {seed!r}")
         self.seed = seed

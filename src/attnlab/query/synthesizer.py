@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_choice, check_int
+from attnlab._checks import ConfigError, check_choice, check_flags, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.output import AttentionOutput
@@ -131,7 +131,8 @@ class SynthesizerAttention(ProjectedHeadAttention):
         super().__init__(d_model, num_heads, head_dim, inputs=("v",), dropout=dropout, bias=bias)
         self.max_len = check_int(max_len, "max_len")
         self.mode = check_choice(mode, "mode", MODES)
-        self.mix_dot = bool(mix_dot)
+        check_flags(mix_dot=mix_dot)
+        self.mix_dot = mix_dot
         H, L, hd = num_heads, max_len, self.head_dim
 
         if mode in ("dense", "factorized-dense"):

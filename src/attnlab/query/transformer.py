@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
+from attnlab._checks import ConfigError, check_flags, check_int, check_module_dtype, check_tensor
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import check_dropout
@@ -159,7 +159,8 @@ class _Layer(Configurable):
         super().__init__()
         self.d_model = check_int(d_model, "d_model")
         check_int(dim_feedforward, "dim_feedforward")
-        self.norm_first = bool(norm_first)
+        check_flags(norm_first=norm_first)
+        self.norm_first = norm_first
         self.activation = _activation(activation)
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)
         self.dropout = nn.Dropout(check_dropout(dropout))
