@@ -412,11 +412,18 @@ def test_bad_calls_are_one_line_errors():
         ({"head_dim": 0}, r"^head_dim must be an int >= 1, got 0$"),
         ({"dropout": 1.0}, r"^dropout must be in \[0, 1\), got 1.0$"),
         ({"negative_slope": "0.2"}, r"^negative_slope must be a number, got '0.2'$"),
+        ({"negative_slope": float("nan")}, r"^negative_slope must be a finite number, got nan$"),
     ],
 )
 def test_bad_configurations_are_config_errors(kwargs, match):
     with pytest.raises(attnlab.ConfigError, match=match):
         GraphAttention(D, **kwargs)
+
+
+@pytest.mark.parametrize("flag", ["concat", "self_loops"])
+def test_the_switches_must_be_bools(flag):
+    with pytest.raises(TypeError, match=rf"^{flag} must be a bool, got 'no'$"):
+        GraphAttention(D, **{flag: "no"})
 
 
 # ----------------------------------------------------------------------------- learning

@@ -97,6 +97,9 @@ def test_sinusoidal_module_adds_the_table() -> None:
         m(x, offset=-1)
     with pytest.raises(ConfigError, match="base"):
         SinusoidalPositions(4, base=1.0)
+    for bad in (float("nan"), "2", True):  # "2" was read as 2.0, NaN made every position NaN
+        with pytest.raises(ConfigError, match=r"^scale must be a finite number, got "):
+            SinusoidalPositions(4, scale=bad)
 
 
 def test_sinusoidal_gradcheck() -> None:

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_choice, check_int
+from attnlab._checks import ConfigError, check_choice, check_flags, check_int, check_number
 from attnlab.general.attention import Attention
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
 from attnlab.general.scoring import AdditiveScore
@@ -163,10 +163,12 @@ class GraphAttention(HeadAttention):
         check_choice(version, "version", VERSIONS)
         if isinstance(negative_slope, bool) or not isinstance(negative_slope, int | float):
             raise ConfigError(f"negative_slope must be a number, got {negative_slope!r}")
+        check_number(negative_slope, "negative_slope")  # NaN would make every score NaN
+        check_flags(concat=concat, self_loops=self_loops)
         if not concat and head_dim is None:
             head_dim = check_int(d_model, "d_model")
         hd = self._init_heads(d_model, num_heads, head_dim)
-        self.concat, self.version, self.self_loops = bool(concat), version, bool(self_loops)
+        self.concat, self.version, self.self_loops = concat, version, self_loops
         self.negative_slope = float(negative_slope)
         self.dropout = check_dropout(dropout)
         self.out_dim = num_heads * hd if concat else hd

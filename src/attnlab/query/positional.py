@@ -29,6 +29,7 @@ from attnlab._checks import (
     check_flags,
     check_int,
     check_module_dtype,
+    check_number,
     check_same,
     check_tensor,
 )
@@ -145,7 +146,7 @@ class SinusoidalPositions(Configurable):
         super().__init__()
         self.d_model = check_int(d_model, "d_model")
         self.base = _check_base(base)
-        self.scale = float(scale)
+        self.scale = check_number(scale, "scale")
         self.dropout = check_dropout(dropout)
 
     def encoding(self, n: int, offset: int = 0, *, dtype=None, device=None) -> Tensor:
