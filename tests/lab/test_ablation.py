@@ -482,3 +482,13 @@ def test_resume_after_sigkill(tmp_path):
 
 def test_ablation_module_exports():
     assert set(ablation_mod.__all__) <= set(dir(ablation_mod))
+
+
+def test_the_command_names_a_plugin_that_cannot_be_imported(tmp_path):
+    res = CliRunner().invoke(
+        ablate_command,
+        ["toy", "-a", "tanh", "--plugin", "no_such_plugin_xyz", "--out", str(tmp_path / "a")],
+    )
+    assert res.exit_code == 2, res.output
+    assert "plugin 'no_such_plugin_xyz' cannot be imported" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "a").exists()

@@ -939,7 +939,7 @@ def ablate_command(
     """
     try:
         import_plugins(plugins, (os.getcwd(),))
-    except ImportError as err:
+    except (ImportError, ConfigError) as err:  # a plugin that is not there: ConfigError
         raise click.BadParameter(str(err), param_hint="--plugin") from err
     # also a damaged results store or run file; missing data (exit 1) is checked once,
     # before the ablation directory is made
