@@ -138,7 +138,7 @@ def test_bad_split():
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"split": "valid"}, ValueError, r"split must be 'train', 'dev', 'test' or None"),
+        ({"split": "valid"}, ValueError, r"split must be one of 'train', 'dev', 'test' or None"),
         ({"fractions": (0.5, float("nan"), 0.5)}, ValueError, r"fractions must be three"),
         ({"seed": 1.5}, TypeError, r"seed must be an int, got 1\.5"),
         ({"keep_conflict": "no"}, TypeError, r"keep_conflict must be a bool, got 'no'"),

@@ -15,6 +15,7 @@ from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
     assign_splits,
+    check_split,
     first_of_each,
     number_in_range,
     package_file,
@@ -210,3 +211,15 @@ def test_assign_splits_refuses_a_string_of_groups():
 def test_simple_tokenize_refuses_non_text(text):
     with pytest.raises(TypeError, match=r"^text must be a str, got "):
         simple_tokenize(text)
+
+
+def test_check_split_lists_the_splits_in_their_order():
+    check_split(None)
+    check_split("dev")
+    with pytest.raises(
+        ValueError, match=r"^split must be one of 'train', 'dev', 'test' or None, got 'valid'$"
+    ):
+        check_split("valid")
+    with pytest.raises(ValueError, match=r"^split must be one of 'train', 'test', got None$"):
+        check_split(None, ("train", "test"), none=False)
+    check_split("test", ("train", "test"), none=False)

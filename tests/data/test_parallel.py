@@ -103,7 +103,7 @@ def test_wpt2003_enfr():
     [
         ({"separator": None}, ValueError, r"separator must be a non-empty string, got None"),
         ({"separator": ""}, ValueError, r"separator must be a non-empty string, got ''"),
-        ({"split": "valid"}, ValueError, r"split must be 'train', 'dev', 'test' or None"),
+        ({"split": "valid"}, ValueError, r"split must be one of 'train', 'dev', 'test' or None"),
         ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
         ({"lower": "no"}, TypeError, r"lower must be a bool, got 'no'"),
         ({"allow_empty": 1}, TypeError, r"allow_empty must be a bool, got 1"),

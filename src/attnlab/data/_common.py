@@ -255,10 +255,16 @@ def first_of_each(items: Iterable[T], key: Callable[[T], Hashable]) -> list[T]:
     return out
 
 
-def check_split(split: str | None, available: Iterable[str]) -> None:
-    names = sorted(set(available))
-    if split is not None and split not in names:
-        raise ValueError(f"split must be one of {names} or None, got {split!r}")
+def check_split(
+    split: str | None, available: Iterable[str] = SPLIT_NAMES, *, none: bool = True
+) -> None:
+    """``split`` one of ``available`` (in their order), or None where ``none``; otherwise a
+    ``ValueError``: ``"split must be one of 'train', 'dev', 'test' or None, got 'valid'"``
+    (without ``or None`` where ``none=False``)."""
+    names = tuple(dict.fromkeys(available))
+    if not (split in names or (none and split is None)):
+        listed = ", ".join(repr(n) for n in names) + (" or None" if none else "")
+        raise ValueError(f"split must be one of {listed}, got {split!r}")
 
 
 def env_path(name: str) -> Path | None:

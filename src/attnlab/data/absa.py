@@ -26,7 +26,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from attnlab._checks import check_flags, check_seed
-from attnlab.data._common import DataFormatError, assign_splits, check_fractions, simple_tokenize
+from attnlab.data._common import (
+    DataFormatError,
+    assign_splits,
+    check_fractions,
+    check_split,
+    simple_tokenize,
+)
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import TargetDataset
 
@@ -54,8 +60,7 @@ def read_semeval_absa(
         lower: lower-case the tokens (``texts`` stay as written).
         seed, fractions: the seeded split, where there is one.
     """
-    if split is not None and split not in ("train", "dev", "test"):
-        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_split(split)
     check_seed(seed)
     check_fractions(fractions)
     check_flags(keep_conflict=keep_conflict, lower=lower)

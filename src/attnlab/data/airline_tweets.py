@@ -125,7 +125,7 @@ def _check_options(
 ) -> None:
     """The loaders' options, checked before the file is read: ``min_confidence`` is a
     confidence, a number in [0, 1]."""
-    check_split(split, ("train", "dev", "test"))
+    check_split(split)
     check_number(min_confidence, "min_confidence", low=0, high=1)
     check_seed(seed)
     check_fractions(fractions)

@@ -541,7 +541,7 @@ def load_debtags(
     a blank line and the long description. ``ids`` are package names, ``groups`` source
     package names; the split (``seed``, ``fractions``) is by source package.
     """
-    check_split(split, ("train", "dev", "test"))
+    check_split(split)
     check_int(min_count, "min_count", 1, error=ValueError)
     if max_labels is not None:
         check_int(max_labels, "max_labels", 1, error=ValueError, wording="an int >= 1 or None")

@@ -36,9 +36,11 @@ import numpy as np
 from attnlab._checks import check_number, check_seed
 from attnlab.data._cache import cache_dir, write_atomic
 from attnlab.data._common import (
+    SPLIT_NAMES,
     DataFormatError,
     MissingDataError,
     assign_splits,
+    check_split,
     package_file,
     package_version,
 )
@@ -130,8 +132,7 @@ class EasyVQA:
     version: str
 
     def split(self, name: str) -> VQASplit:
-        if name not in ("train", "dev", "test"):
-            raise ValueError(f"split must be 'train', 'dev' or 'test', got {name!r}")
+        check_split(name, SPLIT_NAMES, none=False)
         return getattr(self, name)
 
 

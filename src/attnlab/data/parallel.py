@@ -20,7 +20,7 @@ from typing import IO, ClassVar, NamedTuple
 
 from attnlab._atomic import write_text
 from attnlab._checks import check_flags, check_seed
-from attnlab.data._common import DataFormatError, assign_splits
+from attnlab.data._common import DataFormatError, assign_splits, check_split
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import _Columns
 
@@ -81,8 +81,7 @@ class ParallelCorpus(_Columns):
 
 def _check_options(split: str | None, seed: int, **flags: bool) -> None:
     """The readers' options, checked before a file is opened."""
-    if split is not None and split not in ("train", "dev", "test"):
-        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_split(split)
     check_seed(seed)
     check_flags(**flags)
 

@@ -60,7 +60,7 @@ def load_rotten_tomatoes(
         dedupe: keep one copy of repeated snippets.
         cache: also cache the parsed file on disk (it is always cached in the process).
     """
-    check_split(split, ("train", "dev", "test"))
+    check_split(split)
     check_seed(seed)
     check_fractions(fractions)
     check_flags(dedupe=dedupe, cache=cache)

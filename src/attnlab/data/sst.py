@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab._checks import check_flags, check_seed
-from attnlab.data._common import DataFormatError, assign_splits, check_fractions
+from attnlab.data._common import DataFormatError, assign_splits, check_fractions, check_split
 from attnlab.data._io import Source, open_text, source_name
 from attnlab.data.containers import TextDataset, _Columns, _tuplify
 
@@ -258,8 +258,7 @@ def read_sst_trees(
     stem = Path(where).name.split(".")[0].lower()
     if split is None and stem in ("train", "dev", "test"):
         split = stem
-    if split is not None and split not in ("train", "dev", "test"):
-        raise ValueError(f"split must be 'train', 'dev', 'test' or None, got {split!r}")
+    check_split(split)
     check_seed(seed)
     check_fractions(fractions)
     check_flags(lower=lower, binarize=binarize, unescape=unescape)

@@ -250,7 +250,7 @@ def _checked_ratings(
     """Check the loaders' arguments (before any file is read); the label names and the
     parsed ratings."""
     _check_source(source, allowed)
-    check_split(split, ("train", "dev", "test"))
+    check_split(split)
     names = _label_names(labels)
     check_number(threshold, "threshold", low=0, high=4, open_high=True)
     check_seed(seed)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from attnlab.data._common import check_split
 from attnlab.data.pharaoh import Alignment
 from attnlab.evaluation.aer import AERResult, alignment_error_rate
 from attnlab.evaluation.aligners import diagonal_alignment, eflomal_directions
@@ -152,8 +153,7 @@ def baseline_aers(
     "eflomal intersection": ..., "eflomal grow-diag-final-and": ..., "argmax oracle": ...}``
     (:class:`~attnlab.evaluation.aer.AERResult` each).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_split(split, SPLITS, none=False)
     part = translation_part(corpus, split)
     gold = list(part.alignments)
     out: dict[str, AERResult] = {}

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_choice, check_int, check_number
+from attnlab.data._common import SPLIT_NAMES, check_split
 from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.registry import register
 
@@ -98,8 +99,7 @@ class TaskData:
     info: dict[str, Any] = field(default_factory=dict)
 
     def split(self, name: str) -> Any:
-        if name not in ("train", "dev", "test"):
-            raise ValueError(f"split must be 'train', 'dev' or 'test', got {name!r}")
+        check_split(name, SPLIT_NAMES, none=False)
         return getattr(self, name)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.data._common import check_split
 from attnlab.evaluation.aer import AERResult
 from attnlab.evaluation.attention_alignment import (
     EXTRACTIONS,
@@ -103,8 +104,7 @@ def translator_aer(
     """
     if extraction not in EXTRACTIONS:
         raise ValueError(f"extraction must be one of {', '.join(EXTRACTIONS)}, got {extraction!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_split(split, SPLITS, none=False)
     task, data, model = _load_run(run_dir, _cache)
     part = translation_part(data, split)
     matrices = task.attention_matrices(model, data, split)
