@@ -292,3 +292,12 @@ def test_a_job_carries_its_precision_to_train_run(tmp_path, toy_task_module):
     outcome = executors.execute_job(job)
     assert outcome.status == "done", outcome.error
     assert json.loads((Path(outcome.run_dir) / "run.json").read_text())["precision"] == "bf16"
+
+
+def test_a_bad_device_name_is_one_short_line():
+    """torch's own message lists two dozen backends; the line says what to type instead."""
+    with pytest.raises(ConfigError) as caught:
+        resolve_device("tpu")
+    assert str(caught.value) == (
+        "device 'tpu' is not a device name (try 'auto', 'cpu', 'cuda' or 'cuda:0')"
+    )

@@ -209,9 +209,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as error:
+        # torch's "Expected one of cpu, cuda, ipu, xpu, ..." lists two dozen backends
+        detail = "" if str(error).startswith("Expected one of") else f": {error}"
         raise ConfigError(
             f"device {device!r} is not a device name (try 'auto', 'cpu', 'cuda' or "
-            f"'cuda:0'): {error}"
+            f"'cuda:0'){detail}"
         ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
