@@ -352,3 +352,14 @@ def test_every_function_documents_its_shapes_and_cost(name):
     doc = getattr(AF, name).__doc__ or ""
     assert re.search(r"``\[|\[B, |shape of", doc), f"{name}: no shapes in the docstring"
     assert "O(" in doc, f"{name}: no cost O(...) in the docstring"
+
+
+def test_attend_need_weights_must_be_a_bool_and_score_a_name() -> None:
+    """``need_weights="no"`` computed the weights (and ``1`` / ``None`` were taken as
+    switches); ``score=5`` failed with ``'int' object has no attribute 'lower'``."""
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    for flag in ("no", 1, None):
+        with pytest.raises(TypeError, match=r"^need_weights must be a bool, got"):
+            AF.attend(q, k, v, need_weights=flag)
+    with pytest.raises(TypeError, match=r"^score must be the name of a registered score, got int$"):
+        AF.attend(q, k, v, score=5)

@@ -46,6 +46,22 @@ def check_int(
     return value
 
 
+def check_optional_int(
+    value: object,
+    name: str,
+    minimum: int = 1,
+    *,
+    error: type[Exception] = ConfigError,
+    owner: str | None = None,
+    wording: str | None = None,
+) -> int | None:
+    """``None`` (an optional size left out), or ``value`` checked by :func:`check_int` with
+    the same arguments: ``d_v=None`` is fine, ``d_v=2.5`` is refused, not ignored."""
+    if value is None:
+        return None
+    return check_int(value, name, minimum, error=error, owner=owner, wording=wording)
+
+
 def check_positive(value: object, name: str, *, error: type[Exception] = ConfigError) -> float:
     """``value`` as a float, when it is a finite real number ``> 0`` (a temperature, a
     concentration, a data range, a tolerance); otherwise ``error`` (a ``ConfigError``

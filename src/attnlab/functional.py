@@ -24,7 +24,7 @@ from torch import Tensor
 
 from attnlab import masks as _masks
 from attnlab import registry
-from attnlab._checks import batched_query, check_keys, check_same, check_values
+from attnlab._checks import batched_query, check_flags, check_keys, check_same, check_values
 from attnlab.general.alignment import gumbel_softmax_align as gumbel_softmax_align
 from attnlab.general.alignment import masked_softmax as masked_softmax
 from attnlab.general.alignment import reinforce_loss as reinforce_loss
@@ -179,8 +179,12 @@ def attend(
     Returns an :class:`AttentionOutput` (``context`` ``[B, n_q, d_v]`` or ``[B, d_v]``).
     Cost: the score's (O(B n_q n_k d) for the dot-product forms) plus O(B n_q n_k d_v) for
     the weighted sum; memory O(B n_q n_k), or O(B n_q d_v) on the fused kernel without
-    weights.
+    weights. ``score`` must be a name (``TypeError`` otherwise) and ``need_weights`` a bool
+    (``TypeError``: ``"no"`` would switch it on).
     """
+    if not isinstance(score, str):
+        raise TypeError(f"score must be the name of a registered score, got {type(score).__name__}")
+    check_flags(need_weights=need_weights)
     entry = registry.get("score", score)
     caps = score_class_capabilities(entry.cls)
     q3, single, n_q = _batched_inputs(entry.name, caps, q, k, v)

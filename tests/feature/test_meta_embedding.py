@@ -432,3 +432,27 @@ def test_meta_embedding_learns_to_weight_the_reliable_table(cls):
     base = _fit_and_score(_AverageModel(ta, tb), train, test)
     assert acc >= 0.93, (acc, base)
     assert base <= 0.85, (acc, base)
+
+
+@pytest.mark.parametrize("freeze", ["no", 1, None])
+def test_meta_embedding_freeze_must_be_a_bool(freeze: object) -> None:
+    """``freeze="no"`` froze the pretrained vectors (a truthy string)."""
+    with pytest.raises(TypeError, match=r"^freeze must be a bool, got"):
+        DME([torch.randn(5, 3)], 4, freeze=freeze)
+
+
+@pytest.mark.parametrize(
+    ("oov_index", "error", "message"),
+    [
+        (True, attnlab.ConfigError, r"^oov_index must be an int >= -1, got True$"),
+        (-2, attnlab.ConfigError, r"^oov_index must be an int >= -1, got -2$"),
+        ([0, 2.5], attnlab.ConfigError, r"^oov_index\[1\] must be an int >= -1, got 2\.5$"),
+        (2.5, TypeError, r"^oov_index must be an int, a list .*got float$"),
+        ("3", TypeError, r"^oov_index must be an int, a list .*got str$"),
+    ],
+)
+def test_meta_embedding_oov_index_is_an_id(oov_index: object, error: type, message: str) -> None:
+    """``True`` was taken as id 1, ``"3"`` as the list ``["3"]``, ``2.5`` failed with
+    ``'float' object is not iterable``."""
+    with pytest.raises(error, match=message):
+        CDME([(10, 3), (10, 3)][: 2 if isinstance(oov_index, list) else 1], 4, oov_index=oov_index)

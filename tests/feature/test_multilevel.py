@@ -1042,3 +1042,64 @@ def test_ava_query_learns_character_in_word_found_by_word_attention():
     target = (wid == q[:, None]).long().argmax(1)
     on_target = out.extras["word_weights"][torch.arange(len(q)), target].mean().item()
     assert on_target > 0.8, on_target  # uniform: 1 / 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"d_in": True}, attnlab.ConfigError, r"^MaskedRNN: d_in must be an int >= 1, got True$"),
+        (
+            {"hidden": 2.5},
+            attnlab.ConfigError,
+            r"^MaskedRNN: hidden must be an int >= 1, got 2\.5$",
+        ),
+        ({"hidden": 0}, attnlab.ConfigError, r"^MaskedRNN: hidden must be an int >= 1, got 0$"),
+        ({"bidirectional": "no"}, TypeError, r"^bidirectional must be a bool, got 'no'$"),
+        ({"bidirectional": None}, TypeError, r"^bidirectional must be a bool, got None$"),
+    ],
+)
+def test_masked_rnn_checks_its_settings(kwargs: dict, error: type, message: str) -> None:
+    """``bidirectional="no"`` built a bidirectional RNN, ``True`` a size-1 one, and other
+    bad sizes failed inside ``nn.GRU``."""
+    with pytest.raises(error, match=message):
+        MaskedRNN(**{"d_in": 4, "hidden": 3, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"encoder_hidden": 0}, "encoder_hidden"),
+        ({"encoder_hidden": 2.5}, "encoder_hidden"),
+        ({"encoder": "bigru", "encoder_hidden": True}, "encoder_hidden"),
+        ({"score": "dot", "query_dim": 0}, "query_dim"),
+        ({"query_dim": "3"}, "query_dim"),
+    ],
+)
+def test_hierarchical_sizes_are_positive_ints(kwargs: dict, name: str) -> None:
+    """``encoder_hidden`` / ``query_dim`` were read as ``x or default``: 0 fell back to the
+    default silently, and with the query-less score they were never looked at."""
+    with pytest.raises(attnlab.ConfigError, match=rf"^{name} must be an int >= 1, got"):
+        HierarchicalAttention(4, **kwargs)
+
+
+@pytest.mark.parametrize(("name", "value"), [("d_q", True), ("d_char", "4"), ("d_word", 2.5)])
+def test_attention_via_attention_sizes_are_positive_ints(name: str, value: object) -> None:
+    """``d_q=True`` built a 1-wide query; other bad sizes were reported under the score's
+    own names (``d_k``) or failed in ``d_q + d_vw``."""
+    kwargs = {"d_q": 4, "d_char": 4, name: value}
+    with pytest.raises(
+        attnlab.ConfigError, match=rf"^AttentionViaAttention: {name} must be an int >= 1, got"
+    ):
+        AttentionViaAttention(**kwargs)
+
+
+def test_char_word_map_and_hierarchy_mask_sizes_are_ints() -> None:
+    """``n_chars=2.5`` was reported as offsets outside ``[0, 2.5]``; ``sizes=[2.5]`` was cut
+    to 2 by ``int()``."""
+    offsets = torch.tensor([[0, 2], [0, 3]])
+    with pytest.raises(ValueError, match=r"^n_chars must be an int >= 0, got 2\.5$"):
+        char_word_map(n_chars=2.5, word_offsets=offsets)
+    with pytest.raises(ValueError, match=r"^batch must be an int >= 0, got True$"):
+        char_word_map(n_chars=5, word_offsets=offsets, batch=True)
+    with pytest.raises(ValueError, match=r"^sizes\[0\] must be an int >= 0, got 2\.5$"):
+        hierarchy_mask([torch.tensor([2, 1])], sizes=[2.5])

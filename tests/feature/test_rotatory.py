@@ -306,3 +306,18 @@ def test_stochastic_alignment_log_prob_is_carried():
     out.log_prob.sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in hard.parameters())
     assert LCRRotHop(6)(*parts).log_prob is None
+
+
+@pytest.mark.parametrize("share_weights", ["no", 1, None])
+def test_lcr_rot_hop_share_weights_must_be_a_bool(share_weights: object) -> None:
+    """``share_weights="no"`` shared the weights (a truthy string)."""
+    with pytest.raises(TypeError, match=r"^share_weights must be a bool, got"):
+        LCRRotHop(4, hops=2, share_weights=share_weights)
+
+
+@pytest.mark.parametrize(("name", "value"), [("d_c", 2.5), ("d_c", True), ("d_t", 0), ("d_t", "4")])
+def test_lcr_rot_hop_sizes_are_positive_ints(name: str, value: object) -> None:
+    """With a size-free score (``dot``) ``d_c=2.5`` was accepted (``out_dim`` 2 d_c + 2 d_t
+    a float); with the default score the error named the score's ``d_q``."""
+    with pytest.raises(attnlab.ConfigError, match=rf"^{name} must be an int >= 1, got"):
+        LCRRotHop(**{"d_c": 4, name: value}, score="dot")

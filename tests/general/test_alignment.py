@@ -27,6 +27,7 @@ from attnlab.general.alignment import (
     gumbel_softmax_align,
     hard_align,
     local_align,
+    local_window,
     masked_softmax,
     reinforce_loss,
     soft_align,
@@ -1117,3 +1118,65 @@ def test_reinforced_attention_learns_to_select_the_informative_key():
     assert ratio < 0.3, ratio
     assert acc > 0.95, acc
     assert base < 0.65, base
+
+
+@pytest.mark.parametrize("gaussian", ["no", 1, None])
+def test_local_alignments_gaussian_must_be_a_bool(gaussian: object) -> None:
+    """``gaussian="no"`` switched the Gaussian factor on."""
+    with pytest.raises(TypeError, match=r"^gaussian must be a bool, got"):
+        LocalMAlign(gaussian=gaussian)
+    with pytest.raises(TypeError, match=r"^gaussian must be a bool, got"):
+        LocalPAlign(d_q=4, gaussian=gaussian)
+
+
+@pytest.mark.parametrize(
+    ("build", "name"),
+    [
+        (lambda: LocalPAlign(d_q=True), "d_q"),
+        (lambda: LocalPAlign(d_q=2.5), "d_q"),
+        (lambda: LocalPAlign(d_q=4, d_p=0), "d_p"),
+        (lambda: LocalPAlign(d_q=4, d_p="3"), "d_p"),
+        (lambda: ReinforcedAlign(d_k=0), "d_k"),
+        (lambda: ReinforcedAlign(d_k=2.5), "d_k"),
+        (lambda: ReinforcedAlign(d_k=4, d_h=True), "d_h"),
+        (lambda: ReinforcedAlign(d_k=4, d_h=0), "d_h"),
+    ],
+)
+def test_alignment_sizes_are_positive_ints(build, name: str) -> None:
+    """Sizes reached ``nn.Linear`` unchecked: a deep torch error, a ZeroDivisionError, or
+    (``d_k=0``, ``True``) a silently degenerate policy."""
+    with pytest.raises(ConfigError, match=rf": {name} must be a positive int, got"):
+        build()
+
+
+@pytest.mark.parametrize("init_keep", ["0.1", True, float("nan"), float("inf")])
+def test_reinforced_init_keep_must_be_a_number_in_the_open_unit_interval(init_keep) -> None:
+    """``"0.1"`` raised a bare ``'<' not supported`` TypeError that named nothing."""
+    with pytest.raises(ConfigError, match=r"^init_keep must be a number in \(0, 1\), got"):
+        ReinforcedAlign(d_k=3, init_keep=init_keep)
+
+
+def test_alignment_functions_switches_must_be_bools() -> None:
+    """A truthy string switched the option on instead of raising."""
+    e = torch.randn(2, 3, 5)
+    with pytest.raises(TypeError, match=r"^gaussian must be a bool, got 'no'$"):
+        local_align(e, torch.zeros(2, 3), 2, gaussian="no")
+    with pytest.raises(TypeError, match=r"^sample must be a bool, got 'no'$"):
+        hard_align(e, sample="no")
+    with pytest.raises(TypeError, match=r"^hard must be a bool, got None$"):
+        gumbel_softmax_align(e, hard=None)
+
+
+@pytest.mark.parametrize(("D", "n_k"), [(2.5, 5), (True, 5), (0, 5), (2, -1), (2, 2.5)])
+def test_local_window_checks_its_sizes(D: object, n_k: object) -> None:
+    """``D=2.5`` and ``True`` gave windows that no alignment uses, ``n_k=2.5`` a
+    fractional arange, ``n_k=-1`` a deep RuntimeError."""
+    with pytest.raises(ValueError, match=r"(D \(the half window width\)|n_k) must be an int"):
+        local_window(torch.zeros(2, 3), D, n_k)
+
+
+@pytest.mark.parametrize("baseline", [float("nan"), float("inf"), "0.1", True])
+def test_reinforce_loss_number_baseline_must_be_finite(baseline: object) -> None:
+    """A NaN baseline made the loss NaN silently; text and True raised deep errors."""
+    with pytest.raises(ValueError, match=r"^baseline must be a finite number, got"):
+        reinforce_loss(torch.randn(2, 3), torch.ones(2), baseline)

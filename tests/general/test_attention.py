@@ -908,3 +908,31 @@ def test_a_query_given_to_a_query_less_score_is_deprecated_and_ignored():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         attn(None, k, v)  # the documented call does not warn
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"d_q": 4, "d_k": 4, "d_v": 2.5}, "d_v"),
+        ({"d_q": 4, "d_k": 4, "d_v": 0}, "d_v"),
+        ({"d_q": True, "d_k": 4}, "d_q"),
+        ({"d_q": 4, "d_k": "4"}, "d_k"),
+        ({"d_q": 4, "d_k": 4, "key_dim": True}, "key_dim"),
+        ({"d_q": 4, "d_k": 4, "value_dim": 0}, "value_dim"),
+        ({"d_q": 4, "d_k": 4, "value_dim": -1}, "value_dim"),
+    ],
+)
+def test_attention_sizes_are_positive_ints(kwargs: dict, name: str) -> None:
+    """``d_v`` was stored unchecked (2.5, "3", 0 accepted), ``value_dim=0`` built an empty
+    projection, and bools or text reached ``nn.Linear`` (a deep torch error)."""
+    with pytest.raises(ConfigError, match=rf"^Attention: {name} must be a positive int, got"):
+        Attention("additive", **kwargs)
+
+
+def test_attention_plan_checks_its_settings() -> None:
+    """``plan(need_weights="no")`` planned a call with weights; ``n_k=2.5`` was taken."""
+    attn = Attention("additive", d_q=4, d_k=4)
+    with pytest.raises(TypeError, match=r"^need_weights must be a bool, got 'no'$"):
+        attn.plan(need_weights="no")
+    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0, got 2\.5$"):
+        attn.explain(n_k=2.5)

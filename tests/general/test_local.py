@@ -516,3 +516,19 @@ def test_long_query_sequences_run_in_chunks_with_the_same_results(mask_kind, mon
     chunked = run()
     for a, b in zip(whole[0] + whole[1], chunked[0] + chunked[1], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"gaussian": "no"}, TypeError, r"^gaussian must be a bool, got 'no'$"),
+        ({"need_weights": 1}, TypeError, r"^need_weights must be a bool, got 1$"),
+        ({"dropout_p": float("nan")}, ValueError, r"^dropout_p must be in \[0, 1\)"),
+        ({"dropout_p": "0.1"}, ValueError, r"^dropout_p must be in \[0, 1\)"),
+        ({"dropout_p": 1.0}, ValueError, r"^dropout_p must be in \[0, 1\)"),
+    ],
+)
+def test_local_window_attend_checks_its_settings(kwargs: dict, error: type, message: str) -> None:
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    with pytest.raises(error, match=message):
+        local_window_attend(DotScore(), q, k, v, torch.zeros(2, 3), 2, **kwargs)

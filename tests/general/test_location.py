@@ -171,3 +171,9 @@ def test_location_learns_to_move_on_where_content_and_mean_cannot(one_thread) ->
     location = _train_monotonic("location-aware", seed)
     assert location < 0.15 * mean, (location, mean)
     assert location < 0.15 * content, (location, content)
+
+
+@pytest.mark.parametrize("bias", ["no", 1, None])
+def test_location_aware_bias_must_be_a_bool(bias: object) -> None:
+    with pytest.raises(TypeError, match=r"^bias must be a bool, got"):
+        LocationAwareScore(d_q=4, d_k=4, bias=bias)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.general.padding import masked_mean
+from attnlab.general.padding import clear_attention_inputs, masked_mean
 
 
 def _reference(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -72,3 +72,9 @@ def test_half_precision_keeps_the_dtype():
     out = masked_mean(x.half(), mask)
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.float(), _reference(x, mask), atol=2e-3, rtol=2e-3)
+
+
+def test_clear_attention_inputs_self_attention_must_be_a_bool() -> None:
+    q = k = v = torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match=r"^self_attention must be a bool, got 'no'$"):
+        clear_attention_inputs(q, k, v, None, self_attention="no")

@@ -326,3 +326,19 @@ def test_availability_is_looked_up_once_at_import(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", no_look_up)
     assert planner.triton_available() in (True, False)
     assert planner.flex_available() in (True, False)
+
+
+def test_plan_attention_refuses_bad_settings() -> None:
+    """An unknown mode planned the auto path, a truthy string switched need_weights or
+    dropout on, and sizes were taken as they came."""
+    caps = score_class_capabilities(get("score", "additive").cls)
+    with pytest.raises(attnlab.ConfigError, match=r"^mode must be one of 'auto'"):
+        plan_attention(caps, mode="bogus")
+    with pytest.raises(TypeError, match=r"^need_weights must be a bool, got 'no'$"):
+        plan_attention(caps, need_weights="no")
+    with pytest.raises(TypeError, match=r"^dropout must be a bool, got 1$"):
+        plan_attention(caps, dropout=1)
+    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0, got -1$"):
+        plan_attention(caps, n_k=-1)
+    with pytest.raises(ValueError, match=r"^head_dim must be an int >= 0, got True$"):
+        plan_attention(caps, head_dim=True)

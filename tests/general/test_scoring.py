@@ -786,3 +786,39 @@ def test_learning_key_retrieval_beats_mean_pooling():
     # data seeds 1 + s / 99 + s in a scratch run: dot 0.947-1.0, cosine 0.995-1.0,
     # biased-general 0.946-1.0 (with lr 0.1 dot 0.936-1.0, biased-general 0.917-1.0)
     assert all(acc > 0.9 for acc in accs.values()), (accs, baseline)
+
+
+@pytest.mark.parametrize(
+    ("build", "name"),
+    [
+        (lambda: GeneralScore(d_q=True, d_k=4), "d_q"),
+        (lambda: BiasedGeneralScore(d_q=4, d_k=True), "d_k"),
+        (lambda: AdditiveScore(d_q=4, d_k=4, d_w=True), "d_w"),
+        (lambda: AdditiveScore(d_q=4, d_k=4, out_dim=True), "out_dim"),
+        (lambda: QuerylessScore(d_k=4, out_dim=True), "out_dim"),
+        (lambda: QuerylessScore(d_k=4, d_q=2.5), "d_q"),
+        (lambda: DotScore(d_q=2.5, d_k=2.5), "d_q"),
+        (lambda: ScaledDotScore(d_q=True, d_k=True), "d_q"),
+        (lambda: CosineScore(d_q=4, d_k="4"), "d_k"),
+    ],
+)
+def test_score_sizes_are_positive_ints_not_bools(build, name: str) -> None:
+    """True passed ``isinstance(x, int)`` (a size-1 layer, or a deep torch error), and the
+    dot scores ignored their sizes altogether (2.5 was accepted)."""
+    with pytest.raises(ConfigError, match=rf"{name} must be a positive int, got"):
+        build()
+
+
+@pytest.mark.parametrize("bias", ["no", 1, None])
+@pytest.mark.parametrize("cls", [AdditiveScore, QuerylessScore])
+def test_score_bias_must_be_a_bool(cls, bias: object) -> None:
+    """``bias="no"`` built a bias (a truthy string), ``bias=None`` dropped it."""
+    with pytest.raises(TypeError, match=r"^bias must be a bool, got"):
+        cls(d_q=4, d_k=4, bias=bias)
+
+
+def test_additive_score_lean_must_be_a_bool() -> None:
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    W1, W2, w = torch.randn(6, 4), torch.randn(6, 4), torch.randn(6)
+    with pytest.raises(TypeError, match=r"^lean must be a bool, got 'no'$"):
+        additive_score(q, k, W1, W2, w, lean="no")

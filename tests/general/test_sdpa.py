@@ -237,3 +237,23 @@ def test_attention_sdpa_dropout_only_in_training(monkeypatch):
     attn.train()(q, k, v)
     attn.eval()(q, k, v)
     assert [c["dropout_p"] for c in calls] == [0.3, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"scale": float("nan")}, ValueError, r"^scale must be a finite number, got nan$"),
+        ({"scale": True}, ValueError, r"^scale must be a finite number, got True$"),
+        ({"dropout_p": 1.0}, ValueError, r"^dropout_p must be in \[0, 1\), got 1\.0$"),
+        ({"dropout_p": float("nan")}, ValueError, r"^dropout_p must be in \[0, 1\)"),
+        ({"dropout_p": -1.0}, ValueError, r"^dropout_p must be in \[0, 1\)"),
+        ({"need_weights": "no"}, TypeError, r"^need_weights must be a bool, got 'no'$"),
+    ],
+)
+def test_sdpa_attend_checks_its_settings(kwargs: dict, error: type, message: str) -> None:
+    """NaN / True scales, NaN / negative / 1.0 dropout and ``need_weights="no"`` were
+    accepted (NaN contexts, dropout of everything, or weights nobody asked for)."""
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    kw = {"scale": 0.5, **kwargs}
+    with pytest.raises(error, match=message):
+        sdpa_attend(q, k, v, **kw)

@@ -268,3 +268,9 @@ def test_the_chain_learns_to_smooth_noisy_segments_where_independent_keys_cannot
     assert wrong < wrong_ind - 0.04, (wrong, wrong_ind)
     assert mse < 0.85 * mse_ind, (mse, mse_ind)
     assert wrong_ind > 0.2  # the task needs the chain: the keys alone are too noisy
+
+
+def test_crf_marginals_sum_to_one_must_be_a_bool() -> None:
+    """``sum_to_one="no"`` rescaled the marginals."""
+    with pytest.raises(TypeError, match=r"^sum_to_one must be a bool, got 'no'$"):
+        crf_marginals(torch.randn(2, 3, 5), sum_to_one="no")

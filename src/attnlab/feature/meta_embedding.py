@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_flags,
+    check_int,
+    check_module_dtype,
+    check_optional_int,
+    check_tensor,
+)
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
@@ -72,15 +79,25 @@ class MetaEmbedding(ConventionAttention):
         if len(embeddings) < 1:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one")
         check_int(d_proj, "d_proj", wording="a positive int")
+        check_flags(freeze=freeze)
         E = len(embeddings)
-        if oov_index is None or isinstance(oov_index, int):
+        one_index = oov_index is None or isinstance(oov_index, int)
+        if one_index:
             oov = [oov_index] * E
-        else:
+        elif isinstance(oov_index, Sequence) and not isinstance(oov_index, str):
             oov = list(oov_index)
             if len(oov) != E:
                 raise ConfigError(
                     f"oov_index has {len(oov)} entries, expected one per embedding ({E})"
                 )
+        else:
+            raise TypeError(
+                "oov_index must be an int, a list with one int (or None) per embedding, or "
+                f"None, got {type(oov_index).__name__}"
+            )
+        for i, index in enumerate(oov):
+            # an id (>= 0), or -1, the OOV id of every embedding anyway; True is not id 1
+            check_optional_int(index, "oov_index" if one_index else f"oov_index[{i}]", minimum=-1)
         self.E = E
         self.d_proj = d_proj
         self.oov_index = oov
@@ -328,7 +345,8 @@ class DME(MetaEmbedding):
         d_proj: the common size ``d'``.
         align: alignment over the embeddings (default ``soft``).
         oov_index: the id meaning "unknown" in each vocabulary (an int for all, or one
-            per embedding, ``None`` = none); ``-1`` always means OOV.
+            per embedding, ``None`` = none; an id is an int ``>= -1``, not a bool);
+            ``-1`` always means OOV. ``freeze`` must be a bool.
         **options: passed to the query-less score (``d_w``, ``act`` (default
             ``identity``), ``bias``) via :class:`attnlab.Attention`.
 

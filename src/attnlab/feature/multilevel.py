@@ -31,8 +31,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab._checks import (
     ConfigError,
     check_choice,
+    check_flags,
     check_int,
     check_module_dtype,
+    check_optional_int,
     check_same,
     check_tensor,
     found_on_host,
@@ -212,7 +214,8 @@ def hierarchy_mask(
     sentences of each document, ``lengths[1]`` ``[B, n_1]`` the number of words of each
     sentence, and so on. Entries at padded positions are ignored (they must still be
     >= 0). ``sizes`` (``[n_1, ..., n_L]``) defaults to the largest real lengths. Position ``(b, i_1, ..., i_L)`` is real iff
-    ``i_{j+1} < lengths[j][b, i_1, ..., i_j]`` for every ``j``.
+    ``i_{j+1} < lengths[j][b, i_1, ..., i_j]`` for every ``j``. ``sizes`` holds ints
+    ``>= 0`` (``ValueError`` otherwise: ``2.5`` is not silently cut to 2).
     """
     if len(lengths) == 0:
         raise ValueError("lengths is empty; expected one lengths tensor per level")
@@ -240,6 +243,7 @@ def hierarchy_mask(
         real = t[mask] if j else t  # lengths at padded positions are ignored
         n = int(real.max()) if real.numel() else 0
         if sizes is not None:
+            check_int(sizes[j], f"sizes[{j}]", minimum=0, error=ValueError)
             if n > sizes[j]:
                 raise ValueError(
                     f"sizes[{j}]={sizes[j]} is smaller than the largest lengths[{j}] {n}"
@@ -272,6 +276,9 @@ class MaskedRNN(nn.Module):
         cells = {"gru": nn.GRU, "lstm": nn.LSTM}
         if cell not in cells:
             raise ConfigError(f"cell must be 'gru' or 'lstm', got {cell!r}")
+        check_int(d_in, "d_in", owner="MaskedRNN")
+        check_int(hidden, "hidden", owner="MaskedRNN")
+        check_flags(bidirectional=bidirectional)
         self.rnn = cells[cell](d_in, hidden, batch_first=True, bidirectional=bidirectional)
         self._weights = RNNWeights(self.rnn)
         self.d_in = d_in
@@ -412,6 +419,8 @@ class HierarchicalAttention(ConventionAttention):
         super().__init__()
         check_int(levels, "levels")
         check_int(d_in, "d_in")
+        check_optional_int(encoder_hidden, "encoder_hidden")
+        check_optional_int(query_dim, "query_dim")
         if not isinstance(score, str) or not isinstance(align, str):
             raise ConfigError(
                 "score and align must be registered names (one module per level is built)"
@@ -591,8 +600,13 @@ def char_word_map(
 
     Padded words (``word_mask`` False) and padded characters (``char_mask`` False) are
     dropped from the mapping. Every character belongs to at most one word; characters of
-    no word (spaces, padding) are allowed. Cost O(B n_w n_c) (bool).
+    no word (spaces, padding) are allowed. ``n_chars`` (and ``batch`` / ``n_words``, the
+    expected sizes, when given) must be ints ``>= 0``, else ``ValueError``.
+    Cost O(B n_w n_c) (bool).
     """
+    check_int(n_chars, "n_chars", minimum=0, error=ValueError)
+    check_optional_int(batch, "batch", minimum=0, error=ValueError)
+    check_optional_int(n_words, "n_words", minimum=0, error=ValueError)
     if (word_offsets is None) == (char_to_word is None):
         raise ValueError(
             "give the character -> word mapping as exactly one of word_offsets or char_to_word"
@@ -795,6 +809,9 @@ class AttentionViaAttention(ConventionAttention):
     ) -> None:
         super().__init__()
         self.via = check_choice(via, "via", _VIA)
+        check_int(d_q, "d_q", owner="AttentionViaAttention")
+        check_int(d_char, "d_char", owner="AttentionViaAttention")
+        check_optional_int(d_word, "d_word", owner="AttentionViaAttention")
         self.d_q, self.d_char = d_q, d_char
         self.d_word = d_char if d_word is None else d_word
         self.word_attn = Attention(score=score, align=align, d_q=d_q, d_k=self.d_word, **options)

@@ -35,7 +35,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_module_dtype, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    check_flags,
+    check_int,
+    check_module_dtype,
+    check_optional_int,
+    check_same,
+    check_tensor,
+)
 from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
 from attnlab.general._convention import AttentionCall, ConventionAttention, is_mask, reject
 from attnlab.general.attention import Attention
@@ -155,6 +163,9 @@ class LCRRotHop(ConventionAttention):
     ) -> None:
         super().__init__()
         check_int(hops, "hops")
+        check_int(d_c, "d_c")
+        check_optional_int(d_t, "d_t")
+        check_flags(share_weights=share_weights)
         for key in ("value_dim", "out_dim"):
             if options.get(key) is not None:
                 raise ConfigError(

@@ -35,6 +35,10 @@ from attnlab._checks import (
     ConfigError,
     broadcasts_to,
     check_choice,
+    check_flags,
+    check_int,
+    check_number,
+    check_optional_int,
     check_positive,
     check_tensor,
     softmax_dtype,
@@ -99,7 +103,10 @@ def soft_align(e: Tensor, mask: Tensor | None = None) -> Tensor:
 
 def local_window(center: Tensor, D: int, n_k: int) -> tuple[Tensor, Tensor]:
     """Distances ``l - p`` ``[..., n_k]`` and the window ``|l - p| <= D`` for window centres
-    ``center`` ``[...]``."""
+    ``center`` ``[...]``. ``D`` must be an int >= 1 and ``n_k`` an int >= 0, else
+    ``ValueError``."""
+    _check_window(D)
+    check_int(n_k, "n_k", minimum=0, error=ValueError)
     positions = torch.arange(n_k, device=center.device, dtype=center.dtype)
     dist = positions - center.unsqueeze(-1)
     return dist, dist.abs() <= D
@@ -138,6 +145,7 @@ def local_align(
     """
     _check_scores(e, mask)
     _check_window(D)
+    check_flags(gaussian=gaussian)
     check_tensor(center, "center")
     if center.shape != e.shape[:-1]:
         raise ValueError(
@@ -177,6 +185,7 @@ def hard_align(
     :func:`gumbel_softmax_align`. Cost O(B n_q n_k).
     """
     _check_scores(e, mask)
+    check_flags(sample=sample)
     probs = masked_softmax(e, mask)
     n_k = e.shape[-1]
     if n_k == 0:
@@ -227,6 +236,7 @@ def gumbel_softmax_align(
     """
     _check_scores(e, mask)
     check_positive(tau, "tau", error=ValueError)
+    check_flags(hard=hard)
     u = torch.rand(e.shape, generator=generator, device=e.device, dtype=softmax_dtype(e.dtype))
     g = -torch.log(-torch.log(u.clamp(1e-10, 1 - 1e-7)))
     y = masked_softmax((e.to(g.dtype) + g) / tau, mask)
@@ -251,7 +261,9 @@ def reinforce_loss(
     ``log_prob`` without enlarging it; a per-example ``[B]`` tensor is lined up with
     ``log_prob`` ``[B, n_q]`` along the batch axis (as ``[B, 1]``), never along the queries.
     Anything else raises ``ValueError``. Minimising the loss raises the probability of
-    choices with above-baseline reward (Williams 1992). Cost O(numel(log_prob)).
+    choices with above-baseline reward (Williams 1992). A number ``baseline`` must be a
+    finite real number (``TypeError`` / ``ValueError`` otherwise: a NaN would make the
+    loss NaN). Cost O(numel(log_prob)).
     """
     if not isinstance(log_prob, Tensor):
         raise TypeError(
@@ -263,7 +275,7 @@ def reinforce_loss(
         if isinstance(baseline, Tensor):
             advantage = advantage - _per_choice(baseline, log_prob, "baseline").detach()
         else:
-            advantage = advantage - baseline
+            advantage = advantage - check_number(baseline, "baseline", error=ValueError)
     return -(advantage * log_prob).mean()
 
 
@@ -451,6 +463,7 @@ class _LocalAlign(Alignment):
             _check_window(D)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        check_flags(gaussian=gaussian)
         self.D = D
         self.gaussian = gaussian
 
@@ -542,7 +555,8 @@ class LocalPAlign(_LocalAlign):
         super().__init__(D, gaussian)
         if d_q is None:
             raise ConfigError("LocalPAlign needs d_q (the query size) to predict window positions")
-        d_p = d_q if d_p is None else d_p
+        check_int(d_q, "d_q", owner="LocalPAlign", wording="a positive int")
+        d_p = check_optional_int(d_p, "d_p", owner="LocalPAlign", wording="a positive int") or d_q
         self.W_p = nn.Linear(d_q, d_p, bias=False)
         self.w_p = nn.Parameter(torch.empty(d_p).uniform_(-1 / math.sqrt(d_p), 1 / math.sqrt(d_p)))
 
@@ -611,11 +625,13 @@ class ReinforcedAlign(Alignment):
         super().__init__()
         if d_k is None:
             raise ConfigError("ReinforcedAlign needs d_k (the key size) for its policy network")
-        if eval_mode not in ("threshold", "sample"):
-            raise ConfigError(f"eval_mode must be 'threshold' or 'sample', got {eval_mode!r}")
-        if not 0 < init_keep < 1:
-            raise ConfigError(f"init_keep must be in (0, 1), got {init_keep}")
-        d_h = d_k if d_h is None else d_h
+        owner = "ReinforcedAlign"
+        check_int(d_k, "d_k", owner=owner, wording="a positive int")
+        d_h = check_optional_int(d_h, "d_h", owner=owner, wording="a positive int") or d_k
+        check_choice(eval_mode, "eval_mode", ("threshold", "sample"))
+        init_keep = check_number(
+            init_keep, "init_keep", low=0, high=1, open_low=True, open_high=True
+        )
         self.eval_mode = eval_mode
         self.policy = nn.Sequential(nn.Linear(3 * d_k, d_h), nn.Tanh(), nn.Linear(d_h, 1))
         nn.init.constant_(self.policy[2].bias, math.log(init_keep / (1 - init_keep)))

@@ -44,6 +44,7 @@ from attnlab._checks import (
     check_dropout,
     check_flags,
     check_module_dtype,
+    check_optional_int,
     check_same,
     check_tensor,
     softmax_dtype,
@@ -191,7 +192,9 @@ def _output(
     return AttentionOutput(context, weights, log_prob, path, extras)
 
 
-def _check_settings(dim: str, path: str, dropout: float) -> None:
+def _check_settings(dim: str, path: str, dropout: float, sizes: dict[str, int | None]) -> None:
+    for name, size in sizes.items():
+        check_optional_int(size, name, owner="Attention", wording="a positive int")
     if dim not in _DIMS:
         raise ConfigError(f"dim must be 'single' or 'multi', got {dim!r}")
     if path not in ("auto", "explicit", "triton"):
@@ -253,7 +256,8 @@ class Attention(Configurable):
         dim: ``"single"`` or ``"multi"`` (multi-dimensional, DiSAN: needs the
             ``additive`` or ``queryless`` score, which then returns vector scores).
         d_q: query size. d_k: feature/key input size. d_v: value input size (default
-            ``d_k``).
+            ``d_k``). Each size (these and ``key_dim``, ``value_dim``) is a positive int
+            or ``None``.
         key_dim: if given, keys are ``W_K F`` with ``W_K`` ``[key_dim, d_k]``;
             otherwise keys are the features themselves.
         value_dim: likewise for the values (``W_V`` ``[value_dim, d_v]``).
@@ -343,7 +347,8 @@ class Attention(Configurable):
         **options: Any,
     ) -> None:
         super().__init__()
-        _check_settings(dim, path, dropout)
+        sizes = {"d_q": d_q, "d_k": d_k, "d_v": d_v, "key_dim": key_dim, "value_dim": value_dim}
+        _check_settings(dim, path, dropout, sizes)
         self.multi = _DIMS[dim]
         self.path_mode = path
         self.dropout = float(dropout)

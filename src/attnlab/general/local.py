@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from attnlab._checks import softmax_dtype
+from attnlab._checks import check_dropout, check_flags, softmax_dtype
 from attnlab.general.alignment import _check_window, masked_softmax
 
 __all__ = ["local_window_attend", "window_dot_score"]
@@ -109,6 +109,13 @@ def _in_chunks(
     return torch.cat([p[0] for p in parts], 1), dense, torch.cat([p[2] for p in parts], 1)
 
 
+def _check_settings(D: int, gaussian: bool, need_weights: bool, dropout_p: float) -> None:
+    """The settings of :func:`local_window_attend`, each refused with one line naming it."""
+    _check_window(D)
+    check_flags(gaussian=gaussian, need_weights=need_weights)
+    check_dropout(dropout_p, "dropout_p")
+
+
 def local_window_attend(
     score: Callable[[Tensor, Tensor], Tensor],
     q: Tensor,
@@ -137,17 +144,17 @@ def local_window_attend(
     Returns ``(context [B, n_q, d_v], dense weights or None, window weights [B, n_q, W])``.
     Cost: O(B n_q (2D + 1) (d_k + d_v)) time and O(B n_q (2D + 1)) memory for the window
     (``W = 2 D + 1``), plus O(B n_q n_k) for the dense weights when they are asked for.
-    The weights equal :func:`attnlab.general.alignment.local_align` on the full scores.
-    An empty window (no existing, allowed key within ``D`` of the centre) and an empty
-    key set give zero weights and a zero context. A window slot that is out of range, out
-    of the window or masked for that query reads a row of zeros, not the key, and the
-    query of an empty window is set to zero before it is scored: what masked positions
-    hold (NaN, inf) never reaches the context or the gradients. Half-precision inputs: the window, the
-    softmax and the Gaussian are computed in float32. ``D`` must be an int >= 1 and
-    ``center`` ``[B, n_q]``, else ``ValueError``. Long query sequences run in chunks of
+    The weights equal :func:`attnlab.general.alignment.local_align` on the full scores. An empty
+    window (no existing, allowed key within ``D`` of the centre) and an empty key set give zero
+    weights and a zero context. A window slot that is out of range, out of the window or masked
+    for that query reads a row of zeros, not the key, and the query of an empty window is set to
+    zero before it is scored: what masked positions hold (NaN, inf) never reaches the context or
+    the gradients. Half-precision inputs: the window, the softmax and the Gaussian are computed
+    in float32. ``D`` must be an int >= 1, ``center`` ``[B, n_q]``, ``dropout_p`` in ``[0, 1)``
+    (``ValueError``), the switches bools (``TypeError``). Long query sequences run in chunks of
     query rows whose window tensors stay under :data:`WINDOW_CHUNK_ELEMENTS` (same results).
     """
-    _check_window(D)
+    _check_settings(D, gaussian, need_weights, dropout_p)
     B, n_q, _ = q.shape
     _check_center(center, B, n_q)
     rows = _query_chunk(B, 2 * D + 1, max(k.shape[-1], v.shape[-1]))

@@ -28,7 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, batched_query, check_keys, check_same, check_tensor
+from attnlab._checks import (
+    ConfigError,
+    batched_query,
+    check_int,
+    check_keys,
+    check_same,
+    check_tensor,
+)
 from attnlab.general.activations import Activation, get_activation
 from attnlab.general.scoring import Score, _init_additive, _linear, _work
 from attnlab.registry import register
@@ -178,8 +185,7 @@ class LocationAwareScore(Score):
                 raise ConfigError(f"LocationAwareScore needs {name} (the size of its input)")
         d_w = d_k if d_w is None else d_w
         for name, value in (("d_q", d_q), ("d_k", d_k), ("d_w", d_w), ("n_filters", n_filters)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"LocationAwareScore: {name} must be an int >= 1, got {value!r}")
+            check_int(value, name, owner="LocationAwareScore")
         if (
             isinstance(kernel_size, bool)
             or not isinstance(kernel_size, int)

@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor
 
+from attnlab._checks import check_flags
+
 __all__ = [
     "attended_keys",
     "attending_rows",
@@ -108,8 +110,9 @@ def clear_attention_inputs(
     the query rows at padded positions, which may still attend (a key padding mask does
     not mask them), get their NaN and inf entries set to zero
     (:func:`clear_nonfinite_rows`), so that their meaningless outputs cannot poison the
-    gradients of the others.
+    gradients of the others. ``self_attention`` must be a bool (``TypeError``).
     """
+    check_flags(self_attention=self_attention)
     if mask is None:
         return q, k, v
     keys = attended_keys(mask)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab._checks import check_choice, check_flags, check_optional_int
 from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_fits
@@ -224,6 +225,10 @@ class _Call:
         )
 
 
+#: The modes of :func:`plan_attention` (``Attention(path=...)``).
+_MODES = ("auto", "explicit", "triton")
+
+
 def plan_attention(
     caps: Capabilities,
     *,
@@ -251,7 +256,17 @@ def plan_attention(
             (``None``: unknown); the Triton kernels take them up to
             :data:`~attnlab.general.flash_additive.TRITON_MAX_WIDTH`, wider calls take the
             chunked kernels.
+
+    A bad setting raises (``ConfigError`` for an unknown ``mode``, ``TypeError`` for a
+    switch that is no bool, ``ValueError`` for a size that is no int ``>= 0``) instead of
+    planning a call that never happens.
     """
+    if mode not in _MODES:
+        check_choice(mode, "mode", _MODES)
+    check_flags(need_weights=need_weights, dropout=dropout)
+    if not torch.compiler.is_compiling():  # sizes of a traced call may be symbolic
+        check_optional_int(n_k, "n_k", minimum=0, error=ValueError)
+        check_optional_int(head_dim, "head_dim", minimum=0, error=ValueError)
     forced = _forced_plan(caps, mode, n_k, need_weights)
     if forced is not None:
         return forced

@@ -50,7 +50,10 @@ from torch import Tensor, nn
 from attnlab._checks import (
     ConfigError,
     batched_query,
+    check_flags,
+    check_int,
     check_keys,
+    check_optional_int,
     check_param,
     check_positive,
     check_same,
@@ -229,6 +232,7 @@ def additive_score(
     _additive_checks(q3, k, W1, W2, b)
     check_param(w, "w", (W1.shape[0],), "[d_w]")
     check_same(q3, "q", w=w)
+    check_flags(lean=lean)
     q1 = _linear(q3, W1, b)
     k2 = _linear(k, W2)
     if lean:
@@ -357,6 +361,8 @@ class _DotFamily(Score):
 
     def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
         super().__init__()
+        _optional_size(d_q, "d_q", type(self).__name__)
+        _optional_size(d_k, "d_k", type(self).__name__)
         _check_equal_dims(self, d_q, d_k)
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -462,9 +468,13 @@ def _query_form(
 def _need(value: int | None, name: str, module: str) -> int:
     if value is None:
         raise ConfigError(f"{module} needs {name} (the size of its input) to build its weights")
-    if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{module}: {name} must be a positive int, got {value!r}")
-    return value
+    return check_int(value, name, owner=module, wording="a positive int")
+
+
+def _optional_size(value: int | None, name: str, module: str) -> int | None:
+    """A size a score takes without needing it (``None``: not given), checked when given:
+    ``DotScore(d_q=2.5)`` is refused, not ignored."""
+    return check_optional_int(value, name, owner=module, wording="a positive int")
 
 
 @register("score", "general", aliases=("bilinear",))
@@ -556,6 +566,7 @@ def _init_additive(
     ``module.b`` ``[d_w]`` (zeros, or ``None`` without ``bias``) and ``module.act`` (a
     name or callable that :func:`get_activation` accepts)."""
     get_activation(act)
+    check_flags(bias=bias)
     module.act = act
     module.W1 = nn.Linear(d_q, d_w, bias=False)
     module.W2 = nn.Linear(d_k, d_w, bias=False)
@@ -572,8 +583,7 @@ class _AdditiveBase(Score):
             self.w = nn.Parameter(torch.empty(d_w).uniform_(-bound, bound))
             self.register_parameter("b_d", None)
         else:
-            if not isinstance(out_dim, int) or out_dim <= 0:
-                raise ConfigError(f"out_dim must be a positive int, got {out_dim!r}")
+            check_int(out_dim, "out_dim", wording="a positive int")
             self.w = nn.Parameter(torch.empty(d_w, out_dim).uniform_(-bound, bound))
             self.b_d = nn.Parameter(torch.zeros(out_dim))
 
@@ -673,7 +683,9 @@ class QuerylessScore(_AdditiveBase):
         super().__init__()
         d_k = _need(d_k, "d_k", "QuerylessScore")
         d_w = d_k if d_w is None else _need(d_w, "d_w", "QuerylessScore")
+        _optional_size(d_q, "d_q", "QuerylessScore")  # not used, but never a wrong size
         get_activation(act)
+        check_flags(bias=bias)
         self.act = act
         self.W = nn.Linear(d_k, d_w, bias=bias)
         self._init_vector(d_w, out_dim)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import softmax_dtype
+from attnlab._checks import check_dropout, check_flags, check_number, softmax_dtype
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_heads
 from attnlab.general.planner import sdpa_four_d
@@ -54,10 +54,16 @@ def sdpa_attend(
         dropout_p: dropout on the weights (pass 0 in evaluation).
         need_weights: also return the weights ``[..., n_q, n_k]`` (before dropout).
 
+    ``scale`` must be a finite number, ``dropout_p`` a number in ``[0, 1)`` and
+    ``need_weights`` a bool (else ``ValueError`` / ``TypeError``, naming the argument).
+
     Returns ``(context [..., n_q, d_v], weights or None)``. Masked-out keys and values
     (no query attends them) and fully masked query rows never matter, whatever they hold.
     Cost: O(n_q n_k d) time; memory O(n_q d) on the flash / memory-efficient kernels.
     """
+    check_number(scale, "scale", error=ValueError)
+    check_dropout(dropout_p, "dropout_p")
+    check_flags(need_weights=need_weights)
     return _sdpa_attend(q, k, v, scale, mask, dropout_p, need_weights, clear=True)
 
 

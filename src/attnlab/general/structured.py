@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_tensor, softmax_dtype
+from attnlab._checks import ConfigError, check_flags, check_tensor, softmax_dtype
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.masks import check_score_mask
 from attnlab.registry import register
@@ -129,6 +129,7 @@ def crf_marginals(
     Returns the weights, shape of ``e``. Half precision is computed in float32 and cast
     back. Cost O(numel(e)) time and memory, in ``n_k`` sequential steps.
     """
+    check_flags(sum_to_one=sum_to_one)
     marginals = _marginals(e, mask, transitions)
     return (_rescaled(marginals) if sum_to_one else marginals).to(e.dtype)
 
