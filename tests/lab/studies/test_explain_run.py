@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -137,3 +138,57 @@ def test_epsilon_is_a_finite_number_above_0(runs: tuple[Path, Path], epsilon: st
     res = CliRunner().invoke(explain_command, argv)
     assert res.exit_code == 2, res.output
     assert res.output.strip().startswith("error: epsilon must be a finite number > 0, got ")
+
+
+@pytest.mark.parametrize(
+    ("setting", "error", "message"),
+    [
+        ({"max_instances": 0}, ValueError, "max_instances must be an int >= 1 or None, got 0"),
+        ({"max_instances": 2.5}, ValueError, "max_instances must be an int >= 1 or None"),
+        ({"max_train": -1}, ValueError, "max_train must be an int >= 1 or None, got -1"),
+        ({"mlp_epochs": 0}, ValueError, "mlp_epochs must be an int >= 1, got 0"),
+        ({"adversarial_steps": -1}, ValueError, "adversarial_steps must be an int >= 1"),
+        ({"adversarial_epochs": "3"}, ValueError, "adversarial_epochs must be an int >= 1"),
+        ({"lambdas": []}, ValueError, "lambdas must be a non-empty list of numbers >= 0"),
+        ({"lambdas": [0.5, float("nan")]}, ValueError, "each of lambdas must be a number >= 0"),
+        ({"lambdas": [-1.0]}, ValueError, "each of lambdas must be a number >= 0, got -1.0"),
+        ({"seed": "1"}, ValueError, "seed must be an int, got '1'"),
+        ({"plots": "no"}, TypeError, "plots must be a bool, got 'no'"),
+        ({"progress": 1}, TypeError, "progress must be a bool, got 1"),
+    ],
+)
+def test_bad_settings_fail_before_the_run_is_loaded(
+    runs: tuple[Path, Path], setting: dict, error: type, message: str, monkeypatch
+) -> None:
+    """Each used to run (max_instances=-1, lambdas=[nan], plots="no": minutes of tests on
+    nonsense) or to fail deep inside (max_instances=0: an IndexError; seed="1")."""
+    import attnlab.lab.training as training
+
+    def not_loaded(*args, **kwargs):  # pragma: no cover - the settings fail first
+        raise AssertionError("the run was loaded before the settings were checked")
+
+    monkeypatch.setattr(training, "load_run", not_loaded)
+    run, _ = runs
+    with pytest.raises(error, match=re.escape(message)):
+        explain_run(run, **{**QUICK, **setting})
+
+
+def test_one_compare_run_may_be_given_as_a_path(runs: tuple[Path, Path], monkeypatch) -> None:
+    """A path given alone is one run, not a sequence of one-character paths ("/", "t", ...)."""
+    import attnlab.lab.studies.explanation as explanation
+
+    seen = []
+    monkeypatch.setattr(explanation, "_check_other_runs", lambda r, c, u: seen.append(list(c)))
+    monkeypatch.setattr(explanation, "_open_study", _stop)
+    run, other = runs
+    with pytest.raises(_Stopped):
+        explain_run(run, compare=str(other), **QUICK)
+    assert seen == [[str(other)]]
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(*args, **kwargs):
+    raise _Stopped

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab._checks import check_int, check_positive
+from attnlab._checks import (
+    check_flags,
+    check_int,
+    check_number,
+    check_optional_int,
+    check_positive,
+    check_seed,
+)
 from attnlab.evaluation.diagnostics import (
     adversarial_model,
     frozen_weight_diagnostic,
@@ -190,9 +198,18 @@ def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
         unset = "protocol" if key in ("max_instances", "max_train") else None
         if value != unset:
             settings[key] = value
-    check_int(settings["permutations"], "permutations", error=ValueError)
-    for name in ("epsilon", "mlp_lr", "adversarial_lr"):  # before the run is loaded
+    # every setting before the run is loaded: not after minutes of other tests
+    for name in ("permutations", "adversarial_steps", "mlp_epochs", "adversarial_epochs"):
+        check_int(settings[name], name, error=ValueError)
+    for name in ("max_instances", "max_train"):  # None: every instance
+        check_optional_int(settings[name], name, error=ValueError, wording="an int >= 1 or None")
+    for name in ("epsilon", "mlp_lr", "adversarial_lr"):
         check_positive(settings[name], name, error=ValueError)
+    lambdas = settings["lambdas"]
+    if isinstance(lambdas, str) or not isinstance(lambdas, Sequence) or not lambdas:
+        raise ValueError(f"lambdas must be a non-empty list of numbers >= 0, got {lambdas!r}")
+    for value in lambdas:
+        check_number(value, "each of lambdas", low=0, error=ValueError)
     return settings
 
 
@@ -556,6 +573,10 @@ def explain_run(
         "max_train": max_train,
     }
     cfg = _settings(protocol, given)
+    check_seed(seed, error=ValueError)
+    check_flags(plots=plots, progress=progress)
+    if isinstance(compare, str | os.PathLike):  # one run, not the characters of its path
+        compare = [compare]
     paper = protocol == "paper"
     _check_other_runs(Path(run_dir), compare, uniform_run)
     s = _open_study(Path(run_dir), cfg, paper, seed, device)
