@@ -578,7 +578,7 @@ def test_a_switch_of_a_module_must_be_a_bool(build, flag):
 def test_check_optional_int_passes_none_and_checks_the_rest() -> None:
     assert check_optional_int(None, "d_v") is None
     assert check_optional_int(0, "n_k", minimum=0) == 0
-    with pytest.raises(ConfigError, match=r"^d_v must be an int >= 1, got 2\.5$"):
+    with pytest.raises(ConfigError, match=r"^d_v must be an int >= 1 or None, got 2\.5$"):
         check_optional_int(2.5, "d_v")
     with pytest.raises(ValueError, match=r"^Att: d_v must be a positive int, got True$"):
         check_optional_int(True, "d_v", owner="Att", wording="a positive int", error=ValueError)

@@ -56,9 +56,12 @@ def check_optional_int(
     wording: str | None = None,
 ) -> int | None:
     """``None`` (an optional size left out), or ``value`` checked by :func:`check_int` with
-    the same arguments: ``d_v=None`` is fine, ``d_v=2.5`` is refused, not ignored."""
+    the same arguments: ``d_v=None`` is fine, ``d_v=2.5`` is refused, not ignored. The
+    message says so: ``"max_len must be an int >= 1 or None, got 0"`` (unless ``wording``
+    says it otherwise)."""
     if value is None:
         return None
+    wording = f"an int >= {minimum} or None" if wording is None else wording
     return check_int(value, name, minimum, error=error, owner=owner, wording=wording)
 
 

@@ -444,9 +444,9 @@ def test_meta_embedding_freeze_must_be_a_bool(freeze: object) -> None:
 @pytest.mark.parametrize(
     ("oov_index", "error", "message"),
     [
-        (True, attnlab.ConfigError, r"^oov_index must be an int >= -1, got True$"),
-        (-2, attnlab.ConfigError, r"^oov_index must be an int >= -1, got -2$"),
-        ([0, 2.5], attnlab.ConfigError, r"^oov_index\[1\] must be an int >= -1, got 2\.5$"),
+        (True, attnlab.ConfigError, r"^oov_index must be an int >= -1 or None, got True$"),
+        (-2, attnlab.ConfigError, r"^oov_index must be an int >= -1 or None, got -2$"),
+        ([0, 2.5], attnlab.ConfigError, r"^oov_index\[1\] must be an int >= -1 or None, got 2\.5$"),
         (2.5, TypeError, r"^oov_index must be an int, a list .*got float$"),
         ("3", TypeError, r"^oov_index must be an int, a list .*got str$"),
     ],

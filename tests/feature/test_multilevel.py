@@ -1078,7 +1078,7 @@ def test_masked_rnn_checks_its_settings(kwargs: dict, error: type, message: str)
 def test_hierarchical_sizes_are_positive_ints(kwargs: dict, name: str) -> None:
     """``encoder_hidden`` / ``query_dim`` were read as ``x or default``: 0 fell back to the
     default silently, and with the query-less score they were never looked at."""
-    with pytest.raises(attnlab.ConfigError, match=rf"^{name} must be an int >= 1, got"):
+    with pytest.raises(attnlab.ConfigError, match=rf"^{name} must be an int >= 1 or None, got"):
         HierarchicalAttention(4, **kwargs)
 
 
@@ -1088,7 +1088,8 @@ def test_attention_via_attention_sizes_are_positive_ints(name: str, value: objec
     own names (``d_k``) or failed in ``d_q + d_vw``."""
     kwargs = {"d_q": 4, "d_char": 4, name: value}
     with pytest.raises(
-        attnlab.ConfigError, match=rf"^AttentionViaAttention: {name} must be an int >= 1, got"
+        attnlab.ConfigError,
+        match=rf"^AttentionViaAttention: {name} must be an int >= 1(?: or None)?, got",
     ):
         AttentionViaAttention(**kwargs)
 
@@ -1099,7 +1100,7 @@ def test_char_word_map_and_hierarchy_mask_sizes_are_ints() -> None:
     offsets = torch.tensor([[0, 2], [0, 3]])
     with pytest.raises(ValueError, match=r"^n_chars must be an int >= 0, got 2\.5$"):
         char_word_map(n_chars=2.5, word_offsets=offsets)
-    with pytest.raises(ValueError, match=r"^batch must be an int >= 0, got True$"):
+    with pytest.raises(ValueError, match=r"^batch must be an int >= 0 or None, got True$"):
         char_word_map(n_chars=5, word_offsets=offsets, batch=True)
     with pytest.raises(ValueError, match=r"^sizes\[0\] must be an int >= 0, got 2\.5$"):
         hierarchy_mask([torch.tensor([2, 1])], sizes=[2.5])

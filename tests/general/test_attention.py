@@ -934,5 +934,5 @@ def test_attention_plan_checks_its_settings() -> None:
     attn = Attention("additive", d_q=4, d_k=4)
     with pytest.raises(TypeError, match=r"^need_weights must be a bool, got 'no'$"):
         attn.plan(need_weights="no")
-    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0, got 2\.5$"):
+    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0 or None, got 2\.5$"):
         attn.explain(n_k=2.5)

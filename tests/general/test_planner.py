@@ -338,7 +338,7 @@ def test_plan_attention_refuses_bad_settings() -> None:
         plan_attention(caps, need_weights="no")
     with pytest.raises(TypeError, match=r"^dropout must be a bool, got 1$"):
         plan_attention(caps, dropout=1)
-    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^n_k must be an int >= 0 or None, got -1$"):
         plan_attention(caps, n_k=-1)
-    with pytest.raises(ValueError, match=r"^head_dim must be an int >= 0, got True$"):
+    with pytest.raises(ValueError, match=r"^head_dim must be an int >= 0 or None, got True$"):
         plan_attention(caps, head_dim=True)

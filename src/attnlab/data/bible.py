@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from attnlab._atomic import write_text
-from attnlab._checks import check_flags, check_path, check_seed
+from attnlab._checks import check_flags, check_optional_int, check_path, check_seed
 from attnlab.data._cache import cached
 from attnlab.data._common import _TOKEN as _TOKEN  # simple_tokenize's rules, with spans
 from attnlab.data._common import (
@@ -576,10 +576,7 @@ def load_bible_pairs(
     if split_by not in ("chapter", "book"):
         raise ValueError(f"split_by must be 'chapter' or 'book', got {split_by!r}")
     for name, value in (("max_pairs", max_pairs), ("max_len", max_len)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+        check_optional_int(value, name, error=ValueError)
     if links not in ("sure", "graded"):
         raise ValueError(f"links must be 'sure' or 'graded', got {links!r}")
     _check_module_name(source, "source")

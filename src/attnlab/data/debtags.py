@@ -48,7 +48,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from attnlab._atomic import write_file
-from attnlab._checks import check_flags, check_int, check_path, check_seed
+from attnlab._checks import check_flags, check_int, check_optional_int, check_path, check_seed
 from attnlab.data._cache import cache_dir, cached
 from attnlab.data._common import (
     DataFormatError,
@@ -543,8 +543,7 @@ def load_debtags(
     """
     check_split(split)
     check_int(min_count, "min_count", 1, error=ValueError)
-    if max_labels is not None:
-        check_int(max_labels, "max_labels", 1, error=ValueError, wording="an int >= 1 or None")
+    check_optional_int(max_labels, "max_labels", error=ValueError)
     chosen = _check_facets(facets)
     check_seed(seed)
     check_fractions(fractions)

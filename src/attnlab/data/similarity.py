@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from attnlab._checks import check_flags, check_int
+from attnlab._checks import check_flags, check_int, check_optional_int
 from attnlab.data._cache import cached_package_file
 from attnlab.data._common import DataFormatError, package_file
 from attnlab.data.glove import WordVectors
@@ -304,8 +304,7 @@ def _check_analogy_options(
     """:func:`evaluate_analogies`' arguments, checked before the questions are loaded."""
     _check_vectors(vectors)
     for option, value in (("max_questions", max_questions), ("restrict_vocab", restrict_vocab)):
-        if value is not None:
-            check_int(value, option, 1, error=ValueError, wording="an int >= 1 or None")
+        check_optional_int(value, option, error=ValueError)
     check_int(batch_size, "batch_size", 1, error=ValueError)
     check_flags(lowercase=lowercase)
     if questions is not None and not isinstance(questions, AnalogySet):

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attnlab._checks import check_int
+from attnlab._checks import check_int, check_optional_int
 
 __all__ = ["PAD", "UNK", "Vocab"]
 
@@ -78,8 +78,7 @@ class Vocab:
         ``min_freq`` is an int >= 1 and ``max_size`` an int >= 1 or None; each text is a
         list of tokens, not a string (a string would count its characters)."""
         check_int(min_freq, "min_freq", 1, error=ValueError)
-        if max_size is not None:
-            check_int(max_size, "max_size", 1, error=ValueError, wording="an int >= 1 or None")
+        check_optional_int(max_size, "max_size", error=ValueError)
         _check_not_text(texts, "texts", "an iterable of token lists")
         counts: Counter[str] = Counter()
         for text in texts:

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from attnlab._checks import check_optional_int
 from attnlab.data.pharaoh import read_pharaoh
 from attnlab.evaluation.extraction import symmetrize
 
@@ -55,9 +56,7 @@ def eflomal_directions(
         ) from None
     if len(source) != len(target):
         raise ValueError(f"{len(source)} source and {len(target)} target sentences")
-    if iterations is not None:
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"iterations must be an int >= 1 or None, got {iterations!r}")
+    if check_optional_int(iterations, "iterations", error=ValueError):
         iterations = (iterations, iterations, iterations)  # IBM1, HMM and fertility stages
     aligner = Aligner(n_iterations=iterations, n_samplers=samplers)
     with tempfile.TemporaryDirectory() as tmp:

@@ -202,7 +202,7 @@ def _settings(protocol: str, given: dict[str, Any]) -> dict[str, Any]:
     for name in ("permutations", "adversarial_steps", "mlp_epochs", "adversarial_epochs"):
         check_int(settings[name], name, error=ValueError)
     for name in ("max_instances", "max_train"):  # None: every instance
-        check_optional_int(settings[name], name, error=ValueError, wording="an int >= 1 or None")
+        check_optional_int(settings[name], name, error=ValueError)
     for name in ("epsilon", "mlp_lr", "adversarial_lr"):
         check_positive(settings[name], name, error=ValueError)
     lambdas = settings["lambdas"]

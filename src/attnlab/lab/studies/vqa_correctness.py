@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab._checks import check_optional_int
 from attnlab.evaluation.vqa_correctness import (
     MAPS,
     METRICS,
@@ -77,10 +78,7 @@ def _forward_weights(
 
 
 def _check_max_questions(max_questions: int | None) -> None:
-    if max_questions is not None and (
-        isinstance(max_questions, bool) or not isinstance(max_questions, int) or max_questions < 1
-    ):
-        raise ValueError(f"max_questions must be an int >= 1 or None, got {max_questions!r}")
+    check_optional_int(max_questions, "max_questions", error=ValueError)
 
 
 def _run_label(run_dir: str | Path) -> str | None:
