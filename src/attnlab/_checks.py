@@ -46,23 +46,15 @@ def check_int(
     return value
 
 
-def check_optional_int(
-    value: object,
-    name: str,
-    minimum: int = 1,
-    *,
-    error: type[Exception] = ConfigError,
-    owner: str | None = None,
-    wording: str | None = None,
-) -> int | None:
+def check_optional_int(value: object, name: str, minimum: int = 1, **options: Any) -> int | None:
     """``None`` (an optional size left out), or ``value`` checked by :func:`check_int` with
-    the same arguments: ``d_v=None`` is fine, ``d_v=2.5`` is refused, not ignored. The
-    message says so: ``"max_len must be an int >= 1 or None, got 0"`` (unless ``wording``
-    says it otherwise)."""
+    the same arguments (``error``, ``owner``, ``wording``): ``d_v=None`` is fine,
+    ``d_v=2.5`` is refused, not ignored. The message says so: ``"max_len must be an int
+    >= 1 or None, got 0"`` (unless ``wording`` says it otherwise)."""
     if value is None:
         return None
-    wording = f"an int >= {minimum} or None" if wording is None else wording
-    return check_int(value, name, minimum, error=error, owner=owner, wording=wording)
+    options.setdefault("wording", f"an int >= {minimum} or None")
+    return check_int(value, name, minimum, **options)
 
 
 def check_positive(value: object, name: str, *, error: type[Exception] = ConfigError) -> float:
