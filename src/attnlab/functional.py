@@ -34,7 +34,7 @@ from attnlab.general.fused import additive_score_lean as additive_score_lean
 from attnlab.general.fused import multi_dim_attend_lean as multi_dim_attend_lean
 from attnlab.general.local import local_window_attend as local_window_attend
 from attnlab.general.padding import clear_attention_inputs
-from attnlab.general.planner import Capabilities, plan_attention, score_class_capabilities
+from attnlab.general.planner import Capabilities, plan_call, score_class_capabilities
 from attnlab.general.scoring import (
     multi_dimensional_additive_score as multi_dimensional_additive_score,
 )
@@ -192,7 +192,8 @@ def attend(
     mask3 = _masks.normalize_mask(mask, B, n_q, n_k, device=k.device, single_query=single)
     # padding never matters, whatever it holds: cleared before any product touches it
     q3, k, v = clear_attention_inputs(q3, k, v, mask3, self_attention=q is k)
-    plan = plan_attention(caps, need_weights=need_weights, n_k=n_k, device=k.device, dtype=k.dtype)
+    # need_weights checked above, n_k a size of k: the planner need not check them again
+    plan = plan_call(caps, "auto", need_weights, n_k, k.device, k.dtype, False, None, None)
     if plan.path == "sdpa":
         assert q3 is not None
         q2, k2, scale = _dot_form(entry, q3, k, score_params)

@@ -227,7 +227,7 @@ def test_attention_on_the_local_triton_path_matches_explicit(score, align, kw, m
     explicit.load_state_dict(attn.state_dict())
     # the planner sends CUDA calls here; on the CPU (interpreter) the path is forced
     forced = Plan("local-triton", "forced by the test")
-    monkeypatch.setattr(attn, "plan", lambda *a, **k: forced)
+    monkeypatch.setattr(attn, "_plan", lambda *a, **k: forced)  # the plan forward takes
     q, k, v, _ = (x.float().to(DEVICE) for x in _inputs(dv=12))
     mask = MASKS["key-padding"]().to(DEVICE)
     outs, grads = [], []
@@ -288,7 +288,7 @@ def test_compiled_local_triton_path_has_no_graph_break_and_matches_eager(monkeyp
     torch.manual_seed(0)
     attn = Attention("general", "local-p", d_q=12, d_k=12, D=3).to(DEVICE)
     forced = Plan("local-triton", "forced by the test")
-    monkeypatch.setattr(attn, "plan", lambda *a, **k: forced)
+    monkeypatch.setattr(attn, "_plan", lambda *a, **k: forced)  # the plan forward takes
     q, k, v, _ = (x.float().to(DEVICE) for x in _inputs(dv=12))
     mask = MASKS["key-padding"]().to(DEVICE)
     # 1e-4: on a GPU the backward adds the key, value and centre gradients with atomics in

@@ -268,7 +268,7 @@ def test_attention_local_flex_path_matches_local_window(monkeypatch):
         ref = attn(q, k, v)
         assert ref.path == "local-window"
         monkeypatch.setattr(
-            Attention, "plan", lambda self, *a, **kw: Plan("local-flex", "forced for the test")
+            Attention, "_plan", lambda self, *a, **kw: Plan("local-flex", "forced for the test")
         )
         out = attn(q, k, v)
     assert out.path == "local-flex"

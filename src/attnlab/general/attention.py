@@ -63,7 +63,7 @@ from attnlab.general.local_flex import local_flex_attend
 from attnlab.general.local_triton import local_triton_attend
 from attnlab.general.location import location_inputs
 from attnlab.general.padding import clear_attention_inputs
-from attnlab.general.planner import Plan, capabilities, plan_attention
+from attnlab.general.planner import Plan, capabilities, check_plan_settings, plan_call
 from attnlab.general.scoring import AdditiveScore, Score
 from attnlab.general.sdpa import _sdpa_attend
 from attnlab.output import AttentionOutput
@@ -474,23 +474,31 @@ class Attention(Configurable):
         """The :class:`~attnlab.general.planner.Plan` of a call with these settings on
         ``device`` / ``dtype`` (default: those of the parameters; CPU without any) with
         keys and values of at least ``head_dim`` features and values of ``value_dim``
-        (``None``: unknown)."""
-        if device is None or dtype is None:  # (forward passes both: no walk per call)
+        (``None``: unknown); the settings are checked (:func:`check_plan_settings`)."""
+        check_plan_settings(self.path_mode, need_weights, False, n_k, head_dim)
+        if device is None or dtype is None:
             param = next(self.parameters(), None)
             if device is None:
                 device = param.device if param is not None else torch.device("cpu")
             if dtype is None and param is not None:
                 dtype = param.dtype
-        return plan_attention(
-            self._caps,
-            mode=self.path_mode,
-            need_weights=need_weights,
-            n_k=n_k,
-            device=device,
-            dtype=dtype,
-            dropout=self.dropout > 0 and self.training,
-            head_dim=head_dim,
-            widths=self._additive_widths(value_dim),
+        return self._plan(need_weights, n_k, device, dtype, head_dim, value_dim)
+
+    def _plan(
+        self,
+        need_weights: bool,
+        n_k: int | None,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+        head_dim: int | None,
+        value_dim: int | None,
+    ) -> Plan:
+        """:meth:`plan` for ``forward``, which checked its settings and passes the device and
+        dtype of the call: no check and no walk over the parameters per call."""
+        dropout = self.dropout > 0 and self.training
+        widths = self._additive_widths(value_dim)
+        return plan_call(
+            self._caps, self.path_mode, need_weights, n_k, device, dtype, dropout, head_dim, widths
         )
 
     def _additive_widths(self, value_dim: int | None) -> tuple[int, int] | None:
@@ -625,14 +633,7 @@ class Attention(Configurable):
         keys = self.key_proj(k) if self.key_proj is not None else k
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
-        path = self.plan(
-            need_weights,
-            n_k,
-            device=k.device,
-            dtype=k.dtype,
-            head_dim=head_dim,
-            value_dim=values.shape[-1],
-        ).path
+        path = self._plan(need_weights, n_k, k.device, k.dtype, head_dim, values.shape[-1]).path
         call = _Call(
             q3,
             keys,

@@ -39,8 +39,10 @@ __all__ = [
     "Capabilities",
     "Plan",
     "capabilities",
+    "check_plan_settings",
     "flex_available",
     "plan_attention",
+    "plan_call",
     "plan_heads",
     "score_class_capabilities",
     "sdpa_four_d",
@@ -257,16 +259,41 @@ def plan_attention(
             :data:`~attnlab.general.flash_additive.TRITON_MAX_WIDTH`, wider calls take the
             chunked kernels.
 
-    A bad setting raises (``ConfigError`` for an unknown ``mode``, ``TypeError`` for a
-    switch that is no bool, ``ValueError`` for a size that is no int ``>= 0``) instead of
-    planning a call that never happens.
+    A bad setting raises (:func:`check_plan_settings`) instead of planning a call that
+    never happens.
     """
+    check_plan_settings(mode, need_weights, dropout, n_k, head_dim)
+    return plan_call(caps, mode, need_weights, n_k, device, dtype, dropout, head_dim, widths)
+
+
+def check_plan_settings(
+    mode: str, need_weights: bool, dropout: bool, n_k: int | None, head_dim: int | None
+) -> None:
+    """The settings of :func:`plan_attention`: ``ConfigError`` for an unknown ``mode``,
+    ``TypeError`` for a switch that is no bool, ``ValueError`` for a size that is no int
+    ``>= 0`` (``None``: unknown)."""
     if mode not in _MODES:
         check_choice(mode, "mode", _MODES)
     check_flags(need_weights=need_weights, dropout=dropout)
     if not torch.compiler.is_compiling():  # sizes of a traced call may be symbolic
         check_optional_int(n_k, "n_k", minimum=0, error=ValueError)
         check_optional_int(head_dim, "head_dim", minimum=0, error=ValueError)
+
+
+def plan_call(
+    caps: Capabilities,
+    mode: str,
+    need_weights: bool,
+    n_k: int | None,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    dropout: bool,
+    head_dim: int | None,
+    widths: tuple[int, int] | None,
+) -> Plan:
+    """:func:`plan_attention` without its checks, for the callers whose settings are
+    checked already (``Attention.forward``, ``functional.attend``): nothing on the path of
+    every call is done twice."""
     forced = _forced_plan(caps, mode, n_k, need_weights)
     if forced is not None:
         return forced
