@@ -156,3 +156,13 @@ def test_write_text_writes_utf8_atomically(tmp_path, umask):
     assert target.read_bytes() == "Grüße ||| 世界\n".encode()
     assert _mode(target) == 0o666 & ~umask
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_a_folder_at_the_target_fails_before_anything_is_written(tmp_path):
+    (tmp_path / "out").mkdir()
+    calls = []
+    with pytest.raises(IsADirectoryError, match="is a folder, not a file") as caught:
+        write_file(tmp_path / "out", calls.append)
+    assert calls == [] and "\n" not in str(caught.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert list((tmp_path / "out").iterdir()) == []

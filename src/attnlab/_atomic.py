@@ -79,8 +79,11 @@ def write_file(target: str | os.PathLike[str], write: Callable[[Path], None]) ->
     temporary file beside ``target``, which then replaces ``target``. The file gets the
     mode of the file it replaces, else :func:`file_mode`. Any exception (an ``OSError``
     of a full disk, a ``KeyboardInterrupt``) removes the temporary file, leaves ``target``
-    as it was and propagates. The folder must exist. Returns ``target`` as a :class:`Path`."""
+    as it was and propagates. The folder must exist; a folder at ``target`` is an
+    ``IsADirectoryError`` before anything is written. Returns ``target`` as a :class:`Path`."""
     target = Path(target)
+    if target.is_dir():  # os.replace would fail only after the (maybe long) write
+        raise IsADirectoryError(f"{str(target)!r} is a folder, not a file")
     fd, name = tempfile.mkstemp(prefix=_temp_prefix(target), suffix=_TEMP_SUFFIX, dir=target.parent)
     os.close(fd)
     tmp = Path(name)

@@ -492,3 +492,16 @@ def test_the_command_names_a_plugin_that_cannot_be_imported(tmp_path):
     assert res.exit_code == 2, res.output
     assert "plugin 'no_such_plugin_xyz' cannot be imported" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "a").exists()
+
+
+def test_the_ablation_directory_expands_the_home_folder(tmp_path, monkeypatch):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    options = {**TINY, "epochs": 1}
+    result = run_ablation("toy", ["mean"], [0], out_dir="~/abl", options=options, progress=False)
+    assert result.out_dir == home / "abl" and not result.failed
+    assert ResultsStore("~/abl").done_ids() == set(result.ran)
+    assert list(work.iterdir()) == []  # no folder named "~"

@@ -262,3 +262,42 @@ def test_cuda_flattened_lstm_round_trip_and_map_location(tmp_path, monkeypatch):
     assert all(p.device.type == "cuda" for p in gpu_model.parameters())
     got = gpu_model(tokens.cuda(), lengths.cuda()).logits.cpu()
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_paths_expand_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = nn.Linear(2, 2)
+    written = save_state(model, "~/ckpt/model.safetensors")
+    assert written == tmp_path / "ckpt" / "model.safetensors" and written.is_file()
+    other = nn.Linear(2, 2)
+    sha = checkpoint.file_sha256("~/ckpt/model.safetensors")
+    load_state(other, "~/ckpt/model.safetensors", sha256=sha)
+    assert torch.equal(other.weight, model.weight)
+    assert checkpoint.check_checkpoint("~/ckpt/model.safetensors") == written
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: save_state(nn.Linear(2, 2), p),
+        lambda p: load_state(nn.Linear(2, 2), p),
+        checkpoint.check_checkpoint,
+        checkpoint.file_sha256,
+    ],
+    ids=["save_state", "load_state", "check_checkpoint", "file_sha256"],
+)
+def test_a_path_that_is_no_path_is_one_type_error(call):
+    """``file_sha256(0)`` read (and closed) the process's standard input: ``open`` takes an
+    int as a file descriptor."""
+    for bad in (0, None, 2.5):
+        with pytest.raises(TypeError, match="path must be a path"):
+            call(bad)
+
+
+def test_saving_onto_a_folder_fails_before_writing(tmp_path, monkeypatch):
+    import attnlab._atomic as atomic
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", lambda *a, **k: pytest.fail("wrote"))
+    with pytest.raises(IsADirectoryError, match="is a folder, not a file"):
+        save_state(nn.Linear(2, 2), tmp_path)
+    assert list(tmp_path.iterdir()) == []

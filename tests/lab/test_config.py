@@ -210,3 +210,12 @@ def test_load_config_file_needs_a_known_suffix(tmp_path):
     path.write_text("[x]\n")
     with pytest.raises(ConfigError, match=r"must end in \.yaml"):
         load_config_file(path)
+
+
+def test_load_config_file_refuses_what_is_no_path_and_expands_home(tmp_path, monkeypatch):
+    for bad in (5, None):
+        with pytest.raises(TypeError, match="config file must be a path"):
+            load_config_file(bad)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run.json").write_text('{"seeds": [1]}')
+    assert load_config_file("~/run.json") == {"seeds": [1]}

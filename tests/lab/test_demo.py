@@ -138,3 +138,16 @@ def test_the_seeds_may_be_text_as_on_the_command_line(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_ablation", ablation)
     demo.run_demo(tmp_path / "d", seeds="3,4", progress=False, report=False)
     assert seen["seeds"] == "3,4"  # parsed by the ablation's parse_seeds, as --seeds is
+
+
+def test_the_out_folder_expands_the_home_folder(monkeypatch, tmp_path):
+    seen = {}
+
+    def ablation(task, grid, seeds, **kwargs):
+        seen["out_dir"] = kwargs["out_dir"]
+        return SimpleNamespace(ran=[], failed={})
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(demo, "run_ablation", ablation)
+    demo.run_demo("~/d", progress=False, report=False)
+    assert seen["out_dir"] == tmp_path / "d"

@@ -305,3 +305,42 @@ def test_before_publish_can_stop_a_run_from_being_written(tmp_path, fails):
     # which the same run started again goes on (attnlab.lab.resume)
     left = [p.name for p in tmp_path.iterdir()]
     assert left == ([] if fails else [".r.resume.safetensors"])
+
+
+# ----------------------------------------------------------------------------- ~ in paths
+
+
+def test_a_run_directory_under_home_is_written_and_read_with_tilde(tmp_path, monkeypatch):
+    """``~`` means the home folder in every path of the lab, as in the data loaders: the
+    run goes to ``$HOME/runs/one`` (not to a folder named ``~`` in the working folder),
+    and the readers find it again by the same text."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    train_run("toy", options={"epochs": 1}, out_dir="~/runs/one", progress=False)
+    assert read_run("~/runs/one")["status"] == "done"
+    assert read_metrics("~/runs/one") == read_metrics(home / "runs" / "one")
+    task, _data, _model = load_run("~/runs/one")
+    assert task.name == "toy"
+    assert list(work.iterdir()) == []  # no folder named "~"
+
+
+@pytest.mark.parametrize("reader", [read_run, read_metrics, load_run])
+@pytest.mark.parametrize(
+    ("run_dir", "error"), [(5, TypeError), (None, TypeError), ("", ConfigError)]
+)
+def test_a_run_reader_refuses_a_non_path_in_one_line(reader, run_dir, error):
+    """An int was read as an open file descriptor by ``open`` deep inside; ``""`` is the
+    working folder."""
+    with pytest.raises(error, match="run_dir must") as caught:
+        reader(run_dir)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_run_under_home_is_named_by_its_real_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(MissingRunFileError) as caught:
+        read_run("~/nowhere")
+    _one_line_naming(caught.value, tmp_path / "nowhere")

@@ -201,3 +201,11 @@ def test_summary_leaves_out_values_a_run_could_not_compute(tmp_path):
     assert s.n == 4 and s.mean["bleu"] == 11.5
     assert s.mean["meteor"] == pytest.approx(0.4)  # the two computed values, not NaN
     assert s.std["meteor"] == pytest.approx(0.02**0.5)
+
+
+def test_the_store_path_expands_home_and_refuses_what_is_no_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ResultsStore("~/abl").path == tmp_path / "abl" / ResultsStore.FILENAME
+    assert (tmp_path / "abl" / ResultsStore.FILENAME).is_file()
+    with pytest.raises(TypeError, match="path must be a path"):
+        ResultsStore(3)

@@ -515,7 +515,7 @@ def run_ablation(
     """
     check_flags(progress=progress)
     if out_dir is not None:
-        check_path(out_dir, "out_dir")
+        out_dir = check_path(out_dir, "out_dir")
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     runner = make_executor(executor, jobs=jobs, address=address)  # Ray missing: fails now

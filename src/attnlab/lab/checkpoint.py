@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from attnlab._atomic import write_file
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_path
 
 __all__ = [
     "MissingRunFileError",
@@ -61,9 +61,10 @@ class MissingRunFileError(RunFileError, FileNotFoundError):
 
 
 def file_sha256(path: str | Path) -> str:
-    """The hex sha256 of the bytes of ``path``."""
+    """The hex sha256 of the bytes of ``path`` (text or ``os.PathLike``, ``~`` expanded: an
+    int would be read as an open file descriptor)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(check_path(path), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -72,8 +73,9 @@ def file_sha256(path: str | Path) -> str:
 def check_checkpoint(path: str | Path, sha256: str | None = None) -> Path:
     """``path`` as a :class:`~pathlib.Path` after checking that it is a file and, when
     ``sha256`` is given, that its bytes have that checksum. Raises
-    :class:`MissingRunFileError` / :class:`RunFileError` naming the file."""
-    file = Path(path)
+    :class:`MissingRunFileError` / :class:`RunFileError` naming the file (``path`` that is
+    no path: ``TypeError``; ``~`` is expanded)."""
+    file = check_path(path)
     if not file.is_file():
         raise MissingRunFileError(f"no checkpoint at {str(file)!r}; train the run again")
     if sha256 is not None:
@@ -139,10 +141,12 @@ def portable_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str,
 def save_state(model: nn.Module, path: str | Path, *, metadata: dict[str, str] | None = None):
     """Write ``model``'s state dict to ``path`` (safetensors), atomically, whatever its
     storage layout (:func:`portable_state`); the metadata holds ``metadata`` and, for each
-    tied name stored once, ``{dropped name: kept name}``. Returns the path."""
+    tied name stored once, ``{dropped name: kept name}``. Returns the path (``~``
+    expanded); a folder at ``path`` is an ``IsADirectoryError`` before anything is
+    written."""
     from safetensors.torch import save_file
 
-    target = Path(path)
+    target = check_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tensors, aliases = portable_state(model)
     meta = dict(aliases)

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab._checks import ConfigError, check_int
+from attnlab._checks import ConfigError, check_int, check_path
 from attnlab.lab.errors import error_message
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def read_structured_file(
 ) -> Any:
     """The content of a ``.yaml`` / ``.yml`` / ``.toml`` / ``.json`` file (``kind`` names it
     in the errors; without ``require_suffix`` a file of another suffix is read as YAML)."""
-    file = Path(path).expanduser()
+    file = check_path(path, kind)
     suffix = file.suffix.lower()
     if require_suffix and suffix not in _FILE_SUFFIXES:
         raise ConfigError(

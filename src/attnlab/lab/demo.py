@@ -139,11 +139,9 @@ def run_demo(
     cannot be made.
     """
     check_flags(progress=progress, quick=quick, report=report)
-    if out_dir is not None:
-        check_path(out_dir, "out_dir")
     options = QUICK_OPTIONS if quick else DEMO_OPTIONS
     out = (
-        Path(out_dir)
+        check_path(out_dir, "out_dir")
         if out_dir is not None
         else Path("ablations") / ("demo-quick" if quick else "demo")
     )

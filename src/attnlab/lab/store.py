@@ -45,9 +45,9 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from attnlab._checks import check_path
 from attnlab.lab._process import Owner
 from attnlab.lab.checkpoint import RunFileError
 from attnlab.lab.files import utc_now
@@ -192,7 +192,7 @@ class ResultsStore:
     FILENAME = "results.sqlite"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        path = Path(path)
+        path = check_path(path)
         if path.is_dir() or (not path.exists() and not path.suffix):
             path = path / self.FILENAME  # an ablation directory (made when missing)
         self.path = path

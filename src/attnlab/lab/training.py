@@ -689,10 +689,10 @@ def train_run(
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     prefetch = _check_run_args(the_task, seed, num_threads, prefetch, dev)
-    if out_dir is not None:
-        check_path(out_dir, "out_dir")
     run_dir = (
-        Path(out_dir) if out_dir is not None else default_run_dir(the_task.name, spec_given, seed)
+        check_path(out_dir, "out_dir")
+        if out_dir is not None
+        else default_run_dir(the_task.name, spec_given, seed)
     ).absolute()
     why = _not_replaceable(run_dir)
     if why is not None:
@@ -1389,7 +1389,8 @@ def read_run_file(run_dir: str | Path, name: str) -> Any:
     """
     if name not in _RUN_JSON:
         raise ValueError(f"name must be one of {', '.join(_RUN_JSON)}, got {name!r}")
-    path = Path(run_dir) / name
+    run_dir = check_path(run_dir, "run_dir")
+    path = run_dir / name
     if not path.is_file():
         if name == "run.json":
             raise MissingRunFileError(f"{str(run_dir)!r} is not a run directory (no run.json)")
@@ -1429,6 +1430,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn
     ``checkpoint_sha256``), or a malformed ``run.json``, raises
     :class:`~attnlab.lab.checkpoint.RunFileError` naming the file.
     """
+    run_dir = check_path(run_dir, "run_dir")
     info = read_run(run_dir)
     if info.get("status") != "done":
         raise RunFileError(
@@ -1436,9 +1438,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn
             + (f" (error: {' '.join(str(info['error']).split())})" if info.get("error") else "")
         )
     # the checkpoint first: a damaged one fails before the (maybe slow) data is loaded
-    checkpoint = check_checkpoint(
-        Path(run_dir) / "model.safetensors", info.get("checkpoint_sha256")
-    )
+    checkpoint = check_checkpoint(run_dir / "model.safetensors", info.get("checkpoint_sha256"))
     task = resolve_task(info["task"], info.get("task_options") or {})
     dev = resolve_device(device)
     seed_everything(int(info.get("seed", 0)))

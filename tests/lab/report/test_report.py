@@ -1024,3 +1024,15 @@ def test_ablation_analysis_pairs_by_seed(tmp_path):
     assert c["perm_p"] == pytest.approx(0.25)  # all three differences positive: 2 of 8 flips
     html = render_report(root)
     assert 'id="analysis-mean"' in html and "Cohen" in html
+
+
+def test_report_paths_expand_the_home_folder(tmp_path, monkeypatch):
+    from attnlab.lab.report import load_report_data
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_run_dir(tmp_path / "r", attention=ADD)
+    assert load_report_data("~/r").root == tmp_path / "r"
+    assert Path(write_report("~/r", out="~/page.html")) == tmp_path / "page.html"
+    assert (tmp_path / "page.html").is_file()
+    with pytest.raises(TypeError, match="path must be a path"):
+        load_report_data(7)

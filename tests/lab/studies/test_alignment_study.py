@@ -124,3 +124,17 @@ def test_aer_table_command(tiny_ablation, tmp_path) -> None:
     assert any(line.startswith("| diagonal | - |") for line in lines)
     res = runner.invoke(aer_table_command, [str(tmp_path)])
     assert res.exit_code != 0 and "ablation.json" in res.output
+
+
+def test_run_and_ablation_folders_are_paths_and_tilde_is_home(tmp_path, monkeypatch) -> None:
+    from attnlab.lab.checkpoint import MissingRunFileError
+
+    with pytest.raises(TypeError, match="run_dir must be a path"):
+        translator_aer(3)
+    with pytest.raises(TypeError, match="ablation_dir must be a path"):
+        aer_table(3)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(MissingRunFileError, match=f"'{tmp_path / 'gone'}' is not a run"):
+        translator_aer("~/gone")
+    with pytest.raises(Exception, match=str(tmp_path / "gone")):
+        aer_table("~/gone")

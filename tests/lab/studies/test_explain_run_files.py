@@ -79,3 +79,16 @@ def test_a_damaged_run_is_one_error_line(trained: Path, tmp_path: Path, damage: 
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.output
     assert str(damaged) in lines[0]
+
+
+def test_the_run_directory_is_a_path_and_tilde_is_home(tmp_path: Path, monkeypatch) -> None:
+    from attnlab._checks import ConfigError
+    from attnlab.lab.checkpoint import MissingRunFileError
+    from attnlab.lab.studies.explanation import explain_run
+
+    for bad, error in ((3, TypeError), (None, TypeError), ("", ConfigError)):
+        with pytest.raises(error, match="run_dir must"):
+            explain_run(bad)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(MissingRunFileError, match=f"'{tmp_path / 'gone'}' is not a run"):
+        explain_run("~/gone")

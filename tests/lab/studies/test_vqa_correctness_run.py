@@ -259,3 +259,15 @@ def test_real_easy_vqa_tiny_run(tmp_path: Path) -> None:
     assert -1 <= o["spearman"]["mean"] <= 1 and o["spearman"]["n"] == 100
     counts = sum(s["mass"]["n"] for s in r["maps"]["model"]["by_type"].values())
     assert counts == 100
+
+
+def test_the_run_directory_is_a_path_and_tilde_is_home(tmp_path, monkeypatch):
+    from attnlab._checks import ConfigError
+    from attnlab.lab.checkpoint import MissingRunFileError
+
+    for bad, error in ((3, TypeError), (None, TypeError), ("", ConfigError)):
+        with pytest.raises(error, match="run_dir must"):
+            vc.vqa_correctness(bad)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(MissingRunFileError, match=f"'{tmp_path / 'gone'}' is not a run"):
+        vc.vqa_correctness("~/gone")

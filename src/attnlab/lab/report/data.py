@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab._checks import check_path
 from attnlab.lab.ablation_record import RECORD_NAME, AblationRecordError, read_ablation_record
 from attnlab.lab.task import spec_label
 
@@ -411,7 +412,7 @@ def load_report_data(
     when there is one, it is listed with the failed runs, and ``on_warning`` gets one line
     saying so. An unreadable file of a single run directory raises :class:`ReportError`.
     """
-    root = Path(path)
+    root = check_path(path)
     if not root.exists():
         raise FileNotFoundError(f"no such directory: {root}")
     if not root.is_dir():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab._checks import check_path
 from attnlab.data._common import check_split
 from attnlab.evaluation.aer import AERResult
 from attnlab.evaluation.attention_alignment import (
@@ -105,7 +106,7 @@ def translator_aer(
     if extraction not in EXTRACTIONS:
         raise ValueError(f"extraction must be one of {', '.join(EXTRACTIONS)}, got {extraction!r}")
     check_split(split, SPLITS, none=False)
-    task, data, model = _load_run(run_dir, _cache)
+    task, data, model = _load_run(check_path(run_dir, "run_dir"), _cache)
     part = translation_part(data, split)
     matrices = task.attention_matrices(model, data, split)
     links = attention_links(matrices, extraction=extraction, threshold=threshold)
@@ -219,7 +220,7 @@ def aer_table(
     from attnlab.lab.ablation import run_id
     from attnlab.lab.task import spec_label
 
-    root = Path(ablation_dir)
+    root = check_path(ablation_dir, "ablation_dir")
     meta = _read_ablation(root)
     cache: dict[str, Any] = {} if _cache is None else _cache
     tag = _option_tag(meta.get("task_options") or {})

@@ -38,6 +38,7 @@ from attnlab._checks import (
     check_int,
     check_number,
     check_optional_int,
+    check_path,
     check_positive,
     check_seed,
 )
@@ -578,8 +579,9 @@ def explain_run(
     if isinstance(compare, str | os.PathLike):  # one run, not the characters of its path
         compare = [compare]
     paper = protocol == "paper"
-    _check_other_runs(Path(run_dir), compare, uniform_run)
-    s = _open_study(Path(run_dir), cfg, paper, seed, device)
+    run_dir = check_path(run_dir, "run_dir")
+    _check_other_runs(run_dir, compare, uniform_run)
+    s = _open_study(run_dir, cfg, paper, seed, device)
     s.progress = progress
     others = _compare_models(s, compare)
     bar = ProgressBar(progress, total=6 + bool(compare), desc="explanation tests", unit="test")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab._checks import check_optional_int
+from attnlab._checks import check_optional_int, check_path
 from attnlab.evaluation.vqa_correctness import (
     MAPS,
     METRICS,
@@ -118,6 +118,7 @@ def vqa_correctness(
     (``accuracy``, ``accuracy_by_type``, ``model_is_uniform``, ``region``, ``maps``,
     ``spread``, ``lift``, ``reference``). NaN is written as null in the JSON file.
     """
+    run_dir = check_path(run_dir, "run_dir")
     _check_max_questions(max_questions)
     check_alpha(alpha)
     task, data, model = load_run(run_dir, device=device)
