@@ -339,3 +339,12 @@ def test_bad_options_fail_before_the_data_is_read(tmp_path, options, error, mess
     and [] as no facet (both an empty dataset), strings failed in comparisons."""
     with pytest.raises(error, match=f"^{message}"):
         load_debtags(**{"path": tmp_path / "missing.jsonl.gz", **options})
+
+
+def test_the_paths_of_the_debtags_files_are_checked(tmp_path, monkeypatch):
+    for call in (dt.read_frozen, dt.read_apt_lists, lambda p: dt.freeze_debtags(p)):
+        with pytest.raises(TypeError, match="must be a path"):
+            call(0)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(MissingDataError, match=f"in {tmp_path / 'lists'},"):
+        dt.read_apt_lists("~/lists")

@@ -279,3 +279,12 @@ def test_shape_region_empty_or_nan_image():
         shape_region(np.zeros((0, 0, 3), dtype=np.uint8))  # was an IndexError
     with pytest.raises(ValueError, match=r"^image has float values outside \[0, 1\] \(or NaN\)"):
         shape_region(np.full((4, 4, 3), np.nan))  # was a RuntimeWarning and a garbage mask
+
+
+def test_read_png_takes_bytes_or_a_path(tmp_path, monkeypatch):
+    with pytest.raises(TypeError, match="data must be PNG bytes or a path, got int"):
+        read_png(0)  # open(0) would read standard input
+    png = _encode_png(np.array([[[1, 2, 3]]], dtype=np.uint8), [0])
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "x.png").write_bytes(png)
+    assert read_png("~/x.png").tolist() == read_png(png).tolist() == [[[1, 2, 3]]]

@@ -90,3 +90,12 @@ def test_rle_hybrid_by_hand():
     assert _rle_hybrid(bytes([3, *packed]), 3, 8) == values
     # the group is cut to the number of values asked for
     assert _rle_hybrid(bytes([3, *packed]), 3, 6) == values[:6]
+
+
+def test_read_string_column_takes_paths_only(tmp_path, monkeypatch):
+    with pytest.raises(TypeError, match="path must be a path"):
+        read_string_column(0)  # open(0) would read standard input
+    name = "strings_plain_gzip_v2.parquet"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / name).write_bytes((FIXTURES / name).read_bytes())
+    assert read_string_column("~/" + name) == read_string_column(FIXTURES / name)

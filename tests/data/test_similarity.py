@@ -326,3 +326,24 @@ def test_evaluations_check_their_inputs():
         evaluate_analogies(None)
     with pytest.raises(TypeError, match=r"^name must be 'wordsim353' or 'simlex999' or a Sim"):
         evaluate_similarity(compass(), 5)  # was "'int' object has no attribute 'pairs'"
+
+
+@pytest.mark.parametrize("read", [read_similarity, read_analogies])
+def test_the_readers_take_paths_as_every_loader_does(read, tmp_path, monkeypatch):
+    """``~`` is the home folder, a gzip file is read, a bad path is one line (it was a
+    bare ``read_text`` that took no ``~`` and read no compressed file)."""
+    import gzip
+
+    name = "similarity_tiny.tsv" if read is read_similarity else "analogies_tiny.txt"
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with gzip.open(tmp_path / (name + ".gz"), "wt", encoding="utf-8") as f:
+        f.write(text)
+    expected = read(FIXTURES / name).to_json()
+    assert read("~/" + name).to_json() == expected
+    assert read(tmp_path / (name + ".gz"), name=expected["name"]).to_json() == expected
+    with pytest.raises(TypeError, match="path must be a path"):
+        read(3)
+    with pytest.raises(FileNotFoundError, match=f"no such data file: {tmp_path / 'gone'}"):
+        read("~/gone")

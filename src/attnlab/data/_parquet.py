@@ -19,6 +19,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from attnlab._checks import check_path
+
 __all__ = ["ParquetUnsupported", "read_string_column", "snappy_decompress"]
 
 
@@ -236,7 +238,7 @@ def _footer(data: bytes) -> dict[int, Any]:
 
 def read_string_column(path: str | Path, column: str | None = None) -> list[str | None]:
     """All values of one string column (default: the first) of a flat Parquet file."""
-    data = Path(path).read_bytes()
+    data = check_path(path).read_bytes()
     meta = _footer(data)
     schema = meta[2]
     leaves = [el for el in schema[1:] if not el.get(5)]  # elements without children

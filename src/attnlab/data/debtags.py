@@ -360,7 +360,7 @@ def read_apt_lists(lists_dir: str | Path = LISTS_DIR) -> tuple[list[dict[str, An
     """The tagged package records of every ``*_Packages`` list in ``lists_dir`` (one record
     per package name: the first list, in name order, that tags it wins) and the list file
     names read. Long descriptions come from ``*_Translation-en`` lists where present."""
-    lists_dir = Path(lists_dir)
+    lists_dir = check_path(lists_dir, "lists_dir")
     files = _list_files(lists_dir, "Packages") if lists_dir.is_dir() else []
     if not files:
         raise MissingDataError(
@@ -401,7 +401,7 @@ def freeze_debtags(dest: str | Path | None = None, *, lists_dir: str | Path = LI
         dest = default_frozen_path()
         if dest is None:
             raise ValueError("the attnlab cache is off (ATTNLAB_CACHE=off): pass dest")
-    dest = Path(dest)
+    dest = check_path(dest, "dest")
     header = {"format": FORMAT, "version": FORMAT_VERSION, "lists": lists, "packages": len(records)}
     lines = [json.dumps(header, ensure_ascii=False, sort_keys=True)]
     lines += [json.dumps(r, ensure_ascii=False, sort_keys=True) for r in records]
@@ -420,7 +420,7 @@ def freeze_debtags(dest: str | Path | None = None, *, lists_dir: str | Path = LI
 
 def read_frozen(path: str | Path) -> list[dict[str, Any]]:
     """The package records of a frozen debtags file, validated."""
-    path = Path(path)
+    path = check_path(path)
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -481,7 +481,7 @@ def _records(path: str | Path | None, lists_dir: str | Path, cache: bool) -> tup
             disk=False,
         )
         return records, f"debtags (frozen {path.name})"
-    lists_dir = Path(lists_dir)
+    lists_dir = check_path(lists_dir, "lists_dir")
     files = _list_files(lists_dir, "Packages") if lists_dir.is_dir() else []
     parts = (FORMAT_VERSION, *(file_fingerprint(f) for f in files))
     if not files:

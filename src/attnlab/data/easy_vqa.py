@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab._checks import check_number, check_seed
+from attnlab._checks import check_number, check_path, check_seed
 from attnlab.data._cache import cache_dir, write_atomic
 from attnlab.data._common import (
     SPLIT_NAMES,
@@ -197,8 +197,10 @@ def read_png(data: bytes | str | os.PathLike, *, path: object = None) -> np.ndar
     dropped). A small pure-Python decoder (zlib + the five PNG row filters) so that no
     imaging library is needed; :class:`DataFormatError` for anything else."""
     if not isinstance(data, bytes):
-        path = data
-        data = Path(data).read_bytes()
+        if not isinstance(data, str | os.PathLike):
+            raise TypeError(f"data must be PNG bytes or a path, got {type(data).__name__}")
+        path = data = check_path(data, "data")
+        data = data.read_bytes()
     header, idat = _png_chunks(data, path)
     width, height, depth, color, _, _, interlace = header
     channels = {2: 3, 6: 4}.get(color)

@@ -36,9 +36,10 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from attnlab._checks import check_flags, check_int, check_optional_int
+from attnlab._checks import check_flags, check_int, check_optional_int, check_path
 from attnlab.data._cache import cached_package_file
 from attnlab.data._common import DataFormatError, package_file
+from attnlab.data._io import open_text
 from attnlab.data.glove import WordVectors
 
 __all__ = [
@@ -182,16 +183,24 @@ def parse_analogies(text: str, *, name: str = "", path: object = None) -> Analog
     return AnalogySet(tuple(questions), tuple(sections), name)  # type: ignore[arg-type]
 
 
+def _read_text(path: str | Path) -> tuple[Path, str]:
+    """``path`` (``~`` expanded) and its text, read as every data file is
+    (:func:`~attnlab.data._io.open_text`: compressed files too, one-line errors)."""
+    file = check_path(path)
+    with open_text(file) as f:
+        return file, f.read()
+
+
 def read_similarity(path: str | Path, *, name: str | None = None) -> SimilaritySet:
     """A similarity file in the WordSim-353 / SimLex-999 layout of gensim's test data."""
-    path = Path(path)
-    return parse_similarity(path.read_text(encoding="utf-8"), name=name or path.stem, path=path)
+    file, text = _read_text(path)
+    return parse_similarity(text, name=name or file.stem, path=file)
 
 
 def read_analogies(path: str | Path, *, name: str | None = None) -> AnalogySet:
     """An analogy file in the layout of word2vec's ``questions-words.txt``."""
-    path = Path(path)
-    return parse_analogies(path.read_text(encoding="utf-8"), name=name or path.stem, path=path)
+    file, text = _read_text(path)
+    return parse_analogies(text, name=name or file.stem, path=file)
 
 
 # ----------------------------------------------------------------------------- loaders
