@@ -348,3 +348,22 @@ def test_the_paths_of_the_debtags_files_are_checked(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(MissingDataError, match=f"in {tmp_path / 'lists'},"):
         dt.read_apt_lists("~/lists")
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["freeze", "{tmp}"], 1, "is a folder, not a file"),
+        (["freeze", ""], 2, "dest must not be empty"),
+        (["stats", "--min-count", "0"], 2, "min_count must be an int >= 1, got 0"),
+    ],
+)
+def test_main_says_a_bad_argument_in_one_line(lists_dir, tmp_path, capsys, argv, status, message):
+    """These were tracebacks: a folder as the destination, an empty one, a bad count."""
+    argv = [a.format(tmp=tmp_path) for a in argv] + (
+        ["--lists-dir", str(lists_dir)] if argv[0] == "freeze" else ["--path", str(tmp_path)]
+    )
+    assert dt.main(argv) == status
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == [lists_dir.name]  # nothing written

@@ -618,7 +618,10 @@ def main(argv: Iterable[str] | None = None) -> int:
             )
             for label, count in sorted(ds.label_counts().items(), key=lambda kv: -kv[1]):
                 print(f"{count:6d}  {label}")
-    except (MissingDataError, DataFormatError) as error:
+    except (MissingDataError, DataFormatError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except (TypeError, ValueError) as error:  # a bad argument (ConfigError is a ValueError)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
