@@ -99,7 +99,7 @@ def test_list_prints_every_mechanism_with_formula_and_source():
 def test_list_shows_the_tasks():
     result = run("list", "--kind", "task")
     assert result.exit_code == 0
-    assert result.stdout.startswith("Tasks of the lab (survey section 0 on real data)\n")
+    assert result.stdout.startswith("Tasks of the lab (survey section 2 on real data)\n")
     _assert_lists_every_entry(result.stdout, kinds=["task"])
     assert "\nsentiment\n" in result.stdout
     assert "Jain & Wallace 2019" in result.stdout

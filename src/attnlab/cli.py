@@ -48,8 +48,8 @@ KIND_TITLES = {
     "attention": "Attention modules",
     "feature": "Feature-related attention (survey 3.1)",
     "query": "Query-related attention (survey 3.3)",
-    "model": "Task models (survey section 0: feature, query, attention and output model)",
-    "task": "Tasks of the lab (survey section 0 on real data)",
+    "model": "Task models (survey section 2: feature, query, attention and output model)",
+    "task": "Tasks of the lab (survey section 2 on real data)",
 }
 
 #: Commands defined in other modules: name -> (module, attribute). A command whose module

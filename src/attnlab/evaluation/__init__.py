@@ -1,4 +1,4 @@
-"""Evaluating attention (survey section 5; TAXONOMY section 5): pure measures -- tensors
+"""Evaluating attention (survey section 4; TAXONOMY section 5): pure measures -- tensors
 and arrays in, numbers out. Nothing here trains or loads a run, and nothing imports the
 lab: the studies that apply these measures to trained runs (``attnlab explain``,
 ``correctness``, ``aer-table``) are in :mod:`attnlab.lab.studies`.

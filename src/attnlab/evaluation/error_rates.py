@@ -1,4 +1,4 @@
-"""Speech recognition error rates (survey section 5.1, extrinsic evaluation of speech).
+"""Speech recognition error rates (survey section 4.1, extrinsic evaluation of speech).
 
 * :func:`word_error_rate` (WER): ``(S + D + I) / N`` over the words of a corpus, where
   ``S``, ``D``, ``I`` are the substitutions, deletions and insertions of a minimum edit

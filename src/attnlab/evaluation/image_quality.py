@@ -1,4 +1,4 @@
-"""Image reconstruction quality (survey section 5.1, extrinsic evaluation of vision):
+"""Image reconstruction quality (survey section 4.1, extrinsic evaluation of vision):
 PSNR and SSIM of restored images against the originals, from torchmetrics
 (``pip install torchmetrics``, in ``attnlab[eval]``).
 

@@ -1,6 +1,6 @@
 """Intersection over union between a thresholded attention map and an object's mask: does
 the attention of an object word fall on that object (attention correctness of image
-captioning, survey section 5.2)?
+captioning, survey section 4.2)?
 
 An attention map ``a`` over an ``h x w`` grid of image cells (summing to 1) is turned into
 a region of cells by a threshold, the region is spread to the pixels its cells cover, and
