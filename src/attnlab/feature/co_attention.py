@@ -638,6 +638,8 @@ class ParallelCoAttention(_CoAttention):
         super().__init__(d1, d2)
         check_choice(scores, "scores", ("projected", "max"))
         self.scores = scores
+        if affinity_act is not None:  # named as the caller gave it, not as the affinity's act
+            get_activation(affinity_act, "affinity_act")
         self.affinity = CoAttentionAffinity(d1, d2, affinity, affinity_act)
         if scores == "projected":
             if d_w is None:

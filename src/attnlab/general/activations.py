@@ -29,15 +29,18 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 
 
-def get_activation(act: str | Activation) -> Activation:
-    """Return the activation called ``act`` (or ``act`` itself when it is callable)."""
+def get_activation(act: str | Activation, name: str = "act") -> Activation:
+    """Return the activation called ``act`` (or ``act`` itself when it is callable).
+
+    ``name`` is the argument named in the errors: a ``TypeError`` for something that is
+    neither text nor callable, a ``ValueError`` for an unknown name."""
     if callable(act):
         return act
-    if not isinstance(act, str) or act not in ACTIVATIONS:
-        raise ValueError(
-            f"act={act!r} is not a known activation; expected a callable or one of "
-            f"{sorted(ACTIVATIONS)}"
-        )
+    expected = f"expected a callable or one of {sorted(ACTIVATIONS)}"
+    if not isinstance(act, str):
+        raise TypeError(f"{name} must be an activation name or a callable, got {act!r}; {expected}")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{name}={act!r} is not a known activation; {expected}")
     return ACTIVATIONS[act]
 
 

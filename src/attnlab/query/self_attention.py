@@ -269,7 +269,7 @@ class LearnedQuerySelfAttention(SequenceAttention):
         if key_dim is not None:
             self.key_proj: nn.Linear | None = nn.Linear(d_features, key_dim, bias=False)
             self.key_act = key_act
-            get_activation(key_act)
+            get_activation(key_act, "key_act")
         else:
             self.key_proj = None
             self.key_act = key_act
