@@ -1034,5 +1034,8 @@ def test_report_paths_expand_the_home_folder(tmp_path, monkeypatch):
     assert load_report_data("~/r").root == tmp_path / "r"
     assert Path(write_report("~/r", out="~/page.html")) == tmp_path / "page.html"
     assert (tmp_path / "page.html").is_file()
+    monkeypatch.chdir(tmp_path / "r")  # the default file goes beside the runs, not to ./~
+    assert Path(write_report("~/r")) == tmp_path / "r" / "report.html"
+    assert not (tmp_path / "r" / "~").exists()
     with pytest.raises(TypeError, match="path must be a path"):
         load_report_data(7)

@@ -183,7 +183,20 @@ def test_one_compare_run_may_be_given_as_a_path(runs: tuple[Path, Path], monkeyp
     run, other = runs
     with pytest.raises(_Stopped):
         explain_run(run, compare=str(other), **QUICK)
-    assert seen == [[str(other)]]
+    assert seen == [[Path(other)]]
+
+
+def test_the_other_runs_expand_the_home_folder(runs: tuple[Path, Path], monkeypatch) -> None:
+    """``~`` in ``compare`` / ``uniform_run`` is the home folder, as in ``run_dir``: the run
+    itself given as ``~/a`` is found to be the run itself."""
+    run, other = runs
+    monkeypatch.setenv("HOME", str(run.parent))
+    with pytest.raises(ValueError, match=r"is the run itself"):
+        explain_run(run, compare=["~/" + run.name], **QUICK)
+    with pytest.raises(ValueError, match=r"is not a run of the uniform baseline"):
+        explain_run(run, uniform_run="~/" + other.name, **QUICK)
+    with pytest.raises(TypeError, match="compare must be a path"):
+        explain_run(run, compare=[3], **QUICK)
 
 
 class _Stopped(Exception):

@@ -120,6 +120,7 @@ def write_report(
             folder, or a setting is off (an empty ``path``, ``max_examples < 0``, a
             section that is no :class:`Section`): checked before anything is read.
     """
+    path = check_path(path)
     if out is not None:
         out = check_path(out, "out")
         if out.is_dir():
@@ -128,7 +129,7 @@ def write_report(
     text = render_report(
         path, title=title, max_examples=max_examples, sections=sections, on_warning=on_warning
     )
-    target = Path(out) if out is not None else Path(path) / "report.html"
+    target = out if out is not None else path / "report.html"
     make_folder(target.parent, f"report file {target}")
     write_text(target, text)
     return target

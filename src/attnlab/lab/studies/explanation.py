@@ -578,6 +578,9 @@ def explain_run(
     check_flags(plots=plots, progress=progress)
     if isinstance(compare, str | os.PathLike):  # one run, not the characters of its path
         compare = [compare]
+    compare = [check_path(other, "compare") for other in compare]  # ~ as in run_dir
+    if uniform_run is not None:
+        uniform_run = check_path(uniform_run, "uniform_run")
     paper = protocol == "paper"
     run_dir = check_path(run_dir, "run_dir")
     _check_other_runs(run_dir, compare, uniform_run)
