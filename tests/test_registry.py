@@ -261,6 +261,36 @@ def test_register_rejects_a_second_class_under_one_name(monkeypatch):
             pass
 
 
+def test_an_alias_never_takes_a_name_or_another_alias(monkeypatch):
+    """An alias that named another mechanism of its kind was taken from it without a word
+    (the last registration won); the built-in lcr-rot-hop listed its own name."""
+    monkeypatch.setattr(registry, "_REGISTRY", copy.deepcopy(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_ALIASES", copy.deepcopy(registry._ALIASES))
+
+    def define(name: str, aliases: tuple[str, ...] = ()) -> type:
+        @registry.register("test-kind", name, formula="x", source="y", aliases=aliases)
+        class Thing(nn.Module):
+            pass
+
+        return Thing
+
+    first = define("first", ("one",))
+    cases = [
+        ("second", ("one",), r"alias 'one' of 'second' is already an alias of 'first'$"),
+        ("second", ("first",), r"alias 'first' of 'second' is the name of another test-kind$"),
+        ("one", (), r"test-kind 'one' is already an alias of 'first'$"),
+        ("second", ("second",), r"test-kind 'second' lists its own name among its aliases$"),
+    ]
+    for name, aliases, message in cases:
+        with pytest.raises(ValueError, match=message):
+            define(name, aliases)
+    assert registry.get("test-kind", "one").cls is first
+    assert registry.names("test-kind") == ["first"]
+    registry.register("test-kind", "first", formula="x", source="y", aliases=("one",))(first)
+    assert registry.get("test-kind", "one").cls is first  # the same class again: allowed
+    assert all(e.name not in e.aliases for e in registry.entries())
+
+
 def test_register_reads_the_card_from_the_docstring_fields(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", copy.copy(registry._REGISTRY))
     monkeypatch.setattr(registry, "_ALIASES", copy.copy(registry._ALIASES))

@@ -127,6 +127,7 @@ def register(
         alias_table = _ALIASES.setdefault(kind, {})
         if name in table and table[name].cls is not cls:
             raise ValueError(f"{kind} {name!r} is already registered to {table[name].cls}")
+        _check_aliases(kind, name, tuple(aliases), table, alias_table)
         entry = Entry(
             kind,
             name,
@@ -145,6 +146,29 @@ def register(
         return cls
 
     return deco
+
+
+def _check_aliases(
+    kind: str,
+    name: str,
+    aliases: tuple[str, ...],
+    table: dict[str, Entry],
+    alias_table: dict[str, str],
+) -> None:
+    """An alias must name nothing else of its kind: not the entry itself, not another
+    entry, not another entry's alias (it would be taken from it without a word); and a
+    new name must not be another entry's alias (the name would hide it)."""
+    if alias_table.get(name, name) != name:
+        raise ValueError(f"{kind} {name!r} is already an alias of {alias_table[name]!r}")
+    for alias in aliases:
+        if alias == name:
+            raise ValueError(f"{kind} {name!r} lists its own name among its aliases")
+        if alias in table:
+            raise ValueError(f"{kind} alias {alias!r} of {name!r} is the name of another {kind}")
+        if alias_table.get(alias, name) != name:
+            raise ValueError(
+                f"{kind} alias {alias!r} of {name!r} is already an alias of {alias_table[alias]!r}"
+            )
 
 
 def unregister(kind: str, name: str) -> Entry:

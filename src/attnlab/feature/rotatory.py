@@ -108,7 +108,7 @@ class _Rotation(nn.Module):
         self.target_right = Attention(score, align, d_q=d_c, d_k=d_t, **options)
 
 
-@register("feature", "lcr-rot-hop", aliases=("rotatory-hop", "lcr-rot-hop"))
+@register("feature", "lcr-rot-hop", aliases=("rotatory-hop",))
 class LCRRotHop(ConventionAttention):
     """Multi-hop rotatory attention (LCR-Rot-hop, Wallaart & Frasincar 2019).
 
