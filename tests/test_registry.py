@@ -289,6 +289,12 @@ def test_an_alias_never_takes_a_name_or_another_alias(monkeypatch):
     registry.register("test-kind", "first", formula="x", source="y", aliases=("one",))(first)
     assert registry.get("test-kind", "one").cls is first  # the same class again: allowed
     assert all(e.name not in e.aliases for e in registry.entries())
+    for kind, name in (("test-kind", "one"), ("test-kind", "nope"), ("no-kind", "first")):
+        with pytest.raises(KeyError, match=f"no {kind} '{name}' is registered"):
+            registry.unregister(kind, name)
+    assert registry.unregister("test-kind", "first").cls is first
+    with pytest.raises(KeyError):
+        registry.get("test-kind", "one")  # its aliases went with it
 
 
 def test_register_reads_the_card_from_the_docstring_fields(monkeypatch):

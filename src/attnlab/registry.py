@@ -173,8 +173,11 @@ def _check_aliases(
 
 def unregister(kind: str, name: str) -> Entry:
     """Remove the mechanism registered as ``kind``/``name`` (and its aliases); returns its
-    entry. For plugins and tests that register a mechanism for a while."""
-    entry = _REGISTRY.get(kind, {}).pop(name)
+    entry. For plugins and tests that register a mechanism for a while. A name that is not
+    registered (an alias is not enough) is a ``KeyError`` that says so."""
+    if name not in _REGISTRY.get(kind, {}):
+        raise KeyError(f"no {kind} {name!r} is registered (give its name, not an alias)")
+    entry = _REGISTRY[kind].pop(name)
     aliases = _ALIASES.get(kind, {})
     for alias in entry.aliases:
         if aliases.get(alias) == name:
