@@ -280,6 +280,9 @@ def test_an_alias_never_takes_a_name_or_another_alias(monkeypatch):
         ("second", ("first",), r"alias 'first' of 'second' is the name of another test-kind$"),
         ("one", (), r"test-kind 'one' is already an alias of 'first'$"),
         ("second", ("second",), r"test-kind 'second' lists its own name among its aliases$"),
+        ("My_Thing", (), r"lower case with '-', got 'My_Thing' \('my-thing'\)$"),
+        ("second", ("Two",), r"lower case with '-', got 'Two' \('two'\)$"),
+        ("second", ("",), r"lower case with '-', got ''$"),
     ]
     for name, aliases, message in cases:
         with pytest.raises(ValueError, match=message):

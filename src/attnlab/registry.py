@@ -157,7 +157,15 @@ def _check_aliases(
 ) -> None:
     """An alias must name nothing else of its kind: not the entry itself, not another
     entry, not another entry's alias (it would be taken from it without a word); and a
-    new name must not be another entry's alias (the name would hide it)."""
+    new name must not be another entry's alias (the name would hide it). Names and aliases
+    are written as lookups see them, lower case with ``-`` (``get`` folds case and ``_``:
+    ``"My_Score"`` could never be found as ``"my-score"``)."""
+    for word in (name, *aliases):
+        if not isinstance(word, str) or not word or word != _fold(word):
+            folded = f" ({_fold(word)!r})" if isinstance(word, str) and word else ""
+            raise ValueError(
+                f"{kind} names and aliases are written lower case with '-', got {word!r}{folded}"
+            )
     if alias_table.get(name, name) != name:
         raise ValueError(f"{kind} {name!r} is already an alias of {alias_table[name]!r}")
     for alias in aliases:
@@ -185,8 +193,13 @@ def unregister(kind: str, name: str) -> Entry:
     return entry
 
 
+def _fold(name: str) -> str:
+    """``name`` as lookups compare it: lower case, ``_`` as ``-``."""
+    return name.lower().replace("_", "-")
+
+
 def _canonical(kind: str, name: str) -> str:
-    key = name.lower().replace("_", "-")
+    key = _fold(name)
     aliases = _ALIASES.get(kind, {})
     table = _REGISTRY.get(kind, {})
     if key in table:

@@ -395,7 +395,7 @@ class DotScore(_DotFamily):
         return q, k, 1.0
 
 
-@register("score", "scaled-dot", aliases=("scaled_dot", "scaled-multiplicative", "sdp"))
+@register("score", "scaled-dot", aliases=("scaled-multiplicative", "sdp"))
 class ScaledDotScore(_DotFamily):
     """Scaled multiplicative score ``e_l = q^T k_l / sqrt(d_k)`` (Vaswani et al. 2017).
 

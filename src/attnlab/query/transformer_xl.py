@@ -112,7 +112,7 @@ def rel_shift(x: Tensor, n_k: int) -> Tensor:
 @register(
     "query",
     "transformer-xl",
-    aliases=("txl", "transformer_xl", "relative-xl"),
+    aliases=("txl", "relative-xl"),
 )
 class TransformerXLAttention(ProjectedHeadAttention):
     """Transformer-XL multi-head attention: relative positions and a segment memory.
