@@ -228,6 +228,24 @@ def test_build_kind_without_name_is_an_error():
         attnlab.build({"kind": "score", "d_q": 4, "d_k": 4})
 
 
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"name": 5}, r"^config 'name' must be text, got 5$"),
+        ({"name": "dot", "kind": 5}, r"^config 'kind' must be text, got 5$"),
+        ({"name": None, "kind": ["score"]}, r"^config 'kind' must be text, got \['score'\]$"),
+    ],
+)
+def test_build_names_and_kinds_are_text(config, message):
+    """``{"name": 5}`` was an ``AttributeError`` ('int' object has no attribute 'lower')."""
+    with pytest.raises(TypeError, match=message):
+        registry.build(config)
+    with pytest.raises(TypeError, match=r"^a score name must be text, got 5$"):
+        registry.get("score", 5)
+    with pytest.raises(TypeError, match=r"^kind must be text, got 5$"):
+        registry.get(5, "dot")
+
+
 def test_build_needs_a_dict():
     with pytest.raises(TypeError, match=r"config must be a dict, got list"):
         attnlab.build([("score", "dot")])

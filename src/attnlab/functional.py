@@ -17,6 +17,7 @@ mechanism (``attend``, the lean kernels, ``masked_softmax``, ...) are named here
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,25 @@ def _twin(entry: registry.Entry) -> Callable[..., Tensor]:
             "class a 'function' attribute to use it with attnlab.functional.attend"
         )
     return fn
+
+
+def _check_score_params(entry: registry.Entry, params: dict[str, Any]) -> None:
+    """Every keyword of ``attend`` beyond its own must be a parameter of the score's
+    functional twin (the tensors it scores excluded): one line naming the keyword, the
+    score and what it takes, before anything is computed."""
+    fn = _twin(entry)
+    signature = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature):
+        return
+    inputs = 2 if entry.cls.needs_query else 1  # (q, k) or (k,)
+    takes = [p.name for p in list(signature)[inputs:] if p.kind is not p.VAR_POSITIONAL]
+    unknown = [name for name in params if name not in takes]
+    if unknown:
+        raise TypeError(
+            f"attend got {unknown[0]!r}, which score {entry.name!r} does not take (its "
+            f"parameters: {', '.join(takes) or 'none'}); attend is soft attention, for "
+            "another alignment build attnlab.Attention"
+        )
 
 
 def _dot_form(
@@ -186,6 +206,7 @@ def attend(
         raise TypeError(f"score must be the name of a registered score, got {type(score).__name__}")
     check_flags(need_weights=need_weights)
     entry = registry.get("score", score)
+    _check_score_params(entry, score_params)
     caps = score_class_capabilities(entry.cls)
     q3, single, n_q = _batched_inputs(entry.name, caps, q, k, v)
     B, n_k = k.shape[:2]

@@ -199,6 +199,8 @@ def _fold(name: str) -> str:
 
 
 def _canonical(kind: str, name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a {kind} name must be text, got {name!r}")
     key = _fold(name)
     aliases = _ALIASES.get(kind, {})
     table = _REGISTRY.get(kind, {})
@@ -218,6 +220,8 @@ def _canonical(kind: str, name: str) -> str:
 def get(kind: str, name: str) -> Entry:
     """The entry registered as ``name`` (or one of its aliases) under ``kind``."""
     _ensure_loaded()
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be text, got {kind!r}")
     if kind not in _REGISTRY:
         raise KeyError(
             f"unknown kind {kind!r}; known kinds: {', '.join(sorted(_REGISTRY))} ({_ABOVE_CORE})"
@@ -246,6 +250,9 @@ def build(config: dict[str, Any]) -> nn.Module:
     cfg = dict(config)
     name = cfg.pop("name", None)
     kind = cfg.pop("kind", None)
+    for key, value in (("name", name), ("kind", kind)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"config {key!r} must be text, got {value!r}")
     if name is None:
         if kind not in (None, "attention"):
             raise ValueError(
