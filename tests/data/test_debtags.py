@@ -327,6 +327,13 @@ def test_real_lists(tmp_path):
         ({"facets": "use"}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
         ({"facets": []}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
         ({"facets": 5}, ValueError, r"facets must be None \(every facet\) or a non-empty list"),
+        ({"facets": ["works_with"]}, ValueError, r"facet 'works_with' is not a debtags facet name"),
+        ({"facets": ["Use"]}, ValueError, r"facet 'Use' is not a debtags facet name"),
+        (
+            {"facets": ["use::editing"]},
+            ValueError,
+            r"facet 'use::editing' is not .*\(a facet, not a tag: the part before '::'\)$",
+        ),
         ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
         ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
         ({"keep_unlabelled": "no"}, TypeError, r"keep_unlabelled must be a bool, got 'no'"),

@@ -74,6 +74,7 @@ __all__ = [
 LISTS_DIR = "/var/lib/apt/lists"
 FORMAT = "attnlab-debtags"
 FORMAT_VERSION = 1
+_FACET = re.compile(r"[a-z0-9][a-z0-9-]*")
 DEFAULT_FACETS = ("use", "works-with", "field", "interface", "implemented-in")
 SETUP_HINT = (
     "run `apt-get update` (as root) so that /var/lib/apt/lists holds Debian's package lists, "
@@ -508,6 +509,13 @@ def _check_facets(facets: object) -> tuple[str, ...] | None:
             "facets must be None (every facet) or a non-empty list of facet names such as "
             f"{list(DEFAULT_FACETS[:2])}, got {facets!r}"
         )
+    for facet in names:  # a tag, an underscore or a capital would match nothing, silently
+        if not _FACET.fullmatch(facet):
+            hint = " (a facet, not a tag: the part before '::')" if "::" in facet else ""
+            raise ValueError(
+                f"facet {facet!r} is not a debtags facet name (lower case, digits and '-', "
+                f"such as 'works-with'){hint}"
+            )
     return names
 
 
