@@ -138,3 +138,40 @@ def test_the_png_path(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(TypeError, match="sure must be"):
         plot_matrix(np.eye(2), sure="0-0")
     assert plt.get_fignums() == open_before
+
+
+def test_image_attention_takes_the_layouts_a_model_gives() -> None:
+    """A PyTorch image ``[3, H, W]`` (it was read as a 3 x 16 image), a grey ``[H, W]`` one,
+    a uint8 one whose values are all <= 1 (it was not rescaled) and a model's flat ``[R]``
+    region weights draw the same figure as the ``[H, W, 3]`` floats and ``[h, w]`` grid."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    grid = rng.random((4, 4))
+    reference = plot_image_attention(pixels / 255.0, grid)
+    chw = torch.from_numpy(pixels).permute(2, 0, 1)  # uint8, channels first
+    assert plot_image_attention(chw, torch.from_numpy(grid).flatten()) == reference
+    assert plot_image_attention(chw.float() / 255, grid) == reference
+    grey = pixels[..., 0]
+    assert plot_image_attention(grey, grid) == plot_image_attention(
+        np.repeat(grey[..., None], 3, axis=-1), grid
+    )
+    dark = np.zeros((16, 16, 3), dtype=np.uint8)
+    dark[:8] = 1  # uint8 values 0 and 1: nearly black, not white where they are 1
+    assert plot_image_attention(dark, grid) == plot_image_attention(dark / 255.0, grid)
+    for image, weights, message in (
+        (rng.random((16, 16, 5)), grid, r"image has shape \(16, 16, 5\), expected \[H, W, 3\]"),
+        (rng.random((1, 16, 16, 3)), grid, r"image has shape \(1, 16, 16, 3\), expected"),
+        (pixels, rng.random(15), r"weights has 15 values: a flat grid needs a square number"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            plot_image_attention(image, weights)
+
+
+def test_scatter_takes_tensors_that_require_grad() -> None:
+    """``numpy()`` of a tensor that requires grad was a RuntimeError."""
+    x = torch.rand(6, requires_grad=True)
+    y = torch.rand(6)
+    drawn = plot_scatter(x * 1, y, xlabel="a", ylabel="b")
+    assert drawn == plot_scatter(x.detach().numpy(), y.numpy(), xlabel="a", ylabel="b")
+    with pytest.raises(TypeError, match="x must be a sequence of numbers, got object"):
+        plot_scatter(object(), y, xlabel="a", ylabel="b")

@@ -23,6 +23,7 @@ empty or holds NaN or infinity is refused (a NaN cell would look like an empty o
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,61 @@ def _array(x: Any, ndim: int, name: str) -> np.ndarray:
     if not np.isfinite(a).all():  # a NaN cell would be drawn as an empty one
         raise ValueError(f"{name} must be finite")
     return a
+
+
+def _values(x: Any, name: str) -> np.ndarray:
+    """A sequence of numbers (a list, an array, a tensor, one that requires grad) as floats."""
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    try:
+        return np.asarray(x, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of numbers, got {type(x).__name__}") from None
+
+
+def _image(image: Any) -> np.ndarray:
+    """``image`` as ``[H, W, 3]`` floats in [0, 1]: ``[H, W, C]`` or, as PyTorch holds
+    images, ``[C, H, W]`` (C = 1, 3 or 4; the last axis wins when both could be channels),
+    or ``[H, W]`` grey; integer images (uint8) are divided by 255, and so are float ones
+    whose values exceed 1."""
+    dtype = getattr(image, "dtype", None)
+    is_float = getattr(dtype, "is_floating_point", None)  # torch
+    integer = (
+        (not is_float)
+        if is_float is not None
+        else np.issubdtype(np.asarray(image).dtype, np.integer)
+    )
+    shape = tuple(np.shape(image))
+    bad = ValueError(
+        f"image has shape {shape}, expected [H, W, 3] or [3, H, W] (1 or 4 channels, or "
+        "[H, W] grey, also do)"
+    )
+    if len(shape) not in (2, 3):
+        raise bad
+    img = _array(image, len(shape), "image")
+    if img.ndim == 2:
+        img = img[:, :, None]
+    elif img.shape[-1] not in (1, 3, 4) and img.shape[0] in (1, 3, 4):
+        img = img.transpose(1, 2, 0)  # channels first
+    if img.shape[-1] not in (1, 3, 4):
+        raise bad
+    img = np.repeat(img, 3, axis=-1) if img.shape[-1] == 1 else img[..., :3]
+    return img / 255.0 if integer or img.max() > 1.0 else img
+
+
+def _grid(weights: Any) -> np.ndarray:
+    """``weights`` as an ``[h, w]`` grid; a flat ``[R]`` vector (a model's region weights)
+    is a square ``g x g`` grid."""
+    if np.ndim(weights) == 1:
+        flat = _array(weights, 1, "weights")
+        g = math.isqrt(flat.size)
+        if g * g != flat.size:
+            raise ValueError(
+                f"weights has {flat.size} values: a flat grid needs a square number of cells "
+                "(or give it as [h, w])"
+            )
+        return flat.reshape(g, g)
+    return _array(weights, 2, "weights")
 
 
 def _labels(labels: Sequence[str] | None, n: int, name: str) -> list[str]:
@@ -249,15 +305,15 @@ def plot_image_attention(
     title: str = "",
     path: str | Path | None = None,
 ) -> bytes:
-    """``image [H, W, 3]`` (floats in [0, 1] or uint8) with ``weights [h, w]`` over a grid of
-    cells (``H``, ``W`` multiples of ``h``, ``w``) overlaid, upsampled by nearest cell;
-    ``alpha`` (in [0, 1]) is the overlay's opacity."""
+    """``image [H, W, 3]`` (floats in [0, 1] or uint8; also ``[3, H, W]`` as PyTorch holds
+    images, 1 or 4 channels, or ``[H, W]`` grey) with ``weights [h, w]`` over a grid of
+    cells (``H``, ``W`` multiples of ``h``, ``w``; a flat ``[h * h]`` vector is a square
+    grid) overlaid, upsampled by nearest cell; ``alpha`` (in [0, 1]) is the overlay's
+    opacity."""
     check_number(alpha, "alpha", low=0, high=1, error=ValueError)
     plt = _plt()
-    img = _array(image, 3, "image")
-    if img.max() > 1.0:
-        img = img / 255.0
-    w = _array(weights, 2, "weights")
+    img = _image(image)
+    w = _grid(weights)
     H, W = img.shape[:2]
     h, wd = w.shape
     if H % h or W % wd:
@@ -284,7 +340,7 @@ def plot_scatter(
 ) -> bytes:
     """A scatter plot with one point per instance, coloured by ``groups`` (e.g. the class)."""
     plt = _plt()
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    xs, ys = _values(x, "x"), _values(y, "y")
     if xs.shape != ys.shape:
         raise ValueError(f"x has {xs.size} values and y {ys.size}")
     if groups is not None and len(groups) != xs.size:
