@@ -164,3 +164,17 @@ def test_as_links_takes_pairs_of_non_negative_ints_only():
     for link in ((0,), (0, 1, 2), (-1, 0), (False, 1), (0.0, 1), "01", 5):
         with pytest.raises(TypeError, match=r"^x must be .*, got "):
             as_links([link], "x")
+
+
+def test_as_links_takes_the_rows_of_an_integer_array_or_tensor():
+    """``np.argwhere(matrix)`` gives the links of a 0/1 alignment matrix as an ``[n, 2]``
+    array; its rows were refused (only tuples and lists were pairs)."""
+    import torch
+
+    matrix = np.array([[1, 0, 0], [0, 0, 1]])
+    assert as_links(np.argwhere(matrix), "x") == {(0, 0), (1, 2)}
+    assert as_links(torch.tensor([[0, 1], [2, 2]]), "x") == {(0, 1), (2, 2)}
+    assert as_links(np.zeros((0, 2), dtype=np.int64), "x") == frozenset()
+    for bad in (np.array([[0.5, 1.0]]), torch.tensor([[True, False]]), np.array([[0, 1, 2]])):
+        with pytest.raises(TypeError, match=r"x must be \(source, target\) links"):
+            as_links(bad, "x")

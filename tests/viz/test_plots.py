@@ -175,3 +175,18 @@ def test_scatter_takes_tensors_that_require_grad() -> None:
     assert drawn == plot_scatter(x.detach().numpy(), y.numpy(), xlabel="a", ylabel="b")
     with pytest.raises(TypeError, match="x must be a sequence of numbers, got object"):
         plot_scatter(object(), y, xlabel="a", ylabel="b")
+
+
+def test_hierarchy_and_matrix_take_tensors_and_arrays_as_they_come() -> None:
+    """Word and sentence weights that require grad (a model's output) were a RuntimeError;
+    gold links as ``np.argwhere`` rows were refused."""
+    words = torch.tensor([0.3, 0.7], requires_grad=True)
+    sentences = torch.tensor([0.8, 0.2], requires_grad=True)
+    text = [["good", "film"], ["bad"]]
+    drawn = plot_hierarchy(text, [words * 1, torch.ones(1, requires_grad=True)], sentences * 1)
+    assert drawn == plot_hierarchy(text, [[0.3, 0.7], [1.0]], [0.8, 0.2])
+    weights = torch.softmax(torch.randn(3, 3), -1)
+    gold = np.eye(3, dtype=int)
+    assert plot_matrix(weights, sure=np.argwhere(gold)) == plot_matrix(
+        weights, sure=[(0, 0), (1, 1), (2, 2)]
+    )

@@ -88,7 +88,8 @@ def _is_link(link: object) -> bool:
 
 def as_links(links: object, name: str) -> frozenset[Link]:
     """``links`` (an iterable of ``(source, target)`` pairs of non-negative ints: Python or
-    NumPy ints, not bools; a pair may be a list) as a frozenset of int pairs; otherwise a
+    NumPy ints, not bools; a pair may be a list, or a row of an integer ``[n, 2]`` array or
+    tensor such as ``np.argwhere(matrix)``) as a frozenset of int pairs; otherwise a
     ``TypeError`` naming ``name`` and the first bad entry: ``"predicted[0] must be
     (source, target) links, pairs of non-negative ints, got '0'"``. Text is refused whole
     (``"0-0"`` would be read as its characters): :func:`parse_pharaoh` reads it."""
@@ -98,6 +99,8 @@ def as_links(links: object, name: str) -> frozenset[Link]:
         raise TypeError(f"{wanted}, got {links!r}{hint}")
     out = set()
     for link in links:
+        if hasattr(link, "tolist") and getattr(link, "ndim", 0) == 1:
+            link = link.tolist()  # a row of an [n, 2] array or tensor (np.argwhere's links)
         pair = tuple(map(_plain_int, link)) if isinstance(link, tuple | list) else None
         if pair is None or not _is_link(pair):
             raise TypeError(f"{wanted}, got {link!r}")

@@ -276,14 +276,15 @@ def plot_hierarchy(
         raise ValueError("sentences, word_weights and sentence_weights must have one entry each")
     width = max((len(s) for s in sentences), default=1) or 1
     grid = np.full((S, width), np.nan)
-    for i, (words, ws) in enumerate(zip(sentences, word_weights, strict=True)):
+    for i, (words, weights) in enumerate(zip(sentences, word_weights, strict=True)):
+        ws = _values(weights, f"word_weights[{i}]")
         if len(words) != len(ws):
             raise ValueError(f"sentence {i} has {len(words)} words and {len(ws)} weights")
         grid[i, : len(ws)] = ws
     fig, (bars, heat) = plt.subplots(
         1, 2, figsize=(2 + 0.6 * width, 1 + 0.5 * S), gridspec_kw={"width_ratios": (1, 5)}
     )
-    bars.barh(range(S), sentence_weights, color="tab:red")
+    bars.barh(range(S), _values(sentence_weights, "sentence_weights"), color="tab:red")
     bars.invert_yaxis()
     bars.set_yticks(range(S), [f"s{i}" for i in range(S)])
     heat.imshow(np.nan_to_num(grid), cmap="Blues", vmin=0, vmax=1, aspect="auto")
