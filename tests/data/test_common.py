@@ -223,3 +223,9 @@ def test_check_split_lists_the_splits_in_their_order():
     with pytest.raises(ValueError, match=r"^split must be one of 'train', 'test', got None$"):
         check_split(None, ("train", "test"), none=False)
     check_split("test", ("train", "test"), none=False)
+
+
+def test_a_negative_split_seed_is_refused():
+    """``random.Random(-1)`` is ``random.Random(1)``: seeds -1 and 1 gave one split."""
+    with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$"):
+        assign_splits(["a", "b", "c"], seed=-1)

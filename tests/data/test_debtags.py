@@ -336,6 +336,7 @@ def test_real_lists(tmp_path):
         ),
         ({"fractions": (float("nan"), 0.5, 0.5)}, ValueError, r"fractions must be three"),
         ({"seed": "x"}, TypeError, r"seed must be an int, got 'x'"),
+        ({"seed": -1}, ValueError, r"seed must be an int >= 0, got -1"),
         ({"keep_unlabelled": "no"}, TypeError, r"keep_unlabelled must be a bool, got 'no'"),
         ({"path": ""}, ValueError, r"path must not be empty"),
     ],

@@ -217,3 +217,32 @@ def test_tasks_check_their_number_and_choice_options_before_reading_data(
     with pytest.raises(ConfigError) as caught:
         resolve_task(task, options)
     assert str(caught.value).startswith(message)
+
+
+def _seeded_tasks() -> list[tuple[str, str]]:
+    import attnlab.lab.tasks  # noqa: F401  (registers the tasks)
+    from attnlab import registry
+
+    return [
+        (e.name, option)
+        for e in registry.entries("task")
+        for option in sorted({**e.cls._TRAINING_DEFAULTS, **e.cls.defaults})
+        if option.endswith("_seed")
+    ]
+
+
+@pytest.mark.parametrize(("task", "option"), _seeded_tasks())
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "0"])
+def test_a_data_seed_option_is_an_int_of_at_least_zero(task, option, bad):
+    """``split_seed=-1`` gave the splits of seed 1 (Python's random takes the absolute
+    value), ``1.5`` was accepted, ``data_seed=-1`` failed in NumPy after the set-up."""
+    from attnlab import registry
+
+    cls = registry.get("task", task).cls
+    with pytest.raises(ConfigError, match=rf"^option {option} must be an int >= 0, got "):
+        cls(**{option: bad})
+    assert cls(**{option: 3}).options[option] == 3
+
+
+def test_every_task_with_a_data_seed_is_checked():
+    assert {task for task, _ in _seeded_tasks()} >= {"sentiment", "pointer", "translation"}

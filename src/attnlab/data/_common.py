@@ -227,7 +227,7 @@ def assign_splits(
     sequence of group keys, not a string.
     """
     fractions = check_fractions(fractions)
-    seed = check_seed(seed)
+    seed = check_seed(seed, minimum=0)
     if isinstance(groups, str | bytes):
         raise TypeError(
             f"groups must be a sequence with one group per item, not a string: {groups!r}"

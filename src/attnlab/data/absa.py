@@ -61,7 +61,7 @@ def read_semeval_absa(
         seed, fractions: the seeded split, where there is one.
     """
     check_split(split)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(keep_conflict=keep_conflict, lower=lower)
     where = source_name(source)

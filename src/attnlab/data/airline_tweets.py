@@ -127,7 +127,7 @@ def _check_options(
     confidence, a number in [0, 1]."""
     check_split(split)
     check_number(min_confidence, "min_confidence", low=0, high=1)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(**flags)
 

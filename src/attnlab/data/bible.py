@@ -581,7 +581,7 @@ def load_bible_pairs(
         raise ValueError(f"links must be 'sure' or 'graded', got {links!r}")
     _check_module_name(source, "source")
     _check_module_name(target, "target")
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(cache=cache)
     if isinstance(books, Iterable) and not isinstance(books, str):

@@ -83,7 +83,7 @@ def read_text_classification(
     if fmt not in ("csv", "tsv", "jsonl"):
         raise ValueError(f"format must be 'csv', 'tsv' or 'jsonl', got {fmt!r}")
     _check_labels(labels)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     where = source_name(source)
     records = _records(source, fmt, encoding=encoding)

@@ -553,7 +553,7 @@ def load_debtags(
     check_int(min_count, "min_count", 1, error=ValueError)
     check_optional_int(max_labels, "max_labels", error=ValueError)
     chosen = _check_facets(facets)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(long_description=long_description, keep_unlabelled=keep_unlabelled, cache=cache)
     records, name = _records(path, check_path(lists_dir, "lists_dir"), cache)

@@ -411,7 +411,7 @@ def load_easy_vqa(*, dev_fraction: float = 0.1, seed: int = 0) -> EasyVQA:
     not installed.
     """
     dev_fraction = check_number(dev_fraction, "dev_fraction", low=0, high=1, open_high=True)
-    seed = check_seed(seed)
+    seed = check_seed(seed, minimum=0)
     root = _root()
     version = package_version(DISTRIBUTION) or "unknown"
     key = (str(root), version, dev_fraction, seed)

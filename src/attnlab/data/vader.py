@@ -253,7 +253,7 @@ def _checked_ratings(
     check_split(split)
     names = _label_names(labels)
     check_number(threshold, "threshold", low=0, high=4, open_high=True)
-    check_seed(seed)
+    check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(cache=cache)
     return names, _load(path, cache)

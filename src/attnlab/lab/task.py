@@ -241,6 +241,9 @@ class Task(abc.ABC):
         self.progress = False
         if "reinforce_weight" in self.options:  # every task with hard attention has it
             self.check_number_options("reinforce_weight", low=0.0)
+        # the data seeds (data_seed, split_seed) seed Python's and NumPy's generators: an
+        # int >= 0 (Python's random takes -1 as 1, NumPy refuses it deep in the data)
+        self.check_int_options(*(n for n in self.options if n.endswith("_seed")), minimum=0)
 
     @property
     def name(self) -> str:
