@@ -175,3 +175,9 @@ def test_only_reinforce_hard_attention_draws_the_coin(attention, mix, coin) -> N
 def test_bad_settings_are_refused_at_construction(kw, error, message) -> None:
     with pytest.raises(error, match=message):
         _model(**kw)
+
+
+@pytest.mark.parametrize("max_len", [0, -1, 2.5])
+def test_greedy_max_len_is_checked(max_len) -> None:
+    with pytest.raises(ValueError, match=rf"^max_len must be an int >= 1, got {max_len!r}$"):
+        _model().eval().greedy(_images(1), max_len=max_len)

@@ -322,6 +322,20 @@ def test_bad_configuration_and_input() -> None:
         model.beam_search(torch.tensor([[4, 5]]), beam_size=0)
 
 
+@pytest.mark.parametrize("max_len", [0, -1, 2.5, True])
+def test_decoding_lengths_and_penalties_are_checked(max_len) -> None:
+    """``max_len=-1`` decoded nothing without a word, ``True`` one step, ``2.5`` was a
+    ``TypeError`` from ``range``; a NaN length penalty ranked no hypothesis above another."""
+    model, src = _model().eval(), torch.tensor([[4, 5]])
+    message = rf"^max_len must be an int >= 1, got {max_len!r}$"
+    with pytest.raises(ValueError, match=message):
+        model.greedy_decode(src, max_len=max_len)
+    with pytest.raises(ValueError, match=message):
+        model.beam_search(src, max_len=max_len)
+    with pytest.raises(ValueError, match=r"^length_penalty must be a number >= 0, got nan$"):
+        model.beam_search(src, length_penalty=float("nan"))
+
+
 # ----------------------------------------------------------------------------- learning
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -104,6 +104,7 @@ def greedy_search(
     attention weights of the steps that made them (``[n_words, n_k]``) and the sum of
     their scores (EOS's included). The batch stays on the device while it decodes: one
     host sync per step (has every row ended?), the rows are cut at their EOS after."""
+    check_int(max_len, "max_len", 1, error=ValueError)  # -1 gave empty outputs, 2.5 a loop error
     B = y.shape[0]
     ended = torch.zeros(B, dtype=torch.bool, device=y.device)
     words, weights, picked = [], [], []

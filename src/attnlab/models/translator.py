@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_flags
+from attnlab._checks import ConfigError, check_flags, check_int, check_number
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
@@ -352,8 +352,11 @@ class Seq2SeqTranslator(Configurable):
         stops when ``k`` hypotheses are finished or after ``max_len`` tokens (the alive ones
         then count as finished). ``beam_size=1`` is greedy decoding.
         """
-        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+        check_int(beam_size, "beam_size", 1, error=ValueError)
+        check_int(max_len, "max_len", 1, error=ValueError)
+        check_number(
+            length_penalty, "length_penalty", low=0, error=ValueError
+        )  # nan ranked nothing
         enc_all = self.encode(src, src_lengths)
         lengths = enc_all.mask.sum(1).tolist()
         out = Translation([], [], [])
