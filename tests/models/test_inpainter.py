@@ -115,3 +115,12 @@ def test_one_line_input_errors() -> None:
         model(images[:, :8], masks)
     with pytest.raises(ValueError, match="masks must be bool"):
         model(images, masks.float())
+    # uint8 pixels and float64 images failed in the first convolution, deep in PyTorch
+    with pytest.raises(TypeError, match=r"^images has dtype torch.uint8, expected a floating"):
+        model((images * 255).to(torch.uint8), masks)
+    with pytest.raises(TypeError, match=r"^images has dtype torch.float64 but the parameters"):
+        model(images.double(), masks)
+    with pytest.raises(TypeError, match=r"^images must be a torch.Tensor, got ndarray$"):
+        model(images.numpy(), masks)
+    with pytest.raises(TypeError, match=r"^masks must be a torch.Tensor, got list$"):
+        model(images, masks.tolist())

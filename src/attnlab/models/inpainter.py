@@ -37,7 +37,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_choice, check_int
+from attnlab._checks import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_module_dtype,
+    check_tensor,
+)
 from attnlab.general.padding import masked_mean
 from attnlab.query.positional import sinusoidal_positions
 from attnlab.registry import Configurable, build, register
@@ -163,6 +169,10 @@ class Inpainter(Configurable):
         return grid_positions(self.grid, kind, position_dim)
 
     def _check(self, images: Tensor, masks: Tensor) -> None:
+        check_tensor(images, "images")  # uint8 pixels failed in the first convolution
+        check_module_dtype(self, images, "images")
+        if not isinstance(masks, Tensor):
+            raise TypeError(f"masks must be a torch.Tensor, got {type(masks).__name__}")
         want = (self.size, self.size, 3)
         if images.dim() != 4 or tuple(images.shape[1:]) != want:
             raise ValueError(
