@@ -37,13 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import (
-    ConfigError,
-    check_choice,
-    check_int,
-    check_module_dtype,
-    check_tensor,
-)
+from attnlab._checks import ConfigError, check_choice, check_int, check_module_dtype, check_tensor
 from attnlab.general.padding import masked_mean
 from attnlab.query.positional import sinusoidal_positions
 from attnlab.registry import Configurable, build, register
