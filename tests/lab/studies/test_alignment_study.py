@@ -118,10 +118,15 @@ def test_aer_table_command(tiny_ablation, tmp_path) -> None:
     runner = CliRunner()
     res = runner.invoke(aer_table_command, [str(tiny_ablation), "--markdown", "--no-eflomal"])
     assert res.exit_code == 0, res.output
-    lines = res.output.splitlines()
+    lines = res.stdout.splitlines()  # the table; the progress bar is on stderr
     assert lines[0].startswith("| mechanism | n | AER %")
     assert any(line.startswith("| local-p | 2 |") for line in lines)
     assert any(line.startswith("| diagonal | - |") for line in lines)
+    assert "run/s" in res.stderr or "run]" in res.stderr  # a bar over the runs
+    quiet = runner.invoke(
+        aer_table_command, [str(tiny_ablation), "--markdown", "--no-eflomal", "--no-progress"]
+    )
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout
     res = runner.invoke(aer_table_command, [str(tmp_path)])
     assert res.exit_code != 0 and "ablation.json" in res.output
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab._checks import check_path
+from attnlab._checks import check_flags, check_path
 from attnlab.data._common import check_split
 from attnlab.evaluation.aer import AERResult
 from attnlab.evaluation.attention_alignment import (
@@ -38,6 +38,7 @@ from attnlab.evaluation.attention_alignment import (
     translation_part,
 )
 from attnlab.lab.ablation_record import read_ablation_record
+from attnlab.lab.progress import ProgressBar
 from attnlab.lab.seed_stats import mean_std
 
 __all__ = [
@@ -205,6 +206,7 @@ def aer_table(
     baselines: bool = False,
     eflomal: bool = True,
     scope: str = "all",
+    progress: bool = False,
     _cache: dict[str, Any] | None = None,
 ) -> list[AERRow]:
     """AER rows of a ``translation`` ablation directory (``attnlab ablate translation ...``).
@@ -215,24 +217,31 @@ def aer_table(
     recall of :func:`translator_aer` and of the test BLEU from ``metrics.json``. With
     ``baselines=True`` the rows of
     :func:`~attnlab.evaluation.attention_alignment.baseline_aers` on the ablation's data
-    follow (``kind="baseline"``). ``scope`` as in :func:`translator_aer`.
+    follow (``kind="baseline"``). ``scope`` as in :func:`translator_aer`. ``progress``: a
+    bar over the finished runs (each is loaded and decodes its split) and the baselines.
     """
     from attnlab.lab.ablation import run_id
     from attnlab.lab.task import spec_label
 
+    check_flags(progress=progress)
     root = check_path(ablation_dir, "ablation_dir")
     meta = _read_ablation(root)
     cache: dict[str, Any] = {} if _cache is None else _cache
     tag = _option_tag(meta.get("task_options") or {})
     aer_kw = {"extraction": extraction, "threshold": threshold, "scope": scope, "_cache": cache}
-    rows: list[AERRow] = []
+    finished = []  # (spec, its finished run directories with their seeds)
     for spec in meta.get("grid", []):
         dirs = [(root / "runs" / run_id(spec, seed), seed) for seed in meta.get("seeds", [])]
-        runs = [_run_row(d, seed, split, **aer_kw) for d, seed in dirs if _is_done(d)]
-        if runs:
-            rows.append(_mechanism_row(spec_label(spec) + tag, runs))
-    if baselines:
-        rows += _baseline_rows(meta, split, eflomal, scope, cache)
+        finished.append((spec, [(d, seed) for d, seed in dirs if _is_done(d)]))
+    total = sum(len(done) for _, done in finished) + bool(baselines)
+    rows: list[AERRow] = []
+    with ProgressBar(progress, total=total, desc=f"AER {root.name}", unit="run") as bar:
+        for spec, done in finished:
+            runs = [bar.step(_run_row(d, seed, split, **aer_kw)) for d, seed in done]
+            if runs:
+                rows.append(_mechanism_row(spec_label(spec) + tag, runs))
+        if baselines:
+            rows += bar.step(_baseline_rows(meta, split, eflomal, scope, cache))
     return rows
 
 
@@ -307,6 +316,7 @@ def _aer_table_command() -> Any:
     )
     @click.option("--markdown", is_flag=True, help="Print a Markdown table.")
     @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+    @click.option("--no-progress", is_flag=True, help="No progress bar.")
     def aer_table_command(
         ablation_dirs: tuple[str, ...],
         split: str,
@@ -317,6 +327,7 @@ def _aer_table_command() -> Any:
         scope: str,
         markdown: bool,
         as_json: bool,
+        no_progress: bool,
     ) -> None:
         """AER of the attention of translation ablations (ABLATION_DIRS from `attnlab
         ablate translation ...`) against the silver alignments, per mechanism: mean ± std
@@ -338,6 +349,7 @@ def _aer_table_command() -> Any:
                     baselines=baselines and k == len(ablation_dirs) - 1,
                     eflomal=eflomal,
                     scope=scope,
+                    progress=not no_progress,
                     _cache=cache,
                 )
         if as_json:
