@@ -151,3 +151,26 @@ def test_the_out_folder_expands_the_home_folder(monkeypatch, tmp_path):
     monkeypatch.setattr(demo, "run_ablation", ablation)
     demo.run_demo("~/d", progress=False, report=False)
     assert seen["out_dir"] == tmp_path / "d"
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_no_progress_drops_the_bars_and_keeps_the_table(monkeypatch, tmp_path, flag):
+    """``attnlab demo`` had no ``--no-progress`` (``train``, ``ablate`` and ``explain``
+    have it): in a log file the bars are noise, the table is what is wanted."""
+    seen, printed = {}, []
+
+    def ablation(task, grid, seeds, **kwargs):
+        seen["progress"] = kwargs["progress"]
+        return SimpleNamespace(ran=["mean--seed0"], failed={})
+
+    monkeypatch.setattr(demo, "run_ablation", ablation)
+    monkeypatch.setattr(demo, "print_result", printed.append)
+    monkeypatch.setattr(demo, "write_report_for", lambda out: out / "report.html")
+    res = CliRunner().invoke(demo.demo_command, ["--out", str(tmp_path / "d"), *flag])
+    assert res.exit_code == 0, res.output
+    assert seen["progress"] is not bool(flag)
+    assert len(printed) == bool(flag)  # with bars, run_ablation prints the table itself
+    assert "ablation: 1 run(s) trained" in res.stdout
+    assert f"report: {tmp_path / 'd' / 'report.html'}" in res.stdout
+    with pytest.raises(TypeError, match="table must be a bool"):
+        demo.run_demo(tmp_path / "d", table="yes")

@@ -549,7 +549,7 @@ def run_ablation(
         store.close()  # also then: the last connection to close removes the -wal/-shm files
         recorder.bar.close()
     if progress:
-        _print_result(result)
+        print_result(result)
     return result
 
 
@@ -755,7 +755,7 @@ def _resume_line(result: AblationResult, todo: int) -> str | None:
     return f"resuming {result.out_dir}: {done} of {total} runs already done, {todo} to run"
 
 
-def _print_result(result: AblationResult) -> None:
+def print_result(result: AblationResult) -> None:
     """The table of an ablation, the runs that failed and those of other processes."""
     out = result.out_dir
     click.echo(f"\n{result.task}: test metrics over seeds {result.seeds} ({out})")
@@ -978,7 +978,7 @@ def ablate_command(
         line = _resume_line(result, len(result.grid) * len(result.seeds) - done)
         if line is not None:
             click.echo(line)
-        _print_result(result)
+        print_result(result)
     if report:
         path = write_report_for(result.out_dir)
         if path is not None:

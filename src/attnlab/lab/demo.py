@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from attnlab._checks import ConfigError, check_flags, check_path
-from attnlab.lab.ablation import AblationResult, run_ablation, write_report_for
+from attnlab.lab.ablation import AblationResult, print_result, run_ablation, write_report_for
 from attnlab.lab.commands import NonEmpty, device_option, precision_option
 from attnlab.lab.errors import fail
 from attnlab.lab.executors import cpu_count
@@ -119,6 +119,7 @@ def run_demo(
     report: bool = True,
     device: str = "auto",
     precision: str = "fp32",
+    table: bool | None = None,
 ) -> Path:
     """Run (or resume) the demo ablation and write its report; return the report's path
     (the ablation directory when ``report=False``).
@@ -127,7 +128,9 @@ def run_demo(
         out_dir: the ablation directory (default ``ablations/demo``, ``ablations/demo-quick``
             with ``quick``).
         seeds: the seeds of every mechanism (a list, or text such as ``"0,1"``).
-        progress: progress bar and the printed table.
+        progress: progress bars and the printed table.
+        table: print the table and the closing lines (default: as ``progress``; ``True``
+            without bars is ``attnlab demo --no-progress``).
         quick: a smaller smoke version (1,000 training sentences, 2 epochs).
         jobs: local processes (default: 2 where there are 2 CPUs or more, else 1).
         device: the torch device of the runs (``"auto"``: CUDA when available, else cpu).
@@ -139,6 +142,8 @@ def run_demo(
     cannot be made.
     """
     check_flags(progress=progress, quick=quick, report=report)
+    show = progress if table is None else table
+    check_flags(table=show)
     options = QUICK_OPTIONS if quick else DEMO_OPTIONS
     out = (
         check_path(out_dir, "out_dir")
@@ -166,7 +171,9 @@ def run_demo(
     except MissingDataError as err:
         raise _data_missing(err) from None
     seconds = time.perf_counter() - start
-    if progress:
+    if show and not progress:  # what run_ablation's bar would have printed
+        print_result(result)
+    if show:
         click.echo(f"\nablation: {len(result.ran)} run(s) trained in {seconds:.0f} s ({out})")
     if result.failed:
         raise RunsFailed(
@@ -178,7 +185,7 @@ def run_demo(
     path = write_report_for(out)
     if path is None:
         return out
-    if progress:
+    if show:
         click.echo(f"report: {path}")
     return path
 
@@ -194,7 +201,10 @@ def run_demo(
 )
 @device_option()
 @precision_option("fp32, or bf16 / fp16 autocast.")
-def demo_command(out: str | None, quick: bool, device: str, precision: str) -> None:
+@click.option("--no-progress", is_flag=True, help="No progress bars (the table is printed).")
+def demo_command(
+    out: str | None, quick: bool, device: str, precision: str, no_progress: bool
+) -> None:
     """The default main job: mean pooling and uniform weights vs four attention mechanisms
     (tanh additive, scaled dot with a learned query, multi-dimensional, sparsemax) on Rotten
     Tomatoes sentiment with GloVe, 2 seeds; prints the table and writes the HTML report.
@@ -206,6 +216,13 @@ def demo_command(out: str | None, quick: bool, device: str, precision: str) -> N
     except ConfigError as err:
         fail(str(err))
     try:
-        run_demo(out, quick=quick, device=device, precision=precision)
+        run_demo(
+            out,
+            quick=quick,
+            device=device,
+            precision=precision,
+            progress=not no_progress,
+            table=True,
+        )
     except ConfigError as err:
         fail(str(err))
