@@ -17,6 +17,7 @@ mechanism (``attend``, the lean kernels, ``masked_softmax``, ...) are named here
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -98,16 +99,23 @@ def _twin(entry: registry.Entry) -> Callable[..., Tensor]:
     return fn
 
 
+@functools.cache
+def _score_takes(fn: Callable[..., Tensor], inputs: int) -> tuple[str, ...] | None:
+    """The parameter names of a score function after its ``inputs`` tensors (None: it
+    takes any keyword); read once per function (``inspect.signature`` is not free)."""
+    signature = list(inspect.signature(fn).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature):
+        return None
+    return tuple(p.name for p in signature[inputs:] if p.kind is not p.VAR_POSITIONAL)
+
+
 def _check_score_params(entry: registry.Entry, params: dict[str, Any]) -> None:
     """Every keyword of ``attend`` beyond its own must be a parameter of the score's
     functional twin (the tensors it scores excluded): one line naming the keyword, the
     score and what it takes, before anything is computed."""
-    fn = _twin(entry)
-    signature = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature):
+    takes = _score_takes(_twin(entry), 2 if entry.cls.needs_query else 1)  # (q, k) or (k,)
+    if takes is None:
         return
-    inputs = 2 if entry.cls.needs_query else 1  # (q, k) or (k,)
-    takes = [p.name for p in list(signature)[inputs:] if p.kind is not p.VAR_POSITIONAL]
     unknown = [name for name in params if name not in takes]
     if unknown:
         raise TypeError(
