@@ -159,7 +159,11 @@ def test_image_attention_takes_the_layouts_a_model_gives() -> None:
     dark[:8] = 1  # uint8 values 0 and 1: nearly black, not white where they are 1
     assert plot_image_attention(dark, grid) == plot_image_attention(dark / 255.0, grid)
     for image, weights, message in (
-        (rng.random((16, 16, 5)), grid, r"image has shape \(16, 16, 5\), expected \[H, W, 3\]"),
+        (
+            rng.random((16, 16, 5)),
+            grid,
+            r"image has shape \(16, 16, 5\), expected \[H, W, C\] or \[C, H, W\] with C = 1, 3 or 4",
+        ),
         (rng.random((1, 16, 16, 3)), grid, r"image has shape \(1, 16, 16, 3\), expected"),
         (pixels, rng.random(15), r"weights has 15 values: a flat grid needs a square number"),
     ):

@@ -354,9 +354,8 @@ class Seq2SeqTranslator(Configurable):
         """
         check_int(beam_size, "beam_size", 1, error=ValueError)
         check_int(max_len, "max_len", 1, error=ValueError)
-        check_number(
-            length_penalty, "length_penalty", low=0, error=ValueError
-        )  # nan ranked nothing
+        # a NaN length penalty ranked no hypothesis above another
+        check_number(length_penalty, "length_penalty", low=0, error=ValueError)
         enc_all = self.encode(src, src_lengths)
         lengths = enc_all.mask.sum(1).tolist()
         out = Translation([], [], [])

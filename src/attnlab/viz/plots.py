@@ -94,8 +94,8 @@ def _image(image: Any) -> np.ndarray:
     )
     shape = tuple(np.shape(image))
     bad = ValueError(
-        f"image has shape {shape}, expected [H, W, 3] or [3, H, W] (1 or 4 channels, or "
-        "[H, W] grey, also do)"
+        f"image has shape {shape}, expected [H, W, C] or [C, H, W] with C = 1, 3 or 4, or "
+        "[H, W] grey"
     )
     if len(shape) not in (2, 3):
         raise bad
