@@ -246,3 +246,18 @@ def test_a_data_seed_option_is_an_int_of_at_least_zero(task, option, bad):
 
 def test_every_task_with_a_data_seed_is_checked():
     assert {task for task, _ in _seeded_tasks()} >= {"sentiment", "pointer", "translation"}
+
+
+def test_register_task_takes_task_subclasses_only(monkeypatch):
+    """A class that is no Task was registered and failed only when a run built it."""
+    import copy
+
+    from attnlab import registry
+    from attnlab.lab.task import register_task
+
+    monkeypatch.setattr(registry, "_REGISTRY", copy.deepcopy(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_ALIASES", copy.deepcopy(registry._ALIASES))
+    for thing in (int, object(), lambda: None):
+        with pytest.raises(TypeError, match=r"^register_task\('mine'\) takes a Task subclass"):
+            register_task("mine", formula="x", source="y")(thing)
+    assert "mine" not in registry.names("task")

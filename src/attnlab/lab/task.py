@@ -53,8 +53,16 @@ Batch = dict[str, Any]
 def register_task(name: str, **card_and_caps: Any):
     """Register a :class:`Task` subclass under kind ``"task"`` (``attnlab list --kind task``);
     its card as for :func:`attnlab.registry.register`: the docstring's ``:formula:``,
-    ``:source:`` and ``:cost:`` fields, or the keywords."""
-    return register("task", name, **card_and_caps)
+    ``:source:`` and ``:cost:`` fields, or the keywords. Anything but a ``Task`` subclass is
+    a ``TypeError`` (it would fail only when a run builds it)."""
+    add = register("task", name, **card_and_caps)
+
+    def deco(cls: Any) -> Any:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"register_task({name!r}) takes a Task subclass, got {cls!r}")
+        return add(cls)
+
+    return deco
 
 
 def spec_label(spec: Mapping[str, Any]) -> str:
