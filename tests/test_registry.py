@@ -310,6 +310,9 @@ def test_an_alias_never_takes_a_name_or_another_alias(monkeypatch):
     registry.register("test-kind", "first", formula="x", source="y", aliases=("one",))(first)
     assert registry.get("test-kind", "one").cls is first  # the same class again: allowed
     assert all(e.name not in e.aliases for e in registry.entries())
+    for thing in (len, object()):
+        with pytest.raises(TypeError, match=r"^register\('test-kind', 'x'\) decorates a class"):
+            registry.register("test-kind", "x", formula="x", source="y")(thing)
     for kind, name in (("test-kind", "one"), ("test-kind", "nope"), ("no-kind", "first")):
         with pytest.raises(KeyError, match=f"no {kind} '{name}' is registered"):
             registry.unregister(kind, name)

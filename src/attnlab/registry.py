@@ -114,6 +114,8 @@ def register(
     """
 
     def deco(cls: type) -> type:
+        if not isinstance(cls, type):  # a function or an instance: built by calling it, later
+            raise TypeError(f"register({kind!r}, {name!r}) decorates a class, got {cls!r}")
         card = card_from_docstring(cls)
         given = {"formula": formula, "source": source, "cost": cost}
         card.update({k: v for k, v in given.items() if v is not None})
