@@ -119,9 +119,9 @@ def _check_score_params(entry: registry.Entry, params: dict[str, Any]) -> None:
     unknown = [name for name in params if name not in takes]
     if unknown:
         raise TypeError(
-            f"attend got {unknown[0]!r}, which score {entry.name!r} does not take (its "
-            f"parameters: {', '.join(takes) or 'none'}); attend is soft attention, for "
-            "another alignment build attnlab.Attention"
+            f"unexpected keyword argument {unknown[0]!r}: score {entry.name!r} takes no such "
+            f"parameter (its parameters: {', '.join(takes) or 'none'}); attend is soft "
+            "attention, for another alignment build attnlab.Attention"
         )
 
 
