@@ -57,10 +57,14 @@ def _plt() -> Any:
     return plt
 
 
+def _numpy(x: Any) -> Any:
+    """A tensor (on any device, one that requires grad too) as a NumPy array; anything
+    else as it is."""
+    return x.detach().float().cpu().numpy() if hasattr(x, "detach") else x
+
+
 def _array(x: Any, ndim: int, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().float().cpu().numpy()
-    a = np.asarray(x, dtype=np.float64)
+    a = np.asarray(_numpy(x), dtype=np.float64)
     if a.ndim != ndim:
         raise ValueError(f"{name} has shape {a.shape}, expected {ndim} dimensions")
     if a.size == 0:
@@ -72,10 +76,8 @@ def _array(x: Any, ndim: int, name: str) -> np.ndarray:
 
 def _values(x: Any, name: str) -> np.ndarray:
     """A sequence of numbers (a list, an array, a tensor, one that requires grad) as floats."""
-    if hasattr(x, "detach"):
-        x = x.detach().float().cpu().numpy()
     try:
-        return np.asarray(x, dtype=float).reshape(-1)
+        return np.asarray(_numpy(x), dtype=float).reshape(-1)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a sequence of numbers, got {type(x).__name__}") from None
 
