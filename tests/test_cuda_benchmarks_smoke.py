@@ -149,3 +149,50 @@ def test_gpu_case_and_dtype_names_are_checked_in_one_line():
 def test_the_gpu_case_names_are_the_cases_built():
     built = {c.name for c in cuda_bench.build_cases("cpu", torch.float32, tiny=True)}
     assert built == set(cuda_bench.CASE_NAMES)
+
+
+def test_the_profile_tool_lists_each_sides_operations_on_cpu(capsys):
+    """benchmarks/cuda_profile.py at toy sizes on the CPU: every side of the chosen cases
+    gets its host and step times and a table of its operations (numbers not asserted)."""
+    import cuda_profile
+
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert (
+            cuda_profile.main(
+                [
+                    "--device",
+                    "cpu",
+                    "--tiny",
+                    "--cases",
+                    "sdpa",
+                    "--dtypes",
+                    "fp32",
+                    "--repeats",
+                    "2",
+                    "--top",
+                    "3",
+                ]
+            )
+            == 0
+        )
+    finally:
+        torch.set_num_threads(n)
+    out = capsys.readouterr().out
+    assert "## sdpa fp32" in out
+    for side in ("attnlab", "SDPA [B,1,n,d]"):
+        assert f"  {side}: host " in out and "error" not in out
+    assert out.count("in all (") == 2
+    assert "scaled_dot_product" in out  # the anchor's one operation is listed
+
+
+def test_the_profile_tool_checks_its_names_and_needs_cuda_for_cuda(capsys):
+    import cuda_profile
+
+    with pytest.raises(SystemExit):
+        cuda_profile.main(["--device", "cpu", "--cases", "sdpaa"])
+    assert "unknown 'sdpaa'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cuda_profile.main(["--device", "cuda"]) == 0
+        assert "no CUDA device" in capsys.readouterr().out
