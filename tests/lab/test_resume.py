@@ -386,3 +386,51 @@ def test_a_safetensors_file_of_something_else_is_not_a_state(tmp_path):
     save_file({"w": torch.zeros(2)}, str(tmp_path / "s.safetensors"))
     with pytest.warns(UserWarning, match="not a resume state"):
         assert ResumeFile(tmp_path / "s.safetensors", {}).load() is None
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_cuda_random_state_comes_back_through_the_file(tmp_path):
+    cuda = torch.device("cuda")
+    model = torch.nn.Linear(2, 2).to(cuda)
+    optimizer = torch.optim.Adam(model.parameters())
+    file = ResumeFile(tmp_path / "s.safetensors", {})
+    state = _state(model, optimizer)
+    state.rng = capture_rng(cuda)
+    file.save(state)
+    first = torch.rand(5, device=cuda)
+    back = file.load()
+    assert back is not None and back.rng["cuda"] is not None
+    restore_rng(back.rng, cuda)
+    assert torch.equal(first, torch.rand(5, device=cuda))
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_an_interrupted_cuda_run_goes_on_and_ends_as_an_uninterrupted_one(
+    tmp_path, toy, monkeypatch
+):
+    """On CUDA the dropout masks come from the device's generator: a resume restores it,
+    so the resumed run ends with the uninterrupted run's weights and metrics (compared
+    to float32 rounding: the device's kernels need not be bitwise repeatable)."""
+    from safetensors.torch import load_file
+
+    whole = _run(tmp_path / "whole", device="cuda")
+    with monkeypatch.context() as patch:
+        _interrupt_epoch(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            _run(tmp_path, device="cuda")
+    again = _run(tmp_path, device="cuda")
+    assert json.loads((again.run_dir / "run.json").read_text())["resumed_after"] == [2]
+    a, b = (load_file(str(r.run_dir / "model.safetensors")) for r in (whole, again))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    ma, mb = (json.loads((r.run_dir / "metrics.json").read_text()) for r in (whole, again))
+    assert ma.keys() == mb.keys()
+    for key, value in ma.items():
+        if isinstance(value, float):
+            assert mb[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
