@@ -618,6 +618,45 @@ def test_the_launches_are_custom_ops_that_pass_opcheck():
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+def test_eager_calls_skip_the_custom_ops_and_give_their_outputs_and_gradients():
+    """In eager mode the kernels run in a plain autograd Function and the weights pass is
+    called directly (the custom operators' dispatch is host time a step does not need);
+    outputs, the weights and every gradient equal the custom operators'."""
+    from attnlab.general import flash_additive as fa
+
+    mask = masks.from_lengths(torch.tensor([7, 4]), 7).to(DEVICE).expand(2, 9, 7)
+    add = (False, "tanh", False, None, False, None, None, False)
+    multi = (True, "sigmoid", True, None, False, None, None, True)
+    for names, m, flags in (
+        (("q1", "k2", "w", None, "v"), mask, add),
+        (("q1", "k2", "W_d", "b_d", "v"), None, multi),
+    ):
+        results = []
+        for call in (fa._attend, fa._attend_op):
+            t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
+            leaves = [None if n is None else t[n] for n in names]
+            out, lse = call(*leaves, m, *flags)
+            grads = torch.autograd.grad(
+                (out * torch.linspace(-1, 1, out.shape[-1], device=DEVICE)).sum(),
+                [x for x in leaves if x is not None],
+            )
+            results.append((type(out.grad_fn).__name__, out, lse, grads))
+        (eager_fn, *eager), (op_fn, *op) = results
+        assert eager_fn == "EagerBackward" and "attnlab" in op_fn.lower()
+        torch.testing.assert_close(eager[0], op[0], rtol=0, atol=0)
+        torch.testing.assert_close(eager[1], op[1], rtol=0, atol=0)
+        for g_eager, g_op in zip(eager[2], op[2], strict=True):
+            torch.testing.assert_close(g_eager, g_op, rtol=1e-6, atol=1e-6)
+    t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
+    with torch.no_grad():
+        _, lse = fa._attend(t["q1"], t["k2"], t["w"], None, t["v"], mask, *add)
+        args = (t["q1"], t["k2"], t["w"], lse, mask, torch.float32, 8, *add)
+        weights = fa._weights_call(*args)
+        torch.testing.assert_close(weights, fa._weights_op(*args), rtol=0, atol=0)
+    assert weights.shape == (2, 9, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, device=DEVICE))
+
+
 @pytest.mark.parametrize("dim", ["single", "multi"])
 def test_compiled_triton_path_has_no_graph_break_and_matches_eager(dim):
     """``torch.compile(Attention(score="additive", path="triton"), fullgraph=True)``: the

@@ -580,13 +580,12 @@ class LocalPAlign(_LocalAlign):
         # the centre in float32 for half inputs (issue 12: in bf16, S = 299 rounds to 300
         # and S * sigmoid(...) to a multiple of 2, moving the window and the Gaussian)
         work = softmax_dtype(like.dtype)
-        if mask is None:
-            S = torch.full((batch, n_q), float(max(n_k - 1, 0)), dtype=work, device=like.device)
-        else:
-            allowed = torch.broadcast_to(mask, (batch, n_q, n_k)).sum(-1)
-            S = (allowed - 1).clamp(min=0).to(work)
         proj = torch.tanh(F.linear(query.to(work), self.W_p.weight.to(work)))
-        return S * torch.sigmoid(proj @ self.w_p.to(work))
+        p = torch.sigmoid(proj @ self.w_p.to(work))
+        if mask is None:  # one S for every row: a number, not a [B, n_q] tensor
+            return p * float(max(n_k - 1, 0))
+        allowed = torch.broadcast_to(mask, (batch, n_q, n_k)).sum(-1)
+        return (allowed - 1).clamp(min=0).to(work) * p
 
 
 @register("align", "reinforced", aliases=("resan", "reinforced-selection"))

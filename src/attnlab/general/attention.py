@@ -690,11 +690,13 @@ class Attention(Configurable):
         dtype = call.values.dtype
         return context.to(dtype), None if weights is None else weights.to(dtype), None, {}
 
-    def _centers(self, call: _Call) -> Tensor:
-        """The window centres ``[B, n_q]`` of a local alignment."""
+    def _centers(self, call: _Call, query: Tensor | None = None) -> Tensor:
+        """The window centres ``[B, n_q]`` of a local alignment, predicted from ``query``
+        (default: the call's queries; the runners pass the queries they cast to the
+        scores' dtype, so that a half-precision query is cast once, not twice)."""
         B, n_q, _ = call.q.shape  # type: ignore[union-attr]
         return self.align.centers(  # type: ignore[operator]
-            query=call.q,
+            query=call.q if query is None else query,
             batch=B,
             n_q=n_q,
             n_k=call.keys.shape[1],
@@ -722,10 +724,11 @@ class Attention(Configurable):
 
     def _run_local_triton(self, call: _Call) -> _Result:
         assert call.q is not None
-        centers = self._centers(call)
         # the score's dot form in float32 for half inputs, as on the gathered path
         work = softmax_dtype(call.q.dtype)
-        q2, k2, scale = self.score.dot_form(call.q.to(work), call.keys.to(work))  # type: ignore[misc]
+        q_work = call.q.to(work)
+        centers = self._centers(call, q_work)
+        q2, k2, scale = self.score.dot_form(q_work, call.keys.to(work))  # type: ignore[misc]
         context = local_triton_attend(
             q2, k2, call.values, centers, self.align.D, scale, call.mask, self.align.gaussian
         )

@@ -345,8 +345,8 @@ def _plan(
     bd, bdv = _pow2(d_w, 16), _pow2(d_v, 16)
     dot = _dot_mode(multi, on_gpu, half, allow_tf32, max(bd, bdv))
     bm, bn, warps = _tiles(multi, on_gpu, dot, bd, bdv, block_m, block_n)
-    if mask is None:
-        m8 = torch.zeros(1, dtype=torch.uint8, device=q1.device)
+    if mask is None:  # never read (HAS_MASK is off): allocated, not filled (no launch)
+        m8 = torch.empty(1, dtype=torch.uint8, device=q1.device)
         strides: tuple[int, int, int] = (0, 0, 0)
     else:
         m8 = mask.expand(B, n_q, n_k).view(torch.uint8)
@@ -613,6 +613,52 @@ def _custom_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], sc
     return op
 
 
+def _eager_or_op(op: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """Call ``op`` while torch.compile traces (the operator stays in its graph as it is),
+    else ``impl`` straight away: the same kernels without the custom operator's dispatch
+    (for calls that record no gradient)."""
+
+    def call(*inputs: Any) -> Any:
+        return op(*inputs) if torch.compiler.is_compiling() else impl(*inputs)
+
+    return call
+
+
+def _autograd_op(
+    op: Any,
+    impl: Callable[..., Any],
+    setup: Callable[[Any, tuple[Any, ...], Any], None],
+    backward: Callable[[Callable[..., Any]], Callable[..., tuple[Any, ...]]],
+    backward_op: Any,
+    backward_impl: Callable[..., Any],
+) -> Callable[..., Any]:
+    """The differentiable front of the custom operator ``op``: its autograd formula is
+    ``backward(backward_op)`` (``setup`` saves what it needs); the function returned calls
+    ``op`` while torch.compile traces and, in eager mode, runs ``impl`` and
+    ``backward(backward_impl)`` in a plain :class:`torch.autograd.Function`. Same kernels,
+    same gradients; the custom operator's Python dispatch (argument defaults, alias
+    checks, the autograd and backend layers) cost about 0.5 ms of host time per call on an
+    H200's host, more than the local kernels themselves (docs/benchmarks.md)."""
+    op.register_autograd(backward(backward_op), setup_context=setup)
+    eager_backward = backward(backward_impl)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *inputs: Any) -> Any:
+            output = impl(*inputs)
+            setup(ctx, inputs, output)
+            return output
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return eager_backward(ctx, *grads)
+
+    def call(*inputs: Any) -> Any:
+        return op(*inputs) if torch.compiler.is_compiling() else Eager.apply(*inputs)
+
+    return call
+
+
 _attend_op = _custom_op(
     "flash_attend",
     _attend_impl,
@@ -645,16 +691,30 @@ def _attend_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tenso
     ctx.mark_non_differentiable(lse)
 
 
-@_once_differentiable
-def _attend_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
-    q1, k2, w, v, mask, out, lse = ctx.saved_tensors
-    dq, dk, dw, dv = _attend_backward_op(q1, k2, w, v, mask, out, lse, grad, *ctx.flags)
-    gb = None if ctx.b_d is None else torch.zeros(ctx.b_d[0], dtype=ctx.b_d[1], device=ctx.b_d[2])
-    nones = (None,) * (1 + len(ctx.flags))  # mask and the flags
-    return (dq.to(q1.dtype), dk.to(k2.dtype), dw.to(w.dtype), gb, dv.to(v.dtype), *nones)
+def _attend_backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
+    """The backward of the forward op, with ``run`` the backward op or its impl."""
+
+    @_once_differentiable
+    def backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
+        q1, k2, w, v, mask, out, lse = ctx.saved_tensors
+        dq, dk, dw, dv = run(q1, k2, w, v, mask, out, lse, grad, *ctx.flags)
+        b_d = ctx.b_d
+        gb = None if b_d is None else torch.zeros(b_d[0], dtype=b_d[1], device=b_d[2])
+        nones = (None,) * (1 + len(ctx.flags))  # mask and the flags
+        return (dq.to(q1.dtype), dk.to(k2.dtype), dw.to(w.dtype), gb, dv.to(v.dtype), *nones)
+
+    return backward
 
 
-_attend_op.register_autograd(_attend_backward, setup_context=_attend_setup)
+_attend = _autograd_op(
+    _attend_op,
+    _attend_impl,
+    _attend_setup,
+    _attend_backward,
+    _attend_backward_op,
+    _attend_backward_impl,
+)
+_weights_call = _eager_or_op(_weights_op, _weights_impl)
 
 
 class FlashOptions(TypedDict, total=False):
@@ -754,11 +814,11 @@ def _launch(
         if not isinstance(o[key], bool):
             raise TypeError(f"{key} must be a bool, got {o[key]!r}")
     flags = (multi, name, causal, fast_tanh, allow_tf32, bm, bn, o["fused_backward"])
-    out, lse = _attend_op(q1c, k2c, w, b_d, vc, mask3, *flags)
+    out, lse = _attend(q1c, k2c, w, b_d, vc, mask3, *flags)
     weights = None
     if need_weights:
         with torch.no_grad():
-            weights = _weights_op(q1c, k2c, w, lse, mask3, vc.dtype, vc.shape[2], *flags)
+            weights = _weights_call(q1c, k2c, w, lse, mask3, vc.dtype, vc.shape[2], *flags)
     return out, weights
 
 

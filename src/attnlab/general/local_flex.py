@@ -14,6 +14,7 @@ docs/benchmarks.md), so it takes the gathered window (:mod:`attnlab.general.loca
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -61,10 +62,12 @@ def local_flex_attend(
     # the band |i - l| <= D has no empty window while n_q <= n_k + D: then no log-sum-exp
     # and no zeroing are needed
     may_be_empty = not (static_window and mask is None and n_q <= n_k + D)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the unfused CPU reference warns
+    on_cuda = q.device.type == "cuda"
+    with contextlib.nullcontext() if on_cuda else warnings.catch_warnings():
+        if not on_cuda:  # the unfused CPU reference warns (catch_warnings costs host time)
+            warnings.simplefilter("ignore", UserWarning)
         block = _block_mask(p, n_k, D, mask, static_window)
-        flex = _flex(q.device.type == "cuda")
+        flex = _flex(on_cuda)
         q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
         if not may_be_empty:
             return flex(q4, k4, v4, block_mask=block, scale=scale).squeeze(1).to(v.dtype)

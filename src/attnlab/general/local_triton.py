@@ -28,6 +28,7 @@ pass over the queries sorted by centre sums them instead, the same every run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from attnlab.general.alignment import _check_window
-from attnlab.general.flash_additive import TRITON_DTYPES, _custom_op, _kernels
+from attnlab.general.flash_additive import TRITON_DTYPES, _autograd_op, _custom_op, _kernels
 from attnlab.general.fused import _once_differentiable
 
 __all__ = ["LOCAL_TRITON_MAX_WINDOW", "local_triton_attend"]
@@ -113,8 +114,8 @@ def _plan_of(D: int, scale: float, gaussian: bool, tiles: list[int]) -> _Launch:
 
 
 def _mask_u8(mask: Tensor | None, q: Tensor) -> Tensor:
-    if mask is None:
-        return torch.zeros(1, 1, 1, dtype=torch.uint8, device=q.device)
+    if mask is None:  # never read (HAS_MASK is off): allocated, not filled (no launch)
+        return torch.empty(1, 1, 1, dtype=torch.uint8, device=q.device)
     return mask.view(torch.uint8)
 
 
@@ -251,17 +252,22 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> 
     ctx.mark_non_differentiable(output[1])
 
 
-@_once_differentiable
-def _backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]:
-    q, k, v, center, mask, a = ctx.saved_tensors
-    dq, dk, dv, dc = _backward_op(q, k, v, center, mask, a, grad, *ctx.args)
-    # without the Gaussian the centres only choose the window: no gradient
-    gc = dc if ctx.args[2] else None
-    nones = (None,) * (1 + len(ctx.args))  # the mask and the other arguments
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), gc, *nones
+def _backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
+    """The backward of the forward op, with ``run`` the backward op or its impl."""
+
+    @_once_differentiable
+    def backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]:
+        q, k, v, center, mask, a = ctx.saved_tensors
+        dq, dk, dv, dc = run(q, k, v, center, mask, a, grad, *ctx.args)
+        # without the Gaussian the centres only choose the window: no gradient
+        gc = dc if ctx.args[2] else None
+        nones = (None,) * (1 + len(ctx.args))  # the mask and the other arguments
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), gc, *nones
+
+    return backward
 
 
-_attend_op.register_autograd(_backward, setup_context=_setup)
+_attend = _autograd_op(_attend_op, _attend_impl, _setup, _backward, _backward_op, _backward_impl)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -340,5 +346,5 @@ def local_triton_attend(
     tiles += [plan.num_warps, plan.bwd_warps]
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = _attend_op(q, k, v, c32, mask3, D, float(scale), gaussian, tiles, deterministic)
+    out, _ = _attend(q, k, v, c32, mask3, D, float(scale), gaussian, tiles, deterministic)
     return out  # type: ignore[no-any-return]

@@ -93,7 +93,8 @@ def sdpa_four_d(device: torch.device | str) -> bool:
     On the CPU the 3-D call stays on the math kernel, whose half-precision backward
     accumulates in float32 (the CPU flash kernel's float16 gradients are measurably less
     accurate with large scores; tests/general/test_robustness_numerics.py)."""
-    return torch.device(device).type != "cpu"
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    return kind != "cpu"
 
 
 #: Looked up once, at import, without importing the module: a plain bool that
