@@ -5,8 +5,8 @@
     python benchmarks/compile_time.py --device cpu --dim multi
 
 Every cache starts empty: ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` point into
-a fresh temporary folder and inductor's FX-graph and autograd caches are off, all set
-before torch is imported. Printed: the first forward call, the first backward call, their
+a fresh temporary folder (removed when the process ends) and inductor's FX-graph and
+autograd caches are off, all set before torch is imported. Printed: the first forward call, the first backward call, their
 sum, the same calls once more (warm), dynamo's graph and break counts, and the largest
 difference from the eager module on the same inputs (forward and the input gradients).
 Exits 1 when the module does not compile with ``fullgraph=True`` or disagrees with eager.
@@ -15,12 +15,15 @@ Exits 1 when the module does not compile with ``fullgraph=True`` or disagrees wi
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
 
 _CACHE = tempfile.mkdtemp(prefix="attnlab-compile-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)  # the caches go with the process
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHE, "inductor")
 os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHE, "triton")
 os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"

@@ -551,8 +551,12 @@ def test_check_seed_takes_python_and_numpy_ints_only():
             check_seed(bad)
     with pytest.raises(ConfigError, match=r"^run seed must be an int"):
         check_seed(1.0, "run seed", error=ConfigError)
-    with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$") as caught:
         check_seed(-1, minimum=0)
+    assert type(caught.value) is ValueError  # a TypeError for the type, not for the range
+    # a ValueError kind asked for (ConfigError: the CLI's one-line errors) is kept
+    with pytest.raises(ConfigError, match=r"^run seed must be an int >= 0, got -1$"):
+        check_seed(-1, "run seed", minimum=0, error=ConfigError)
 
 
 @pytest.mark.parametrize(

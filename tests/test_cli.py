@@ -307,6 +307,21 @@ def test_train_the_toy_task_with_a_plugin(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mean--seed1", "mean--seed2"]
 
 
+def test_train_refuses_a_negative_seed_in_one_line_before_any_data(tmp_path):
+    """``--seed -3`` was a ValueError traceback after the task was set up (Python's
+    ``random`` takes -3 as 3, so it is refused, as ``ablate --seeds`` refuses it)."""
+    result = CliRunner().invoke(main, _toy_argv(tmp_path, "--seed", "1", "--seed", "-3"))
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == "error: seed must be an int >= 0, got -3"
+    assert list(tmp_path.iterdir()) == []  # seed 1 did not run either
+    result = CliRunner().invoke(
+        main, ["ablate", "toy", "--plugin", TOY, "--seeds=0,-1", "--out", str(tmp_path / "a")]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == "error: seeds must be an int >= 0, got -1"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("restart", [False, True])
 def test_train_goes_on_after_an_interruption_unless_restart(tmp_path, monkeypatch, restart):
     from attnlab.lab import training

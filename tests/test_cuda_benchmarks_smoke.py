@@ -196,3 +196,18 @@ def test_the_profile_tool_checks_its_names_and_needs_cuda_for_cuda(capsys):
     if not torch.cuda.is_available():
         assert cuda_profile.main(["--device", "cuda"]) == 0
         assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_the_compile_time_benchmark_removes_its_cold_caches(tmp_path):
+    """benchmarks/compile_time.py compiles into a fresh temporary folder (cold caches) and
+    removes it when it ends: 57 such folders had piled up in /tmp of one machine."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(BENCH.parent / "src")}
+    argv = [sys.executable, str(BENCH / "compile_time.py"), "--device", "cuda"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if not torch.cuda.is_available():
+        assert "nothing measured" in done.stdout
+    assert list(tmp_path.iterdir()) == []

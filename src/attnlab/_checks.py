@@ -116,12 +116,13 @@ def check_seed(
     """``seed`` as an int (a Python or numpy integer, not a bool: ``1.5`` or ``True`` would
     quietly become seed 1), at least ``minimum`` where given (numpy's generators take no
     negative seed). Not an int: ``error`` (a ``TypeError`` unless told), ``"seed must be
-    an int, got 'x'"``; below ``minimum``: a ``ValueError``, ``"seed must be an int >= 0,
-    got -1"``."""
+    an int, got 'x'"``; below ``minimum``: a ``ValueError`` (``error`` where that is one,
+    e.g. :class:`ConfigError`), ``"seed must be an int >= 0, got -1"``."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise error(f"{name} must be an int, got {seed!r}")
     if minimum is not None and seed < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {seed!r}")
+        below = error if issubclass(error, ValueError) else ValueError
+        raise below(f"{name} must be an int >= {minimum}, got {seed!r}")
     return int(seed)
 
 

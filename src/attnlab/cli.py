@@ -493,6 +493,7 @@ def _train_settings(
     """``(task, spec, seeds)`` of ``attnlab train``: the options taken from --config, then
     -o, then the shortcuts given; the spec, the option values, the device and the precision
     checked before any data is loaded."""
+    from attnlab._checks import ConfigError, check_seed
     from attnlab.lab.config import (
         check_attention,
         check_option_values,
@@ -511,7 +512,10 @@ def _train_settings(
     check_option_values(the_task, opts)
     check_attention(the_task, spec)  # before any data is loaded
     resolve_precision(precision, resolve_device(device))
-    return the_task, spec, list(seeds) or list(config.get("seeds", [0]))
+    run_seeds = list(seeds) or list(config.get("seeds", [0]))
+    for seed in run_seeds:  # before any data is loaded (train_run checks it again)
+        check_seed(seed, "seed", minimum=0, error=ConfigError)
+    return the_task, spec, run_seeds
 
 
 def _out_folder(out: str | None, task: str) -> Path:

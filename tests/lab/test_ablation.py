@@ -123,6 +123,10 @@ def test_parse_seeds():
         with pytest.raises(ConfigError, match="seeds must be integers"):
             parse_seeds(bad)
     assert parse_seeds(s for s in (4, 5)) == [4, 5]  # any iterable of ints
+    # Python's random takes -1 as 1: seeds -1 and 1 would share its stream
+    for bad in ("-1,0", [0, -2], -3):
+        with pytest.raises(ConfigError, match=r"^seeds must be an int >= 0, got -\d$"):
+            parse_seeds(bad)
 
 
 def test_run_id_format():

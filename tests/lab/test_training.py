@@ -278,6 +278,9 @@ def test_same_seed_same_run_and_other_seed_differs(tmp_path, toy):
         ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),
         ({"resume": 1}, TypeError, "resume must be a bool, got 1"),
         ({"before_publish": 3}, TypeError, "before_publish must be callable, got int"),
+        # Python's random takes -1 as 1: two seeds would share its stream
+        ({"seed": -1}, ConfigError, "seed must be an int >= 0, got -1"),
+        ({"seed": 1.0}, ConfigError, "seed must be an int, got 1.0"),
     ],
 )
 def test_bad_arguments_fail_before_training(tmp_path, toy, kwargs, error, message):

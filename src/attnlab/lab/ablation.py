@@ -37,7 +37,7 @@ from typing import Any
 
 import click
 
-from attnlab._checks import ConfigError, check_flags, check_int, check_path
+from attnlab._checks import ConfigError, check_flags, check_int, check_path, check_seed
 from attnlab.lab._process import Owner
 from attnlab.lab.ablation_record import AblationRecordError, read_ablation_record
 from attnlab.lab.commands import (
@@ -118,8 +118,8 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
         return list(range(check_int(num_seeds, "num_seeds")))
     if seeds is None:
         return [0, 1, 2]
-    if isinstance(seeds, int):
-        return [seeds]
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
     if isinstance(seeds, str):
         try:
             values = [int(s) for s in seeds.replace(" ", "").split(",") if s]
@@ -136,6 +136,8 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
         values = [int(s) for s in values]
     if not values:
         raise ConfigError("no seeds given")
+    for seed in values:  # Python's random takes -1 as 1: two seeds would share its stream
+        check_seed(seed, "seeds", minimum=0, error=ConfigError)
     return list(dict.fromkeys(values))
 
 

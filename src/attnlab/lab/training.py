@@ -195,7 +195,8 @@ class RunResult:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch (CPU and CUDA)."""
-    check_seed(seed, error=ConfigError)
+    # >= 0: Python's random takes -3 as 3, so two seeds would share its stream
+    check_seed(seed, minimum=0, error=ConfigError)
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 -- seeds code that uses the global generator
     torch.manual_seed(seed)
@@ -744,7 +745,7 @@ def _check_run_args(
     (``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``:
     :func:`~attnlab.lab.config.check_training_values`); return the prefetch depth (None:
     :data:`CUDA_PREFETCH` on CUDA, 0 elsewhere)."""
-    check_seed(seed, error=ConfigError)
+    check_seed(seed, minimum=0, error=ConfigError)
     if num_threads is not None:
         check_int(num_threads, "num_threads")
     if prefetch is None:
