@@ -10,7 +10,9 @@
 #      leases: KERNEL_SIDES adds them), then other tiles (TILES: none by default, the
 #      defaults beat the tiles they were chosen over in two leases);
 #   5. the cold compile time of torch.compile(Attention("additive")) (compile_time.py);
-#   6. the local-attention Triton kernels against the gathered window (local_kernels.py).
+#   6. the local-attention Triton kernels against the gathered window (local_kernels.py);
+#   7. only when STEPS names it (`profile`): where the time of some anchor cases goes
+#      (benchmarks/cuda_profile.py: host time, kernels, Python), appended to cuda-bench.txt.
 #
 # Each step runs under its own time limit (a step that runs over is cut and the next one
 # starts), writes its whole output to OUTDIR/<step>.txt and one line to
@@ -24,6 +26,7 @@
 #   CUDA_CASES=local-p CUDA_DTYPES=bf16 ...   # some cases of step 3 (run.py --cases, --dtypes)
 #   KERNEL_SIDES=triton,compiled ...          # some sides of step 4 (gpu_kernels.py --sides)
 #   KERNEL_DTYPE=fp32 ...                     # step 4's dtype (default bf16, issue 13's target)
+#   STEPS="cuda-bench profile" PROFILE_CASES=local-p PROFILE_DTYPES=bf16 ...  # step 7's cases
 #
 # Without a GPU every step says so and exits 0 (the CUDA tests skip). At most 8 files
 # come back from a lease's $OUT: these are the 8.
@@ -98,4 +101,13 @@ if [ -f "$out/compile-time.txt" ]; then  # a few lines: into the summary (8 file
     cat "$out/compile-time.txt" >>"$out/summary.txt" && rm "$out/compile-time.txt"
 fi
 step local-kernels 60 "$py" benchmarks/local_kernels.py
+# step 7 (not a default step): appended to the anchors' log (8 files at most come back)
+if [[ "$steps" == *" profile "* ]]; then
+    start=$SECONDS
+    timeout "${PROFILE_LIMIT:-90}" "$py" benchmarks/cuda_profile.py \
+        --cases "${PROFILE_CASES:-sdpa,local-m,local-p}" --dtypes "${PROFILE_DTYPES:-bf16}" \
+        --python 50 >>"$out/cuda-bench.txt" 2>&1
+    printf '%-12s rc=%-3s %4s s of %s s (appended to cuda-bench.txt)\n' profile "$?" \
+        "$((SECONDS - start))" "${PROFILE_LIMIT:-90}" | tee -a "$out/summary.txt"
+fi
 echo "done: $out/summary.txt" | tee -a "$out/summary.txt"

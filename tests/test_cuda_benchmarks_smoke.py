@@ -211,3 +211,32 @@ def test_the_compile_time_benchmark_removes_its_cold_caches(tmp_path):
     if not torch.cuda.is_available():
         assert "nothing measured" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_gpu_session_profile_step_runs_only_when_named(tmp_path):
+    """The profile step (benchmarks/cuda_profile.py) is not a default step; named in STEPS
+    it appends to cuda-bench.txt (8 files at most come back) and reports in summary.txt."""
+    import os
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    env = {**os.environ, "PYTHON": sys.executable, "STEPS": "device cuda-bench profile"}
+    done = subprocess.run(
+        [bash, str(BENCH / "gpu_session.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "profile      rc=0" in summary and "appended to cuda-bench.txt" in summary
+    log = (tmp_path / "cuda-bench.txt").read_text()
+    assert "nothing measured" in log and "no CUDA device: nothing to profile" in log
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuda-bench.txt", "summary.txt"]
+    # not a default step: the default run of the other test has no profile line
+    assert "profile" not in (BENCH / "gpu_session.sh").read_text().split("steps=")[1].split("\n")[0]
