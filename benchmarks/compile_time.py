@@ -6,9 +6,10 @@
 
 Every cache starts empty: ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` point into
 a fresh temporary folder (removed when the process ends) and inductor's FX-graph and
-autograd caches are off, all set before torch is imported. Printed: the first forward call, the first backward call, their
-sum, the same calls once more (warm), dynamo's graph and break counts, and the largest
-difference from the eager module on the same inputs (forward and the input gradients).
+autograd caches are off, all set before torch is imported. Printed: the first forward
+call, the first backward call, their sum, the same calls once more (warm), dynamo's graph
+and break counts, and the largest difference from the eager module on the same inputs
+(forward and the input gradients).
 Exits 1 when the module does not compile with ``fullgraph=True`` or disagrees with eager.
 """
 

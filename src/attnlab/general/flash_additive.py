@@ -521,8 +521,8 @@ def _weights(
 # The launches as PyTorch custom operators: opaque to torch.compile (dynamo never traces
 # the launch code, inductor calls them as they are). Eager calls run the same impls in a
 # plain autograd.Function (``_autograd_op``): the operators' dispatch was host time a step
-# does not need. Each op re-derives the launch plan from its arguments (deterministically), so the
-# forward, backward and weights ops agree. ``b_d`` (multi only, else None) takes part only
+# does not need. Each op re-derives the launch plan from its arguments (deterministically),
+# so the forward, backward and weights ops agree. ``b_d`` (multi only, else None) takes part only
 # to receive its gradient, which is exactly zero: constant across keys, it cancels in the
 # softmax.
 _FLAGS = (
@@ -639,7 +639,8 @@ def _autograd_op(
     ``backward(backward_impl)`` in a plain :class:`torch.autograd.Function`. Same kernels,
     same gradients; the custom operator's Python dispatch (argument defaults, alias
     checks, the autograd and backend layers) cost about 0.5 ms of host time per call on an
-    H200's host (cProfile), more than the local kernels' GPU time (docs/benchmarks.md)."""
+    H200's host (cProfile): for the two calls of a local-p step, about as much as the
+    local kernels' GPU time (docs/benchmarks.md)."""
     op.register_autograd(backward(backward_op), setup_context=setup)
     eager_backward = backward(backward_impl)
 

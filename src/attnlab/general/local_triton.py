@@ -104,7 +104,8 @@ def _s3(x: Tensor) -> tuple[int, int, int]:
 
 # The launches are PyTorch custom operators (``attnlab::local_attend`` and its backward),
 # so that torch.compile puts them in its graph as they are instead of tracing the launch
-# code; eager calls run the same impls in a plain autograd.Function (``_autograd_op``). ``tiles``: block_m, w_pad, block_d, block_dv, forward warps, backward warps;
+# code; eager calls run the same impls in a plain autograd.Function (``_autograd_op``).
+# ``tiles``: block_m, w_pad, block_d, block_dv, forward warps, backward warps;
 # ``deterministic``: the backward sums dk and dv in the key-side pass, not by atomics.
 _SCHEMA_ARGS = "int D, float scale, bool gaussian, int[] tiles, bool deterministic"
 
