@@ -21,6 +21,12 @@ def test_attention_mass_by_hand() -> None:
         attention_mass(w, torch.tensor([0.0, 2.0, 1.0]))
     with pytest.raises(ValueError, match="broadcast"):
         attention_mass(w, torch.tensor([True, False]))
+    # weights that are no attention (a negative weight, NaN, inf) measure nothing: refused
+    # as by the other measures (the mass of [1.5, -0.5] on the first cell was 1.5)
+    for bad in ([[1.5, -0.5, 0.0]], [[math.nan, 0.5, 0.5]], [[math.inf, 0.0, 0.0]]):
+        with pytest.raises(ValueError, match=r"^weights must be finite and non-negative$"):
+            attention_mass(torch.tensor(bad), region)
+    assert attention_mass(torch.zeros(0, 3), region).shape == (0,)
 
 
 def test_rank_correlation_by_hand() -> None:

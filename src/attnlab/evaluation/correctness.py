@@ -33,12 +33,16 @@ def attention_mass(weights: Any, region: Any) -> Tensor:
     """The attention mass inside ``region`` per map.
 
     Args:
-        weights: ``[..., n]`` attention weights (any leading dims; an image grid flattened).
+        weights: ``[..., n]`` attention weights (any leading dims; an image grid flattened),
+            finite and non-negative (a ``ValueError`` otherwise: a mass of 1.5 or of NaN
+            measures nothing).
         region: a bool mask broadcastable to ``weights`` (True inside the gold region), or
             float cell fractions in [0, 1] (then the mass is ``sum_k a_k r_k``).
     Returns ``[...]``.
     """
     w = torch.as_tensor(weights)
+    if w.numel() and (not bool(torch.isfinite(w).all()) or bool((w < 0).any())):
+        raise ValueError("weights must be finite and non-negative")
     r = torch.as_tensor(region, device=w.device)
     if r.dtype == torch.bool:
         r = r.to(w.dtype if w.is_floating_point() else torch.float32)
