@@ -45,7 +45,8 @@ import torch
 from sklearn.metrics import f1_score
 from torch import Tensor, nn
 
-from attnlab.evaluation.divergences import jsd, kl, tvd
+# the unchecked forms: the weights and outputs are the studies' own (divergences.py)
+from attnlab.evaluation.divergences import _jsd, _kl, _tvd
 from attnlab.evaluation.explanation import _mask, attention_weights
 
 __all__ = [
@@ -111,8 +112,8 @@ def seed_variance(models: Sequence[nn.Module], batches: Iterable[Batch]) -> dict
         per_model_j, per_model_t = [], []
         for other in models[1:]:
             w, p = attention_weights(other, tokens, lengths)
-            per_model_j.append(jsd(w, w0))
-            per_model_t.append(tvd(p, p0))
+            per_model_j.append(_jsd(w, w0))
+            per_model_t.append(_tvd(p, p0))
             jsds.append(per_model_j[-1])
             tvds.append(per_model_t[-1])
             max_w.append(w0.max(-1).values)
@@ -361,7 +362,7 @@ def adversarial_model(
     adv.train()
     opt = torch.optim.Adam(adv.parameters(), lr=lr, amsgrad=amsgrad)
     targets = [attention_weights(base, t, n) for t, n, _ in train]
-    move = jsd if divergence == "jsd" else kl
+    move = _jsd if divergence == "jsd" else _kl
     reduce = (lambda x: x.sum()) if fresh is not None else (lambda x: x.mean())
     best_loss, best_state, stale, kept, run = float("inf"), None, 0, epochs, 0
     for epoch in range(1, epochs + 1):
@@ -370,7 +371,7 @@ def adversarial_model(
         for (tokens, lengths, _labels), (w0, p0) in zip(train, targets, strict=True):
             m = _mask(tokens, lengths)
             out = adv.classify(adv.encode(tokens, m), m)
-            loss = reduce(tvd(out.logits.softmax(-1), p0) - lam * move(out.weights, w0))
+            loss = reduce(_tvd(out.logits.softmax(-1), p0) - lam * move(out.weights, w0))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -421,8 +422,8 @@ def _moved(base: nn.Module, adv: nn.Module, test: Sequence[Batch]) -> tuple[floa
     for tokens, lengths, labels in test:
         w0, p0 = attention_weights(base, tokens, lengths)
         w, p = attention_weights(adv, tokens, lengths)
-        tv.append(tvd(p, p0))
-        js.append(jsd(w, w0))
+        tv.append(_tvd(p, p0))
+        js.append(_jsd(w, w0))
         correct += int((p.argmax(-1) == labels).sum())
         total_n += int(labels.numel())
     return float(torch.cat(tv).mean()), float(torch.cat(js).mean()), correct / max(total_n, 1)

@@ -13,6 +13,7 @@ TVD; Wiegreffe & Pinter (2019) do the same. Cost O(n) per pair.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,18 +23,74 @@ __all__ = ["JSD_MAX", "jsd", "kl", "tvd"]
 JSD_MAX = math.log(2.0)
 
 
-def tvd(p: Tensor, q: Tensor) -> Tensor:
-    """Total variation distance over the last dimension."""
+def _pair(p: Any, q: Any) -> tuple[Tensor, Tensor]:
+    """``p, q`` as floating-point tensors over one support (the last dimension; the other
+    dimensions broadcast), every entry finite and non-negative; else a one-line
+    ``ValueError`` (a ``TypeError`` for what is not numbers). Not checked: that each
+    distribution sums to 1 (half-precision weights miss it by their rounding)."""
+    pair = []
+    for name, x in (("p", p), ("q", q)):
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be a tensor or array of numbers, got {x!r}") from None
+        if t.dtype == torch.bool or t.is_complex() or t.dim() == 0:
+            raise TypeError(
+                f"{name} must hold distributions over its last dimension (real numbers, at "
+                f"least one dimension), got {t.dtype} of shape {tuple(t.shape)}"
+            )
+        t = t if t.is_floating_point() else t.double()
+        if t.numel() and (not bool(torch.isfinite(t).all()) or bool((t < 0).any())):
+            raise ValueError(f"{name} must be finite and non-negative (distributions)")
+        pair.append(t)
+    a, b = pair
+    try:
+        torch.broadcast_shapes(a.shape, b.shape)
+        ok = a.shape[-1] == b.shape[-1]
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"p of shape {tuple(a.shape)} and q of shape {tuple(b.shape)} are not "
+            "distributions over one support (same last dimension, the others broadcast)"
+        )
+    if a.dtype != b.dtype:
+        dtype = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(dtype), b.to(dtype)
+    return a, b
+
+
+def _tvd(p: Tensor, q: Tensor) -> Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
-def kl(p: Tensor, q: Tensor, eps: float = 1e-12) -> Tensor:
-    """``KL(p || q)`` over the last dimension (terms with ``p_i = 0`` are 0)."""
+def _kl(p: Tensor, q: Tensor, eps: float = 1e-12) -> Tensor:
     terms = p * (p.clamp_min(eps).log() - q.clamp_min(eps).log())
     return torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1)
 
 
-def jsd(p: Tensor, q: Tensor) -> Tensor:
-    """Jensen-Shannon divergence over the last dimension, natural log (max ``log 2``)."""
+def _jsd(p: Tensor, q: Tensor) -> Tensor:
     m = 0.5 * (p + q)
-    return (0.5 * kl(p, m) + 0.5 * kl(q, m)).clamp_min(0.0)
+    return (0.5 * _kl(p, m) + 0.5 * _kl(q, m)).clamp_min(0.0)
+
+
+# The studies (attnlab.evaluation.explanation, .diagnostics) call the unchecked forms on
+# the softmax weights and outputs they compute, inside their search loops: a check there
+# would read every tensor back to the host at every step.
+
+
+def tvd(p: Any, q: Any) -> Tensor:
+    """Total variation distance over the last dimension (``p``, ``q``: tensors or arrays
+    of finite, non-negative numbers, the other dimensions broadcast)."""
+    return _tvd(*_pair(p, q))
+
+
+def kl(p: Any, q: Any, eps: float = 1e-12) -> Tensor:
+    """``KL(p || q)`` over the last dimension (terms with ``p_i = 0`` are 0; ``q_i`` is
+    taken as at least ``eps``)."""
+    return _kl(*_pair(p, q), eps)
+
+
+def jsd(p: Any, q: Any) -> Tensor:
+    """Jensen-Shannon divergence over the last dimension, natural log (max ``log 2``)."""
+    return _jsd(*_pair(p, q))

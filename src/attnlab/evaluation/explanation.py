@@ -44,7 +44,9 @@ from torch import Tensor, nn
 
 from attnlab._checks import check_positive
 from attnlab.evaluation._measures import as_array
-from attnlab.evaluation.divergences import jsd, tvd
+
+# the unchecked forms: the weights and outputs are the studies' own (divergences.py)
+from attnlab.evaluation.divergences import _jsd, _tvd
 
 __all__ = [
     "AdversarialResult",
@@ -157,7 +159,7 @@ def leave_one_out_importance(model: nn.Module, tokens: Tensor, lengths: Tensor) 
             variants = real.new_zeros(L, 1)  # one padding slot; length 0 -> empty input
         m = _mask(variants, var_len)
         p = model.classify(model.encode(variants, m), m).logits.softmax(-1)
-        out[b, :L] = tvd(p, probs[b : b + 1].expand_as(p))
+        out[b, :L] = _tvd(p, probs[b : b + 1].expand_as(p))
     return out
 
 
@@ -261,7 +263,7 @@ def permutation_test(
         wp = torch.zeros(permutations, tokens.shape[1], dtype=w.dtype, device=w.device)
         wp[:, :L] = w[b, :L][perms]
         p = model.classify_with_weights(hidden[b : b + 1].expand(permutations, -1, -1), wp)
-        medians[b] = tvd(p.softmax(-1), probs[b : b + 1]).median()
+        medians[b] = _tvd(p.softmax(-1), probs[b : b + 1]).median()
     return medians, w.max(-1).values
 
 
@@ -300,8 +302,8 @@ def adversarial_attention(
         a = z.masked_fill(~m, -1e4).softmax(-1) * m
         with torch.enable_grad():
             p = model.classify_with_weights(hidden, a).softmax(-1)
-            d_out = tvd(p, probs)
-            d_att = jsd(a, w)
+            d_out = _tvd(p, probs)
+            d_att = _jsd(a, w)
             loss = -(d_att - penalty * torch.relu(d_out - epsilon)).sum()
         with torch.no_grad():
             ok = (d_out <= epsilon) & (d_att > best)
@@ -363,17 +365,17 @@ def adversarial_attention_multi(
     with torch.enable_grad():
         for _ in range(steps):
             a = candidates()
-            d_out = tvd(outputs(a), probs[:, None])
-            d_att = jsd(a, w[:, None])
-            apart = jsd(a[:, :, None], a[:, None, :]).mean((1, 2))  # [B]: k x k pairs
+            d_out = _tvd(outputs(a), probs[:, None])
+            d_att = _jsd(a, w[:, None])
+            apart = _jsd(a[:, :, None], a[:, None, :]).mean((1, 2))  # [B]: k x k pairs
             loss = (-d_att + penalty * torch.relu(d_out - epsilon)).sum() - apart.sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
     with torch.no_grad():
         a = candidates()
-        d_out = tvd(outputs(a), probs[:, None])
-        d_att = jsd(a, w[:, None])
+        d_out = _tvd(outputs(a), probs[:, None])
+        d_att = _jsd(a, w[:, None])
         # the model's own weights are a candidate too: JSD 0, output unchanged
         d_att = torch.cat([d_att, torch.zeros(B, 1, device=w.device)], 1)
         d_out = torch.cat([d_out, torch.zeros(B, 1, device=w.device)], 1)
