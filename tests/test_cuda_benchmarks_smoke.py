@@ -77,10 +77,9 @@ def test_gpu_session_script_fits_one_lease_call():
     assert len(steps) - 2 + 3 <= 8
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
-def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
-    """The whole script on a machine without CUDA (the kernel tests left out: they run in
-    tests/general): every step exits 0 and says there is nothing to measure."""
+def _run_session_script(out, **variables: str) -> None:
+    """benchmarks/gpu_session.sh into ``out`` with these environment variables; it must
+    exit 0."""
     import os
     import shutil
     import subprocess
@@ -88,15 +87,22 @@ def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash is not installed")
-    env = {**os.environ, "PYTHON": sys.executable, "KERNEL_TESTS": "--co tests/test_output.py"}
+    env = {**os.environ, "PYTHON": sys.executable, **variables}
     done = subprocess.run(
-        [bash, str(BENCH / "gpu_session.sh"), str(tmp_path)],
+        [bash, str(BENCH / "gpu_session.sh"), str(out)],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_gpu_session_script_without_cuda_skips_every_gpu_step(tmp_path):
+    """The whole script on a machine without CUDA (the kernel tests left out: they run in
+    tests/general): every step exits 0 and says there is nothing to measure."""
+    _run_session_script(tmp_path, KERNEL_TESTS="--co tests/test_output.py")
     summary = (tmp_path / "summary.txt").read_text()
     for name, _ in _session_steps():
         assert f"{name} " in summary and "cut at its limit" not in summary
@@ -217,22 +223,7 @@ def test_the_compile_time_benchmark_removes_its_cold_caches(tmp_path):
 def test_gpu_session_profile_step_runs_only_when_named(tmp_path):
     """The profile step (benchmarks/cuda_profile.py) is not a default step; named in STEPS
     it appends to cuda-bench.txt (8 files at most come back) and reports in summary.txt."""
-    import os
-    import shutil
-    import subprocess
-
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("bash is not installed")
-    env = {**os.environ, "PYTHON": sys.executable, "STEPS": "device cuda-bench profile"}
-    done = subprocess.run(
-        [bash, str(BENCH / "gpu_session.sh"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    _run_session_script(tmp_path, STEPS="device cuda-bench profile")
     summary = (tmp_path / "summary.txt").read_text()
     assert "profile      rc=0" in summary and "appended to cuda-bench.txt" in summary
     log = (tmp_path / "cuda-bench.txt").read_text()

@@ -26,6 +26,7 @@ from torch import nn
 from triton_device import (  # first: sets TRITON_INTERPRET without a GPU
     DEVICE,
     check_compiled_matches_eager,
+    check_eager_front_matches_op,
 )
 
 from attnlab import masks
@@ -631,22 +632,13 @@ def test_eager_calls_skip_the_custom_ops_and_give_their_outputs_and_gradients():
         (("q1", "k2", "w", None, "v"), mask, add),
         (("q1", "k2", "W_d", "b_d", "v"), None, multi),
     ):
-        results = []
-        for call in (fa._attend, fa._attend_op):
+
+        def run(call, names=names, m=m, flags=flags):
             t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
-            leaves = [None if n is None else t[n] for n in names]
-            out, lse = call(*leaves, m, *flags)
-            grads = torch.autograd.grad(
-                (out * torch.linspace(-1, 1, out.shape[-1], device=DEVICE)).sum(),
-                [x for x in leaves if x is not None],
-            )
-            results.append((type(out.grad_fn).__name__, out, lse, grads))
-        (eager_fn, *eager), (op_fn, *op) = results
-        assert eager_fn == "EagerBackward" and "attnlab" in op_fn.lower()
-        torch.testing.assert_close(eager[0], op[0], rtol=0, atol=0)
-        torch.testing.assert_close(eager[1], op[1], rtol=0, atol=0)
-        for g_eager, g_op in zip(eager[2], op[2], strict=True):
-            torch.testing.assert_close(g_eager, g_op, rtol=1e-6, atol=1e-6)
+            inputs = [None if n is None else t[n] for n in names]
+            return (*call(*inputs, m, *flags), [x for x in inputs if x is not None])
+
+        check_eager_front_matches_op(run, fa._attend, fa._attend_op)
     t = _leaves(b=2, nq=9, nk=7, dw=16, dv=8)
     with torch.no_grad():
         _, lse = fa._attend(t["q1"], t["k2"], t["w"], None, t["v"], mask, *add)

@@ -19,6 +19,7 @@ import torch
 from triton_device import (  # first: sets TRITON_INTERPRET without a GPU
     DEVICE,
     check_compiled_matches_eager,
+    check_eager_front_matches_op,
 )
 
 from attnlab import Attention
@@ -284,33 +285,19 @@ def test_the_launches_are_custom_ops_that_pass_opcheck():
 
 def test_eager_calls_skip_the_custom_op_and_give_its_outputs_and_gradients():
     """In eager mode ``_attend`` runs the kernels in a plain autograd Function (the custom
-    operator's dispatch is host time a step does not need); its context and every
-    gradient (the centres' included) equal the custom operator's."""
+    operator's dispatch is host time a step does not need); its context, its weights and
+    every gradient (the centres' included) equal the custom operator's."""
     from attnlab.general import local_triton as lt
 
     plan = lt._launch(3, 0.5, True, 12, 10, DEVICE == "cuda")
     tiles = [plan.block_m, plan.w_pad, plan.block_d, plan.block_dv, 4, 4]
     mask = MASKS["key-padding"]().to(DEVICE).expand(B, NQ, NK)
-    results = []
-    for call in (lt._attend, lt._attend_op):
+
+    def run(call):
         leaves = [x.float().to(DEVICE).requires_grad_() for x in _inputs()]
-        out, a = call(*leaves, mask, 3, 0.5, True, tiles, False)
-        results.append(
-            (
-                type(out.grad_fn).__name__,
-                out,
-                a,
-                torch.autograd.grad(
-                    (out * torch.linspace(-1, 1, out.shape[-1], device=DEVICE)).sum(), leaves
-                ),
-            )
-        )
-    (eager_fn, *eager), (op_fn, *op) = results
-    assert eager_fn == "EagerBackward" and "attnlab" in op_fn.lower()
-    torch.testing.assert_close(eager[0], op[0], rtol=0, atol=0)
-    torch.testing.assert_close(eager[1], op[1], rtol=0, atol=0)
-    for g_eager, g_op in zip(eager[2], op[2], strict=True):
-        torch.testing.assert_close(g_eager, g_op, rtol=1e-6, atol=1e-6)
+        return (*call(*leaves, mask, 3, 0.5, True, tiles, False), leaves)
+
+    check_eager_front_matches_op(run, lt._attend, lt._attend_op)
 
 
 def test_compiled_local_triton_path_has_no_graph_break_and_matches_eager(monkeypatch):

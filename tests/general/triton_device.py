@@ -14,6 +14,8 @@ earlier in the process without the variable.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -68,3 +70,28 @@ def check_compiled_matches_eager(
         results.append((out.context, *torch.autograd.grad(out.context.square().sum(), wrt)))
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def check_eager_front_matches_op(
+    run: Callable[[Any], tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]],
+    front: Any,
+    op: Any,
+    tol: float = 1e-6,
+) -> None:
+    """The eager front of a custom operator (``_autograd_op`` in
+    attnlab.general.flash_additive) against the operator itself: ``run(call)`` calls one
+    of them on fresh leaves and returns ``(output, second output, the leaves)``. The front
+    does not dispatch through the operator (its node is the plain Function's), both
+    outputs are equal exactly and every gradient to ``tol``."""
+    results = []
+    for call in (front, op):
+        out, aux, leaves = run(call)
+        weights = torch.linspace(-1, 1, out.shape[-1], device=out.device)
+        grads = torch.autograd.grad((out * weights).sum(), leaves)
+        results.append((type(out.grad_fn).__name__, out, aux, grads))
+    (eager_node, *eager), (op_node, *through_op) = results
+    assert eager_node == "EagerBackward" and "attnlab" in op_node.lower()
+    torch.testing.assert_close(eager[0], through_op[0], rtol=0, atol=0)
+    torch.testing.assert_close(eager[1], through_op[1], rtol=0, atol=0)
+    for g_eager, g_op in zip(eager[2], through_op[2], strict=True):
+        torch.testing.assert_close(g_eager, g_op, rtol=tol, atol=tol)
