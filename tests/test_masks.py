@@ -8,6 +8,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -155,6 +156,9 @@ def test_causal_device_and_errors():
         masks.causal(2, -1)
     with pytest.raises(ValueError, match=r"n_q must be a non-negative int"):
         masks.causal(2.5)
+    # a length read from a NumPy array is an int too (it was refused as not an int)
+    assert masks.from_lengths(torch.tensor([1, 2]), np.int64(3)).shape == (2, 1, 3)
+    assert masks.causal(np.int64(2), np.int32(3)).tolist() == masks.causal(2, 3).tolist()
 
 
 # ---------------------------------------------------------------------------------- combine
@@ -178,6 +182,22 @@ def test_combine_is_a_broadcasting_and_that_skips_none():
 def test_combine_rejects_non_bool():
     with pytest.raises(TypeError, match=r"masks\[1\] is torch.float32"):
         masks.combine(torch.ones(2, dtype=torch.bool), torch.ones(2))
+
+
+def test_combine_names_masks_that_do_not_broadcast():
+    """It was PyTorch's 'The size of tensor a (3) must match the size of tensor b (4)'."""
+    a, b = torch.ones(2, 3, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
+    with pytest.raises(
+        ValueError,
+        match=r"^masks\[2\] of shape \(4,\) does not broadcast with the masks before it "
+        r"\(combined shape \(2, 3\)\)$",
+    ):
+        masks.combine(a, None, b)
+    # [2, 1, 3] and [1, 4, 1] broadcast together (each way)
+    got = masks.combine(
+        torch.ones(2, 1, 3, dtype=torch.bool), torch.ones(1, 4, 1, dtype=torch.bool)
+    )
+    assert got.shape == (2, 4, 3)
 
 
 def test_fill_value_is_the_finite_minimum():

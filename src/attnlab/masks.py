@@ -28,6 +28,7 @@ Converters:
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from pathlib import Path
@@ -85,7 +86,7 @@ def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
         raise ValueError("lengths must be non-negative")
     if max_len is None:
         max_len = int(lengths.max()) if lengths.numel() else 0
-    elif isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+    elif isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 0:
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     elif lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(
@@ -145,18 +146,27 @@ def causal(n_q: int, n_k: int | None = None, device: torch.device | str | None =
     :func:`torch.nn.functional.scaled_dot_product_attention` with ``is_causal=True``
     when ``n_q == n_k``)."""
     n_k = n_q if n_k is None else n_k
-    for name, n in (("n_q", n_q), ("n_k", n_k)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    sizes = []
+    for name, n in (("n_q", n_q), ("n_k", n_k)):  # a NumPy int (a length from an array) too
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise ValueError(f"{name} must be a non-negative int, got {n!r}")
-    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
+        sizes.append(int(n))
+    q, k = sizes
+    return torch.ones(q, k, dtype=torch.bool, device=device).tril(diagonal=k - q)
 
 
 # the name `causal` is also a keyword argument of normalize_head_mask
 _causal_mask = causal
 
 
+def _mutual(a: torch.Size, b: torch.Size) -> bool:
+    """Whether tensors of shapes ``a`` and ``b`` broadcast together."""
+    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b), strict=False))
+
+
 def combine(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of several masks (``None`` entries are skipped)."""
+    """Logical AND of several masks (``None`` entries are skipped), broadcast together
+    (masks whose shapes do not broadcast: a ``ValueError`` naming them)."""
     out: Tensor | None = None
     for i, m in enumerate(masks):
         if m is None:
@@ -164,6 +174,11 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
             what = m.dtype if isinstance(m, Tensor) else type(m).__name__
             raise TypeError(f"masks[{i}] is {what}, expected a torch.bool tensor")
+        if out is not None and not _mutual(m.shape, out.shape):
+            raise ValueError(
+                f"masks[{i}] of shape {tuple(m.shape)} does not broadcast with the masks "
+                f"before it (combined shape {tuple(out.shape)})"
+            )
         out = m if out is None else out & m
     return out
 
