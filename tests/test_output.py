@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnlab
@@ -28,6 +29,21 @@ def test_unpacking_gives_context_then_weights():
     assert got_c is c
     assert got_w is w
     assert list(out) == [c, w]
+
+
+def test_indexing_reads_context_then_weights_as_a_torch_tuple():
+    """``mha(x, x, x)[0]`` is how nn.MultiheadAttention's result is read; an
+    AttentionOutput was not subscriptable."""
+    c, w = torch.randn(2, 3, 4), torch.rand(2, 3, 5)
+    out = AttentionOutput(c, w)
+    assert out[0] is c and out[1] is w and out[-1] is w and out[-2] is c
+    assert AttentionOutput(c)[1] is None
+    for bad in (2, -3):
+        with pytest.raises(IndexError):
+            out[bad]
+    for bad in ("context", 0.0, True, slice(0, 1)):
+        with pytest.raises(TypeError, match=r"indexed as \(context, weights\) by 0 or 1"):
+            out[bad]
 
 
 def test_unpacking_without_weights():

@@ -29,7 +29,8 @@ class AttentionOutput:
             ``"centers"`` for local-p, ``"selection"`` for reinforced attention).
 
     Iterating yields ``(context, weights)`` so ``c, a = attn(q, k, v, need_weights=True)``
-    works.
+    works, and indexing reads that pair as :class:`torch.nn.MultiheadAttention`'s tuple is
+    read: ``attn(q, k, v)[0]`` is the context, ``[1]`` the weights.
     """
 
     context: Tensor
@@ -41,3 +42,10 @@ class AttentionOutput:
     def __iter__(self) -> Iterator[Tensor | None]:
         yield self.context
         yield self.weights
+
+    def __getitem__(self, index: int) -> Tensor | None:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(
+                f"an AttentionOutput is indexed as (context, weights) by 0 or 1, got {index!r}"
+            )
+        return (self.context, self.weights)[index]
