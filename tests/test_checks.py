@@ -20,6 +20,7 @@ from attnlab import registry
 from attnlab._checks import (
     ConfigError,
     check_callable,
+    check_device,
     check_int,
     check_module_dtype,
     check_number,
@@ -496,6 +497,17 @@ def test_check_callable_names_the_argument_and_the_type():
     for bad, kind in ((3, "int"), ("print", "str"), (None, "NoneType")):
         with pytest.raises(TypeError, match=f"^hook must be callable, got {kind}$"):
             check_callable(bad, "hook")
+
+
+def test_check_device_takes_devices_and_their_names_whatever_this_machine_has():
+    cuda = torch.device("cuda", 1)
+    assert check_device(cuda) is cuda
+    assert check_device("cuda:1") == cuda and check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^plan device 'gpu' is not a device name"):
+        check_device("gpu", "plan device")
+    for bad in (0, None, ["cpu"]):
+        with pytest.raises(TypeError, match=r"^device must be a torch.device or its name, got"):
+            check_device(bad)
 
 
 def test_check_path_refuses_empty_text_and_what_is_no_path(tmp_path):

@@ -205,6 +205,18 @@ def test_path_takes_the_spec_of_train():
     assert broken.exit_code == 2 and broken.stderr.startswith("error: ")
 
 
+def test_path_plans_for_the_device_asked_for_in_one_line():
+    """``--device cuda`` says what a GPU call would take, on any machine."""
+    lines = run("path", "--score", "scaled-dot", "--device", "cuda").stdout.splitlines()
+    assert lines[0] == "path:   sdpa" and "[B, H, n, d]" in lines[1]
+    assert "[B, n, d] (the CPU math kernel)" in run("path", "--score", "scaled-dot").stdout
+    result = CliRunner().invoke(main, ["path", "--device", "bogus"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: device 'bogus' is not a device name (try 'cpu', 'cuda' or 'cuda:0')"
+    )
+
+
 def test_path_bad_option_exits_2():
     result = run("path", "--score", "additive", "--option", "bogus=1")
     assert result.exit_code == 2

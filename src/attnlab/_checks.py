@@ -126,6 +126,23 @@ def check_seed(
     return int(seed)
 
 
+def check_device(value: object, name: str = "device") -> torch.device:
+    """``value`` (a :class:`torch.device` or its name, ``"cpu"``, ``"cuda:1"``) as a
+    :class:`torch.device`, whether or not this machine has one (what a plan is made for).
+    A name torch does not know is a one-line ``ValueError`` (torch's own lists two dozen
+    backends); anything else a ``TypeError``."""
+    if isinstance(value, torch.device):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a torch.device or its name, got {type(value).__name__}")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} {value!r} is not a device name (try 'cpu', 'cuda' or 'cuda:0')"
+        ) from None
+
+
 def check_path(value: object, name: str = "path") -> Path:
     """``value`` (text or ``os.PathLike``) as a :class:`~pathlib.Path`, ``~`` expanded.
     Anything else is a ``TypeError`` (``"out_dir must be a path (a str or os.PathLike),

@@ -260,6 +260,12 @@ _PATH_DEFAULTS = {"score": "scaled-dot", "align": "soft", "dim": "single", "d_q"
 @_size_option("--d-k", "key")
 @click.option("--need-weights", is_flag=True, help="the caller asks for the attention weights")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="score/align option")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="the device of the call: cuda plans as on a GPU, whether or not this machine has one",
+)
 def path_command(
     attention: str | None,
     score: str | None,
@@ -269,6 +275,7 @@ def path_command(
     d_k: int | None,
     need_weights: bool,
     options: tuple[str, ...],
+    device: str,
 ) -> None:
     """Say which implementation path an attention takes, and why."""
     from attnlab import Attention
@@ -281,7 +288,10 @@ def path_command(
         attn = Attention(**spec)
     except (ValueError, TypeError, KeyError) as err:
         fail(error_message(err))
-    path, reason = attn.explain(need_weights=need_weights)
+    try:
+        path, reason = attn.explain(need_weights=need_weights, device=device)
+    except ValueError as err:  # a device name torch does not know
+        fail(error_message(err))
     click.echo(f"path:   {path}\nreason: {reason}")
 
 

@@ -342,3 +342,12 @@ def test_plan_attention_refuses_bad_settings() -> None:
         plan_attention(caps, n_k=-1)
     with pytest.raises(ValueError, match=r"^head_dim must be an int >= 0 or None, got True$"):
         plan_attention(caps, head_dim=True)
+    # torch's own error listed two dozen backends
+    bad_name = r"^device 'bogus' is not a device name \(try 'cpu', 'cuda' or 'cuda:0'\)$"
+    with pytest.raises(ValueError, match=bad_name):
+        plan_attention(caps, device="bogus")
+    with pytest.raises(ValueError, match=bad_name):
+        Attention("scaled-dot").explain(device="bogus")
+    with pytest.raises(TypeError, match=r"^device must be a torch.device or its name, got int$"):
+        Attention("scaled-dot").plan(device=0)
+    assert plan_attention(caps, device=torch.device("cpu")).path == "lean-additive"

@@ -41,6 +41,7 @@ from attnlab import masks as _masks
 from attnlab._checks import (
     ConfigError,
     batched_query,
+    check_device,
     check_dropout,
     check_flags,
     check_module_dtype,
@@ -476,6 +477,8 @@ class Attention(Configurable):
         keys and values of at least ``head_dim`` features and values of ``value_dim``
         (``None``: unknown); the settings are checked (:func:`check_plan_settings`)."""
         check_plan_settings(self.path_mode, need_weights, False, n_k, head_dim)
+        if device is not None:
+            device = check_device(device)
         if device is None or dtype is None:
             param = next(self.parameters(), None)
             if device is None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab._checks import check_choice, check_flags, check_optional_int
+from attnlab._checks import check_choice, check_device, check_flags, check_optional_int
 from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_fits
@@ -264,6 +264,8 @@ def plan_attention(
     never happens.
     """
     check_plan_settings(mode, need_weights, dropout, n_k, head_dim)
+    if device is not None:
+        device = check_device(device)
     return plan_call(caps, mode, need_weights, n_k, device, dtype, dropout, head_dim, widths)
 
 
