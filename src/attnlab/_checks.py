@@ -325,3 +325,9 @@ def broadcasts_to(
     if len(shape) > len(target):
         return False
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+def broadcasts_together(a: tuple[int, ...] | torch.Size, b: tuple[int, ...] | torch.Size) -> bool:
+    """Whether tensors of shapes ``a`` and ``b`` broadcast with each other (pure Python,
+    as :func:`broadcasts_to`)."""
+    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b), strict=False))

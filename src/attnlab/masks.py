@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab._checks import broadcasts_to
+from attnlab._checks import broadcasts_to, broadcasts_together
 
 __all__ = [
     "AmbiguousMaskWarning",
@@ -159,11 +159,6 @@ def causal(n_q: int, n_k: int | None = None, device: torch.device | str | None =
 _causal_mask = causal
 
 
-def _mutual(a: torch.Size, b: torch.Size) -> bool:
-    """Whether tensors of shapes ``a`` and ``b`` broadcast together."""
-    return all(x == y or 1 in (x, y) for x, y in zip(reversed(a), reversed(b), strict=False))
-
-
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of several masks (``None`` entries are skipped), broadcast together
     (masks whose shapes do not broadcast: a ``ValueError`` naming them)."""
@@ -174,7 +169,7 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
             what = m.dtype if isinstance(m, Tensor) else type(m).__name__
             raise TypeError(f"masks[{i}] is {what}, expected a torch.bool tensor")
-        if out is not None and not _mutual(m.shape, out.shape):
+        if out is not None and not broadcasts_together(m.shape, out.shape):
             raise ValueError(
                 f"masks[{i}] of shape {tuple(m.shape)} does not broadcast with the masks "
                 f"before it (combined shape {tuple(out.shape)})"

@@ -40,9 +40,13 @@ def as_array(x: Any, dtype: Any = np.float64) -> np.ndarray:
     return np.asarray(x) if dtype is None else np.asarray(x, dtype=dtype)
 
 
-def check_weights(a: np.ndarray, name: str = "weights") -> np.ndarray:
-    """``a`` itself when every entry is finite and non-negative, else a ``ValueError``
-    "NAME must be finite and non-negative"."""
-    if not np.all(np.isfinite(a)) or (a < 0).any():
-        raise ValueError(f"{name} must be finite and non-negative")
+def check_weights(a: Any, name: str = "weights", note: str = "") -> Any:
+    """``a`` (an array or a tensor) itself when every entry is finite and non-negative,
+    else a ``ValueError`` "NAME must be finite and non-negative" (``note`` ends it)."""
+    if isinstance(a, torch.Tensor):
+        bad = a.numel() > 0 and (not bool(torch.isfinite(a).all()) or bool((a < 0).any()))
+    else:
+        bad = not np.all(np.isfinite(a)) or bool((a < 0).any())
+    if bad:
+        raise ValueError(f"{name} must be finite and non-negative{note}")
     return a

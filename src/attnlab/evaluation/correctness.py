@@ -24,7 +24,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-from attnlab.evaluation._measures import as_array
+from attnlab.evaluation._measures import as_array, check_weights
 
 __all__ = ["attention_mass", "rank_correlation", "region_to_grid"]
 
@@ -40,9 +40,7 @@ def attention_mass(weights: Any, region: Any) -> Tensor:
             float cell fractions in [0, 1] (then the mass is ``sum_k a_k r_k``).
     Returns ``[...]``.
     """
-    w = torch.as_tensor(weights)
-    if w.numel() and (not bool(torch.isfinite(w).all()) or bool((w < 0).any())):
-        raise ValueError("weights must be finite and non-negative")
+    w = check_weights(torch.as_tensor(weights))
     r = torch.as_tensor(region, device=w.device)
     if r.dtype == torch.bool:
         r = r.to(w.dtype if w.is_floating_point() else torch.float32)

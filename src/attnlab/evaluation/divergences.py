@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab._checks import broadcasts_together
+from attnlab.evaluation._measures import check_weights
+
 __all__ = ["JSD_MAX", "jsd", "kl", "tvd"]
 
 JSD_MAX = math.log(2.0)
@@ -40,16 +43,9 @@ def _pair(p: Any, q: Any) -> tuple[Tensor, Tensor]:
                 f"least one dimension), got {t.dtype} of shape {tuple(t.shape)}"
             )
         t = t if t.is_floating_point() else t.double()
-        if t.numel() and (not bool(torch.isfinite(t).all()) or bool((t < 0).any())):
-            raise ValueError(f"{name} must be finite and non-negative (distributions)")
-        pair.append(t)
+        pair.append(check_weights(t, name, " (distributions)"))
     a, b = pair
-    try:
-        torch.broadcast_shapes(a.shape, b.shape)
-        ok = a.shape[-1] == b.shape[-1]
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if a.shape[-1] != b.shape[-1] or not broadcasts_together(a.shape, b.shape):
         raise ValueError(
             f"p of shape {tuple(a.shape)} and q of shape {tuple(b.shape)} are not "
             "distributions over one support (same last dimension, the others broadcast)"
