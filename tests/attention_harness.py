@@ -36,6 +36,7 @@ the shared ones.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -782,7 +783,6 @@ def check_module_hygiene(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None
     or laid out batch-last like a transposed view) give the outputs of contiguous ones.
     All in evaluation mode, with masks of different lengths where it takes masks, after a
     first call (so that any cache a call fills is copied, pickled and converted too)."""
-    import copy
     import io
     import pickle
 
@@ -825,10 +825,100 @@ def check_module_hygiene(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None
         _assert_outputs_close(got, want, what, atol=1e-6, rtol=1e-6)
 
 
+#: the stated tolerance of :func:`check_half_precision`, relative to the largest float32
+#: output (at least 1): bfloat16 keeps 8 bits of mantissa, float16 11
+HALF_TOL = {torch.bfloat16: 0.05, torch.float16: 0.01}
+
+
+def check_half_precision(
+    mech: Mechanism,
+    dtype: torch.dtype,
+    *,
+    n: int = 5,
+    batch: int = 3,
+    float32_outputs: tuple[str, ...] = (),
+) -> None:
+    """The module converted with ``.to(dtype)`` (bfloat16 or float16) runs on inputs of
+    that dtype (masks of different lengths where it takes masks): every floating output
+    is in ``dtype`` (those named in ``float32_outputs`` in float32, by design), finite
+    exactly where the float32 output is, and within :data:`HALF_TOL` of it (relative to
+    the largest float32 output, at least 1). Evaluation mode, no gradients."""
+    torch.manual_seed(0)
+    module = mech.build()
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    want = mech.run(module, x, masks)
+    half = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
+    got = mech.run(module.to(dtype), half, masks)
+    assert got.keys() == want.keys(), f"{dtype}: outputs {sorted(got)} != {sorted(want)}"
+    for k, w in want.items():
+        v = got[k]
+        if not w.is_floating_point():
+            torch.testing.assert_close(v, w, atol=0, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+            continue
+        expected = torch.float32 if k in float32_outputs else dtype
+        assert v.dtype == expected, f"{dtype}: output {k} is {v.dtype}, expected {expected}"
+        finite = torch.isfinite(w)
+        assert torch.equal(torch.isfinite(v), finite), f"{dtype}: {k} finite elsewhere"
+        scale = max(1.0, w[finite].abs().max().item()) if finite.any() else 1.0
+        err = (v.float()[finite] - w[finite]).abs().max().item() if finite.any() else 0.0
+        assert err <= HALF_TOL[dtype] * scale, f"{dtype}: {k} is {err:.3g} off (scale {scale:.3g})"
+
+
+def check_empty_batch(mech: Mechanism, *, n: int = 5) -> None:
+    """A batch of 0 samples (a data-parallel shard or a filtered batch can be empty) gives
+    outputs with 0 samples, as ``torch.nn`` layers do, with and without the weights and
+    masks, and a backward pass through them."""
+    torch.manual_seed(0)
+    module = mech.build()
+    x = mech.draw(0, dict.fromkeys(mech.sequences(), n))
+    x = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in x.items()}
+    for masks in ({}, {k: v[:0] for k, v in _ragged_masks(mech, 1, n).items()}):
+        for nw in (True, False):
+            out = mech.outputs(mech.call(module, x, masks, nw))
+            for k, v in out.items():
+                if v is not None:
+                    assert v.shape[:1] == (0,), f"B=0: output {k} has shape {tuple(v.shape)}"
+    loss = sum(v.float().sum() for v in out.values() if v is not None and v.requires_grad)
+    if isinstance(loss, Tensor):
+        loss.backward()
+
+
+def check_inference_mode_then_training(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """A module first called under ``torch.inference_mode()`` (an evaluation before
+    training) then trains: no tensor made in inference mode is kept and later saved for
+    backward (PyTorch: "Inference tensors cannot be saved for backward"), and the outputs
+    in training mode (the same random state) equal those of a module never called that way."""
+    torch.manual_seed(0)
+    module = mech.build()
+    fresh = copy.deepcopy(module)
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    with _eval(module), torch.inference_mode():
+        mech.outputs(mech.call(module, x, masks, True))
+    outs = []
+    for m in (module, fresh):
+        m.train()
+        torch.manual_seed(1)  # the same dropout masks (and random draws) in both calls
+        xs = {
+            k: v.clone().requires_grad_(True) if v.is_floating_point() else v for k, v in x.items()
+        }
+        out = mech.outputs(mech.call(m, xs, masks, True))
+        loss = sum(v.float().sum() for v in out.values() if v is not None and v.requires_grad)
+        if isinstance(loss, Tensor):
+            loss.backward()
+        outs.append({k: v.detach() for k, v in out.items() if v is not None})
+    _assert_outputs_close(outs[0], outs[1], "after inference_mode vs never", atol=0, rtol=0)
+
+
 __all__ += [
+    "HALF_TOL",
     "INVARIANCE_TOL",
     "Mechanism",
     "check_batch_independence",
+    "check_empty_batch",
+    "check_half_precision",
+    "check_inference_mode_then_training",
     "check_key_padding_invariance",
     "check_key_permutation_equivariance",
     "check_module_hygiene",

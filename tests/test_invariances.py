@@ -1,7 +1,9 @@
 """Invariances every registered attention mechanism owes a demanding user: batch
 independence, padding (masked positions appended to a sequence), joint key permutation, and
 module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float64,
-non-contiguous inputs).
+non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
+stated tolerance ``HALF_TOL``), an empty batch, and training after a call under
+``torch.inference_mode()``.
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -26,8 +28,12 @@ from typing import Any
 import pytest
 import torch
 from attention_harness import (
+    HALF_TOL,
     Mechanism,
     check_batch_independence,
+    check_empty_batch,
+    check_half_precision,
+    check_inference_mode_then_training,
     check_key_padding_invariance,
     check_key_permutation_equivariance,
     check_module_hygiene,
@@ -554,3 +560,31 @@ def test_joint_key_permutation(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_module_hygiene(name):
     check_module_hygiene(MECHANISMS[name], n=N)
+
+
+#: outputs that stay float32 for half-precision inputs, by design (with the reason)
+FLOAT32_OUTPUTS: dict[str, tuple[tuple[str, ...], str]] = {
+    name: (
+        ("log_probs", "target_log_prob"),
+        "log-probabilities stay in the scores' float32, as torch.autocast keeps log_softmax",
+    )
+    for name in NAMES
+    if name.startswith("pointer-network")
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(HALF_TOL, key=str), ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_half_precision(name, dtype):
+    outputs, _ = FLOAT32_OUTPUTS.get(name, ((), ""))
+    check_half_precision(MECHANISMS[name], dtype, n=N, float32_outputs=outputs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_batch(name):
+    check_empty_batch(MECHANISMS[name], n=N)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inference_mode_then_training(name):
+    check_inference_mode_then_training(MECHANISMS[name], n=N)

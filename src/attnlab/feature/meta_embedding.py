@@ -427,4 +427,4 @@ class CDME(MetaEmbedding):
         else:
             tm = token_mask[:, None, :].expand(B, E, n).reshape(B * E, n)
         h = self.lstm(seq, tm)
-        return h.reshape(B, E, n, -1).permute(0, 2, 1, 3)
+        return h.reshape(B, E, n, h.shape[-1]).permute(0, 2, 1, 3)  # B may be 0

@@ -996,6 +996,7 @@ class AttentionViaAttention(ConventionAttention):
                 e[:, :, None, :].expand(B, n_q, n_w, n_c), M[:, None, :, :], dim=-1
             )
             a_c = (within * a_w[..., None]).sum(2)
+        a_c = a_c.to(values.dtype)  # float32 scores for half inputs: the values' dtype
         p = ca.dropout if ca.training else 0.0
         return combine_single(F.dropout(a_c, p, True) if p > 0 else a_c, values), a_c
 

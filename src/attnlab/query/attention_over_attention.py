@@ -61,6 +61,9 @@ class AoAOutput:
         beta_bar: ``beta`` averaged over the real document positions ``[B, n_q]``.
         matching: the pairwise matching matrix ``M`` ``[B, n_d, n_q]``.
         context: the attended document ``sum_i s_i D_i`` ``[B, d]``.
+
+    All in the document's dtype (for half-precision inputs the matching and the
+    normalisations are computed in float32, then rounded once).
     """
 
     s: Tensor
@@ -159,8 +162,11 @@ def _aoa(
         count = document_mask.to(matching.dtype).sum(1, keepdim=True).expand(B, 1)
     beta_bar = beta.sum(1) / count.clamp(min=1)  # masked rows of beta are zero
     s = (alpha @ beta_bar.unsqueeze(-1)).squeeze(-1)
-    context = (s.unsqueeze(1) @ document).squeeze(1)
-    return AoAOutput(s, alpha, beta, beta_bar, matching, context)
+    # the scores are float32 for half-precision inputs; everything returned is in the
+    # document's dtype, as Attention returns its weights in the values' dtype
+    out = [t.to(document.dtype) for t in (s, alpha, beta, beta_bar, matching)]
+    context = (out[0].unsqueeze(1) @ document).squeeze(1)
+    return AoAOutput(*out, context)
 
 
 def attention_over_attention(

@@ -149,6 +149,9 @@ class PointerOutput:
     Attributes:
         log_probs: ``[B, T, N]`` log-probabilities of pointing at each position at each
             step (``-inf`` where not allowed). ``N = n`` (``n + 1`` with an end pointer).
+            In float32 for half-precision inputs (the dtype scores are computed in), as
+            ``torch.autocast`` keeps ``log_softmax``: a loss summed over steps in bfloat16
+            would lose the small differences training needs; the same for the two below.
         target_log_prob: ``[B, T]`` log-probability of each target pointer (0 at padding).
         sequence_log_prob: ``[B]`` log-probability of each whole target sequence.
         allowed: ``[B, T, N]`` bool, the positions each step could point at.

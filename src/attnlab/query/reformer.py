@@ -350,7 +350,7 @@ def _dense_weights(ch: _Chunks, a: Tensor, round_w: Tensor, n: int) -> Tensor:
     B, H, R, n_pad = ch.order.shape
     n_chunks, c = a.shape[3], a.shape[4]
     rw_sorted = round_w.gather(3, ch.order).reshape(B, H, R, n_chunks, c)
-    vals = (a * rw_sorted[..., None]).reshape(B, H, -1)
-    flat = (ch.qpos * n_pad + ch.kpos).expand_as(a).reshape(B, H, -1)
+    vals = (a * rw_sorted[..., None]).flatten(2)  # flatten, not reshape(B, H, -1): B may be 0
+    flat = (ch.qpos * n_pad + ch.kpos).expand_as(a).flatten(2)
     dense = a.new_zeros(B, H, n_pad * n_pad).scatter_add_(2, flat, vals)
     return dense.view(B, H, n_pad, n_pad)[:, :, :n, :n]
