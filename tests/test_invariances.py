@@ -2,8 +2,8 @@
 independence, padding (masked positions appended to a sequence), joint key permutation, and
 module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float64,
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
-stated tolerance ``HALF_TOL``), an empty batch, and training after a call under
-``torch.inference_mode()``.
+stated tolerance ``HALF_TOL``), an empty batch, training after a call under
+``torch.inference_mode()``, and exact second derivatives.
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -37,6 +37,7 @@ from attention_harness import (
     check_key_padding_invariance,
     check_key_permutation_equivariance,
     check_module_hygiene,
+    check_second_derivatives,
 )
 from torch import Tensor
 
@@ -588,3 +589,14 @@ def test_empty_batch(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_inference_mode_then_training(name):
     check_inference_mode_then_training(MECHANISMS[name], n=N)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_second_derivatives(name):
+    """Under PyTorch's math SDPA backend (its CPU flash kernel has no double backward, as
+    docs/attention.md says) every mechanism's second derivatives are exact: attnlab's own
+    kernels differentiate the broadcast formula under ``create_graph=True``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        check_second_derivatives(MECHANISMS[name])

@@ -341,9 +341,15 @@ def test_missing_triton_names_the_install_command(monkeypatch):
 
 
 def test_double_backward_is_refused():
+    """A second differentiation through the kernels raises, through ``backward()`` and
+    through ``torch.autograd.grad(g, inputs)`` alike (the engine prunes nodes that lead to
+    no input: the raising node takes the saved inputs, so it is never pruned and no second
+    derivative comes back without the kernels' part)."""
     t = _leaves(b=1, nq=5, nk=6)
     out, _ = flash_additive_attention(t["q1"], t["k2"], t["w"], t["v"])
-    (g,) = torch.autograd.grad(out.sum(), [t["q1"]], create_graph=True)
+    (g,) = torch.autograd.grad(out.pow(2).sum(), [t["q1"]], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"double backward.*path='explicit'"):
+        torch.autograd.grad(g.sum(), [t["q1"], t["k2"]], retain_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):
         g.sum().backward()
 

@@ -341,17 +341,51 @@ def test_inference_mode():
     torch.testing.assert_close(c, ref)
 
 
-def test_double_backward_is_refused():
-    t = _leaves()
-    e = additive_score_lean(t["q1"], t["k2"], t["w"])
-    c = multi_dim_attend_lean(t["q1"], t["k2"], t["W_d"], None, t["v"])
-    for out in (e, c):
-        # create_graph alone is fine (first-order gradients are right) ...
-        (gq,) = torch.autograd.grad(out.sum(), t["q1"], create_graph=True)
-        assert gq.requires_grad
-        # ... differentiating those gradients again is refused, not silently wrong
-        with pytest.raises(RuntimeError, match="double backward"):
-            gq.sum().backward()
+@pytest.mark.parametrize("act", ["tanh", "identity", "gelu"])
+def test_second_derivatives_are_exact(act):
+    """Under ``create_graph=True`` the kernels' backward differentiates the broadcast
+    formula: gradgradcheck (numerical, independent of it) passes for every input, with a
+    mask and a fully masked query row for the multi-dimensional kernel, and the first-order
+    gradients with a graph equal the hand-written ones."""
+    t = _leaves(torch.float64, b=2, nq=3, nk=4, dw=3, dv=2)
+    mask = _random_mask(b=2, nq=3, nk=4)
+    mask[1, 2] = False  # a query row with no allowed key
+    torch.autograd.gradgradcheck(
+        lambda q1, k2, w: additive_score_lean(q1, k2, w, act=act), (t["q1"], t["k2"], t["w"])
+    )
+    torch.autograd.gradgradcheck(
+        lambda q1, k2, W_d, b_d, v: multi_dim_attend_lean(q1, k2, W_d, b_d, v, mask, act=act),
+        (t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"]),
+    )
+    for out in (
+        additive_score_lean(t["q1"], t["k2"], t["w"], act=act),
+        multi_dim_attend_lean(t["q1"], t["k2"], t["W_d"], t["b_d"], t["v"], mask, act=act),
+    ):
+        inputs = [t[k] for k in ("q1", "k2", "w", "W_d", "v")]
+        g_out = torch.randn_like(out)
+        plain = torch.autograd.grad(out, inputs, g_out, retain_graph=True, allow_unused=True)
+        graph = torch.autograd.grad(out, inputs, g_out, create_graph=True, allow_unused=True)
+        for a, b in zip(plain, graph, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+                assert b.requires_grad  # differentiable again
+
+
+def test_second_derivative_reaches_the_inputs_through_autograd_grad():
+    """``torch.autograd.grad(g, inputs)`` (the engine prunes nodes that lead to no input)
+    gives the second derivative of the broadcast formula, never one without the kernel's
+    part (nor "appears to not have been used in the graph")."""
+    t = _leaves(torch.float64, b=2, nq=3, nk=4, dw=3)
+    q1, k2, w = t["q1"], t["k2"], t["w"]
+    want_e = naive_additive(q1, k2, w, torch.tanh)
+    got_e = additive_score_lean(q1, k2, w)
+    second = []
+    for e in (got_e, want_e):
+        (g,) = torch.autograd.grad(e.pow(2).sum(), q1, create_graph=True)
+        second.append(torch.autograd.grad(g.pow(2).sum(), (q1, k2, w)))
+    for got, want in zip(*second, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
 
 
 # ------------------------------------------------------------------- empty inputs

@@ -192,6 +192,19 @@ def test_no_keys_and_no_queries():
     assert local_triton_attend(q[:, :0], k, v, c[:, :0], 3).shape == (B, 0, v.shape[-1])
 
 
+def test_double_backward_is_refused():
+    """A second differentiation raises with the way out, also through
+    ``torch.autograd.grad(g, inputs)`` (never a second derivative without the kernels'
+    part)."""
+    q, k, v, c = (x.float().to(DEVICE) for x in _inputs())
+    q.requires_grad_()
+    k.requires_grad_()
+    out = local_triton_attend(q, k, v, c, 3)
+    (g,) = torch.autograd.grad(out.pow(2).sum(), [q], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"double backward.*path='explicit'"):
+        torch.autograd.grad(g.sum(), [q, k])
+
+
 def test_bad_input_raises_one_line():
     q, k, v, c = (x.float().to(DEVICE) for x in _inputs())
     with pytest.raises(ValueError, match="half window width"):

@@ -56,10 +56,12 @@ per-tile checkpointing: the tile's pre-activation is recomputed under
 Half-precision inputs (``bfloat16``, ``float16``) are computed in float32 (including the
 softmax) and the results are cast back.
 
-**Limitations.** The backward passes are hand-written and run once: double backward
-(differentiating the gradients again, after ``create_graph=True``) raises a ``RuntimeError``
-instead of silently returning a wrong second derivative. Use the textbook broadcast formulas
-if you need it.
+**Second derivatives.** The hand-written backward passes run without a graph. When the
+caller asks for one (``create_graph=True``: gradient penalties, meta-learning,
+Hessian-vector products), the backward pass differentiates the textbook broadcast formula
+of the same function instead (its ``_traceable`` form, on the saved inputs), so the second
+derivatives are exact; that pass holds the ``[B, n_q, n_k, d_w]`` intermediates the kernels
+avoid, as the textbook formula does.
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ S = TypeVar("S")
 # ------------------------------------------------------------------ double backward
 
 _TWICE = (
-    "double backward through the attnlab.general.fused kernels is not supported "
-    "(their backward pass is hand-written); use the broadcast formula instead"
+    "double backward through attnlab's Triton kernels is not supported (their backward "
+    "pass is hand-written); build the attention with path='explicit' for it"
 )
 
 
@@ -161,10 +163,65 @@ def _once_differentiable(
         delayed = getattr(getattr(torch._C, "_functions", None), "DelayedError", None)
         if delayed is None:  # pragma: no cover - private API gone: refuse right away
             raise RuntimeError(_TWICE)
-        err = delayed(_TWICE.encode(), len(outputs))
-        return err(*[None if x is None else x.detach().requires_grad_() for x in outputs])
+        # the node that raises also takes the saved inputs that require grad, so that it
+        # lies on every path from the gradients back to the inputs: torch.autograd.grad(g,
+        # inputs) reaches it and raises, instead of pruning it and returning a second
+        # derivative without this function's part (torch's once_differentiable does that)
+        attached = [x for x in saved if x.requires_grad]
+        fresh = [None if x is None else x.detach().requires_grad_() for x in outputs]
+        err = delayed(_TWICE.encode(), len(fresh) + len(attached))
+        return tuple(err(*fresh, *attached)[: len(fresh)])
 
     return wrapper
+
+
+def _differentiable_again(
+    graph_backward: Callable[..., tuple[Tensor | None, ...]],
+) -> Callable[[Callable[..., tuple[Tensor | None, ...]]], Callable[..., tuple[Tensor | None, ...]]]:
+    """A hand-written ``backward`` that runs without a graph, except when the caller asked
+    for one (``create_graph=True``) and anything could be differentiated further: then
+    ``graph_backward(ctx, *grads)`` gives the gradients, with a graph."""
+
+    def decorate(
+        backward: Callable[..., tuple[Tensor | None, ...]],
+    ) -> Callable[..., tuple[Tensor | None, ...]]:
+        @functools.wraps(backward)
+        def wrapper(ctx: FunctionCtx, *grads: Tensor) -> tuple[Tensor | None, ...]:
+            if torch.is_grad_enabled():
+                saved = [x for x in ctx.saved_tensors if x is not None]  # type: ignore[attr-defined]
+                if any(x.requires_grad for x in (*grads, *saved)):
+                    return graph_backward(ctx, *grads)
+            with torch.no_grad():
+                return backward(ctx, *grads)
+
+        return wrapper
+
+    return decorate
+
+
+def _graph_grads(
+    ctx: FunctionCtx,
+    output: Callable[..., Tensor],
+    inputs: tuple[Tensor | None, ...],
+    grad: Tensor,
+) -> list[Tensor | None]:
+    """The gradients of ``output(*inputs)`` (plain tensor ops) with respect to the inputs
+    the function's caller needs (``ctx.needs_input_grad``), with a graph: ``grad`` is
+    propagated through the formula by autograd, so the result can be differentiated again."""
+    needs = ctx.needs_input_grad  # type: ignore[attr-defined]
+    want = [i for i, x in enumerate(inputs) if x is not None and needs[i]]
+    with torch.enable_grad():
+        taken = [x if x is None or x.requires_grad else x.detach() for x in inputs]
+        out = output(*taken)
+        got = torch.autograd.grad(
+            out, [taken[i] for i in want], grad, create_graph=True, allow_unused=True
+        )
+    grads: list[Tensor | None] = [None] * len(inputs)
+    for i, g in zip(want, got, strict=True):
+        x = inputs[i]
+        assert x is not None
+        grads[i] = torch.zeros_like(x) if g is None else g
+    return grads
 
 
 # ---------------------------------------------------------------------- activations
@@ -572,6 +629,17 @@ def _additive_backward(
     return _cast(gq, q1), _cast(gk, k2), _cast(gw, w)
 
 
+def _additive_graph_backward(ctx: FunctionCtx, grad_e: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`_AdditiveScoreFn`'s gradients under ``create_graph=True``: by the broadcast
+    formula, differentiable again."""
+    q1, k2, w = ctx.saved_tensors  # type: ignore[attr-defined]
+    act = ctx.act  # type: ignore[attr-defined]
+    grads = _graph_grads(
+        ctx, lambda a, b, c: _additive_traceable(a, b, c, act), (q1, k2, w), grad_e
+    )
+    return (*grads, None, None)
+
+
 class _AdditiveScoreFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -582,7 +650,7 @@ class _AdditiveScoreFn(torch.autograd.Function):
         return _additive_forward(q1, k2, w, act, chunk)
 
     @staticmethod
-    @_once_differentiable
+    @_differentiable_again(_additive_graph_backward)
     def backward(ctx: FunctionCtx, grad_e: Tensor) -> tuple[Tensor | None, ...]:
         q1, k2, w = ctx.saved_tensors  # type: ignore[attr-defined]
         needs = tuple(ctx.needs_input_grad[:3])  # type: ignore[attr-defined]
@@ -630,8 +698,9 @@ def additive_score_lean(
     gradient) plus one ``chunk_elems`` workspace per worker thread -- never
     ``O(B n_q n_k d_w)``.
 
-    Gradients flow to ``q1``, ``k2`` and ``w``; double backward is not supported (raises
-    ``RuntimeError``). Empty ``n_q`` or ``n_k`` gives an empty ``[B, n_q, n_k]`` result.
+    Gradients flow to ``q1``, ``k2`` and ``w``; under ``create_graph=True`` the backward
+    pass differentiates the broadcast formula instead (exact second derivatives, its
+    memory). Empty ``n_q`` or ``n_k`` gives an empty ``[B, n_q, n_k]`` result.
     """
     amp = _autocast_device(q1)
     if amp is not None:  # as torch.nn layers: every input in the autocast dtype
@@ -902,6 +971,28 @@ def _multi_dim_backward(
     return _cast(gq, q1), _cast(gk, k2), _cast(gW, W_d), _cast(gv, v)
 
 
+def _multi_dim_graph_backward(ctx: FunctionCtx, grad_c: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`_MultiDimFn`'s gradients under ``create_graph=True``: by the broadcast
+    formula, differentiable again (``b_d`` cancels in the softmax: a zero gradient)."""
+    q1, k2, W_d, v, mask = ctx.saved_tensors[:5]  # type: ignore[attr-defined]
+    act = ctx.act  # type: ignore[attr-defined]
+    gq, gk, gW, gv = _graph_grads(
+        ctx,
+        lambda a, b, c, d: _multi_dim_traceable(a, b, c, d, mask, act),
+        (q1, k2, W_d, v),
+        grad_c,
+    )
+    return gq, gk, gW, _zero_bias_grad(ctx), gv, None, None, None
+
+
+def _zero_bias_grad(ctx: FunctionCtx) -> Tensor | None:
+    """The gradient of ``b_d`` where it is needed: exactly zero (it cancels)."""
+    if not ctx.needs_input_grad[3]:  # type: ignore[attr-defined]
+        return None
+    shape, dtype, device = ctx.b_d_meta  # type: ignore[attr-defined]
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class _MultiDimFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -922,7 +1013,7 @@ class _MultiDimFn(torch.autograd.Function):
         return c.to(q1.dtype)
 
     @staticmethod
-    @_once_differentiable
+    @_differentiable_again(_multi_dim_graph_backward)
     def backward(ctx: FunctionCtx, grad_c: Tensor) -> tuple[Tensor | None, ...]:
         q1, k2, W_d, v, mask, c, den, shift = ctx.saved_tensors  # type: ignore[attr-defined]
         n = ctx.needs_input_grad  # type: ignore[attr-defined]
@@ -931,11 +1022,7 @@ class _MultiDimFn(torch.autograd.Function):
         gq, gk, gW, gv = _multi_dim_backward(
             q1, k2, W_d, v, mask, c, den, shift, grad_c, act, chunk, needs
         )
-        gb = None
-        if n[3]:  # b_d cancels in the softmax over keys: its gradient is exactly zero
-            shape, dtype, device = ctx.b_d_meta  # type: ignore[attr-defined]
-            gb = torch.zeros(shape, dtype=dtype, device=device)
-        return gq, gk, gW, gb, gv, None, None, None
+        return gq, gk, gW, _zero_bias_grad(ctx), gv, None, None, None
 
 
 def multi_dim_attend_lean(
@@ -986,8 +1073,9 @@ def multi_dim_attend_lean(
     memory ``O(B n_q d_v + chunk)``: the context, the softmax normalisers and a few tile
     workspaces per worker thread.
 
-    Gradients flow to ``q1``, ``k2``, ``W_d``, ``b_d`` and ``v``; double backward is not
-    supported (raises ``RuntimeError``).
+    Gradients flow to ``q1``, ``k2``, ``W_d``, ``b_d`` and ``v``; under
+    ``create_graph=True`` the backward pass differentiates the broadcast formula instead
+    (exact second derivatives, its memory).
     """
     amp = _autocast_device(q1)
     if amp is not None:  # as torch.nn layers: every input in the autocast dtype

@@ -75,7 +75,10 @@ class _Entmax15(torch.autograd.Function):
     @staticmethod
     def backward(ctx: FunctionCtx, grad: Tensor) -> Tensor:  # type: ignore[override]
         (p,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        s = p.sqrt()
+        # sqrt(p) with a zero derivative off the support (where p = 0 stays 0 nearby):
+        # p.sqrt() would make a second derivative 0 * inf = NaN there
+        outside = p <= 0
+        s = torch.where(outside, torch.ones_like(p), p).sqrt().masked_fill(outside, 0.0)
         gs = grad * s
         denom = s.sum(-1, keepdim=True)
         q = gs.sum(-1, keepdim=True) / torch.where(denom > 0, denom, torch.ones_like(denom))
