@@ -39,6 +39,7 @@ import contextlib
 import copy
 import importlib.util
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -933,10 +934,39 @@ def check_second_derivatives(mech: Mechanism, *, n: int = 3, batch: int = 2) -> 
         assert torch.autograd.gradgradcheck(outputs, tuple(x[k] for k in names))
 
 
+def check_backward_without_anomaly(
+    mech: Mechanism, *, n: int = 5, batch: int = 3, empty_sample: bool = True
+) -> None:
+    """A training step's backward pass under ``torch.autograd.detect_anomaly()`` (a user
+    hunting their own NaN) meets no NaN in any backward function, with masks of different
+    lengths and (with ``empty_sample``) sample 1 fully masked, and the input gradients are
+    finite: padding never makes an intermediate NaN that is only masked later."""
+    torch.manual_seed(0)
+    module = mech.build().train()
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    if empty_sample:
+        for m in masks.values():
+            m[1] = False
+    x = {k: v.requires_grad_(True) if v.is_floating_point() else v for k, v in x.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
+        anomaly = torch.autograd.detect_anomaly(check_nan=True)
+    with anomaly:
+        out = mech.outputs(mech.call(module, x, masks, True))
+        loss = sum(v.float().sum() for v in out.values() if v is not None and v.requires_grad)
+        assert isinstance(loss, Tensor), "no output depends on the inputs"
+        loss.backward()
+    for k, v in x.items():
+        if v.grad is not None:
+            assert torch.isfinite(v.grad).all(), f"the gradient of {k} is not finite"
+
+
 __all__ += [
     "HALF_TOL",
     "INVARIANCE_TOL",
     "Mechanism",
+    "check_backward_without_anomaly",
     "check_batch_independence",
     "check_empty_batch",
     "check_half_precision",

@@ -3,7 +3,8 @@ independence, padding (masked positions appended to a sequence), joint key permu
 module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float64,
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
 stated tolerance ``HALF_TOL``), an empty batch, training after a call under
-``torch.inference_mode()``, and exact second derivatives.
+``torch.inference_mode()``, exact second derivatives, and a backward pass that
+``torch.autograd.detect_anomaly`` finds no NaN in.
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -30,6 +31,7 @@ import torch
 from attention_harness import (
     HALF_TOL,
     Mechanism,
+    check_backward_without_anomaly,
     check_batch_independence,
     check_empty_batch,
     check_half_precision,
@@ -600,3 +602,13 @@ def test_second_derivatives(name):
 
     with sdpa_kernel(SDPBackend.MATH):
         check_second_derivatives(MECHANISMS[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_backward_without_anomaly(name):
+    check_backward_without_anomaly(
+        MECHANISMS[name],
+        n=N,
+        # its targets point at real inputs: a sample without any is an invalid call
+        empty_sample=not name.startswith("pointer-network"),
+    )

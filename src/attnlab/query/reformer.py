@@ -70,7 +70,7 @@ from torch import Tensor
 from attnlab._checks import ConfigError, check_flags, check_int
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import attended_keys, clear_nonfinite_rows
-from attnlab.masks import normalize_mask
+from attnlab.masks import fill_value, normalize_mask
 from attnlab.output import AttentionOutput
 from attnlab.query._convention import AttentionCall
 from attnlab.query.efficient import (
@@ -311,7 +311,14 @@ class LSHAttention(ProjectedHeadAttention):
         allowed = self._allowed(ch, n, m3, causal)
         scores = ch.scores.masked_fill(ch.kpos == ch.qpos, _self_score(ch.scores.dtype))
         a = masked_softmax(scores, allowed)  # per round, per chunk
-        lse = scores.masked_fill(~allowed, float("-inf")).logsumexp(-1)  # [B, h, R, nc, c]
+        # a query without an allowed key in a round gets -inf, selected after a finite
+        # logsumexp (of -inf everywhere, it would have a NaN gradient: harmless once masked,
+        # but torch.autograd.detect_anomaly stops at it)
+        lse = torch.where(
+            allowed.any(-1),
+            scores.masked_fill(~allowed, fill_value(scores.dtype)).logsumexp(-1),
+            float("-inf"),
+        )  # [B, h, R, nc, c]
         p = self.dropout if self.training else 0.0
         o = (F.dropout(a, p, True) if p > 0 else a) @ ch.values  # [B, h, R, nc, c, d]
 
