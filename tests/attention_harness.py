@@ -962,6 +962,37 @@ def check_backward_without_anomaly(
             assert torch.isfinite(v.grad).all(), f"the gradient of {k} is not finite"
 
 
+def check_export(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """``torch.export.export`` (non-strict, how a model is handed to a deployment
+    runtime) traces a call with masks of different lengths, and the exported program gives
+    the eager outputs: no data-dependent host read stands in the traced path (the value
+    checks are skipped there, as under ``torch.compile``)."""
+    torch.manual_seed(0)
+    module = mech.build().eval()
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+
+    class Call(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x: dict[str, Tensor], masks: dict[str, Tensor]) -> Any:
+            return mech.call(self.inner, x, masks, True)  # the module's own output type
+
+    call = Call()
+    program = torch.export.export(call, (x, masks), strict=False)
+    with torch.no_grad():
+        got, want = program.module()(x, masks), call(x, masks)
+    assert type(got) is type(want), f"exported: {type(got).__name__}, eager: {type(want).__name__}"
+    pick = mech.outputs
+    _assert_outputs_close(
+        {k: v for k, v in pick(got).items() if v is not None},
+        {k: v for k, v in pick(want).items() if v is not None},
+        "exported vs eager",
+    )
+
+
 __all__ += [
     "HALF_TOL",
     "INVARIANCE_TOL",
@@ -969,6 +1000,7 @@ __all__ += [
     "check_backward_without_anomaly",
     "check_batch_independence",
     "check_empty_batch",
+    "check_export",
     "check_half_precision",
     "check_inference_mode_then_training",
     "check_key_padding_invariance",

@@ -4,7 +4,7 @@ module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
 stated tolerance ``HALF_TOL``), an empty batch, training after a call under
 ``torch.inference_mode()``, exact second derivatives, and a backward pass that
-``torch.autograd.detect_anomaly`` finds no NaN in.
+``torch.autograd.detect_anomaly`` finds no NaN in, and ``torch.export``.
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -34,6 +34,7 @@ from attention_harness import (
     check_backward_without_anomaly,
     check_batch_independence,
     check_empty_batch,
+    check_export,
     check_half_precision,
     check_inference_mode_then_training,
     check_key_padding_invariance,
@@ -612,3 +613,8 @@ def test_backward_without_anomaly(name):
         # its targets point at real inputs: a sample without any is an invalid call
         empty_sample=not name.startswith("pointer-network"),
     )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_export(name):
+    check_export(MECHANISMS[name], n=N)

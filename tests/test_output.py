@@ -63,3 +63,42 @@ def test_attention_returns_unpackable_output():
     assert torch.equal(c, out.context)
     assert torch.equal(a, out.weights)
     assert a.shape == (2, 3, 5)
+
+
+def test_output_is_a_pytree_node_that_keeps_path_and_extras():
+    """Every tensor of the output is a leaf (``tree_map`` reaches it), the path is the
+    node's context, and unflattening gives back an equal output of the same type."""
+    from torch.utils import _pytree as pytree
+
+    out = AttentionOutput(
+        torch.ones(2, 3), torch.zeros(2, 4), path="sdpa", extras={"centers": torch.full((2,), 5.0)}
+    )
+    leaves, spec = pytree.tree_flatten(out)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    assert [id(x) for x in tensors] == [id(out.context), id(out.weights), id(out.extras["centers"])]
+    doubled = pytree.tree_map(lambda x: None if x is None else x * 2, out)
+    assert type(doubled) is AttentionOutput and doubled.path == "sdpa"
+    assert torch.equal(doubled.extras["centers"], torch.full((2,), 10.0))
+    assert torch.equal(doubled.context, torch.full((2, 3), 2.0)) and doubled.log_prob is None
+    back = pytree.tree_unflatten(leaves, spec)
+    assert back.path == "sdpa" and torch.equal(back.weights, out.weights)
+
+
+def test_a_module_returning_it_exports():
+    """``torch.export.export`` of a module that returns an AttentionOutput (or a subclass
+    with fields of its own) gives a program returning the same type and values."""
+    from attnlab import RotatoryAttention
+
+    attn = attnlab.Attention("additive", d_q=4, d_k=4).eval()
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    program = torch.export.export(attn, (q, k), {"need_weights": True}, strict=False)
+    got, want = program.module()(q, k, need_weights=True), attn(q, k, need_weights=True)
+    assert type(got) is AttentionOutput and got.path == want.path == "lean-additive"
+    torch.testing.assert_close(got.context, want.context)
+    torch.testing.assert_close(got.weights, want.weights)
+    rot = RotatoryAttention(4).eval()
+    parts = (torch.randn(2, 3, 4), torch.randn(2, 2, 4), torch.randn(2, 4, 4))
+    program = torch.export.export(rot, parts, strict=False)
+    got, want = program.module()(*parts), rot(*parts)
+    assert type(got) is type(want)
+    torch.testing.assert_close(got.target_left, want.target_left)

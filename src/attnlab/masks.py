@@ -272,8 +272,8 @@ _FLOAT_MASK_HINT = (
 def _warn_if_ambiguous(mask: Tensor, name: str) -> None:
     """Warn about a 2-D mask ``[n, n_k]`` with ``n == B == n_q``, unless its rows are all
     equal (then both readings give the same mask)."""
-    if bool((mask == mask[:1]).all()):
-        return
+    if torch.compiler.is_compiling() or bool((mask == mask[:1]).all()):
+        return  # (a host read: no warning under torch.compile)
     warnings.warn(
         f"{name} of shape {tuple(mask.shape)} is 2-D and the batch size equals the number "
         f"of queries ({mask.shape[0]}), so it is read as [n_q, n_k] (shared by the batch), not as a key "

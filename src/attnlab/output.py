@@ -2,13 +2,54 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
+from torch.utils import _pytree as pytree
+
+T = TypeVar("T")
 
 
+def output_pytree(*static: str) -> Callable[[type[T]], type[T]]:
+    """Register an output dataclass as a pytree node (a class decorator), as
+    :func:`torch.export.export` needs for a module that returns it and
+    ``torch.utils._pytree.tree_map`` uses: every field is a child (tensors, ``None``, dicts
+    of them) except those named in ``static`` (strings, numbers: the node's context). A
+    subclass with fields of its own is registered again (pytree nodes are exact types)."""
+
+    def register(cls: type[T]) -> type[T]:
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in static]  # type: ignore[arg-type]
+
+        def flatten(obj: Any) -> tuple[list[Any], tuple[Any, ...]]:
+            return [getattr(obj, n) for n in names], tuple(getattr(obj, s) for s in static)
+
+        def flatten_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+            children, context = flatten(obj)
+            return [
+                (pytree.GetAttrKey(n), c) for n, c in zip(names, children, strict=True)
+            ], context
+
+        def unflatten(children: Any, context: Any) -> T:
+            return cls(
+                **dict(zip(names, children, strict=True)), **dict(zip(static, context, strict=True))
+            )
+
+        pytree.register_pytree_node(
+            cls,
+            flatten,
+            unflatten,
+            serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+            flatten_with_keys_fn=flatten_with_keys,
+        )
+        return cls
+
+    return register
+
+
+@output_pytree("path")
 @dataclass
 class AttentionOutput:
     """Result of an attention call.
@@ -30,7 +71,9 @@ class AttentionOutput:
 
     Iterating yields ``(context, weights)`` so ``c, a = attn(q, k, v, need_weights=True)``
     works, and indexing reads that pair as :class:`torch.nn.MultiheadAttention`'s tuple is
-    read: ``attn(q, k, v)[0]`` is the context, ``[1]`` the weights.
+    read: ``attn(q, k, v)[0]`` is the context, ``[1]`` the weights. It is a pytree node
+    (:func:`output_pytree`): a module that returns it can be exported with
+    :func:`torch.export.export`.
     """
 
     context: Tensor

@@ -59,7 +59,7 @@ from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.general.padding import clear_nonfinite_rows, masked_mean
 from attnlab.masks import check_bool_mask, fill_value
-from attnlab.output import AttentionOutput
+from attnlab.output import AttentionOutput, output_pytree
 from attnlab.registry import get, register
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- output
 
 
+@output_pytree("path")
 @dataclass(kw_only=True)
 class CoAttentionOutput(AttentionOutput):
     """Result of a co-attention call: an :class:`~attnlab.output.AttentionOutput` whose

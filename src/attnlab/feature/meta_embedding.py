@@ -27,6 +27,7 @@ from attnlab._checks import (
     check_module_dtype,
     check_optional_int,
     check_tensor,
+    found_on_host,
 )
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
@@ -234,7 +235,7 @@ class MetaEmbedding(ConventionAttention):
             )
         table = self.tables[i]
         V = table.num_embeddings
-        if x.numel() and (bool((x < -1).any()) or bool((x >= V).any())):
+        if found_on_host((x < -1) | (x >= V)):
             bad = x[(x < -1) | (x >= V)][0].item()
             raise ValueError(
                 f"inputs[{i}] holds id {bad}, outside [-1, {V - 1}] (vocabulary size {V} "

@@ -223,7 +223,7 @@ def hierarchy_mask(
     for j, t in enumerate(ls):
         if t.dtype.is_floating_point or t.dtype == torch.bool:
             raise TypeError(f"lengths[{j}] has dtype {t.dtype}, expected an integer dtype")
-        if t.numel() and bool((t < 0).any()):
+        if found_on_host(t < 0):
             raise ValueError(f"lengths[{j}] holds negative lengths")
     L = len(ls)
     if sizes is not None and len(sizes) != L:
@@ -689,7 +689,7 @@ def _map_from_offsets(
         word_mask if word_mask is not None else torch.ones(B, n_w, dtype=torch.bool, device=dev)
     )
     off = word_offsets.long()
-    if bool(((off < 0) | (off > n_c))[real_w].any()):
+    if found_on_host(((off < 0) | (off > n_c)) & real_w):
         raise ValueError(f"word_offsets holds offsets outside [0, n_c] = [0, {n_c}] for real words")
     pos = torch.arange(n_c, device=dev)
     if char_mask is not None:
@@ -714,7 +714,7 @@ def _map_from_offsets(
         1,
     )
     prev_max = prev.cummax(1).values
-    if bool((real_w & (off < prev_max)).any()):
+    if found_on_host(real_w & (off < prev_max)):
         raise ValueError("word_offsets must not decrease along the real words of a row")
     return (
         real_w[:, :, None]

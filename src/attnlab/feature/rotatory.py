@@ -47,12 +47,13 @@ from attnlab._checks import (
 from attnlab.feature.co_attention import masked_mean  # one masked mean (re-exported here)
 from attnlab.general._convention import AttentionCall, ConventionAttention, is_mask, reject
 from attnlab.general.attention import Attention
-from attnlab.output import AttentionOutput
+from attnlab.output import AttentionOutput, output_pytree
 from attnlab.registry import register
 
 __all__ = ["LCRRotHop", "RotatoryAttention", "RotatoryOutput", "masked_mean"]
 
 
+@output_pytree("path")
 @dataclass(kw_only=True)
 class RotatoryOutput(AttentionOutput):
     """Result of rotatory attention: an :class:`~attnlab.output.AttentionOutput` with the

@@ -40,11 +40,13 @@ from attnlab.general.dimensionality import combine_single
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_index, check_sizes
 from attnlab.models._pooling import uniform_context
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, register
 
 __all__ = ["Caption", "CaptionerOutput", "ShowAttendTell", "grid_cnn", "image_tensor"]
 
 
+@output_pytree()
 @dataclass
 class CaptionerOutput:
     """Teacher-forced result: ``logits`` ``[B, T, V]``, attention ``weights`` ``[B, T, R]``

@@ -40,6 +40,7 @@ from attnlab.models._inputs import check_choice, check_ids, check_lengths, check
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.models._rnn import masked_rnn
 from attnlab.models._text import TextClassifier, TextOptions
+from attnlab.output import output_pytree
 from attnlab.registry import get, register
 
 __all__ = ["DocumentClassifier", "DocumentOutput", "level_attention_spec"]
@@ -49,6 +50,7 @@ BASELINES = ("mean", "uniform")
 _HAN_NAMES = ("han", "tanh", "queryless", "query-less")
 
 
+@output_pytree()
 @dataclass
 class DocumentOutput:
     """What :class:`DocumentClassifier` returns.

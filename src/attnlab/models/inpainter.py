@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_choice, check_int, check_module_dtype, check_tensor
 from attnlab.general.padding import masked_mean
+from attnlab.output import output_pytree
 from attnlab.query.positional import sinusoidal_positions
 from attnlab.registry import Configurable, build, register
 
@@ -48,6 +49,7 @@ _BASELINES = ("none", "mean")
 _POSITIONS = ("onehot", "sinusoidal", "learned", "none")
 
 
+@output_pytree()
 @dataclass
 class InpainterOutput:
     """``pred`` ``[B, S, S, 3]`` (the network's every pixel), ``filled`` ``[B, S, S, 3]``

@@ -48,6 +48,7 @@ from attnlab.models._inputs import (
     token_mask,
 )
 from attnlab.models.sentence import SentenceClassifier
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, register
 
 __all__ = ["MetaEmbeddingClassifier", "MetaEmbeddingOutput"]
@@ -56,6 +57,7 @@ METHODS = ("dme", "cdme")
 BASELINES = ("mean", "uniform", "concat")
 
 
+@output_pytree()
 @dataclass
 class MetaEmbeddingOutput:
     """What :class:`MetaEmbeddingClassifier` returns (``E`` tables, ``n`` tokens).

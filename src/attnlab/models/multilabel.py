@@ -57,6 +57,7 @@ from attnlab.general.padding import masked_mean
 from attnlab.models._inputs import check_choice, dict_spec, token_mask
 from attnlab.models._pooling import uniform_weights
 from attnlab.models._text import TextClassifier, TextOptions
+from attnlab.output import output_pytree
 from attnlab.query.capsule import (
     CapsuleAttention,
     CapsuleRouting,
@@ -74,6 +75,7 @@ _ROUTING_KEYS = ("iterations", "d_caps", "orphan", "primary_dim", "bias")
 PROB_EPS = 1e-6
 
 
+@output_pytree()
 @dataclass
 class MultiLabelOutput:
     """What :class:`CapsuleClassifier` returns (``L`` labels, ``n`` tokens).

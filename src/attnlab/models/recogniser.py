@@ -47,6 +47,7 @@ from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_ids, check_index, check_sizes
 from attnlab.models._pooling import uniform_context, uniform_weights
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, register
 
 __all__ = ["ListenAttendSpell", "Listened", "Listener", "RecogniserOutput", "Transcript"]
@@ -61,6 +62,7 @@ class Listened:
     mask: Tensor
 
 
+@output_pytree()
 @dataclass
 class RecogniserOutput:
     """Teacher-forced result: ``logits`` ``[B, L, V]``, attention ``weights`` ``[B, L, S]``

@@ -50,7 +50,7 @@ from attnlab.models._inputs import token_mask
 from attnlab.models._pooling import uniform_weights
 from attnlab.models._rnn import run_packed
 from attnlab.models._text import TextClassifier, TextOptions
-from attnlab.output import AttentionOutput
+from attnlab.output import AttentionOutput, output_pytree
 from attnlab.query.self_attention import LearnedQuerySelfAttention
 from attnlab.registry import get, register
 
@@ -81,6 +81,7 @@ class SigmoidOutput(nn.Module):
         return torch.cat([torch.zeros_like(z), z], -1)
 
 
+@output_pytree()
 @dataclass
 class SentenceOutput:
     """What :class:`SentenceClassifier` returns.

@@ -36,6 +36,7 @@ from attnlab.models._inputs import dict_spec, token_mask
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.models._rnn import masked_rnn
 from attnlab.models._text import TextClassifier, TextOptions
+from attnlab.output import output_pytree
 from attnlab.registry import register
 
 __all__ = ["PARTS", "TargetOutput", "TargetSentimentClassifier"]
@@ -45,6 +46,7 @@ ENCODERS = ("bilstm", "bigru", "lstm", "gru")
 _DEFAULT_NAMES = ("lcr-rot-hop", "rotatory", "lcr-rot")
 
 
+@output_pytree()
 @dataclass
 class TargetOutput:
     """What :class:`TargetSentimentClassifier` returns.

@@ -53,6 +53,7 @@ from attnlab.models._inputs import (
 )
 from attnlab.models._pooling import uniform_context, uniform_weights
 from attnlab.models._rnn import run_packed
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, register
 
 __all__ = [
@@ -68,6 +69,7 @@ BASELINES = ("mean", "uniform")
 _DEFAULT_SCORE = {"bahdanau": "additive", "luong": "general"}
 
 
+@output_pytree()
 @dataclass
 class TranslatorOutput:
     """Teacher-forced result: ``logits`` ``[B, T, V]``, attention ``weights`` ``[B, T, S]``

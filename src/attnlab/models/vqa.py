@@ -62,6 +62,7 @@ from attnlab.models._inputs import (
 )
 from attnlab.models._pooling import uniform_weights
 from attnlab.models._rnn import run_packed
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, get, register
 
 __all__ = ["CO_ATTENTIONS", "VQAModel", "VQAOutput"]
@@ -76,6 +77,7 @@ CO_ATTENTIONS = {
 ENCODERS = ("bilstm", "bigru")
 
 
+@output_pytree()
 @dataclass
 class VQAOutput:
     """What :class:`VQAModel` returns.

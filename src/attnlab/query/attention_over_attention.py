@@ -37,6 +37,7 @@ from attnlab.general._convention import AttentionCall, TwoInputAttention
 from attnlab.general.alignment import Alignment, masked_softmax
 from attnlab.general.padding import clear_nonfinite_rows
 from attnlab.general.scoring import Score, dot_score
+from attnlab.output import output_pytree
 from attnlab.registry import get, register
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 
+@output_pytree()
 @dataclass
 class AoAOutput:
     """Result of attention-over-attention.

@@ -38,6 +38,7 @@ from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import masked_mean, zero_rows
 from attnlab.general.scoring import Score
+from attnlab.output import output_pytree
 from attnlab.query._convention import AttentionCall, SequenceAttention, query_scored_attention
 from attnlab.query.self_attention import check_position_mask
 from attnlab.registry import register
@@ -136,6 +137,7 @@ class _ClassProbabilities:
         return self.probs.argmax(-1)
 
 
+@output_pytree()
 @dataclass
 class CapsuleOutput(_ClassProbabilities):
     """Result of :class:`CapsuleAttention` (``C`` classes).
@@ -363,6 +365,7 @@ def squash(s: Tensor, dim: int = -1) -> Tensor:
     return s * (sq / (1 + sq)) / torch.sqrt(sq + SQUASH_EPS)
 
 
+@output_pytree()
 @dataclass
 class RoutingOutput(_ClassProbabilities):
     """Result of :class:`CapsuleRouting`.

@@ -43,7 +43,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import check_choice, check_int
+from attnlab._checks import check_choice, check_int, found_on_host
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
@@ -125,7 +125,7 @@ class LinformerAttention(ProjectedHeadAttention):
         if m is None:
             return None
         if m.shape[1] != 1:
-            if not bool((m == m[:, :1]).all()):
+            if found_on_host(m != m[:, :1]):
                 raise ValueError(
                     f"mask has shape {tuple(mask.shape)} and differs between queries; "
                     "linformer projects the keys along the sequence before scoring, so only a "
@@ -174,7 +174,9 @@ class LinformerAttention(ProjectedHeadAttention):
         E, Fp = self.projections(n_k)
         kp = E[None].to(k.dtype) @ k  # [B, h, k, d]
         vp = Fp[None].to(v.dtype) @ v
-        amask = None if row_ok is None or bool(row_ok.all()) else row_ok.view(-1, 1, 1, 1)
+        # skip the mask when every row has a key (a host read: not under torch.compile)
+        all_ok = row_ok is None or (not torch.compiler.is_compiling() and bool(row_ok.all()))
+        amask = None if all_ok else row_ok.view(-1, 1, 1, 1)
         p = self.dropout if self.training else 0.0
         context, weights = sdpa_attend(
             q, kp, vp, 1.0 / math.sqrt(self.head_dim), amask, p, need_weights

@@ -60,6 +60,7 @@ from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value
+from attnlab.output import output_pytree
 from attnlab.registry import Configurable, build, get, register
 
 __all__ = [
@@ -142,6 +143,7 @@ def _check_targets(targets: Tensor, batch: int, n: int, ignore_index: int) -> Te
     return targets
 
 
+@output_pytree()
 @dataclass
 class PointerOutput:
     """Teacher-forced pass of a pointer network.
@@ -172,6 +174,7 @@ class PointerOutput:
         return self.log_probs.exp()
 
 
+@output_pytree()
 @dataclass
 class PointerDecoding:
     """Decoded pointer sequences.
