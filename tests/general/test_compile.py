@@ -218,3 +218,55 @@ def test_inductor_compiles_additive_attention_to_the_eager_result():
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+#: one mechanism of each family (the general module's fast paths, multi-head attention,
+#: the feature-related modules, the pointer network and the efficient transformers)
+DYNAMIC = (
+    "attention/additive/soft/single",
+    "attention/additive/soft/multi",
+    "attention/scaled-dot/local-p/single",
+    "attention/general/sparsemax/single",
+    "multi-head",
+    "parallel-co-attention",
+    "lcr-rot-hop",
+    "pointer-network",
+    "transformer-xl",
+    "graph-attention",
+)
+
+
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_dynamic_shapes_compile_once_and_match_eager(name):
+    """``torch.compile(dynamic=True, fullgraph=True)`` (training on batches of varying
+    length) traces without a break and gives the eager outputs for three batch sizes and
+    sequence lengths; the shapes are symbolic, so the later calls do not recompile (but
+    for the pointer network's unrolled encoder)."""
+    from attention_harness import _ragged_masks
+
+    from tests.test_invariances import MECHANISMS
+
+    mech = MECHANISMS[name]
+    torch.manual_seed(0)
+    module = mech.build().eval()
+
+    def run(x: dict, masks: dict) -> dict:
+        out = mech.outputs(mech.call(module, x, masks, True))
+        return {k: v for k, v in out.items() if v is not None}
+
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    compiled = torch.compile(run, backend=counter, dynamic=True, fullgraph=True)
+    for n, batch in ((5, 2), (7, 4), (9, 6)):  # no size equal to another (duck sizing)
+        x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+        masks = _ragged_masks(mech, batch, n)
+        with torch.no_grad():
+            want, got = run(x, masks), compiled(x, masks)
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], equal_nan=True, atol=1e-5, rtol=1e-5)
+    # the pointer network's encoder runs step by step, unrolled: one graph per length
+    # (docs/compile-and-precision.md); everything else is one graph for every shape
+    expected = 3 if name == "pointer-network" else 1
+    assert counter.frame_count == expected, f"{counter.frame_count} compilations for 3 shapes"
