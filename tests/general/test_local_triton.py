@@ -192,17 +192,40 @@ def test_no_keys_and_no_queries():
     assert local_triton_attend(q[:, :0], k, v, c[:, :0], 3).shape == (B, 0, v.shape[-1])
 
 
-def test_double_backward_is_refused():
-    """A second differentiation raises with the way out, also through
-    ``torch.autograd.grad(g, inputs)`` (never a second derivative without the kernels'
-    part)."""
-    q, k, v, c = (x.float().to(DEVICE) for x in _inputs())
-    q.requires_grad_()
-    k.requires_grad_()
-    out = local_triton_attend(q, k, v, c, 3)
-    (g,) = torch.autograd.grad(out.pow(2).sum(), [q], create_graph=True)
-    with pytest.raises(RuntimeError, match=r"double backward.*path='explicit'"):
-        torch.autograd.grad(g.sum(), [q, k])
+def _second_derivatives(run, args, mask, gaussian):
+    """``d/d args`` of ``sum(r * d(out . g)/d q)``: a gradient penalty's gradient."""
+    out = run(*args[:3], args[3], 3, 0.7, mask, gaussian)
+    g = torch.Generator().manual_seed(3)
+    go = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
+    (gq,) = torch.autograd.grad(out, args[0], go, create_graph=True)
+    r = torch.randn(gq.shape, generator=g, dtype=torch.float64).to(gq)
+    return torch.autograd.grad((gq * r).sum(), args, allow_unused=True)
+
+
+@pytest.mark.parametrize("gaussian", [True, False], ids=["gaussian", "plain"])
+def test_second_derivatives_match_the_formula(gaussian):
+    """Under ``create_graph=True`` the kernels' backward differentiates the gathered
+    window's formula: the second derivatives (a gradient penalty's gradient) with respect
+    to q, k, v and the centres equal the float64 reference's (centres inside the keys, so
+    that no window is empty: the reference's derivatives of an empty window are NaN), and
+    with a mask that empties windows they are finite."""
+    q, k, v, c = _inputs(spread=0.0)
+    ins = [x.float().to(DEVICE).requires_grad_() for x in (q, k, v, c)]
+    ref_ins = [x.detach().cpu().double().requires_grad_() for x in ins]
+    got = _second_derivatives(local_triton_attend, ins, None, gaussian)
+    want = _second_derivatives(reference, ref_ins, None, gaussian)
+    for name, a, b in zip(("q", "k", "v", "center"), got, want, strict=True):
+        if b is None or (name == "center" and not gaussian):
+            assert a is None or not a.any(), name  # the centres only choose the window
+            continue
+        assert a is not None, f"no second derivative for {name}"
+        scale = max(1.0, b.abs().max().item())
+        err = (a.detach().cpu().double() - b).abs().max().item()
+        assert err <= 1e-4 * scale, f"{name}: max error {err:.3g} (scale {scale:.3g})"
+    q, k, v, c = _inputs()  # centres past both ends, and a mask: empty windows
+    ins = [x.float().to(DEVICE).requires_grad_() for x in (q, k, v, c)]
+    masked = _second_derivatives(local_triton_attend, ins, MASKS["full"]().to(DEVICE), gaussian)
+    assert all(a is None or torch.isfinite(a).all() for a in masked)
 
 
 def test_bad_input_raises_one_line():

@@ -34,7 +34,9 @@ any allowed key gets zero weights, a zero context and zero (finite) gradients; k
 values that no query may attend, and rows that may attend nothing, never matter, whatever
 they hold.
 
-First-order gradients only: double backward raises ``RuntimeError``.
+The kernels' backward pass runs without a graph; under ``create_graph=True`` (second
+derivatives) it differentiates the formula the kernels compute instead, as plain tensor
+ops, with their ``[B, n_q, n_k, d_w]`` memory.
 """
 
 from __future__ import annotations
@@ -52,10 +54,14 @@ import torch
 from torch import Tensor
 
 from attnlab import masks as _masks
+from attnlab.general.alignment import masked_softmax
 from attnlab.general.fused import (
+    _additive_traceable,
     _check_qk,
     _check_tensor,
-    _once_differentiable,
+    _differentiable_again,
+    _graph_grads,
+    _multi_dim_traceable,
     _resolve_act,
     _shape_error,
 )
@@ -693,15 +699,55 @@ def _attend_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tenso
     ctx.mark_non_differentiable(lse)
 
 
+def _attend_formula(
+    q1: Tensor, k2: Tensor, w: Tensor, v: Tensor, mask: Tensor | None, flags: tuple[Any, ...]
+) -> Tensor:
+    """What the kernels compute, as plain tensor ops in float32 (on the inputs as the op
+    takes them: padding already cleared): the scores, the causal and given masks, the
+    softmax over the keys (zeros for a row with no allowed key) and the weighted sum."""
+    multi, act, causal = flags[:3]
+    n_q, n_k = q1.shape[1], k2.shape[1]
+    allowed = mask
+    if causal:
+        ones = torch.ones(n_q, n_k, dtype=torch.bool, device=q1.device)
+        below = ones.tril(n_k - n_q)[None]
+        allowed = below if allowed is None else allowed & below
+    spec = _resolve_act(act)
+    q, k, wf, vf = (x.float() for x in (q1, k2, w, v))
+    if multi:
+        return _multi_dim_traceable(q, k, wf, vf, allowed, spec).to(v.dtype)
+    e = _additive_traceable(q, k, wf, spec)
+    return (masked_softmax(e, allowed) @ vf).to(v.dtype)
+
+
+def _attend_graph_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
+    """The op's gradients under ``create_graph=True``: by :func:`_attend_formula`,
+    differentiable again (the kernels' own backward runs without a graph)."""
+    q1, k2, w, v, mask = ctx.saved_tensors[:5]
+    flags = ctx.flags
+    gq, gk, gw, _, gv = _graph_grads(
+        ctx,
+        lambda a, b, c, _, d: _attend_formula(a, b, c, d, mask, flags),
+        (q1, k2, w, None, v),
+        grad,
+    )
+    nones = (None,) * (1 + len(flags))  # mask and the flags
+    return (gq, gk, gw, _zero_like_bias(ctx.b_d), gv, *nones)
+
+
+def _zero_like_bias(b_d: tuple[Any, ...] | None) -> Tensor | None:
+    """``b_d``'s gradient (``(shape, dtype, device)`` or ``None``): zero, it cancels."""
+    return None if b_d is None else torch.zeros(b_d[0], dtype=b_d[1], device=b_d[2])
+
+
 def _attend_backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
     """The backward of the forward op, with ``run`` the backward op or its impl."""
 
-    @_once_differentiable
+    @_differentiable_again(_attend_graph_backward)
     def backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
         q1, k2, w, v, mask, out, lse = ctx.saved_tensors
         dq, dk, dw, dv = run(q1, k2, w, v, mask, out, lse, grad, *ctx.flags)
-        b_d = ctx.b_d
-        gb = None if b_d is None else torch.zeros(b_d[0], dtype=b_d[1], device=b_d[2])
+        gb = _zero_like_bias(ctx.b_d)
         nones = (None,) * (1 + len(ctx.flags))  # mask and the flags
         return (dq.to(q1.dtype), dk.to(k2.dtype), dw.to(w.dtype), gb, dv.to(v.dtype), *nones)
 
@@ -858,7 +904,8 @@ def flash_additive_attention(
         ``(context, weights)``: ``context`` ``[B, n_q, d_v]`` in the dtype of ``v``;
         ``weights`` ``[B, n_q, n_k]`` or ``None``.
 
-    Gradients flow to ``q1``, ``k2``, ``w`` and ``v`` (first order only).
+    Gradients flow to ``q1``, ``k2``, ``w`` and ``v``; second derivatives by the formula
+    (module docstring).
     """
     return _launch(False, (q1, k2, w, None, v), mask, act, dict(options))
 

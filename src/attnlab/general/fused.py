@@ -135,45 +135,6 @@ S = TypeVar("S")
 
 # ------------------------------------------------------------------ double backward
 
-_TWICE = (
-    "double backward through attnlab's Triton kernels is not supported (their backward "
-    "pass is hand-written); build the attention with path='explicit' for it"
-)
-
-
-def _once_differentiable(
-    backward: Callable[..., tuple[Tensor | None, ...]],
-) -> Callable[..., tuple[Tensor | None, ...]]:
-    """Run ``backward`` without recording it; when the caller asked for a graph of the
-    gradients (``create_graph=True``) and anything could be differentiated further, the
-    gradients come back attached to a node that raises on a second differentiation.
-
-    (Like :func:`torch.autograd.function.once_differentiable`, but it also looks at the
-    saved inputs: the gradients depend on them, not only on the incoming gradient.)"""
-
-    @functools.wraps(backward)
-    def wrapper(ctx: FunctionCtx, *grads: Tensor) -> tuple[Tensor | None, ...]:
-        with torch.no_grad():
-            outputs = backward(ctx, *grads)
-        if not torch.is_grad_enabled():
-            return outputs
-        saved = [x for x in ctx.saved_tensors if x is not None]  # type: ignore[attr-defined]
-        if not any(x.requires_grad for x in (*grads, *saved)):
-            return outputs
-        delayed = getattr(getattr(torch._C, "_functions", None), "DelayedError", None)
-        if delayed is None:  # pragma: no cover - private API gone: refuse right away
-            raise RuntimeError(_TWICE)
-        # the node that raises also takes the saved inputs that require grad, so that it
-        # lies on every path from the gradients back to the inputs: torch.autograd.grad(g,
-        # inputs) reaches it and raises, instead of pruning it and returning a second
-        # derivative without this function's part (torch's once_differentiable does that)
-        attached = [x for x in saved if x.requires_grad]
-        fresh = [None if x is None else x.detach().requires_grad_() for x in outputs]
-        err = delayed(_TWICE.encode(), len(fresh) + len(attached))
-        return tuple(err(*fresh, *attached)[: len(fresh)])
-
-    return wrapper
-
 
 def _differentiable_again(
     graph_backward: Callable[..., tuple[Tensor | None, ...]],
@@ -188,8 +149,8 @@ def _differentiable_again(
         @functools.wraps(backward)
         def wrapper(ctx: FunctionCtx, *grads: Tensor) -> tuple[Tensor | None, ...]:
             if torch.is_grad_enabled():
-                saved = [x for x in ctx.saved_tensors if x is not None]  # type: ignore[attr-defined]
-                if any(x.requires_grad for x in (*grads, *saved)):
+                saved = ctx.saved_tensors  # type: ignore[attr-defined]
+                if any(x is not None and x.requires_grad for x in (*grads, *saved)):
                     return graph_backward(ctx, *grads)
             with torch.no_grad():
                 return backward(ctx, *grads)

@@ -20,7 +20,8 @@ inputs and their gradients.
 
 Requirements: the ``triton`` package (``pip install 'attnlab[triton]'``); CUDA tensors, or
 CPU tensors under ``TRITON_INTERPRET=1`` (for tests). Inputs in float32, bfloat16 or
-float16, computed in float32. First-order gradients only. The key and value gradients are
+float16, computed in float32. Under ``create_graph=True`` the backward pass differentiates
+the gathered window's formula (second derivatives, its memory). The key and value gradients are
 summed with atomic adds (windows overlap), so their last bits may vary from run to run;
 under ``torch.use_deterministic_algorithms(True)`` (or ``deterministic=True``) a key-side
 pass over the queries sorted by centre sums them instead, the same every run.
@@ -37,7 +38,8 @@ from torch import Tensor
 
 from attnlab.general.alignment import _check_window
 from attnlab.general.flash_additive import TRITON_DTYPES, _autograd_op, _custom_op, _kernels
-from attnlab.general.fused import _once_differentiable
+from attnlab.general.fused import _differentiable_again, _graph_grads
+from attnlab.general.local import local_window_attend
 
 __all__ = ["LOCAL_TRITON_MAX_WINDOW", "local_triton_attend"]
 
@@ -253,10 +255,28 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> 
     ctx.mark_non_differentiable(output[1])
 
 
+def _graph_backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]:
+    """The op's gradients under ``create_graph=True``: by the gathered window's formula
+    (:func:`attnlab.general.local.local_window_attend`, the path the kernels replace),
+    differentiable again (the kernels' own backward runs without a graph)."""
+    q, k, v, center, mask = ctx.saved_tensors[:5]
+    D, scale, gaussian = ctx.args[:3]
+
+    def score(qw: Tensor, kw: Tensor) -> Tensor:  # the kernels' scaled dot, in float32
+        return scale * (qw.float() @ kw.float().transpose(-1, -2))
+
+    def formula(qq: Tensor, kk: Tensor, vv: Tensor, cc: Tensor) -> Tensor:
+        return local_window_attend(score, qq, kk, vv, cc, D, mask, gaussian)[0]
+
+    gq, gk, gv, gc = _graph_grads(ctx, formula, (q, k, v, center), grad)
+    nones = (None,) * (1 + len(ctx.args))  # the mask and the other arguments
+    return gq, gk, gv, gc if gaussian else None, *nones
+
+
 def _backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
     """The backward of the forward op, with ``run`` the backward op or its impl."""
 
-    @_once_differentiable
+    @_differentiable_again(_graph_backward)
     def backward(ctx: Any, grad: Tensor, _grad_a: Tensor | None) -> tuple[Any, ...]:
         q, k, v, center, mask, a = ctx.saved_tensors
         dq, dk, dv, dc = run(q, k, v, center, mask, a, grad, *ctx.args)
