@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -14,14 +15,37 @@ def test_run_packed_reads_only_the_real_steps():
     rnn = nn.LSTM(3, 4, batch_first=True, bidirectional=True)
     x = torch.randn(3, 5, 3)
     lengths = torch.tensor([5, 2, 0])
-    h, (h_n, _) = run_packed(rnn, x, lengths)
-    assert h.shape == (3, 5, 8) and h_n.shape == (2, 3, 4)
-    alone, _ = rnn(x[1:2, :2])
+    h = run_packed(rnn, x, lengths)
+    assert h.shape == (3, 5, 8)
+    alone, (h_n, _) = rnn(x[1:2, :2])
     torch.testing.assert_close(h[1, :2], alone[0])
+    # the final states are outputs: forward at the last real step, backward at step 0
+    torch.testing.assert_close(h[1, 1, :4], h_n[0, 0])
+    torch.testing.assert_close(h[1, 0, 4:], h_n[1, 0])
     assert h[1, 2:].abs().sum() == 0  # beyond the length: zero
     noisy = x.clone()
     noisy[1, 2:] = 100.0  # padding never reaches the outputs
-    torch.testing.assert_close(run_packed(rnn, noisy, lengths)[0][:2], h[:2])
+    torch.testing.assert_close(run_packed(rnn, noisy, lengths)[:2], h[:2])
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_run_packed_traced_gives_the_packed_outputs(cell):
+    """Under torch.compile / torch.export (no packing) the same weights run over the
+    padded rows: the outputs of the packed run at the real steps, zeros beyond."""
+    torch.manual_seed(0)
+    rnn = cell(3, 4, batch_first=True, bidirectional=True).eval()
+    x, lengths = torch.randn(3, 5, 3), torch.tensor([5, 2, 1])
+
+    class Run(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x, lengths):
+            return run_packed(self.rnn, x, lengths)
+
+    program = torch.export.export(Run(), (x, lengths), strict=False)
+    torch.testing.assert_close(program.module()(x, lengths), run_packed(rnn, x, lengths))
 
 
 def test_masked_rnn_of_every_encoder_name():

@@ -240,15 +240,18 @@ def hierarchy_mask(
             raise ValueError(
                 f"lengths[{j}] has shape {tuple(t.shape)}, expected {layout} = {list(want)}"
             )
-        real = t[mask] if j else t  # lengths at padded positions are ignored
-        n = int(real.max()) if real.numel() else 0
-        if sizes is not None:
+        # lengths at padded positions are ignored
+        real = torch.where(mask, t, torch.zeros_like(t)) if j else t
+        if sizes is not None:  # no size read from the data: traceable (torch.export)
             check_int(sizes[j], f"sizes[{j}]", minimum=0, error=ValueError)
-            if n > sizes[j]:
+            if found_on_host(real > sizes[j]):
                 raise ValueError(
-                    f"sizes[{j}]={sizes[j]} is smaller than the largest lengths[{j}] {n}"
+                    f"sizes[{j}]={sizes[j]} is smaller than the largest lengths[{j}] "
+                    f"{int(real.max())}"
                 )
             n = int(sizes[j])
+        else:
+            n = int(real.max()) if real.numel() else 0
         pos = torch.arange(n, device=t.device)
         mask = mask[..., None] & (pos < t[..., None])
         dims.append(n)

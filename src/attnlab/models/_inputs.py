@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_choice, check_dropout, check_int
+from attnlab._checks import ConfigError, check_choice, check_dropout, check_int, found_on_host
 
 __all__ = [
     "check_choice",
@@ -68,7 +68,7 @@ def check_ids(
                 f"{layout} with B = {batch} ({batch_of})" if batch_of else f"[B, n] = [{batch}, n]"
             )
         raise ValueError(f"{name} has shape {tuple(tokens.shape)}, expected {want}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+    if found_on_host((tokens < 0) | (tokens >= vocab_size)):  # not read when traced
         raise ValueError(
             f"{name} (shape {tuple(tokens.shape)}) holds ids in [{int(tokens.min())}, "
             f"{int(tokens.max())}], outside [0, vocab_size) = [0, {vocab_size})"
@@ -99,7 +99,7 @@ def check_lengths(
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {layout}")
     letter, top = bound
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) > top):
+    if found_on_host((t < 0) | (t > top)):
         raise ValueError(
             f"{name} (shape {tuple(t.shape)}) holds values in [{int(t.min())}, "
             f"{int(t.max())}], outside [0, {letter}] = [0, {top}] for {tokens_name} of shape "

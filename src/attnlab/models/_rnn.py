@@ -8,18 +8,20 @@ tokens come first (the sentence classifier's BiLSTM, the VQA question encoder, t
 translator's encoder).
 
 ``run_packed(rnn, x, lengths)`` packs ``x`` ``[B, n, d_in]`` by ``lengths`` ``[B]``, so the
-recurrence never reads padding, and pads the outputs back to ``n`` steps. A row of length
+recurrence never reads padding, and pads the outputs back to ``n`` steps (a caller that
+needs a final state reads it from the outputs: the last real step going forward, step 0
+going backward). A row of length
 0 is run as length 1 (``pack_padded_sequence`` refuses 0); its outputs are the caller's to
 mask. Cost: that of the cell, O(B n d_in h), sequential in ``n``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnlab._recurrent import RNNWeights, padded_rnn
 from attnlab.feature.multilevel import MaskedRNN
 
 __all__ = ["RNN_ENCODERS", "masked_rnn", "run_packed"]
@@ -41,13 +43,19 @@ def masked_rnn(name: str, d_in: int, hidden: int) -> MaskedRNN:
     return MaskedRNN(d_in, hidden, cell=cell, bidirectional=bidirectional)
 
 
-def run_packed(rnn: nn.RNNBase, x: Tensor, lengths: Tensor) -> tuple[Tensor, Any]:
-    """(the outputs ``[B, n, d_out]`` of the ``batch_first`` ``rnn`` over the first
-    ``lengths[b]`` steps of each row of ``x`` ``[B, n, d_in]``, zero beyond them; the final
-    state the ``rnn`` returns). ``B`` and ``n`` must be at least 1."""
+def run_packed(rnn: nn.RNNBase, x: Tensor, lengths: Tensor) -> Tensor:
+    """The outputs ``[B, n, d_out]`` of the ``batch_first`` ``rnn`` (an ``nn.GRU`` or
+    ``nn.LSTM``) over the first ``lengths[b]`` steps of each row of ``x`` ``[B, n, d_in]``,
+    zero beyond them. ``B`` and ``n`` must be at least 1. Under ``torch.compile`` and
+    ``torch.export`` (which trace neither the fused recurrences nor packing) the same
+    weights run over the padded rows (:func:`attnlab._recurrent.padded_rnn`: the same
+    outputs, one graph)."""
+    if torch.compiler.is_compiling():
+        weights = RNNWeights(rnn)
+        return padded_rnn(weights, x, lengths.clamp(min=1), training=rnn.training)
     packed = pack_padded_sequence(
         x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
     )
-    out, final = rnn(packed)
+    out, _ = rnn(packed)
     h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-    return h, final
+    return h

@@ -340,7 +340,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         if self.encoder_name == "bilstm":
             if n == 0 or B == 0:
                 return x.new_zeros(B, real.shape[1], self.d_h)
-            h, _ = run_packed(self.lstm, x, mask.sum(1))
+            h = run_packed(self.lstm, x, mask.sum(1))
         elif self.encoder_name == "cnn":
             if n == 0:
                 return x.new_zeros(B, n, self.d_h)

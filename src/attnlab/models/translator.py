@@ -212,9 +212,13 @@ class Seq2SeqTranslator(Configurable):
         if B == 0 or S == 0:
             states = x.new_zeros(B, S, self.d)
             return Encoded(states, mask, torch.tanh(self.bridge(x.new_zeros(B, self.d))))
-        states, final = run_packed(self.encoder, x, lengths)
-        h_n = final[0] if self.rnn_type == "lstm" else final  # [2, B, d/2]
-        last = torch.cat([h_n[0], h_n[1]], -1) * (lengths > 0)[:, None]
+        states = run_packed(self.encoder, x, lengths)
+        # the final states of the one-layer encoder are outputs: going forward the last
+        # real step's, going backward step 0's (what the packed run returns as h_n)
+        half = self.d // 2
+        at_end = (lengths - 1).clamp(min=0)[:, None, None].expand(B, 1, half)
+        forward_last = states[..., :half].gather(1, at_end).squeeze(1)
+        last = torch.cat([forward_last, states[:, 0, half:]], -1) * (lengths > 0)[:, None]
         states = states * mask[..., None]
         return Encoded(states, mask, torch.tanh(self.bridge(last)))
 

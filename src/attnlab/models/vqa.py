@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_flags, check_int
+from attnlab._checks import ConfigError, check_flags, check_int, found_on_host
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
 from attnlab.models._inputs import (
     check_choice,
@@ -278,7 +278,7 @@ class VQAModel(Configurable):
                 f"image_index has dtype {index.dtype} and shape {tuple(index.shape)}, expected "
                 "an integer tensor [B]"
             )
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= m):
+        if found_on_host((index < 0) | (index >= m)):
             raise ValueError(
                 f"image_index holds values in [{int(index.min())}, {int(index.max())}], outside "
                 f"[0, M) = [0, {m}) for {m} images"
@@ -301,7 +301,7 @@ class VQAModel(Configurable):
         x = self.embedding(tokens)
         if B == 0 or n == 0:
             return x.new_zeros(B, n, self.d)
-        h, _ = run_packed(self.rnn, x, mask.sum(1))
+        h = run_packed(self.rnn, x, mask.sum(1))
         return h * mask.unsqueeze(-1).to(h.dtype)
 
     def forward(

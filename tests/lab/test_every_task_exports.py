@@ -1,0 +1,66 @@
+"""Every task model of the lab exports with ``torch.export.export`` (how a trained model
+is handed to a deployment runtime): the program, traced on a test batch of the task's own
+loss call, returns the model's output type with the eager values. The value checks that
+read the host (ids in range, lengths within the padding) are skipped in the trace, as under
+``torch.compile``, and the recurrent encoders run over the padded rows there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_tasks import TASKS, tiny_task
+from torch.utils._pytree import tree_flatten
+
+from attnlab.lab.training import seed_everything
+
+#: what does not export yet, with the reason (strict: the test fails once it does)
+KNOWN = {
+    "meta_embedding": "torch.export builds the program but its module() fails on the frozen "
+    "embedding tables of the DME module ('references nonexistent attribute tables of meta'); "
+    "not investigated yet",
+}
+
+
+def _forward_call(task, model, batch):
+    """The positional and keyword arguments the task's loss passes to ``model``."""
+    calls = []
+    forward = model.forward
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        return forward(*args, **kwargs)
+
+    model.forward = record
+    try:
+        with torch.no_grad():
+            task.loss(model, batch)
+    finally:
+        del model.forward
+    return calls[0]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True)) if n in KNOWN else n
+        for n in TASKS
+    ],
+)
+def test_task_model_exports(name):
+    task = tiny_task(name)
+    seed_everything(0)
+    data = task.load_data()
+    model = task.build_model(data, task.resolve_attention(None)).eval()
+    batch = next(iter(task.batches(data, "test", 4)))
+    args, kwargs = _forward_call(task, model, batch)
+    program = torch.export.export(model, args, kwargs, strict=False)
+    with torch.no_grad():
+        got, want = program.module()(*args, **kwargs), model(*args, **kwargs)
+    assert type(got) is type(want)
+    flat_got, spec_got = tree_flatten(got)
+    flat_want, spec_want = tree_flatten(want)
+    assert spec_got == spec_want
+    assert any(isinstance(w, torch.Tensor) for w in flat_want)
+    for g, w in zip(flat_got, flat_want, strict=True):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w, equal_nan=True)
