@@ -931,7 +931,8 @@ def check_second_derivatives(mech: Mechanism, *, n: int = 3, batch: int = 2) -> 
         return tuple(v for v in out.values() if v is not None and v.requires_grad)
 
     with _eval(module):
-        assert torch.autograd.gradgradcheck(outputs, tuple(x[k] for k in names))
+        # fast mode: a random projection of the Jacobians (as exact a test, far fewer calls)
+        assert torch.autograd.gradgradcheck(outputs, tuple(x[k] for k in names), fast_mode=True)
 
 
 def check_backward_without_anomaly(
