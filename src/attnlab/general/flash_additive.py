@@ -64,6 +64,7 @@ from attnlab.general.fused import (
     _multi_dim_traceable,
     _resolve_act,
     _shape_error,
+    _zero_bias_grad,
 )
 from attnlab.general.padding import clear_attention_inputs
 
@@ -732,12 +733,7 @@ def _attend_graph_backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> 
         grad,
     )
     nones = (None,) * (1 + len(flags))  # mask and the flags
-    return (gq, gk, gw, _zero_like_bias(ctx.b_d), gv, *nones)
-
-
-def _zero_like_bias(b_d: tuple[Any, ...] | None) -> Tensor | None:
-    """``b_d``'s gradient (``(shape, dtype, device)`` or ``None``): zero, it cancels."""
-    return None if b_d is None else torch.zeros(b_d[0], dtype=b_d[1], device=b_d[2])
+    return (gq, gk, gw, _zero_bias_grad(ctx.b_d), gv, *nones)
 
 
 def _attend_backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
@@ -747,7 +743,7 @@ def _attend_backward(run: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
     def backward(ctx: Any, grad: Tensor, _grad_lse: Tensor | None) -> tuple[Any, ...]:
         q1, k2, w, v, mask, out, lse = ctx.saved_tensors
         dq, dk, dw, dv = run(q1, k2, w, v, mask, out, lse, grad, *ctx.flags)
-        gb = _zero_like_bias(ctx.b_d)
+        gb = _zero_bias_grad(ctx.b_d)
         nones = (None,) * (1 + len(ctx.flags))  # mask and the flags
         return (dq.to(q1.dtype), dk.to(k2.dtype), dw.to(w.dtype), gb, dv.to(v.dtype), *nones)
 

@@ -73,7 +73,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -943,14 +943,21 @@ def _multi_dim_graph_backward(ctx: FunctionCtx, grad_c: Tensor) -> tuple[Tensor 
         (q1, k2, W_d, v),
         grad_c,
     )
-    return gq, gk, gW, _zero_bias_grad(ctx), gv, None, None, None
+    return gq, gk, gW, _bias_grad(ctx), gv, None, None, None
 
 
-def _zero_bias_grad(ctx: FunctionCtx) -> Tensor | None:
-    """The gradient of ``b_d`` where it is needed: exactly zero (it cancels)."""
-    if not ctx.needs_input_grad[3]:  # type: ignore[attr-defined]
+def _bias_grad(ctx: FunctionCtx) -> Tensor | None:
+    """``b_d``'s gradient in :class:`_MultiDimFn` where it is needed."""
+    needed = ctx.needs_input_grad[3]  # type: ignore[attr-defined]
+    return _zero_bias_grad(ctx.b_d_meta) if needed else None  # type: ignore[attr-defined]
+
+
+def _zero_bias_grad(meta: tuple[Any, ...] | None) -> Tensor | None:
+    """The gradient of a score bias ``b_d`` that cancels in the softmax over the keys:
+    zeros of its ``(shape, dtype, device)`` (``meta``), or ``None`` without one."""
+    if meta is None:
         return None
-    shape, dtype, device = ctx.b_d_meta  # type: ignore[attr-defined]
+    shape, dtype, device = meta
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
@@ -983,7 +990,7 @@ class _MultiDimFn(torch.autograd.Function):
         gq, gk, gW, gv = _multi_dim_backward(
             q1, k2, W_d, v, mask, c, den, shift, grad_c, act, chunk, needs
         )
-        return gq, gk, gW, _zero_bias_grad(ctx), gv, None, None, None
+        return gq, gk, gW, _bias_grad(ctx), gv, None, None, None
 
 
 def multi_dim_attend_lean(
