@@ -994,6 +994,110 @@ def check_export(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
     )
 
 
+class _Called(nn.Module):
+    """``mech.call`` of ``module`` as a module of its own (what ``torch.export`` and
+    ``torch.func.functional_call`` take): ``forward(x, masks)`` returns the floating
+    outputs, sorted by name."""
+
+    def __init__(self, mech: Mechanism, module: nn.Module) -> None:
+        super().__init__()
+        self.mech, self.inner = mech, module
+
+    def forward(self, x: dict[str, Tensor], masks: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = self.mech.outputs(self.mech.call(self.inner, x, masks, True))
+        return {k: v for k, v in sorted(out.items()) if v is not None and v.is_floating_point()}
+
+
+def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """The ``torch.func`` transforms a researcher applies to a module, with masks of
+    different lengths, in evaluation mode:
+
+    1. ``vmap`` over the samples of a one-sample call gives the batched call's outputs;
+    2. per-sample gradients (``vmap(grad(loss))`` over ``functional_call``, as in DP-SGD
+       or influence studies) give, for every parameter, the gradient of one backward pass
+       per sample (mechanisms whose outputs depend on no parameter skip this part);
+    3. forward mode: ``torch.func.jvp`` in float64 gives the central finite difference
+       (``h = 1e-6``, ``atol = rtol = 1e-4``) along a random tangent of every floating
+       input. (Run it under PyTorch's math SDPA backend: its CPU flash kernel has no
+       forward-mode formula, as it has no double backward.)
+
+    A mechanism that draws random numbers in evaluation mode (LSH attention's rotations
+    without a ``seed``) draws them once per call, for the whole batch: ``vmap`` runs with
+    ``randomness="same"`` and the global seed is reset before every call compared."""
+    torch.manual_seed(0)
+    module = mech.build().eval()
+    called = _Called(mech, module)
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    state = {k: v.detach() for k, v in [*called.named_parameters(), *called.named_buffers()]}
+
+    def one(params: dict[str, Tensor], xs: dict[str, Tensor], ms: dict[str, Tensor]) -> Any:
+        xb = {k: v.unsqueeze(0) for k, v in xs.items()}
+        mb = {k: v.unsqueeze(0) for k, v in ms.items()}
+        return torch.func.functional_call(called, params, (xb, mb))
+
+    with torch.no_grad():
+        torch.manual_seed(2)
+        want = called(x, masks)
+        torch.manual_seed(2)
+        got = torch.func.vmap(one, in_dims=(None, 0, 0), randomness="same")(state, x, masks)
+    got = {k: v.squeeze(1) for k, v in got.items()}  # the one-sample batch axis
+    _assert_outputs_close(got, want, "vmap over the samples")
+
+    def loss(params: dict[str, Tensor], xs: dict[str, Tensor], ms: dict[str, Tensor]) -> Tensor:
+        return sum((v.sum() for v in one(params, xs, ms).values()), torch.zeros(()))
+
+    names = [k for k, v in called.named_parameters() if v.requires_grad]
+    looped: list[dict[str, Tensor]] = []
+    for b in range(batch):
+        called.zero_grad(set_to_none=True)
+        torch.manual_seed(2)
+        lb = loss(dict(called.named_parameters()), {k: v[b] for k, v in x.items()},
+                  {k: v[b] for k, v in masks.items()})  # fmt: skip
+        if not lb.requires_grad:
+            break
+        lb.backward()
+        looped.append({k: p.grad.clone() for k, p in called.named_parameters()
+                       if p.grad is not None})  # fmt: skip
+    if looped and looped[0]:
+        frozen = {k: v for k, v in state.items() if k not in names}
+        torch.manual_seed(2)
+        grads = torch.func.vmap(
+            lambda xs, ms: torch.func.grad(lambda p: loss({**frozen, **p}, xs, ms))(
+                {k: state[k] for k in names}
+            ),
+            randomness="same",
+        )(x, masks)
+        for b, per in enumerate(looped):
+            for k, g in per.items():
+                torch.testing.assert_close(
+                    grads[k][b], g, atol=1e-5, rtol=1e-4,
+                    msg=lambda m, k=k, b=b: f"per-sample gradient of {k}, sample {b}: {m}",
+                )  # fmt: skip
+
+    wide = copy.deepcopy(called).double()
+    floats = [k for k, v in x.items() if v.is_floating_point()]
+    x64 = {k: v.double() if v.is_floating_point() else v for k, v in x.items()}
+
+    def f(*vals: Tensor) -> dict[str, Tensor]:
+        torch.manual_seed(2)
+        return wide({**x64, **dict(zip(floats, vals, strict=True))}, masks)
+
+    primals = tuple(x64[k] for k in floats)
+    g = torch.Generator().manual_seed(1)
+    tangents = tuple(torch.randn(p.shape, generator=g, dtype=p.dtype) for p in primals)
+    h = 1e-6
+    with torch.no_grad():
+        value, jv = torch.func.jvp(f, primals, tangents)
+        plus = f(*(p + h * t for p, t in zip(primals, tangents, strict=True)))
+        minus = f(*(p - h * t for p, t in zip(primals, tangents, strict=True)))
+    # where an output is not finite (a log-probability of 0 is -inf) it has no derivative
+    finite = {k: torch.isfinite(v) for k, v in value.items()}
+    diff = {k: ((plus[k] - minus[k]) / (2 * h))[finite[k]] for k in plus}
+    jv = {k: v[finite[k]] for k, v in jv.items()}
+    _assert_outputs_close(jv, diff, "forward mode (jvp) vs finite difference", atol=1e-4, rtol=1e-4)
+
+
 __all__ += [
     "HALF_TOL",
     "INVARIANCE_TOL",
@@ -1008,4 +1112,5 @@ __all__ += [
     "check_key_permutation_equivariance",
     "check_module_hygiene",
     "check_second_derivatives",
+    "check_torch_func",
 ]

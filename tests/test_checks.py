@@ -598,3 +598,32 @@ def test_check_optional_int_passes_none_and_checks_the_rest() -> None:
         check_optional_int(2.5, "d_v")
     with pytest.raises(ValueError, match=r"^Att: d_v must be a positive int, got True$"):
         check_optional_int(True, "d_v", owner="Att", wording="a positive int", error=ValueError)
+
+
+def test_is_traced_in_eager_mode_under_torch_func_and_under_compile() -> None:
+    """``is_traced`` (no host read, no data-dependent branch) is False in eager mode and
+    True inside every torch.func transform and a torch.compile trace; ``is_transformed``
+    only inside the torch.func transforms."""
+    from attnlab._checks import is_traced, is_transformed
+
+    seen: list[tuple[bool, bool]] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        seen.append((is_traced(), is_transformed()))
+        return x.sum()
+
+    x = torch.ones(2, 3)
+    f(x)
+    torch.func.vmap(f)(x)
+    torch.func.grad(f)(x[0])
+    torch.func.jvp(f, (x,), (x,))
+    assert seen == [(False, False)] + [(True, True)] * 3
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def g(x: torch.Tensor) -> torch.Tensor:
+        if is_traced():
+            return x + 1
+        return x - 1
+
+    torch.testing.assert_close(g(x), x + 1)  # the traced branch was compiled
+    assert not is_traced()

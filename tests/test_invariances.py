@@ -41,6 +41,7 @@ from attention_harness import (
     check_key_permutation_equivariance,
     check_module_hygiene,
     check_second_derivatives,
+    check_torch_func,
 )
 from torch import Tensor
 
@@ -618,3 +619,16 @@ def test_backward_without_anomaly(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_export(name):
     check_export(MECHANISMS[name], n=N)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_func(name):
+    """vmap, per-sample gradients and forward mode (``check_torch_func``): attnlab's
+    value checks, fast paths and kernels step aside under a ``torch.func`` transform
+    (``attnlab._checks.is_traced``), the sparse mappings have a vmap rule and a
+    forward-mode formula. Under PyTorch's math SDPA backend, as for second derivatives."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        check_torch_func(MECHANISMS[name], n=N)

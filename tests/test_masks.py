@@ -19,6 +19,25 @@ from attnlab import masks
 from attnlab.masks import AmbiguousMaskWarning
 from attnlab.query.multi_head import MultiHeadAttention
 
+# ----------------------------------------------------------------------------- index_mask
+
+
+def test_index_mask_is_one_hot_and_false_outside_the_range():
+    idx = torch.tensor([[0, 3], [2, -1]])
+    want = torch.nn.functional.one_hot(idx.clamp(min=0), 4).bool() & (idx >= 0)[..., None]
+    assert torch.equal(masks.index_mask(idx, 4), want)
+    assert not masks.index_mask(torch.tensor([4, -1, 7]), 4).any()  # outside [0, 4)
+    assert masks.index_mask(torch.zeros(0, dtype=torch.long), 3).shape == (0, 3)
+
+
+def test_index_mask_runs_under_vmap():
+    """F.one_hot checks the indices' range on the host, which vmap cannot do."""
+    idx = torch.tensor([[1, 0], [2, 2]])
+    torch.testing.assert_close(
+        torch.func.vmap(lambda i: masks.index_mask(i, 3))(idx), masks.index_mask(idx, 3)
+    )
+
+
 # ----------------------------------------------------------------------------- from_lengths
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
+from attnlab._recurrent import RNNWeights, gru_cell, lstm_cell, padded_rnn, stepped_rnn
 
 N, n, D_IN, H = 5, 6, 3, 4
 #: one full row, a row with one real position, an empty row and two in between
@@ -174,3 +174,50 @@ def test_bias_free_rnns():
         want, _ = _packed(uni, _x(), LENGTHS.clamp(min=1))
         got, _ = stepped_rnn(RNNWeights(uni), _x(), LENGTHS.clamp(min=1))
         torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_cell_equations_match_atens_cells(bias):
+    """The plain-op cells (what the recurrences run under torch.func) against ATen's fused
+    ``lstm_cell`` / ``gru_cell``, float64, with and without biases."""
+    g = torch.Generator().manual_seed(2)
+    x, h, c = (torch.randn(4, k, generator=g, dtype=torch.float64) for k in (D_IN, H, H))
+    for cell, gates in (("lstm", 4), ("gru", 3)):
+        params = [torch.randn(gates * H, k, generator=g, dtype=torch.float64) for k in (D_IN, H)]
+        if bias:
+            params += [torch.randn(gates * H, generator=g, dtype=torch.float64) for _ in "ih"]
+        if cell == "lstm":
+            want = torch.lstm_cell(x, (h, c), *params)
+            got = lstm_cell(x, h, c, *params)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, **TOL)
+        else:
+            torch.testing.assert_close(
+                gru_cell(x, h, *params), torch.gru_cell(x, h, *params), **TOL
+            )
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_recurrences_under_vmap_match_the_batched_run(cell):
+    """torch.func.vmap has no batching rule for aten::lstm / gru / lstm_cell: under it both
+    recurrences run the cells' equations, and give the batched run's outputs and states
+    (a bidirectional two-layer padded run, a one-direction stepped run)."""
+    x = _x()
+    lengths = LENGTHS.clamp(min=1)
+    both = RNNWeights(_rnn(cell, 2, True))
+    uni = RNNWeights(_rnn(cell, 2, False))
+    want = padded_rnn(both, x, lengths)
+    got = torch.func.vmap(lambda xi, li: padded_rnn(both, xi[None], li[None])[0])(x, lengths)
+    torch.testing.assert_close(got, want, **TOL)
+    want_out, want_state = stepped_rnn(uni, x, lengths)
+
+    def one(xi: torch.Tensor, li: torch.Tensor):
+        return stepped_rnn(uni, xi[None], li[None])
+
+    # the state's batch axis is its second ([layers, N, hidden])
+    dims = (0, (1, 1)) if cell == "lstm" else (0, 1)
+    got_out, got_state = torch.func.vmap(one, out_dims=dims)(x, lengths)
+    torch.testing.assert_close(got_out.squeeze(1), want_out, **TOL)
+    for a, b in zip(torch.utils._pytree.tree_leaves(got_state),
+                    torch.utils._pytree.tree_leaves(want_state), strict=True):  # fmt: skip
+        torch.testing.assert_close(a.squeeze(2), b, **TOL)

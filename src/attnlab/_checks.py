@@ -239,12 +239,32 @@ def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
             raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
+def is_traced() -> bool:
+    """Whether this call is traced or transformed, so that it may not read tensor values
+    on the host nor branch on them: ``torch.compile`` and ``torch.export`` (one graph, no
+    synchronisation) and the ``torch.func`` transforms (``vmap``, ``grad``, ``jacrev``,
+    ``jvp``, ...: under ``vmap`` a value read raises, and a hand-written
+    ``autograd.Function`` has no rule for them). Every data-dependent shortcut of the
+    package (a value check, a "nothing is masked" fast path, packing the real steps of a
+    recurrence, a lean kernel) asks this first and takes the branch-free formula instead.
+    Cost: two C calls (about 0.1 us)."""
+    return torch.compiler.is_compiling() or is_transformed()
+
+
+def is_transformed() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ``jvp``, ...)
+    runs this call: the part of :func:`is_traced` under which a hand-written
+    ``autograd.Function`` or custom operator (the lean and Triton kernels) cannot run, so
+    the callers take the formula those kernels compute."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def found_on_host(bad: Tensor) -> bool:
     """Whether a check of tensor values finds a bad entry in the bool tensor ``bad``.
-    Reading the values needs the host, so under ``torch.compile`` (one graph, no
-    synchronisation) the check is skipped and this returns False; run a call in eager
-    mode for the one-line errors."""
-    return not torch.compiler.is_compiling() and bool(bad.any())
+    Reading the values needs the host, so where the call is traced or transformed
+    (:func:`is_traced`: ``torch.compile``, ``torch.export``, ``torch.func``) the check is
+    skipped and this returns False; run a call in eager mode for the one-line errors."""
+    return not is_traced() and bool(bad.any())
 
 
 def _first_float_parameter(module: nn.Module) -> Tensor | None:

@@ -5,7 +5,8 @@ an ``nn.GRU`` / ``nn.LSTM`` module (unless ``torch._dynamo.config.allow_rnn``), 
 packing a batch (``pack_padded_sequence``) needs the lengths on the host. The modules that
 own such an RNN keep it: its parameters, their names in the ``state_dict`` and their
 initialisation stay those of ``torch.nn``, and in eager mode they still call it on packed
-sequences (cuDNN's flat weights, no padded steps). Under ``torch.compiler.is_compiling()``
+sequences (cuDNN's flat weights, no padded steps). Traced or transformed (``torch.compile``,
+``torch.export``, ``torch.func``: :func:`attnlab._checks.is_traced`)
 they run the same weights through the same ATen recurrences on the padded batch instead:
 
 * :class:`RNNWeights` reads the RNN's parameters without touching the module (dynamo
@@ -21,6 +22,10 @@ they run the same weights through the same ATen recurrences on the padded batch 
   :func:`padded_rnn` cannot: a fused recurrence returns the state after the last padded
   step). The loop over ``n`` is unrolled in the graph, which grows with ``n``.
 
+Under a ``torch.func`` transform (``vmap`` has no batching rule for ``aten::lstm``,
+``aten::gru`` nor ``aten::lstm_cell``) both take the cells' equations as plain tensor ops,
+step by step (:func:`lstm_cell`, :func:`gru_cell`).
+
 Both compute what the packed run does at the real positions (and zeros at the padding), up
 to floating-point rounding; ``tests/test_recurrent.py`` checks them against ``torch.nn``.
 """
@@ -31,7 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["RNNWeights", "padded_rnn", "stepped_rnn"]
+from attnlab._checks import is_transformed
+
+__all__ = ["RNNWeights", "gru_cell", "lstm_cell", "padded_rnn", "stepped_rnn"]
 
 #: An LSTM's state ``(h, c)`` or a GRU's ``h``, each ``[layers * directions, N, hidden]``.
 State = Tensor | tuple[Tensor, Tensor]
@@ -81,6 +88,45 @@ def _split(weights: RNNWeights, state: State | None, x: Tensor) -> tuple[Tensor,
     return state, state  # type: ignore[return-value]
 
 
+def lstm_cell(
+    x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, *bias: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One LSTM step in ``torch.nn.LSTM``'s gate order (input, forget, cell, output):
+    ``i, f, g, o = W_ih x + b_ih + W_hh h + b_hh`` (split in four), ``c' = sigma(f) c +
+    sigma(i) tanh(g)``, ``h' = sigma(o) tanh(c')``. ``x`` ``[N, d_in]``, ``h``, ``c``
+    ``[N, hidden]``; ``bias``: ``(b_ih, b_hh)`` or nothing. Returns ``(h', c')``."""
+    b_ih, b_hh = bias or (None, None)
+    i, f, g, o = (F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)).chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def gru_cell(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, *bias: Tensor) -> Tensor:
+    """One GRU step in ``torch.nn.GRU``'s gate order (reset, update, new): ``r =
+    sigma(W_ir x + b_ir + W_hr h + b_hr)``, ``z`` likewise, ``n = tanh(W_in x + b_in + r
+    (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``. Shapes as :func:`lstm_cell`."""
+    b_ih, b_hh = bias or (None, None)
+    xr, xz, xn = F.linear(x, w_ih, b_ih).chunk(3, -1)
+    hr, hz, hn = F.linear(h, w_hh, b_hh).chunk(3, -1)
+    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+    n = torch.tanh(xn + r * hn)
+    return (1 - z) * n + z * h
+
+
+def _step(
+    cell: str, x: Tensor, h: Tensor, c: Tensor, params: list[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """One step of a layer: ``(h', c')`` (``c`` passed through for a GRU); ATen's fused
+    cells, or their equations under a ``torch.func`` transform."""
+    if cell == "lstm":
+        if is_transformed():
+            return lstm_cell(x, h, c, *params)
+        h_new, c_new = torch.lstm_cell(x, (h, c), *params)
+        return h_new, c_new
+    step = gru_cell if is_transformed() else torch.gru_cell
+    return step(x, h, *params), c
+
+
 def _run(
     weights: RNNWeights,
     x: Tensor,
@@ -92,6 +138,12 @@ def _run(
 ) -> Tensor:
     """Outputs ``[N, n, hidden]`` of one layer and direction over the whole of ``x``."""
     params = weights.layer(layer, reverse)
+    if is_transformed():  # no batching rule for the fused recurrences: step by step
+        h, c, outputs = h0, c0, []
+        for t in range(x.shape[1]):
+            h, c = _step(weights.cell, x[:, t], h, c, params)
+            outputs.append(h)
+        return torch.stack(outputs, 1) if outputs else x.new_zeros(*x.shape[:2], weights.hidden)
     if weights.cell == "lstm":
         out, _, _ = torch.lstm(
             x, (h0[None], c0[None]), params, weights.bias, 1, 0.0, training, False, True
@@ -164,12 +216,8 @@ def stepped_rnn(
         for layer in range(weights.num_layers):
             if layer and weights.dropout and training:
                 inp = F.dropout(inp, weights.dropout, True)
-            params = weights.layer(layer)
-            if weights.cell == "lstm":
-                h_new, c_new = torch.lstm_cell(inp, (h[layer], c[layer]), *params)
-                c[layer] = torch.where(keep, c_new, c[layer])
-            else:
-                h_new = torch.gru_cell(inp, h[layer], *params)
+            h_new, c_new = _step(weights.cell, inp, h[layer], c[layer], weights.layer(layer))
+            c[layer] = torch.where(keep, c_new, c[layer])
             h[layer] = torch.where(keep, h_new, h[layer])
             inp = h_new
         outputs.append(torch.where(keep, inp, inp.new_zeros(())))

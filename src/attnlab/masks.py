@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab._checks import broadcasts_to, broadcasts_together
+from attnlab._checks import broadcasts_to, broadcasts_together, is_traced
 
 __all__ = [
     "AmbiguousMaskWarning",
@@ -46,6 +46,7 @@ __all__ = [
     "from_additive",
     "from_key_padding_mask",
     "from_lengths",
+    "index_mask",
     "normalize_head_mask",
     "normalize_mask",
 ]
@@ -184,6 +185,14 @@ def fill_value(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
+def index_mask(index: Tensor, n: int) -> Tensor:
+    """The bool mask ``[..., n]`` that is True at position ``index[...]`` of each row (all
+    False where the index lies outside ``[0, n)``): ``F.one_hot(index, n).bool()`` without
+    its check of the indices' range, a host read that ``torch.func.vmap`` cannot make.
+    ``index``: integer ``[...]``. Cost: ``O(numel(index) n)``."""
+    return index.unsqueeze(-1) == torch.arange(n, device=index.device)
+
+
 def check_bool_mask(mask: object, name: str = "mask", note: str = "") -> Tensor:
     """``mask`` if it is a bool tensor, else ``TypeError`` naming ``name`` (``note`` ends
     the dtype message, e.g. ``" (True = allowed)"``)."""
@@ -272,8 +281,8 @@ _FLOAT_MASK_HINT = (
 def _warn_if_ambiguous(mask: Tensor, name: str) -> None:
     """Warn about a 2-D mask ``[n, n_k]`` with ``n == B == n_q``, unless its rows are all
     equal (then both readings give the same mask)."""
-    if torch.compiler.is_compiling() or bool((mask == mask[:1]).all()):
-        return  # (a host read: no warning under torch.compile)
+    if is_traced() or bool((mask == mask[:1]).all()):
+        return  # (a host read: no warning under torch.compile or torch.func)
     warnings.warn(
         f"{name} of shape {tuple(mask.shape)} is 2-D and the batch size equals the number "
         f"of queries ({mask.shape[0]}), so it is read as [n_q, n_k] (shared by the batch), not as a key "

@@ -10,6 +10,7 @@ import itertools
 import math
 import re
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -936,3 +937,35 @@ def test_attention_plan_checks_its_settings() -> None:
         attn.plan(need_weights="no")
     with pytest.raises(ValueError, match=r"^n_k must be an int >= 0 or None, got 2\.5$"):
         attn.explain(n_k=2.5)
+
+
+@pytest.mark.parametrize(
+    ("score", "align", "dim", "kernel", "formula", "kw"),
+    [
+        ("additive", "soft", "single", "triton", "explicit", {}),
+        ("additive", "soft", "multi", "triton", "explicit", {}),
+        ("scaled-dot", "local-m", "single", "local-triton", "local-window", {"D": 1}),
+    ],
+)
+def test_triton_paths_take_the_formula_under_torch_func(score, align, dim, kernel, formula, kw):
+    """The Triton kernels' custom operators have no torch.func rule: where the planner
+    picks one, a call under vmap takes the formula path it stands for (and says so in
+    ``path``), with the same result as that path in eager mode."""
+    torch.manual_seed(0)
+    attn = Attention(score, align, dim, d_q=4, d_k=4, **kw).eval()
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[1, :, 3:] = False
+    want = Attention(score, align, dim, d_q=4, d_k=4, path="explicit", **kw).eval()
+    want.load_state_dict(attn.state_dict())
+    expected = want(q, k, mask=mask)
+    real_plan = attn._plan
+    attn._plan = lambda *a: replace(real_plan(*a), path=kernel)  # as on a GPU
+
+    def one(qi, ki, mi):
+        out = attn(qi[None], ki[None], mask=mi[None])
+        assert out.path == formula
+        return out.context[0]
+
+    got = torch.func.vmap(one)(q, k, mask)
+    torch.testing.assert_close(got, expected.context)

@@ -388,6 +388,35 @@ def test_second_derivative_reaches_the_inputs_through_autograd_grad():
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
 
 
+def test_torch_func_transforms_take_the_formula():
+    """Under ``torch.func`` (no rule for a hand-written autograd.Function) both kernels
+    compute their formula as plain ops: ``vmap`` over the batch gives the kernels' batched
+    result, ``jacfwd`` (forward mode) equals ``jacrev`` and the Jacobian of the broadcast
+    formula, with a mask and a fully masked query row."""
+    t = _leaves(torch.float64, b=2, nq=3, nk=4, dw=3, dv=2)
+    q1, k2, w, W_d, b_d, v = (t[k].detach() for k in ("q1", "k2", "w", "W_d", "b_d", "v"))
+    mask = _random_mask(b=2, nq=3, nk=4)
+    mask[1, 2] = False
+
+    def multi(q: torch.Tensor, k: torch.Tensor, vv: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return multi_dim_attend_lean(q[None], k[None], W_d, b_d, vv[None], m[None])[0]
+
+    torch.testing.assert_close(
+        torch.func.vmap(lambda q, k: additive_score_lean(q[None], k[None], w)[0])(q1, k2),
+        additive_score_lean(q1, k2, w),
+    )
+    torch.testing.assert_close(
+        torch.func.vmap(multi)(q1, k2, v, mask), multi_dim_attend_lean(q1, k2, W_d, b_d, v, mask)
+    )
+    fwd = torch.func.jacfwd(lambda q: additive_score_lean(q, k2, w))(q1)
+    torch.testing.assert_close(fwd, torch.func.jacrev(lambda q: additive_score_lean(q, k2, w))(q1))
+    want = torch.func.jacrev(lambda q: naive_additive(q, k2, w, torch.tanh))(q1)
+    torch.testing.assert_close(fwd, want)
+    fwd = torch.func.jacfwd(lambda q: multi_dim_attend_lean(q, k2, W_d, b_d, v, mask))(q1)
+    want = torch.func.jacrev(lambda q: ref_multi_dim(q, k2, W_d, b_d, v, mask, torch.tanh)[0])(q1)
+    torch.testing.assert_close(fwd, want)
+
+
 # ------------------------------------------------------------------- empty inputs
 
 

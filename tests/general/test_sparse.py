@@ -142,6 +142,28 @@ def test_gradgradcheck(name):
 
 
 @both
+def test_torch_func_vmap_and_forward_mode(name):
+    """The mappings under the torch.func transforms: ``vmap`` over the rows gives the
+    batched result; the forward-mode Jacobian (``jacfwd``, through the ``jvp`` formula)
+    equals the reverse-mode one (``jacrev``) and a central finite difference, with masked
+    entries, scores outside the support and a fully masked row."""
+    fn = FNS[name]
+    e = rand(3, 6, seed=4, scale=2.0)
+    mask = torch.tensor([[1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0], [1, 0, 1, 1, 1, 1]]).bool()
+    assert (fn(e, mask)[mask] == 0).any()  # some allowed scores fall outside the support
+    torch.testing.assert_close(torch.func.vmap(fn)(e, mask), fn(e, mask))
+    for row, m in zip(e, mask, strict=True):
+        fwd = torch.func.jacfwd(lambda x, m=m: fn(x, m))(row)
+        rev = torch.func.jacrev(lambda x, m=m: fn(x, m))(row)
+        torch.testing.assert_close(fwd, rev)
+        h = 1e-6
+        cols = [
+            (fn(row + h * u, m) - fn(row - h * u, m)) / (2 * h) for u in torch.eye(6, dtype=F64)
+        ]
+        torch.testing.assert_close(fwd, torch.stack(cols, 1), atol=1e-6, rtol=1e-6)
+
+
+@both
 def test_gradient_matches_entmax_package(name):
     fn, ref = FNS[name], reference(name)
     e1 = rand(4, 7, seed=5, scale=2.0).requires_grad_()

@@ -13,13 +13,6 @@ from torch.utils._pytree import tree_flatten
 
 from attnlab.lab.training import seed_everything
 
-#: what does not export yet, with the reason (strict: the test fails once it does)
-KNOWN = {
-    "meta_embedding": "torch.export builds the program but its module() fails on the frozen "
-    "embedding tables of the DME module ('references nonexistent attribute tables of meta'); "
-    "not investigated yet",
-}
-
 
 def _forward_call(task, model, batch):
     """The positional and keyword arguments the task's loss passes to ``model``."""
@@ -43,10 +36,7 @@ def _forward_call(task, model, batch):
 @pytest.mark.filterwarnings("ignore:The tensor attributes .* were assigned during export")
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True)) if n in KNOWN else n
-        for n in TASKS
-    ],
+    TASKS,
 )
 def test_task_model_exports(name):
     task = tiny_task(name)

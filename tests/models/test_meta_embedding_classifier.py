@@ -95,8 +95,8 @@ def test_dme_and_pooling_match_naive_loops():
     tokens, lengths = batch()
     out = model(tokens, lengths)
     tabs, avail = tables(), available()
-    P = [(p.weight.detach(), p.bias.detach()) for p in model.meta.proj]
-    gate = model.meta.gate.score
+    P = [(p.weight.detach(), p.bias.detach()) for p in model.meta_embedding.proj]
+    gate = model.meta_embedding.gate.score
     Wg, bg, wg = gate.W.weight.detach(), gate.W.bias.detach(), gate.w.detach()
     for b in range(3):
         for t in range(int(lengths[b])):
@@ -208,7 +208,7 @@ def test_empty_sentence_is_finite():
 def test_gradcheck(meta):
     model = tiny(meta, hidden_size=2)
     tokens, lengths = batch()
-    name = "meta.proj.0.weight" if model.meta is not None else "proj.0.weight"
+    name = "meta_embedding.proj.0.weight" if model.meta_embedding is not None else "proj.0.weight"
     weight = dict(model.named_parameters())[name].detach().clone().requires_grad_(True)
 
     def f(wt):
@@ -270,8 +270,8 @@ def test_embeddings_objects_give_availability():
     model = MetaEmbeddingClassifier([emb, (len(vocab), 2)], 2, d_proj=2, hidden_size=2)
     assert model.available[0].tolist() == found.tolist()
     assert model.available[1].all()
-    assert model.meta.tables[0].weight.requires_grad is False
-    assert model.meta.tables[1].weight.requires_grad is True
+    assert model.meta_embedding.tables[0].weight.requires_grad is False
+    assert model.meta_embedding.tables[1].weight.requires_grad is True
 
 
 # ----------------------------------------------------------------------------- learning
@@ -333,3 +333,25 @@ def test_dme_weights_the_informative_table_and_beats_uniform():
     assert dme_acc >= 0.97, dme_acc
     assert uniform_acc <= 0.93, uniform_acc
     assert dme_acc >= uniform_acc + 0.05
+
+
+@pytest.mark.parametrize("meta", ["dme", "cdme"])
+def test_checkpoints_with_the_old_submodule_name_load(meta):
+    """The meta-embedding submodule was ``meta`` until it hid behind torch.fx's
+    ``GraphModule.meta`` (the exported program's module): a state dict with the old
+    ``meta.*`` keys loads strictly into the renamed ``meta_embedding``, nested in another
+    module too, and ``model.meta`` still answers, with a DeprecationWarning."""
+    model, fresh = tiny(meta, hidden_size=2), tiny(meta, hidden_size=2)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)
+    old = {k.replace("meta_embedding.", "meta.", 1): v for k, v in model.state_dict().items()}
+    assert any(k.startswith("meta.") for k in old)
+    fresh.load_state_dict(old)  # strict
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, atol=0, rtol=0)
+    outer_fresh = torch.nn.Sequential(tiny(meta, hidden_size=2))
+    outer_fresh.load_state_dict({"0." + k: v for k, v in old.items()})
+    torch.testing.assert_close(outer_fresh[0].state_dict(), model.state_dict())
+    with pytest.warns(DeprecationWarning, match=r"\.meta is deprecated; use \.meta_embedding"):
+        assert model.meta is model.meta_embedding

@@ -51,6 +51,7 @@ from attnlab._checks import (
     check_module_dtype,
     check_same,
     check_tensor,
+    is_traced,
 )
 from attnlab.general._convention import AttentionCall, TwoInputAttention
 from attnlab.general.activations import Activation, get_activation
@@ -301,7 +302,7 @@ def max_pooled_scores(
         e1, e2 = A.new_zeros(B, n1), A.new_zeros(B, n2)
     else:
         pair = m1.unsqueeze(2) & m2.unsqueeze(1)
-        if torch.compiler.is_compiling():  # no host synchronisation under torch.compile
+        if is_traced():  # no host synchronisation under torch.compile / torch.func
             filled = A.masked_fill(~pair, fill_value(A.dtype))
         else:
             filled = A if bool(pair.all()) else A.masked_fill(~pair, fill_value(A.dtype))

@@ -38,6 +38,7 @@ from attnlab._checks import (
     check_same,
     check_tensor,
     found_on_host,
+    is_traced,
 )
 from attnlab._recurrent import RNNWeights, padded_rnn
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
@@ -303,7 +304,7 @@ class MaskedRNN(nn.Module):
         lengths = mask.sum(1)
         order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
         packed_x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
-        if torch.compiler.is_compiling():  # dynamo traces neither nn.GRU/LSTM nor packing
+        if is_traced():  # dynamo traces neither nn.GRU/LSTM nor packing; vmap no packing
             o = padded_rnn(self._weights, packed_x, lengths, training=self.training)
             return self._put_back(o.to(out.dtype), order, mask)
         rows = (lengths > 0).nonzero().squeeze(1)

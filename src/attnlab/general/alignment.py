@@ -45,7 +45,7 @@ from attnlab._checks import (
 )
 from attnlab.general.padding import clear_nonfinite_rows, masked_mean
 from attnlab.general.sparse import entmax15, sparsemax
-from attnlab.masks import check_score_mask, fill_value
+from attnlab.masks import check_score_mask, fill_value, index_mask
 from attnlab.registry import Configurable, register
 
 __all__ = [
@@ -203,7 +203,7 @@ def hard_align(
         if mask is not None:
             x = x.masked_fill(~mask, -math.inf)
         idx = x.reshape(-1, n_k).argmax(-1, keepdim=True)
-    weights = F.one_hot(idx.squeeze(-1), n_k).to(e.dtype) * has[:, None].to(e.dtype)
+    weights = (index_mask(idx.squeeze(-1), n_k) & has[:, None]).to(e.dtype)
     logp_all = _masked_log_softmax(e, mask).reshape(-1, n_k)
     log_prob = torch.where(
         has, logp_all.gather(-1, idx).squeeze(-1), torch.zeros_like(has, dtype=logp_all.dtype)
@@ -245,7 +245,7 @@ def gumbel_softmax_align(
     if e.shape[-1] == 0:
         return y.to(e.dtype)
     has = _row_has_keys(y.detach())
-    y_hard = F.one_hot(y.detach().argmax(-1), e.shape[-1]).to(y.dtype) * has[..., None]
+    y_hard = (index_mask(y.detach().argmax(-1), e.shape[-1]) & has[..., None]).to(y.dtype)
     # straight-through: the forward value is exactly y_hard ((y - y.detach()) is exactly 0),
     # the gradient is that of y
     return (y_hard + (y - y.detach())).to(e.dtype)

@@ -48,6 +48,8 @@ from attnlab._checks import (
     check_optional_int,
     check_same,
     check_tensor,
+    is_traced,
+    is_transformed,
     softmax_dtype,
 )
 from attnlab._deprecation import renamed_keywords, warn_deprecated
@@ -86,8 +88,9 @@ def _bad_rows(e: Tensor, mask: Tensor | None, dim: int) -> tuple[Tensor, Tensor 
     alignment's result for those rows is then overwritten with NaN (see the class
     docstring, "NaN inputs"). A ``-inf`` score in a row with a finite maximum stays: it
     gets weight 0. Under :func:`torch.compile` the rows are always computed and filled
-    (no host synchronisation, hence no graph break)."""
-    if torch.compiler.is_compiling():
+    (no host synchronisation, hence no graph break), and so under ``torch.func``
+    transforms (:func:`attnlab._checks.is_traced`)."""
+    if is_traced():
         return _bad_rows_traceable(e, mask, dim)
     if bool(torch.isfinite(e.detach().sum())):  # cheap screen: NaN or inf make it non-finite
         return e, None
@@ -115,7 +118,7 @@ def _bad_row_mask(e: Tensor, mask: Tensor | None, dim: int) -> Tensor:
 
 def _nan_or_none(centers: Tensor) -> Tensor | None:
     nan = torch.isnan(centers)
-    if torch.compiler.is_compiling():  # no host synchronisation: fill (with nothing) anyway
+    if is_traced():  # no host synchronisation: fill (with nothing) anyway
         return nan[..., None]
     return nan[..., None] if bool(nan.any()) else None
 
@@ -160,6 +163,11 @@ _Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
 
 #: The method of :class:`Attention` that runs each fast path (the table above); the
 #: explicit and lean-additive paths share ``_run_explicit``.
+#: the Triton kernels' paths and the formula a call takes instead under a ``torch.func``
+#: transform (``vmap``, ``grad``, ...), for which their custom operators have no rule: the
+#: same result, with the memory of the formula (docs/compile-and-precision.md)
+_FORMULA_UNDER_TORCH_FUNC = {"triton": "explicit", "local-triton": "local-window"}
+
 _RUNNERS: dict[str, str] = {
     "sdpa": "_run_sdpa",
     "lean-multi": "_run_lean_multi",
@@ -637,6 +645,8 @@ class Attention(Configurable):
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
         path = self._plan(need_weights, n_k, k.device, k.dtype, head_dim, values.shape[-1]).path
+        if path in _FORMULA_UNDER_TORCH_FUNC and is_transformed():
+            path = _FORMULA_UNDER_TORCH_FUNC[path]
         call = _Call(
             q3,
             keys,

@@ -80,6 +80,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx
 
+from attnlab._checks import is_traced
 from attnlab.general.activations import activation_name, get_activation
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.masks import normalize_mask
@@ -675,7 +676,7 @@ def additive_score_lean(
     chunk = _check_chunk(chunk_elems)
     # the kernels pick their own precision (float32 for half inputs): autocast off inside
     with torch.autocast(q1.device.type, enabled=False):
-        if torch.compiler.is_compiling():
+        if is_traced():  # torch.compile, torch.export, torch.func: the formula
             return _additive_traceable(q1, k2, w, spec)
         return _AdditiveScoreFn.apply(q1, k2, w, spec, chunk)
 
@@ -1059,7 +1060,7 @@ def multi_dim_attend_lean(
     chunk = _check_chunk(chunk_elems)
     # the kernels pick their own precision (float32 for half inputs): autocast off inside
     with torch.autocast(q1.device.type, enabled=False):
-        if torch.compiler.is_compiling():
+        if is_traced():  # torch.compile, torch.export, torch.func: the formula
             return _multi_dim_traceable(q1c, k2, W_d, v, mask, spec)
         return _MultiDimFn.apply(q1c, k2, W_d, b_d, v, mask, spec, chunk)
 

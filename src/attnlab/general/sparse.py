@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-from attnlab._checks import check_tensor, softmax_dtype
+from attnlab._checks import check_tensor, is_transformed, softmax_dtype
 from attnlab.masks import check_score_mask
 
 __all__ = ["entmax15", "sparsemax"]
@@ -30,9 +30,43 @@ __all__ = ["entmax15", "sparsemax"]
 _OUTSIDE = 10.0
 
 
+def _sparsemax_product(p: Tensor, t: Tensor) -> Tensor:
+    """``J t`` for the sparsemax output ``p``: ``J = diag(s) - s s^T / |S|``, with ``s``
+    the support's indicator (symmetric: also ``t^T J``)."""
+    supp = (p > 0).to(t.dtype)
+    mean = (t * supp).sum(-1, keepdim=True) / supp.sum(-1, keepdim=True).clamp(min=1)
+    return supp * (t - mean)
+
+
+def _entmax15_product(p: Tensor, t: Tensor) -> Tensor:
+    """``J t`` for the 1.5-entmax output ``p``: ``J = diag(s) - s s^T / sum(s)``, with
+    ``s = sqrt(p)`` (symmetric: also ``t^T J``)."""
+    # sqrt(p) with a zero derivative off the support (where p = 0 stays 0 nearby):
+    # p.sqrt() would make a second derivative 0 * inf = NaN there
+    outside = p <= 0
+    s = torch.where(outside, torch.ones_like(p), p).sqrt().masked_fill(outside, 0.0)
+    ts = t * s
+    denom = s.sum(-1, keepdim=True)
+    q = ts.sum(-1, keepdim=True) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return ts - q * s
+
+
+def _save_output(ctx: FunctionCtx, inputs: tuple[Tensor], output: Tensor) -> None:
+    """Both mappings' backward and forward-mode products need only the output ``p``."""
+    ctx.save_for_backward(output)
+    ctx.save_for_forward(output)
+
+
 class _Sparsemax(torch.autograd.Function):
+    """In the ``setup_context`` style with ``generate_vmap_rule``, so that every
+    ``torch.func`` transform runs it; the Jacobian is symmetric, so one product is the
+    backward pass and (in :class:`_SparsemaxForwardMode`) the forward-mode formula."""
+
+    generate_vmap_rule = True
+    setup_context = staticmethod(_save_output)
+
     @staticmethod
-    def forward(ctx: FunctionCtx, z: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(z: Tensor) -> Tensor:  # type: ignore[override]
         n = z.shape[-1]
         z_sorted, _ = torch.sort(z, dim=-1, descending=True)
         cumsum = z_sorted.cumsum(-1) - 1
@@ -40,22 +74,22 @@ class _Sparsemax(torch.autograd.Function):
         support = ks * z_sorted > cumsum
         k_z = support.sum(-1, keepdim=True)
         tau = cumsum.gather(-1, k_z - 1) / k_z.to(z.dtype)
-        p = torch.clamp(z - tau, min=0)
-        ctx.save_for_backward(p)
-        return p
+        return torch.clamp(z - tau, min=0)
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: Tensor) -> Tensor:  # type: ignore[override]
         (p,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        supp = (p > 0).to(grad.dtype)
-        g = grad * supp
-        mean = g.sum(-1, keepdim=True) / supp.sum(-1, keepdim=True).clamp(min=1)
-        return supp * (grad - mean)
+        return _sparsemax_product(p, grad)
 
 
 class _Entmax15(torch.autograd.Function):
+    """As :class:`_Sparsemax`."""
+
+    generate_vmap_rule = True
+    setup_context = staticmethod(_save_output)
+
     @staticmethod
-    def forward(ctx: FunctionCtx, z: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(z: Tensor) -> Tensor:  # type: ignore[override]
         z = z / 2
         z = z - z.max(dim=-1, keepdim=True).values
         n = z.shape[-1]
@@ -68,22 +102,36 @@ class _Entmax15(torch.autograd.Function):
         tau = mean - torch.sqrt(delta)
         k_z = (tau <= z_sorted).sum(-1, keepdim=True)
         tau_star = tau.gather(-1, k_z - 1)
-        p = torch.clamp(z - tau_star, min=0) ** 2
-        ctx.save_for_backward(p)
-        return p
+        return torch.clamp(z - tau_star, min=0) ** 2
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: Tensor) -> Tensor:  # type: ignore[override]
         (p,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        # sqrt(p) with a zero derivative off the support (where p = 0 stays 0 nearby):
-        # p.sqrt() would make a second derivative 0 * inf = NaN there
-        outside = p <= 0
-        s = torch.where(outside, torch.ones_like(p), p).sqrt().masked_fill(outside, 0.0)
-        gs = grad * s
-        denom = s.sum(-1, keepdim=True)
-        q = gs.sum(-1, keepdim=True) / torch.where(denom > 0, denom, torch.ones_like(denom))
-        # d entmax15(z) / dz = diag(s) - s s^T / sum(s), with s = sqrt(p)
-        return gs - q * s
+        return _entmax15_product(p, grad)
+
+
+# The forward-mode formulas, in subclasses that run only under a torch.func transform:
+# dynamo cannot trace a custom jvp (a graph break under torch.compile).
+
+
+class _SparsemaxForwardMode(_Sparsemax):
+    @staticmethod
+    def jvp(ctx: FunctionCtx, tangent: Tensor) -> Tensor:  # type: ignore[override]
+        (p,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return _sparsemax_product(p, tangent)
+
+
+class _Entmax15ForwardMode(_Entmax15):
+    @staticmethod
+    def jvp(ctx: FunctionCtx, tangent: Tensor) -> Tensor:  # type: ignore[override]
+        (p,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return _entmax15_product(p, tangent)
+
+
+_UNDER_TORCH_FUNC: dict[type[torch.autograd.Function], type[torch.autograd.Function]] = {
+    _Sparsemax: _SparsemaxForwardMode,
+    _Entmax15: _Entmax15ForwardMode,
+}
 
 
 def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
@@ -125,7 +173,7 @@ def _masked(fn: type[torch.autograd.Function], e: Tensor, mask: Tensor | None, d
     # replaced by zeros (finite) and overwritten with NaN at the end.
     ok = ~bad if m is None else m & ~bad
     filled = torch.where(ok, shifted.clamp(min=-_OUTSIDE), -_OUTSIDE)
-    p = fn.apply(filled)
+    p = (_UNDER_TORCH_FUNC[fn] if is_transformed() else fn).apply(filled)
     if m is not None:
         p = torch.where(m, p, 0.0)
     p = p.masked_fill(bad, float("nan"))

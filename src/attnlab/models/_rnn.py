@@ -17,10 +17,10 @@ mask. Cost: that of the cell, O(B n d_in h), sequential in ``n``.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnlab._checks import is_traced
 from attnlab._recurrent import RNNWeights, padded_rnn
 from attnlab.feature.multilevel import MaskedRNN
 
@@ -50,7 +50,7 @@ def run_packed(rnn: nn.RNNBase, x: Tensor, lengths: Tensor) -> Tensor:
     ``torch.export`` (which trace neither the fused recurrences nor packing) the same
     weights run over the padded rows (:func:`attnlab._recurrent.padded_rnn`: the same
     outputs, one graph)."""
-    if torch.compiler.is_compiling():
+    if is_traced():
         weights = RNNWeights(rnn)
         return padded_rnn(weights, x, lengths.clamp(min=1), training=rnn.training)
     packed = pack_padded_sequence(

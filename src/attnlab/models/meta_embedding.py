@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
+from attnlab._deprecation import deprecated_attribute
 from attnlab.feature.meta_embedding import CDME, DME
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.models._embedding import as_matrix
@@ -215,10 +216,12 @@ class MetaEmbeddingClassifier(Configurable):
         method, spec = self._meta_spec(meta)
         self.method = method
         self.d_proj = d_proj
-        self.meta: DME | CDME | None = None
+        # not "meta": a torch.fx.GraphModule (what torch.export's program.module() builds)
+        # has a dict attribute of that name, which would hide the submodule
+        self.meta_embedding: DME | CDME | None = None
         if method in METHODS:
             cls = DME if method == "dme" else CDME
-            self.meta = cls(tables, d_proj, freeze=freeze_embeddings, **spec)
+            self.meta_embedding = cls(tables, d_proj, freeze=freeze_embeddings, **spec)
         else:
             self.tables = nn.ModuleList(tables)
             self.proj = nn.ModuleList(nn.Linear(t.embedding_dim, d_proj) for t in tables)
@@ -240,6 +243,15 @@ class MetaEmbeddingClassifier(Configurable):
             dropout=dropout,
         )
 
+    #: the submodule's name until attnlab 0.2.0 (checkpoints with ``meta.*`` keys load)
+    meta = deprecated_attribute("meta", "meta_embedding")
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix + "meta.")]:
+            new = prefix + "meta_embedding." + key[len(prefix) + len("meta.") :]
+            state_dict[new] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def _meta_spec(self, meta: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """(the meta-embedding method, its options) of a spec; sets ``uniform``."""
         spec, self.uniform = dict_spec({"meta": meta} if isinstance(meta, str) else meta, "meta")
@@ -260,17 +272,17 @@ class MetaEmbeddingClassifier(Configurable):
         """Meta-embeddings ``[B, n, d']`` (concat: ``[B, n, E d']``), weights
         ``[B, n, E]`` (None for concat) and availability ``[B, n, E]`` of checked inputs."""
         A = self.available[:, tokens].permute(1, 2, 0) & mask.unsqueeze(-1)  # [B, n, E]
-        if self.meta is not None and not self.uniform:
-            out = self.meta(
+        if self.meta_embedding is not None and not self.uniform:
+            out = self.meta_embedding(
                 [tokens] * self.E,
                 masks=[A[..., i] for i in range(self.E)],
                 mask=mask,
                 need_weights=True,
             )
             return out.context, out.weights, A
-        if self.meta is not None:
-            vectors = [table(tokens) for table in self.meta.tables]
-            xt = self.meta.project(vectors, A)
+        if self.meta_embedding is not None:
+            vectors = [table(tokens) for table in self.meta_embedding.tables]
+            xt = self.meta_embedding.project(vectors, A)
         else:
             xt = torch.stack([p(t(tokens)) for p, t in zip(self.proj, self.tables, strict=True)], 2)
             xt = xt * A.unsqueeze(-1).to(xt.dtype)

@@ -33,11 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_int, check_tensor
+from attnlab._checks import ConfigError, check_int, check_tensor, found_on_host
 from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import masked_mean, zero_rows
 from attnlab.general.scoring import Score
+from attnlab.masks import index_mask
 from attnlab.output import output_pytree
 from attnlab.query._convention import AttentionCall, SequenceAttention, query_scored_attention
 from attnlab.query.self_attention import check_position_mask
@@ -88,9 +89,9 @@ def _targets(targets: Tensor, B: int, C: int, dtype: torch.dtype) -> Tensor:
             )
         if targets.shape[0] != B:
             raise ValueError(f"targets has shape {tuple(targets.shape)}, expected [B] = [{B}]")
-        if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= C):
+        if found_on_host((targets < 0) | (targets >= C)):
             raise ValueError(f"targets holds class indices outside [0, {C})")
-        return F.one_hot(targets, C).to(dtype)
+        return index_mask(targets, C).to(dtype)
     if targets.dim() == 2:
         if tuple(targets.shape) != (B, C):
             raise ValueError(

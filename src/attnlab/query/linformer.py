@@ -43,7 +43,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import check_choice, check_int, found_on_host
+from attnlab._checks import check_choice, check_int, found_on_host, is_traced
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.sdpa import sdpa_attend
 from attnlab.masks import normalize_mask
@@ -175,7 +175,7 @@ class LinformerAttention(ProjectedHeadAttention):
         kp = E[None].to(k.dtype) @ k  # [B, h, k, d]
         vp = Fp[None].to(v.dtype) @ v
         # skip the mask when every row has a key (a host read: not under torch.compile)
-        all_ok = row_ok is None or (not torch.compiler.is_compiling() and bool(row_ok.all()))
+        all_ok = row_ok is None or (not is_traced() and bool(row_ok.all()))
         amask = None if all_ok else row_ok.view(-1, 1, 1, 1)
         p = self.dropout if self.training else 0.0
         context, weights = sdpa_attend(

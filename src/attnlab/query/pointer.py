@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import (
@@ -55,11 +54,12 @@ from attnlab._checks import (
     check_module_dtype,
     check_tensor,
     found_on_host,
+    is_traced,
 )
 from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
-from attnlab.masks import fill_value
+from attnlab.masks import fill_value, index_mask
 from attnlab.output import output_pytree
 from attnlab.registry import Configurable, build, get, register
 
@@ -360,7 +360,7 @@ class PointerNetwork(Configurable):
         if n == 0 or B == 0:
             enc = emb.new_zeros(B, n, h)
             state = (emb.new_zeros(L, B, h), emb.new_zeros(L, B, h))
-        elif torch.compiler.is_compiling():  # dynamo traces neither nn.LSTM nor packing
+        elif is_traced():  # dynamo traces neither nn.LSTM nor packing; vmap no packing
             enc, state = stepped_rnn(
                 self._encoder_weights, emb, lengths.clamp(min=1), training=self.training
             )
@@ -447,14 +447,14 @@ class PointerNetwork(Configurable):
             dec = x.new_zeros(B, 0, self.d_hidden)
         elif B == 0:
             dec = x.new_zeros(0, T, self.d_hidden)
-        elif torch.compiler.is_compiling():
+        elif is_traced():
             dec = padded_rnn(self._decoder_weights, inputs, state=enc.state, training=self.training)
         else:
             dec, _ = self.decoder(inputs, enc.state)
         allowed = enc.allowed[:, None, :].expand(B, T, N)
         if self.mask_chosen and n > 0:
             real = (targets >= 0) & (targets < n)
-            onehot = F.one_hot(targets.clamp(min=0), N).bool() & real[..., None]
+            onehot = index_mask(targets, N) & real[..., None]
             before = (onehot.cumsum(1) - onehot.long()) > 0  # chosen at an earlier step
             allowed = allowed & ~before
         counted = targets != IGNORE_INDEX
@@ -516,7 +516,7 @@ class PointerNetwork(Configurable):
         rows still decoding ``live``; returns the new ``allowed``, ``count``, ``finished``."""
         is_point = live & (choice >= 0) & (choice < n)
         if self.mask_chosen and n > 0:
-            hit = F.one_hot(choice.clamp(0, n - 1), allowed.shape[-1]).bool()
+            hit = index_mask(choice, allowed.shape[-1])
             allowed = allowed & ~(hit & is_point[..., None])
         count = count + live.long()
         if self.eos:
