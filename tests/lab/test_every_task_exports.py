@@ -8,28 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_tasks import TASKS, tiny_task
+from tiny_tasks import TASKS, forward_call, tiny_task
 from torch.utils._pytree import tree_flatten
 
 from attnlab.lab.training import seed_everything
-
-
-def _forward_call(task, model, batch):
-    """The positional and keyword arguments the task's loss passes to ``model``."""
-    calls = []
-    forward = model.forward
-
-    def record(*args, **kwargs):
-        calls.append((args, kwargs))
-        return forward(*args, **kwargs)
-
-    model.forward = record
-    try:
-        with torch.no_grad():
-            task.loss(model, batch)
-    finally:
-        del model.forward
-    return calls[0]
 
 
 # nn.LSTM re-reads its flat weights when export swaps the parameters (PyTorch's own doing)
@@ -44,7 +26,7 @@ def test_task_model_exports(name):
     data = task.load_data()
     model = task.build_model(data, task.resolve_attention(None)).eval()
     batch = next(iter(task.batches(data, "test", 4)))
-    args, kwargs = _forward_call(task, model, batch)
+    args, kwargs = forward_call(task, model, batch)
     program = torch.export.export(model, args, kwargs, strict=False)
     with torch.no_grad():
         got, want = program.module()(*args, **kwargs), model(*args, **kwargs)

@@ -73,3 +73,24 @@ def tiny_task(name: str, **options: Any) -> Task:
         mod = importlib.import_module("test_meta_embedding_task")
         return mod.GeneratedMeta(**{**mod.TINY, **common})
     raise KeyError(f"no tiny version of task {name!r}; tiny tasks: {', '.join(TASKS)}")
+
+
+def forward_call(task: Task, model: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional and keyword arguments the task's loss passes to ``model`` on
+    ``batch`` (its first call of the model), recorded without gradients."""
+    import torch
+
+    calls = []
+    forward = model.forward
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return forward(*args, **kwargs)
+
+    model.forward = record
+    try:
+        with torch.no_grad():
+            task.loss(model, batch)
+    finally:
+        del model.forward
+    return calls[0]
