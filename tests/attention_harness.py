@@ -47,6 +47,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor, nn
 
 import attnlab
@@ -1018,7 +1019,8 @@ def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
        per sample (mechanisms whose outputs depend on no parameter skip this part);
     3. forward mode: ``torch.func.jvp`` in float64 gives the central finite difference
        (``h = 1e-6``, ``atol = rtol = 1e-4``) along a random tangent of every floating
-       input. (Run it under PyTorch's math SDPA backend: its CPU flash kernel has no
+       input, and the dual numbers of ``torch.autograd.forward_ad`` give the same
+       tangents. (Run it under PyTorch's math SDPA backend: its CPU flash kernel has no
        forward-mode formula, as it has no double backward.)
 
     A mechanism that draws random numbers in evaluation mode (LSH attention's rotations
@@ -1094,6 +1096,12 @@ def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
     # where an output is not finite (a log-probability of 0 is -inf) it has no derivative
     finite = {k: torch.isfinite(v) for k, v in value.items()}
     diff = {k: ((plus[k] - minus[k]) / (2 * h))[finite[k]] for k in plus}
+    with torch.no_grad(), fwAD.dual_level():
+        duals = [fwAD.make_dual(p, t) for p, t in zip(primals, tangents, strict=True)]
+        dual = {k: fwAD.unpack_dual(v) for k, v in f(*duals).items()}
+        # an output that does not depend on the inputs (hard weights) carries no tangent
+        dual = {k: torch.zeros_like(p) if t is None else t for k, (p, t) in dual.items()}
+    _assert_outputs_close(dual, jv, "forward_ad dual numbers vs torch.func.jvp")
     jv = {k: v[finite[k]] for k, v in jv.items()}
     _assert_outputs_close(jv, diff, "forward mode (jvp) vs finite difference", atol=1e-4, rtol=1e-4)
 

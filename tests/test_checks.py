@@ -602,8 +602,8 @@ def test_check_optional_int_passes_none_and_checks_the_rest() -> None:
 
 def test_is_traced_in_eager_mode_under_torch_func_and_under_compile() -> None:
     """``is_traced`` (no host read, no data-dependent branch) is False in eager mode and
-    True inside every torch.func transform and a torch.compile trace; ``is_transformed``
-    only inside the torch.func transforms."""
+    True inside every torch.func transform, forward-mode AD and a torch.compile trace;
+    ``is_transformed`` only inside the first two."""
     from attnlab._checks import is_traced, is_transformed
 
     seen: list[tuple[bool, bool]] = []
@@ -617,7 +617,11 @@ def test_is_traced_in_eager_mode_under_torch_func_and_under_compile() -> None:
     torch.func.vmap(f)(x)
     torch.func.grad(f)(x[0])
     torch.func.jvp(f, (x,), (x,))
-    assert seen == [(False, False)] + [(True, True)] * 3
+    with torch.autograd.forward_ad.dual_level():
+        f(x)
+    assert seen == [(False, False)] + [(True, True)] * 4
+    f(x)
+    assert seen[-1] == (False, False)
 
     @torch.compile(backend="eager", fullgraph=True)
     def g(x: torch.Tensor) -> torch.Tensor:

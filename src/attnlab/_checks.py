@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor, nn
 
 
@@ -253,10 +254,11 @@ def is_traced() -> bool:
 
 def is_transformed() -> bool:
     """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``, ``jvp``, ...)
-    runs this call: the part of :func:`is_traced` under which a hand-written
-    ``autograd.Function`` or custom operator (the lean and Triton kernels) cannot run, so
-    the callers take the formula those kernels compute."""
-    return torch._C._are_functorch_transforms_active()
+    runs this call, or forward-mode AD is on (``torch.autograd.forward_ad.dual_level``):
+    the part of :func:`is_traced` under which a hand-written ``autograd.Function`` or
+    custom operator (the lean and Triton kernels) cannot run, so the callers take the
+    formula those kernels compute."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
 def found_on_host(bad: Tensor) -> bool:
