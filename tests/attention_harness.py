@@ -776,7 +776,7 @@ def _transposed(t: Tensor) -> Tensor:
 
 
 def check_module_hygiene(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
-    """What a user does with a module besides calling it: ``copy.deepcopy`` and a
+    """What a user does with a module besides calling it: ``print`` it, ``copy.deepcopy`` and a
     ``pickle`` round trip give a module with the same outputs; its ``state_dict()``, saved
     with ``torch.save`` and loaded with ``torch.load(weights_only=True)`` into a module
     built with another seed (every floating parameter and buffer moved away from its
@@ -790,6 +790,7 @@ def check_module_hygiene(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None
 
     torch.manual_seed(0)
     module = mech.build()
+    assert repr(module).startswith(type(module).__name__ + "(")  # print(model) works
     x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
     masks = _ragged_masks(mech, batch, n)
     want = mech.run(module, x, masks)

@@ -533,3 +533,29 @@ def test_registry_loads_every_builtin_mechanism_module():
     first, after = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first == after
     assert ["attention", "general"] in first
+
+
+def test_printed_modules_show_their_non_default_arguments():
+    """``print(module)`` names what tells one configuration from another: the constructor
+    arguments that differ from their defaults, in signature order; a tensor by its shape, a
+    module by its class, a long value cut."""
+    attn = attnlab.Attention("additive", "soft", "multi", d_q=4, d_k=4, dropout=0.1)
+    assert attn.extra_repr() == "score='additive', dim='multi', d_q=4, d_k=4, dropout=0.1"
+    assert repr(attn).startswith("Attention(\n  score='additive', dim='multi', d_q=4, d_k=4")
+    assert attnlab.Attention("dot").extra_repr() == "score='dot'"
+
+    from attnlab.feature.meta_embedding import DME
+
+    dme = DME([torch.zeros(10, 3), nn.Embedding(7, 2)], 4, align="sparsemax")
+    assert (
+        dme.extra_repr()
+        == "embeddings=[tensor[10, 3], Embedding(...)], d_proj=4, align='sparsemax'"
+    )
+
+    class Wide(registry.Configurable):
+        def __init__(self, names: tuple[str, ...] = ()) -> None:
+            super().__init__()
+
+    text = Wide(names=tuple(f"name{i}" for i in range(20))).extra_repr()
+    assert text.startswith("names=('name0', ") and text.endswith("...") and len(text) == 66
+    assert Wide().extra_repr() == ""

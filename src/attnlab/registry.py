@@ -25,7 +25,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 __all__ = [
     "CARD_FIELDS",
@@ -317,6 +317,20 @@ def _ensure_loaded() -> None:
             importlib.import_module(info.name)
 
 
+def _short_repr(value: Any, width: int = 60) -> str:
+    """A constructor argument in a module's one-line summary: a tensor by its shape, a
+    module by its class, a sequence of those item by item, anything else by its ``repr``
+    cut to ``width`` characters."""
+    if isinstance(value, Tensor):
+        return f"tensor{list(value.shape)}"
+    if isinstance(value, nn.Module):
+        return f"{type(value).__name__}(...)"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, nn.Module)) for v in value):
+        return "[" + ", ".join(_short_repr(v, width) for v in value) + "]"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class Configurable(nn.Module):
     """Base class that records its constructor arguments, so that
     ``build(module.get_config())`` rebuilds an equivalent (freshly initialised) module."""
@@ -350,6 +364,28 @@ class Configurable(nn.Module):
         __init__.__doc__ = original.__doc__
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
         cls.__init__ = __init__  # type: ignore[method-assign]
+
+    def extra_repr(self) -> str:
+        """The constructor arguments that differ from their defaults, in the signature's
+        order (tensors and modules by shape and class), so that ``print(model)`` tells an
+        additive multi-dimensional attention from a dot-product one:
+        ``Attention(score='additive', dim='multi', d_q=4, d_k=4, ...)``."""
+        config = getattr(self, "_config", {})
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(type(self)).parameters.items()
+            if p.default is not p.empty
+        }
+        shown = []
+        for name, value in config.items():
+            default = defaults.get(name, inspect.Parameter.empty)
+            try:
+                same = default is not inspect.Parameter.empty and bool(default == value)
+            except Exception:  # a tensor or an object without a plain equality
+                same = default is value
+            if not same:
+                shown.append(f"{name}={_short_repr(value)}")
+        return ", ".join(shown)
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments plus ``name`` and ``kind``, for :func:`build`."""
