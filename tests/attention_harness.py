@@ -1023,6 +1023,8 @@ def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
        input, and the dual numbers of ``torch.autograd.forward_ad`` give the same
        tangents. (Run it under PyTorch's math SDPA backend: its CPU flash kernel has no
        forward-mode formula, as it has no double backward.)
+    4. ensembles: ``vmap`` over the stacked parameters of two modules built with other
+       seeds (``torch.func.stack_module_state``) gives each module's own outputs.
 
     A mechanism that draws random numbers in evaluation mode (LSH attention's rotations
     without a ``seed``) draws them once per call, for the whole batch: ``vmap`` runs with
@@ -1077,6 +1079,22 @@ def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
                     grads[k][b], g, atol=1e-5, rtol=1e-4,
                     msg=lambda m, k=k, b=b: f"per-sample gradient of {k}, sample {b}: {m}",
                 )  # fmt: skip
+
+    if state:
+        torch.manual_seed(1)
+        other = _Called(mech, mech.build().eval())
+        params, buffers = torch.func.stack_module_state([called, other])
+        skeleton = copy.deepcopy(called).to("meta")
+        with torch.no_grad():
+            torch.manual_seed(2)
+            both = torch.func.vmap(
+                lambda p, b: torch.func.functional_call(skeleton, (p, b), (x, masks)),
+                randomness="same",
+            )(params, buffers)
+            for i, member in enumerate((called, other)):
+                torch.manual_seed(2)
+                alone = member(x, masks)
+                _assert_outputs_close({k: v[i] for k, v in both.items()}, alone, f"ensemble {i}")
 
     wide = copy.deepcopy(called).double()
     floats = [k for k, v in x.items() if v.is_floating_point()]
