@@ -945,12 +945,13 @@ def test_attention_plan_checks_its_settings() -> None:
         ("additive", "soft", "single", "triton", "explicit", {}),
         ("additive", "soft", "multi", "triton", "explicit", {}),
         ("scaled-dot", "local-m", "single", "local-triton", "local-window", {"D": 1}),
+        ("dot", "local-m", "single", "local-flex", "local-window", {"D": 1, "gaussian": False}),
     ],
 )
 def test_triton_paths_take_the_formula_under_torch_func(score, align, dim, kernel, formula, kw):
     """The Triton kernels' custom operators have no torch.func rule: where the planner
-    picks one, a call under vmap takes the formula path it stands for (and says so in
-    ``path``), with the same result as that path in eager mode."""
+    picks one (or FlexAttention), a call under vmap takes the formula path it stands for
+    (and says so in ``path``), with the same result as that path in eager mode."""
     torch.manual_seed(0)
     attn = Attention(score, align, dim, d_q=4, d_k=4, **kw).eval()
     q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)

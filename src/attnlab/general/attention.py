@@ -163,10 +163,15 @@ _Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
 
 #: The method of :class:`Attention` that runs each fast path (the table above); the
 #: explicit and lean-additive paths share ``_run_explicit``.
-#: the Triton kernels' paths and the formula a call takes instead under a ``torch.func``
-#: transform (``vmap``, ``grad``, ...), for which their custom operators have no rule: the
-#: same result, with the memory of the formula (docs/compile-and-precision.md)
-_FORMULA_UNDER_TORCH_FUNC = {"triton": "explicit", "local-triton": "local-window"}
+#: the GPU kernels' paths and the formula a call takes instead under a ``torch.func``
+#: transform (``vmap``, ``grad``, ...), for which the Triton kernels' custom operators
+#: have no rule (nor, unverified on a GPU, FlexAttention's compiled call): the same result,
+#: with the memory of the formula (docs/compile-and-precision.md)
+_FORMULA_UNDER_TORCH_FUNC = {
+    "triton": "explicit",
+    "local-triton": "local-window",
+    "local-flex": "local-window",
+}
 
 _RUNNERS: dict[str, str] = {
     "sdpa": "_run_sdpa",
