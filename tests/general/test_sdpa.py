@@ -133,6 +133,40 @@ def test_fully_masked_row_stays_zero_when_a_key_holds_nan():
     assert torch.equal(c[1, 1], torch.zeros(3, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_query_makes_its_row_nan_and_only_it(bad):
+    """PyTorch's CPU kernel returns 0 for a query row holding NaN or inf; sdpa_attend
+    makes it NaN, as the explicit formula does, and leaves the other rows (and, where every
+    query is finite, the kernel's whole result) untouched."""
+    q, k, v = _data()
+    clean, _ = sdpa_attend(q, k, v, 0.5)
+    assert torch.equal(clean, F.scaled_dot_product_attention(q, k, v, scale=0.5))
+    q[1, 2, 0] = bad
+    c, _ = sdpa_attend(q, k, v, 0.5)
+    assert torch.isnan(c[1, 2]).all()
+    rest = torch.ones(c.shape[:2], dtype=torch.bool)
+    rest[1, 2] = False
+    assert torch.equal(c[rest], clean[rest])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_finite_half_queries_whose_sum_overflows_stay_finite(dtype):
+    """The term that keeps a non-finite query row NaN must not overflow: finite
+    half-precision queries whose plain sum overflows give the kernel's finite result (a
+    ``q.sum() * 0`` shortcut would turn those rows NaN)."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.finfo(dtype).max / 4
+    q = torch.full((2, 3, 8), big, dtype=dtype)  # every entry finite, their sum is not
+    assert not q.sum().isfinite()
+    k, v = (
+        torch.randn(2, 5, 8, generator=g, dtype=dtype),
+        torch.randn(2, 5, 4, generator=g, dtype=dtype),
+    )
+    c, _ = sdpa_attend(q, k, v, 1e-6)
+    assert torch.isfinite(c).all()
+    torch.testing.assert_close(c, F.scaled_dot_product_attention(q, k, v, scale=1e-6))
+
+
 def test_gradcheck_with_fully_masked_rows():
     q, k, v = _data(shape_q=(2, 3, 2), n_k=4, d_v=2)
     mask = torch.ones(2, 3, 4, dtype=torch.bool)

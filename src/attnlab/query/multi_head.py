@@ -246,13 +246,17 @@ class MultiHeadAttention(ProjectedHeadAttention):
         mask, causal, need_weights = call.mask, call.causal, call.need_weights
         B, n_q, _ = query.shape
         n_k = key.shape[1]
-        plan = self.plan(
-            need_weights,
+        # the heads' plan for this call's device and dtype, without plan()'s checks of
+        # its settings (check_call did them) and walk over the parameters (3-5 us a call)
+        head = self.heads[0]._plan(need_weights, n_k, query.device, query.dtype, None, None)
+        plan = plan_heads(
+            head,
+            fusable=self._fused,
             causal=causal,
             has_mask=mask is not None,
             n_q=n_q,
             n_k=n_k,
-            device=query.device,
+            need_weights=need_weights,
         )
         # SDPA's is_causal kernel instead of a materialised causal mask
         hmask = _masks.normalize_head_mask(
