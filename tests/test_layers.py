@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "_flash_kernels",
                 "_local_kernels",
                 "_recurrent",
+                "capture",
                 "masks",
                 "output",
                 "registry",

@@ -2,8 +2,9 @@
 
 Start with :class:`attnlab.Attention` (the general attention model: any score x any
 alignment x any dimensionality), :mod:`attnlab.functional` (the same as pure functions),
-:mod:`attnlab.masks` (the one mask convention) and :func:`attnlab.build` (build by name
-from a config dict).
+:mod:`attnlab.masks` (the one mask convention), :func:`attnlab.build` (build by name
+from a config dict) and :func:`attnlab.capture_weights` (the weights of every attention
+module inside a model).
 
 Every mechanism of the library core is importable from here as ``attnlab.<Name>`` and from
 its section package: :mod:`attnlab.general` (scores, alignments, dimensionality),
@@ -15,6 +16,7 @@ core imports nothing of the lab (``attnlab.models``, ``attnlab.lab``, ``attnlab.
 from attnlab import feature, functional, general, masks, query, registry
 from attnlab._checks import ConfigError
 from attnlab._deprecation import deprecated_aliases
+from attnlab.capture import capture_weights
 from attnlab.feature import *  # noqa: F403
 from attnlab.general import *  # noqa: F403
 from attnlab.output import AttentionOutput
@@ -28,6 +30,7 @@ __all__ = [
     "ConfigError",
     "__version__",
     "build",
+    "capture_weights",
     "feature",
     "functional",
     "general",
