@@ -270,3 +270,25 @@ def test_dynamic_shapes_compile_once_and_match_eager(name):
     # (docs/compile-and-precision.md); everything else is one graph for every shape
     expected = 3 if name == "pointer-network" else 1
     assert counter.frame_count == expected, f"{counter.frame_count} compilations for 3 shapes"
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+@pytest.mark.parametrize("align", ["sparsemax", "entmax15"])
+def test_compiled_per_sample_gradients_match_eager(align):
+    """torch.compile of a torch.func transform (per-sample gradients): dynamo can neither
+    trace the sparse mappings' custom jvp nor vmap an autograd.Function's backward, so they
+    run their forward's ops there; one graph, and the gradients of eager torch.func."""
+    torch.manual_seed(0)
+    attn = Attention("general", align, d_q=4, d_k=4).eval()
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(3, 2, 4, generator=g), torch.randn(3, 5, 4, generator=g)
+    params = {name: p.detach() for name, p in attn.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(attn, p, (qi[None], ki[None])).context.pow(2).sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    want = per_sample(params, q, k)
+    got = torch.compile(per_sample, fullgraph=True, backend="eager")(params, q, k)
+    assert want["score.W.weight"].abs().sum() > 0
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)  # float32, another graph

@@ -128,10 +128,10 @@ class _Entmax15ForwardMode(_Entmax15):
         return _entmax15_product(p, tangent)
 
 
-_UNDER_TORCH_FUNC: dict[type[torch.autograd.Function], type[torch.autograd.Function]] = {
-    _Sparsemax: _SparsemaxForwardMode,
-    _Entmax15: _Entmax15ForwardMode,
-}
+#: (the mapping, its forward-mode form): the pairs ``_masked`` takes (a tuple, not a dict
+#: keyed by class: dynamo cannot hash an autograd.Function under torch.func)
+_SPARSEMAX = (_Sparsemax, _SparsemaxForwardMode)
+_ENTMAX15 = (_Entmax15, _Entmax15ForwardMode)
 
 
 def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
@@ -145,7 +145,12 @@ def _check(e: Tensor, mask: Tensor | None, dim: int) -> int:
     return dim % e.dim()
 
 
-def _masked(fn: type[torch.autograd.Function], e: Tensor, mask: Tensor | None, dim: int) -> Tensor:
+def _masked(
+    fns: tuple[type[torch.autograd.Function], type[torch.autograd.Function]],
+    e: Tensor,
+    mask: Tensor | None,
+    dim: int,
+) -> Tensor:
     dim = _check(e, mask, dim)
     if e.shape[dim] == 0:
         return e.clone()
@@ -173,7 +178,15 @@ def _masked(fn: type[torch.autograd.Function], e: Tensor, mask: Tensor | None, d
     # replaced by zeros (finite) and overwritten with NaN at the end.
     ok = ~bad if m is None else m & ~bad
     filled = torch.where(ok, shifted.clamp(min=-_OUTSIDE), -_OUTSIDE)
-    p = (_UNDER_TORCH_FUNC[fn] if is_transformed() else fn).apply(filled)
+    if not is_transformed():
+        p = fns[0].apply(filled)
+    elif not torch.compiler.is_compiling():
+        p = fns[1].apply(filled)  # under torch.func: the form with a forward-mode formula
+    else:
+        # torch.compile of a torch.func transform: dynamo can neither trace a custom jvp
+        # nor vmap the backward of an autograd.Function, so autograd differentiates the
+        # forward's own ops (sort, cumulative sums, a gather, a clamp): the same Jacobian
+        p = fns[0].forward(filled)
     if m is not None:
         p = torch.where(m, p, 0.0)
     p = p.masked_fill(bad, float("nan"))
@@ -188,7 +201,7 @@ def sparsemax(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
     attention). Cost O(n log n) per row (a sort). Half-precision inputs are
     computed in float32.
     """
-    return _masked(_Sparsemax, e, mask, dim)
+    return _masked(_SPARSEMAX, e, mask, dim)
 
 
 def entmax15(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
@@ -196,4 +209,4 @@ def entmax15(e: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
     Models"): ``a_l = max(e_l / 2 - tau, 0)^2``, ``sum_l a_l = 1``; sparser than softmax,
     smoother than sparsemax. ``mask`` (bool, True = allowed) must broadcast to ``e``; the
     weights have the shape of ``e``. Cost O(n log n) per row."""
-    return _masked(_Entmax15, e, mask, dim)
+    return _masked(_ENTMAX15, e, mask, dim)
