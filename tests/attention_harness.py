@@ -1007,7 +1007,8 @@ class _Called(nn.Module):
 
     def forward(self, x: dict[str, Tensor], masks: dict[str, Tensor]) -> dict[str, Tensor]:
         out = self.mech.outputs(self.mech.call(self.inner, x, masks, True))
-        return {k: v for k, v in sorted(out.items()) if v is not None and v.is_floating_point()}
+        floating = [k for k in sorted(out) if out[k] is not None and out[k].is_floating_point()]
+        return {k: out[k] for k in floating}
 
 
 def check_torch_func(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
