@@ -996,6 +996,32 @@ def check_export(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
     )
 
 
+def check_meta_device_init(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """The meta-device pattern of large models: built under ``torch.device("meta")`` (no
+    memory), moved with ``to_empty`` and initialised with ``reset_parameters()``, the
+    module has exactly the parameters, buffers and outputs of one built directly under the
+    same seed (every floating tensor compared bit for bit)."""
+    from attnlab.registry import Configurable
+
+    with torch.device("meta"):
+        module = mech.build()
+    assert isinstance(module, Configurable), f"{type(module).__name__} has no reset_parameters"
+    assert all(t.is_meta for t in [*module.parameters(), *module.buffers()])
+    module.to_empty(device="cpu")
+    torch.manual_seed(5)
+    module.reset_parameters()
+    torch.manual_seed(5)
+    direct = mech.build()
+    got, want = module.state_dict(), direct.state_dict()
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.equal(got[k], v), f"{k} differs from the directly built module's"
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    exact = {"atol": 0.0, "rtol": 0.0}
+    _assert_outputs_close(mech.run(module, x, masks), mech.run(direct, x, masks), "meta", **exact)
+
+
 class _Called(nn.Module):
     """``mech.call`` of ``module`` as a module of its own (what ``torch.export`` and
     ``torch.func.functional_call`` take): ``forward(x, masks)`` returns the floating
@@ -1138,6 +1164,7 @@ __all__ += [
     "check_inference_mode_then_training",
     "check_key_padding_invariance",
     "check_key_permutation_equivariance",
+    "check_meta_device_init",
     "check_module_hygiene",
     "check_second_derivatives",
     "check_torch_func",

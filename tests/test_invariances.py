@@ -4,7 +4,8 @@ module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
 stated tolerance ``HALF_TOL``), an empty batch, training after a call under
 ``torch.inference_mode()``, exact second derivatives, and a backward pass that
-``torch.autograd.detect_anomaly`` finds no NaN in, and ``torch.export``.
+``torch.autograd.detect_anomaly`` finds no NaN in, ``torch.export``, the ``torch.func``
+transforms, and the meta-device pattern (``to_empty``, then ``reset_parameters``).
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -39,6 +40,7 @@ from attention_harness import (
     check_inference_mode_then_training,
     check_key_padding_invariance,
     check_key_permutation_equivariance,
+    check_meta_device_init,
     check_module_hygiene,
     check_second_derivatives,
     check_torch_func,
@@ -632,3 +634,8 @@ def test_torch_func(name):
 
     with sdpa_kernel(SDPBackend.MATH):
         check_torch_func(MECHANISMS[name], n=N)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_device_init(name):
+    check_meta_device_init(MECHANISMS[name], n=N)

@@ -559,3 +559,31 @@ def test_printed_modules_show_their_non_default_arguments():
     text = Wide(names=tuple(f"name{i}" for i in range(20))).extra_repr()
     assert text.startswith("names=('name0', ") and text.endswith("...") and len(text) == 66
     assert Wide().extra_repr() == ""
+
+
+def test_reset_parameters_initialises_again_in_the_modules_dtype_and_device():
+    torch.manual_seed(0)
+    attn = attnlab.Attention("additive", d_q=4, d_k=4).double()
+    first = {k: v.clone() for k, v in attn.state_dict().items()}
+    torch.manual_seed(1)
+    attn.reset_parameters()
+    assert all(v.dtype == torch.float64 for v in attn.state_dict().values())
+    assert not torch.equal(attn.score.w, first["score.w"])  # a new draw
+    torch.manual_seed(0)
+    attn.reset_parameters()  # the constructor's draw under the same seed, cast to float64
+    for k, v in first.items():
+        assert torch.equal(attn.state_dict()[k], v), k
+
+
+def test_reset_parameters_refuses_meta_tensors_and_a_changed_module():
+    with torch.device("meta"):
+        attn = attnlab.Attention("additive", d_q=4, d_k=4)
+    with pytest.raises(RuntimeError, match=r"on the meta device: move it first \(module\.to_empty"):
+        attn.reset_parameters()
+    attn.to_empty(device="cpu")
+    attn.register_buffer("extra", torch.zeros(2))
+    with pytest.raises(
+        RuntimeError,
+        match=r"no longer has the tensors its constructor makes; differing names: \['extra'\]",
+    ):
+        attn.reset_parameters()

@@ -25,6 +25,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
@@ -386,6 +387,40 @@ class Configurable(nn.Module):
             if not same:
                 shown.append(f"{name}={_short_repr(value)}")
         return ", ".join(shown)
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter and buffer again as the constructor does: a module
+        of the same constructor arguments is built on the device of this one's tensors
+        and its values copied in (in this module's dtypes; the draw follows the global
+        seed). For the meta-device pattern of large models::
+
+            with torch.device("meta"):
+                model = attnlab.MultiHeadAttention(1024, 16)   # no memory, no values
+            model.to_empty(device="cuda")                      # memory, garbage values
+            model.reset_parameters()                           # the constructor's values
+
+        ``nn.Module.to_empty`` alone leaves garbage in the modules' own parameters and in
+        buffers computed at construction (positions, rotations), which torch's layers'
+        own ``reset_parameters`` do not cover. Cost: one construction of the module."""
+        tensors = [*self.parameters(), *self.buffers()]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        if device.type == "meta":
+            raise RuntimeError(
+                f"{type(self).__name__} is on the meta device: move it first "
+                "(module.to_empty(device=...)), then reset its parameters"
+            )
+        with torch.device(device):
+            fresh = type(self)(**getattr(self, "_config", {}))
+        mine = dict(self.named_parameters()) | dict(self.named_buffers())
+        theirs = dict(fresh.named_parameters()) | dict(fresh.named_buffers())
+        if mine.keys() != theirs.keys():  # a module changed after construction
+            raise RuntimeError(
+                f"{type(self).__name__} no longer has the tensors its constructor makes; "
+                f"differing names: {sorted(mine.keys() ^ theirs.keys())}"
+            )
+        with torch.no_grad():
+            for name, tensor in mine.items():
+                tensor.copy_(theirs[name])
 
     def get_config(self) -> dict[str, Any]:
         """The constructor arguments plus ``name`` and ``kind``, for :func:`build`."""
