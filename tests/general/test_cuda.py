@@ -282,3 +282,46 @@ def test_co_attention_modules_on_cuda(case, dtype):
     d2 = 4 if d1 == 6 else 5
     inputs = {"f1": cpu._x(1, 5, d1), "f2": cpu._x(2, 4, d2)}
     _check(module, cpu._co_call, inputs, dtype, call_cuda=dev._co_call)
+
+
+@pytest.mark.parametrize(
+    ("score", "align", "dim", "kw"),
+    [
+        ("additive", "soft", "single", {}),  # triton
+        ("additive", "soft", "multi", {}),  # triton (multi-dimensional)
+        ("general", "local-m", "single", {"D": 2}),  # local-triton
+        ("general", "local-m", "single", {"D": 2, "gaussian": False}),  # local-flex
+    ],
+    ids=["additive", "additive-multi", "local-m", "local-m-flex"],
+)
+def test_per_sample_gradients_on_cuda_take_the_formula(score, align, dim, kw):
+    """Under torch.func the GPU kernels' paths (Triton, FlexAttention) take the formula
+    they stand for: per-sample gradients (vmap(grad)) equal one backward pass per sample,
+    float32, with a ragged key mask. (On the CPU the forced-path test of test_attention.py
+    covers the switch; this runs the real planner and kernels.)"""
+    torch.manual_seed(0)
+    d = 16
+    attn = Attention(score, align, dim, d_q=d, d_k=d, **kw).cuda().eval()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(3, 4, d, device="cuda", generator=g)
+    k = torch.randn(3, 6, d, device="cuda", generator=g)
+    mask = torch.ones(3, 4, 6, dtype=torch.bool, device="cuda")
+    mask[1, :, 4:] = False
+    eager_path = attn(q, k, mask=mask).path
+    params = {n: p.detach() for n, p in attn.named_parameters()}
+
+    def loss(p, qi, ki, mi):
+        return (
+            torch.func.functional_call(attn, p, (qi[None], ki[None]), {"mask": mi[None]})
+            .context.pow(2)
+            .sum()
+        )
+
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0, 0))(params, q, k, mask)
+    for b in range(3):
+        attn.zero_grad(set_to_none=True)
+        loss(dict(attn.named_parameters()), q[b], k[b], mask[b]).backward()
+        for name, p in attn.named_parameters():
+            if p.grad is not None:
+                torch.testing.assert_close(grads[name][b], p.grad, atol=FP32_TOL, rtol=FP32_TOL)
+    print(f"{score}/{align}/{dim}: eager path {eager_path}")
