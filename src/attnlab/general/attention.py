@@ -161,8 +161,6 @@ class _Call(NamedTuple):
 #: what a path returns: ``(context, weights, log_prob, extras)``
 _Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
 
-#: The method of :class:`Attention` that runs each fast path (the table above); the
-#: explicit and lean-additive paths share ``_run_explicit``.
 #: the GPU kernels' paths and the formula a call takes instead under a ``torch.func``
 #: transform (``vmap``, ``grad``, ...), for which the Triton kernels' custom operators
 #: have no rule (nor, unverified on a GPU, FlexAttention's compiled call): the same result,
@@ -173,6 +171,8 @@ _FORMULA_UNDER_TORCH_FUNC = {
     "local-flex": "local-window",
 }
 
+#: The method of :class:`Attention` that runs each fast path (the table above); the
+#: explicit and lean-additive paths share ``_run_explicit``.
 _RUNNERS: dict[str, str] = {
     "sdpa": "_run_sdpa",
     "lean-multi": "_run_lean_multi",
