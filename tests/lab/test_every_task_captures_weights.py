@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_tasks import TASKS, forward_call, tiny_task
+from tiny_tasks import TASKS, model_and_call
 from torch.utils._pytree import tree_flatten
 
 import attnlab
-from attnlab.lab.training import seed_everything
 
 #: a module each task model must record (by its name in ``model.named_modules()``)
 RECORDED = {
@@ -30,12 +29,7 @@ def test_every_task_but_the_pointer_network_is_listed():
 
 @pytest.mark.parametrize("name", TASKS)
 def test_task_model_weights_are_captured(name):
-    task = tiny_task(name)
-    seed_everything(0)
-    data = task.load_data()
-    model = task.build_model(data, task.resolve_attention(None)).eval()
-    batch = next(iter(task.batches(data, "test", 4)))
-    args, kwargs = forward_call(task, model, batch)
+    model, args, kwargs = model_and_call(name)
     with torch.no_grad():
         want = model(*args, **kwargs)
         with attnlab.capture_weights(model) as weights:

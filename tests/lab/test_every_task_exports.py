@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_tasks import TASKS, forward_call, tiny_task
+from tiny_tasks import TASKS, model_and_call
 from torch.utils._pytree import tree_flatten
-
-from attnlab.lab.training import seed_everything
 
 
 # nn.LSTM re-reads its flat weights when export swaps the parameters (PyTorch's own doing)
@@ -21,12 +19,7 @@ from attnlab.lab.training import seed_everything
     TASKS,
 )
 def test_task_model_exports(name):
-    task = tiny_task(name)
-    seed_everything(0)
-    data = task.load_data()
-    model = task.build_model(data, task.resolve_attention(None)).eval()
-    batch = next(iter(task.batches(data, "test", 4)))
-    args, kwargs = forward_call(task, model, batch)
+    model, args, kwargs = model_and_call(name)
     program = torch.export.export(model, args, kwargs, strict=False)
     with torch.no_grad():
         got, want = program.module()(*args, **kwargs), model(*args, **kwargs)

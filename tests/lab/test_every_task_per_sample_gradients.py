@@ -10,10 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_tasks import TASKS, forward_call, tiny_task
+from tiny_tasks import TASKS, model_and_call
 from torch.utils._pytree import tree_flatten, tree_unflatten
-
-from attnlab.lab.training import seed_everything
 
 BATCH = 4
 
@@ -27,12 +25,7 @@ def _per_example(t: Any) -> bool:
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 @pytest.mark.parametrize("name", TASKS)
 def test_task_model_per_sample_gradients(name):
-    task = tiny_task(name)
-    seed_everything(0)
-    data = task.load_data()
-    model = task.build_model(data, task.resolve_attention(None)).eval()
-    batch = next(iter(task.batches(data, "test", BATCH)))
-    args, kwargs = forward_call(task, model, batch)
+    model, args, kwargs = model_and_call(name, BATCH)
     leaves, spec = tree_flatten((args, kwargs))
     per_example = [_per_example(t) for t in leaves]
     assert any(per_example)

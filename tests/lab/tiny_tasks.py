@@ -94,3 +94,18 @@ def forward_call(task: Task, model: Any, batch: Any) -> tuple[tuple[Any, ...], d
     finally:
         del model.forward
     return calls[0]
+
+
+def model_and_call(name: str, batch_size: int = 4) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The tiny task ``name``'s model (default attention, seed 0, evaluation mode) and the
+    arguments its loss passes to it on the first test batch of ``batch_size`` examples:
+    ``(model, args, kwargs)``."""
+    from attnlab.lab.training import seed_everything
+
+    task = tiny_task(name)
+    seed_everything(0)
+    data = task.load_data()
+    model = task.build_model(data, task.resolve_attention(None)).eval()
+    batch = next(iter(task.batches(data, "test", batch_size)))
+    args, kwargs = forward_call(task, model, batch)
+    return model, args, kwargs
