@@ -29,6 +29,7 @@ from attention_harness import (
 
 import attnlab
 from attnlab import Attention, ConfigError, masks
+from attnlab.general import planner
 
 # The combination tests give every score the same query tensor; a query-less score ignores
 # it (deprecated: attnlab 0.2.0 refuses it, see test_a_query_given_to_a_query_less_score_*).
@@ -948,7 +949,9 @@ def test_attention_plan_checks_its_settings() -> None:
         ("dot", "local-m", "single", "local-flex", "local-window", {"D": 1, "gaussian": False}),
     ],
 )
-def test_triton_paths_take_the_formula_under_torch_func(score, align, dim, kernel, formula, kw):
+def test_triton_paths_take_the_formula_under_torch_func(
+    score, align, dim, kernel, formula, kw, monkeypatch
+):
     """The Triton kernels' custom operators have no torch.func rule: where the planner
     picks one (or FlexAttention), a call under vmap takes the formula path it stands for
     (and says so in ``path``), with the same result as that path in eager mode."""
@@ -960,8 +963,10 @@ def test_triton_paths_take_the_formula_under_torch_func(score, align, dim, kerne
     want = Attention(score, align, dim, d_q=4, d_k=4, path="explicit", **kw).eval()
     want.load_state_dict(attn.state_dict())
     expected = want(q, k, mask=mask)
-    real_plan = attn._plan
-    attn._plan = lambda *a: replace(real_plan(*a), path=kernel)  # as on a GPU
+    # the planner's choice on a GPU (before plan_call's torch.func switch)
+    for name in ("_plan_single", "_plan_multi", "_plan_local"):
+        real = getattr(planner, name)
+        monkeypatch.setattr(planner, name, lambda *a, real=real: replace(real(*a), path=kernel))
 
     def one(qi, ki, mi):
         out = attn(qi[None], ki[None], mask=mi[None])

@@ -49,7 +49,6 @@ from attnlab._checks import (
     check_same,
     check_tensor,
     is_traced,
-    is_transformed,
     softmax_dtype,
 )
 from attnlab._deprecation import renamed_keywords, warn_deprecated
@@ -160,16 +159,6 @@ class _Call(NamedTuple):
 
 #: what a path returns: ``(context, weights, log_prob, extras)``
 _Result = tuple[Tensor, Tensor | None, Tensor | None, dict[str, Any]]
-
-#: the GPU kernels' paths and the formula a call takes instead under a ``torch.func``
-#: transform (``vmap``, ``grad``, ...), for which the Triton kernels' custom operators
-#: have no rule (nor, unverified on a GPU, FlexAttention's compiled call): the same result,
-#: with the memory of the formula (docs/compile-and-precision.md)
-_FORMULA_UNDER_TORCH_FUNC = {
-    "triton": "explicit",
-    "local-triton": "local-window",
-    "local-flex": "local-window",
-}
 
 #: The method of :class:`Attention` that runs each fast path (the table above); the
 #: explicit and lean-additive paths share ``_run_explicit``.
@@ -650,8 +639,6 @@ class Attention(Configurable):
         values = self.value_proj(v) if self.value_proj is not None else v
         head_dim = min(keys.shape[-1], values.shape[-1])
         path = self._plan(need_weights, n_k, k.device, k.dtype, head_dim, values.shape[-1]).path
-        if path in _FORMULA_UNDER_TORCH_FUNC and is_transformed():
-            path = _FORMULA_UNDER_TORCH_FUNC[path]
         call = _Call(
             q3,
             keys,

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab._checks import check_choice, check_device, check_flags, check_optional_int
+from attnlab._checks import (
+    check_choice,
+    check_device,
+    check_flags,
+    check_optional_int,
+    is_transformed,
+)
 from attnlab.general import flash_additive
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.flash_additive import TRITON_DTYPES, triton_act_name, triton_fits
@@ -283,6 +289,17 @@ def check_plan_settings(
         check_optional_int(head_dim, "head_dim", minimum=0, error=ValueError)
 
 
+#: the GPU kernels' paths and the formula a call takes instead under a ``torch.func``
+#: transform (``vmap``, ``grad``, ...), for which the Triton kernels' custom operators
+#: have no rule (nor, unverified on a GPU, FlexAttention's compiled call): the same result,
+#: with the memory of the formula (docs/compile-and-precision.md)
+_FORMULA_UNDER_TORCH_FUNC = {
+    "triton": "explicit",
+    "local-triton": "local-window",
+    "local-flex": "local-window",
+}
+
+
 def plan_call(
     caps: Capabilities,
     mode: str,
@@ -296,17 +313,26 @@ def plan_call(
 ) -> Plan:
     """:func:`plan_attention` without its checks, for the callers whose settings are
     checked already (``Attention.forward``, ``functional.attend``): nothing on the path of
-    every call is done twice."""
-    forced = _forced_plan(caps, mode, n_k, need_weights)
-    if forced is not None:
-        return forced
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    call = _Call(dev, dtype, need_weights, dropout, head_dim, widths)
-    if caps.local:
-        return _plan_local(caps, call)
-    if caps.multi:
-        return _plan_multi(caps, call)
-    return _plan_single(caps, call)
+    every call is done twice. Under a ``torch.func`` transform a GPU kernel's path gives
+    way to the formula it computes (:data:`_FORMULA_UNDER_TORCH_FUNC`)."""
+    plan = _forced_plan(caps, mode, n_k, need_weights)
+    if plan is None:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        call = _Call(dev, dtype, need_weights, dropout, head_dim, widths)
+        if caps.local:
+            plan = _plan_local(caps, call)
+        elif caps.multi:
+            plan = _plan_multi(caps, call)
+        else:
+            plan = _plan_single(caps, call)
+    formula = _FORMULA_UNDER_TORCH_FUNC.get(plan.path)
+    if formula is not None and is_transformed():
+        return Plan(
+            formula,
+            f"{plan.reason}; but under a torch.func transform, which the kernel has no rule "
+            f"for, the formula it computes ({formula})",
+        )
+    return plan
 
 
 def _forced_plan(caps: Capabilities, mode: str, n_k: int | None, need_weights: bool) -> Plan | None:
