@@ -61,6 +61,7 @@ __all__ = [
     "check_dropout_only_in_training",
     "check_fully_masked_row",
     "check_gradients",
+    "check_layer_replacements",
     "check_learns_against_no_attention",
     "check_masked_keys_zero",
     "check_need_weights_keeps_context",
@@ -1020,6 +1021,116 @@ def check_meta_device_init(mech: Mechanism, *, n: int = 5, batch: int = 3) -> No
     masks = _ragged_masks(mech, batch, n)
     exact = {"atol": 0.0, "rtol": 0.0}
     _assert_outputs_close(mech.run(module, x, masks), mech.run(direct, x, masks), "meta", **exact)
+
+
+class LoRALinear(nn.Module):
+    """A low-rank adapter put in place of an ``nn.Linear`` as PEFT's LoRA layers are:
+    ``forward(x) = base(x) + B A x`` while ``weight`` and ``bias`` still name the base
+    layer's, so a module that reads ``weight`` instead of calling the layer silently drops
+    the adapter. ``merged()`` is the ``nn.Linear`` of weight ``W + B A`` it equals."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2, seed: int = 1) -> None:
+        super().__init__()
+        self.base = base
+        g = torch.Generator().manual_seed(seed)
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, generator=g) * 0.3)
+        self.B = nn.Parameter(torch.randn(base.out_features, rank, generator=g) * 0.3)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.base.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) + (x @ self.A.T) @ self.B.T
+
+    def merged(self) -> nn.Linear:
+        out = copy.deepcopy(self.base)
+        with torch.no_grad():
+            out.weight += self.B @ self.A
+        return out
+
+
+def _linears(module: nn.Module) -> list[str]:
+    """The names of the ``nn.Linear`` / ``nn.Conv1d`` submodules of ``module``."""
+    kinds = (nn.Linear, nn.Conv1d)
+    return [name for name, m in module.named_modules() if type(m) in kinds]
+
+
+def _swap(module: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, leaf, new)
+
+
+def check_layer_replacements(mech: Mechanism, *, n: int = 5, batch: int = 3) -> int:
+    """Every ``nn.Linear`` and ``nn.Conv1d`` inside the module is used as a layer, never
+    only through its ``weight``, so the standard ways of changing a layer are honoured
+    (returns how many layers were checked):
+
+    1. **adapters**: each ``nn.Linear`` replaced by a :class:`LoRALinear` (whose ``weight``
+       is still the base weight) gives the outputs of the module whose layers hold the
+       merged weights ``W + B A`` (fp32, ``INVARIANCE_TOL``), masks of different lengths;
+    2. **pruning** (``torch.nn.utils.prune``, a forward pre-hook that recomputes
+       ``weight = weight_orig * mask`` at every call): with half of every layer's weights
+       pruned, the outputs equal those of the module holding the masked weights; two
+       training steps (backward where an output has a gradient, SGD, and ``weight_orig``
+       moved) work, and after each the outputs equal those of a module holding the new
+       ``weight_orig * mask`` (a module that read ``weight`` would compute with the weights
+       of the pruning time, and its second backward would fail)."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    module = mech.build().eval()
+    names = _linears(module)
+    if not names:
+        return 0
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+
+    adapted, merged = copy.deepcopy(module), copy.deepcopy(module)
+    for i, name in enumerate(names):
+        layer = adapted.get_submodule(name)
+        if type(layer) is nn.Linear:
+            lora = LoRALinear(layer, seed=i + 1)
+            _swap(adapted, name, lora)
+            _swap(merged, name, lora.merged())
+    _assert_outputs_close(
+        mech.run(adapted, x, masks), mech.run(merged, x, masks), "LoRA adapters vs merged"
+    )
+
+    pruned = copy.deepcopy(module)
+    for i, name in enumerate(names):
+        torch.manual_seed(100 + i)
+        prune.random_unstructured(pruned.get_submodule(name), "weight", amount=0.5)
+
+    def masked() -> nn.Module:
+        """A copy of ``pruned`` whose layers hold ``weight_orig * mask`` as plain weights."""
+        ref = copy.deepcopy(pruned)
+        for name in names:
+            prune.remove(ref.get_submodule(name), "weight")
+        return ref
+
+    _assert_outputs_close(mech.run(pruned, x, masks), mech.run(masked(), x, masks), "pruned")
+    for step in (1, 2):
+        with _eval(pruned):
+            out = mech.outputs(mech.call(pruned, x, masks, True))
+            loss = sum(v.float().square().sum() for v in out.values() if v is not None)
+            if isinstance(loss, Tensor) and loss.requires_grad:  # hard attention: none
+                loss.backward()
+        with torch.no_grad():
+            for p in pruned.parameters():
+                if p.grad is not None:
+                    p -= 0.5 * p.grad
+                    p.grad = None
+            for name in names:
+                pruned.get_submodule(name).weight_orig.add_(0.1)
+        _assert_outputs_close(
+            mech.run(pruned, x, masks), mech.run(masked(), x, masks), f"pruned, step {step}"
+        )
+    return len(names)
 
 
 class _Called(nn.Module):

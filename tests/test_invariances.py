@@ -40,6 +40,7 @@ from attention_harness import (
     check_inference_mode_then_training,
     check_key_padding_invariance,
     check_key_permutation_equivariance,
+    check_layer_replacements,
     check_meta_device_init,
     check_module_hygiene,
     check_second_derivatives,
@@ -639,3 +640,31 @@ def test_torch_func(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_meta_device_init(name):
     check_meta_device_init(MECHANISMS[name], n=N)
+
+
+#: the mechanisms without an ``nn.Linear`` / ``nn.Conv1d``: the dot-family scores
+#: compare the inputs themselves (their alignments here have no parameters either), the
+#: capsules and learned queries hold raw parameters, the positions are tables or formulas
+NO_LAYERS = {
+    f"attention/{score}/{align}/single"
+    for score in ("cosine", "dot", "scaled-dot")
+    for align in ("entmax15", "hard", "local-m", "soft", "sparsemax", "structured")
+} | {
+    "capsule",
+    "capsule-routing",
+    "learned-positions",
+    "learned-query-self-attention",
+    "parallel-co-attention-max",
+    "rotary-positions",
+    "sinusoidal-positions",
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layer_replacements(name):
+    """LoRA-style adapters and ``torch.nn.utils.prune`` on every ``nn.Linear`` /
+    ``nn.Conv1d`` of the mechanism take effect (``check_layer_replacements``): the scores
+    call their layers (``attnlab.general.scoring.apply_layer``) instead of reading
+    ``weight``."""
+    checked = check_layer_replacements(MECHANISMS[name], n=N)
+    assert bool(checked) != (name in NO_LAYERS), f"{name}: {checked} layers; NO_LAYERS is stale"

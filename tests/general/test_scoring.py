@@ -822,3 +822,137 @@ def test_additive_score_lean_must_be_a_bool() -> None:
     W1, W2, w = torch.randn(6, 4), torch.randn(6, 4), torch.randn(6)
     with pytest.raises(TypeError, match=r"^lean must be a bool, got 'no'$"):
         additive_score(q, k, W1, W2, w, lean="no")
+
+
+# ----------------------------------------------------------------------------- layers
+# The score modules call their nn.Linear / nn.Conv1d (apply_layer) unless the layer is
+# exactly that class with no hook, so what replaces or wraps a layer is honoured.
+
+
+def _hidden(score: AdditiveScore, q: torch.Tensor, k: torch.Tensor, W1: torch.Tensor):
+    """The additive score's formula with ``W1`` in place of ``score.W1.weight``."""
+    return additive_score(q, k, W1, score.W2.weight, score.w, score.b, score.act, lean=False)
+
+
+def test_apply_layer_of_a_plain_linear_is_the_score_functions_product() -> None:
+    from attnlab.general.scoring import _linear, apply_layer
+
+    lin = torch.nn.Linear(DQ, DW).half()
+    x = torch.randn(B, NQ, DQ).half()
+    b = torch.randn(DW).half()
+    got = apply_layer(lin, x)
+    assert got.dtype == torch.float32  # the scores' dtype for half inputs
+    assert torch.equal(got, _linear(x, lin.weight, lin.bias))
+    assert torch.equal(apply_layer(lin, x, b), _linear(x, lin.weight, lin.bias + b))
+
+
+def test_a_forward_hook_on_a_score_layer_runs_and_its_output_is_used(qk) -> None:
+    q, k = qk
+    score = AdditiveScore(DQ, DK, DW).double()
+    calls = []
+
+    def zero(module, inputs, output):
+        calls.append(module)
+        return output * 0
+
+    handle = score.W1.register_forward_hook(zero)
+    try:
+        got = score(q, k)
+    finally:
+        handle.remove()
+    assert calls == [score.W1]
+    torch.testing.assert_close(got, _hidden(score, q, k, torch.zeros_like(score.W1.weight)))
+    # without the hook the score applies the weights again
+    torch.testing.assert_close(score(q, k), _hidden(score, q, k, score.W1.weight))
+
+
+def test_global_module_hooks_see_every_score_layer(qk) -> None:
+    """A FLOP or activation counter that hooks every module (``register_module_forward_hook``)
+    sees the layers of every parametrised score."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    q, k = qk
+    seen: list[torch.nn.Module] = []
+    score = AdditiveScore(DQ, DK, DW).double()
+    general = GeneralScore(DQ, DK).double()
+    handle = register_module_forward_hook(lambda m, i, o: seen.append(m))
+    try:
+        score(q, k)
+        general(q, k)
+    finally:
+        handle.remove()
+    layers = [m for m in seen if isinstance(m, torch.nn.Linear)]
+    assert layers == [score.W1, score.W2, general.W]
+
+
+@pytest.mark.parametrize("cls", [GeneralScore, BiasedGeneralScore, ActivatedGeneralScore])
+def test_a_parametrised_weight_is_the_weight_the_score_uses(cls, qk) -> None:
+    """``torch.nn.utils.parametrizations.weight_norm`` (a parametrisation, not a hook):
+    the score equals its function of the parametrised weight, and the gradient reaches
+    the parametrisation's own parameters."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    q, k = qk
+    score = cls(DQ, DK).double()
+    weight_norm(score.W)
+    with torch.no_grad():
+        score.W.parametrizations.weight.original0.mul_(3.0)  # g: the norms change
+    W = score.W.weight
+    if cls is ActivatedGeneralScore:
+        want = activated_general_score(q, k, W, score.b, score.act)
+    elif cls is BiasedGeneralScore:
+        want = biased_general_score(q, k, W, score.W.bias)
+    else:
+        want = general_score(q, k, W)
+    got = score(q, k)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert score.W.parametrizations.weight.original0.grad.abs().sum() > 0
+
+
+def test_a_replaced_half_precision_layer_runs_in_its_dtype(qk) -> None:
+    """A layer that is not a plain ``nn.Linear`` (here a subclass) is called in its own
+    dtype; the scores still come out in float32, close to the plain layer's."""
+    from attnlab.general.scoring import apply_layer
+
+    class Sub(torch.nn.Linear):
+        pass
+
+    plain = torch.nn.Linear(DQ, DW).half()
+    sub = Sub(DQ, DW).half()
+    sub.load_state_dict(plain.state_dict())
+    x = torch.randn(B, NQ, DQ).half()
+    got = apply_layer(sub, x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, apply_layer(plain, x), atol=1e-2, rtol=1e-2)
+    assert torch.equal(got, sub(x).float())
+
+
+def test_apply_layer_of_a_conv1d() -> None:
+    from attnlab.general.scoring import apply_layer
+
+    conv = torch.nn.Conv1d(1, 3, 5, padding=2, bias=False).double()
+    x = torch.randn(4, 1, 7, dtype=F64)
+    want = torch.nn.functional.conv1d(x, conv.weight, padding=2)
+    assert torch.equal(apply_layer(conv, x), want)
+    conv.register_forward_hook(lambda m, i, o: o + 1)
+    torch.testing.assert_close(apply_layer(conv, x), want + 1)
+    with pytest.raises(TypeError, match="bias only to a linear"):
+        apply_layer(torch.nn.Conv1d(1, 3, 5), x, torch.zeros(3, dtype=F64))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: GeneralScore(DQ, DK),
+        lambda: BiasedGeneralScore(DQ, DK),
+        lambda: ActivatedGeneralScore(DQ, DK),
+        lambda: AdditiveScore(DQ, DK, DW),
+        lambda: QuerylessScore(DK, DW),
+    ],
+)
+def test_score_modules_refuse_inputs_of_another_dtype(build, qk) -> None:
+    q, k = qk  # float64 inputs, float32 module
+    score = build()
+    with pytest.raises(TypeError, match=r"has dtype torch.float64 but the parameters of"):
+        score(q, k)

@@ -44,6 +44,7 @@ from attnlab._checks import (
     softmax_dtype,
 )
 from attnlab.general.padding import clear_nonfinite_rows, masked_mean
+from attnlab.general.scoring import apply_layer
 from attnlab.general.sparse import entmax15, sparsemax
 from attnlab.masks import check_score_mask, fill_value, index_mask
 from attnlab.registry import Configurable, register
@@ -580,7 +581,7 @@ class LocalPAlign(_LocalAlign):
         # the centre in float32 for half inputs (issue 12: in bf16, S = 299 rounds to 300
         # and S * sigmoid(...) to a multiple of 2, moving the window and the Gaussian)
         work = softmax_dtype(like.dtype)
-        proj = torch.tanh(F.linear(query.to(work), self.W_p.weight.to(work)))
+        proj = torch.tanh(apply_layer(self.W_p, query).to(work))
         p = torch.sigmoid(proj @ self.w_p.to(work))
         if mask is None:  # one S for every row: a number, not a [B, n_q] tensor
             return p * float(max(n_k - 1, 0))

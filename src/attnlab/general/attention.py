@@ -512,7 +512,7 @@ class Attention(Configurable):
         if not isinstance(self.score, AdditiveScore):
             return None
         d_v = self.score.w.shape[-1] if self.multi else value_dim
-        return self.score.W1.weight.shape[0], d_v or 1
+        return self.score.w.shape[0], d_v or 1
 
     def explain(
         self,

@@ -22,6 +22,7 @@ attention one step at a time and passes the weights of the step before.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,26 +34,58 @@ from attnlab._checks import (
     batched_query,
     check_int,
     check_keys,
+    check_module_dtype,
     check_same,
     check_tensor,
 )
 from attnlab.general.activations import Activation, get_activation
-from attnlab.general.scoring import Score, _init_additive, _linear, _work
+from attnlab.general.scoring import Score, _init_additive, _linear, _work, apply_layer
 from attnlab.registry import register
 
 __all__ = ["LocationAwareScore", "location_aware_score", "location_inputs"]
 
 
-def _location_features(prev: Tensor, filters: Tensor) -> Tensor:
-    """``F * a_{i-1}``: ``prev`` ``[B, n_q, n_k]`` convolved with ``filters``
-    ``[n_filters, 1, r]`` (odd ``r``, zero padding, same length) -> ``[B, n_q, n_k,
-    n_filters]``. ``conv1d`` is a cross-correlation, ``f[l, c] = sum_s filters[c, 0, s]
+def _location_features(prev: Tensor, conv: Callable[[Tensor], Tensor]) -> Tensor:
+    """``F * a_{i-1}``: ``prev`` ``[B, n_q, n_k]`` convolved by ``conv`` (``[N, 1, n_k]`` ->
+    ``[N, n_filters, n_k]``: odd width ``r``, zero padding, same length) -> ``[B, n_q,
+    n_k, n_filters]``. ``conv1d`` is a cross-correlation, ``f[l, c] = sum_s F[c, 0, s]
     prev[l + s - r // 2]``: the paper's convolution with the filters reversed, the same
     family for learned filters."""
     B, n_q, n_k = prev.shape
-    r = filters.shape[-1]
-    f = F.conv1d(prev.reshape(B * n_q, 1, n_k), filters, padding=r // 2)
-    return f.reshape(B, n_q, filters.shape[0], n_k).transpose(2, 3)
+    f = conv(prev.reshape(B * n_q, 1, n_k))
+    return f.reshape(B, n_q, f.shape[1], n_k).transpose(2, 3)
+
+
+def _hybrid_scores(
+    q1: Tensor,
+    k2: Tensor,
+    prev: Tensor | None,
+    conv: Callable[[Tensor], Tensor],
+    U: Callable[[Tensor], Tensor],
+    w: Tensor,
+    act: str | Activation,
+) -> Tensor:
+    """``w^T act(q1 + k2_l + U (F * a_{i-1})_l)`` (``[B, n_q, n_k]``) from the projected
+    query ``q1 = W1 q + b`` and keys ``k2 = W2 k``, the previous weights ``prev`` (``None``:
+    zeros), the convolution ``conv`` and the map ``U``."""
+    h = q1[:, :, None, :] + k2[:, None, :, :]
+    if prev is not None:
+        h = h + U(_location_features(prev, conv))  # [B, n_q, n_k, d_w]
+    return get_activation(act)(h) @ _work(w)
+
+
+def _location_call(
+    q: Tensor, k: Tensor, prev_weights: Tensor | None
+) -> tuple[Tensor, Tensor | None, bool]:
+    """The checked ``(q [B, n_q, d_q], prev_weights [B, n_q, n_k] or None, single)``."""
+    q3, single = batched_query(q, "q")
+    check_keys(k, q3.shape[0], "k")
+    check_same(q3, "q", k=k)
+    if prev_weights is None:
+        return q3, None, single
+    prev = _prev_as_3d(prev_weights, q3.shape[0], q3.shape[1], k.shape[1], single)
+    check_same(q3, "q", prev_weights=prev)
+    return q3, prev, single
 
 
 def location_aware_score(
@@ -76,11 +109,8 @@ def location_aware_score(
     n_k]`` for a single query). Cost: O(B n_q n_k (r n_filters + n_filters d_w + d_w));
     memory O(B n_q n_k d_w) (the pairs are materialised).
     """
-    q3, single = batched_query(q, "q")
-    check_keys(k, q3.shape[0], "k")
-    check_same(q3, "q", k=k, W1=W1, W2=W2, U=U, filters=filters, w=w, b=b)
-    B, n_q, _ = q3.shape
-    n_k = k.shape[1]
+    q3, prev, single = _location_call(q, k, prev_weights)
+    check_same(q3, "q", W1=W1, W2=W2, U=U, filters=filters, w=w, b=b)
     d_w = W1.shape[0]
     if filters.dim() != 3 or filters.shape[1] != 1 or filters.shape[2] % 2 == 0:
         raise ValueError(
@@ -90,13 +120,16 @@ def location_aware_score(
         raise ValueError(
             f"U has shape {tuple(U.shape)}, expected [d_w, n_filters] = [{d_w}, {filters.shape[0]}]"
         )
-    h = _linear(q3, W1, b)[:, :, None, :] + _linear(k, W2)[:, None, :, :]
-    if prev_weights is not None:
-        prev = _prev_as_3d(prev_weights, B, n_q, n_k, single)
-        check_same(q3, "q", prev_weights=prev)
-        loc = _location_features(_work(prev), _work(filters))  # [B, n_q, n_k, n_filters]
-        h = h + loc @ _work(U).T
-    e = get_activation(act)(h) @ _work(w)
+    r = filters.shape[-1]
+    e = _hybrid_scores(
+        _linear(q3, W1, b),
+        _linear(k, W2),
+        None if prev is None else _work(prev),
+        lambda x: F.conv1d(x, _work(filters), padding=r // 2),
+        lambda f: f @ _work(U).T,
+        w,
+        act,
+    )
     return e.squeeze(1) if single else e
 
 
@@ -200,18 +233,18 @@ class LocationAwareScore(Score):
         self.w = nn.Parameter(torch.empty(d_w).uniform_(-bound, bound))
 
     def forward(self, q: Tensor, k: Tensor, prev_weights: Tensor | None = None) -> Tensor:
-        return location_aware_score(
-            q,
-            k,
-            prev_weights,
-            self.W1.weight,
-            self.W2.weight,
-            self.U.weight,
-            self.conv.weight,
+        q3, prev, single = _location_call(q, k, prev_weights)
+        check_module_dtype(self, q3, "q")
+        e = _hybrid_scores(
+            apply_layer(self.W1, q3, self.b),
+            apply_layer(self.W2, k),
+            prev,
+            lambda x: apply_layer(self.conv, x),
+            lambda f: apply_layer(self.U, f),
             self.w,
-            self.b,
             self.act,
         )
+        return e.squeeze(1) if single else e
 
     def explicit(self, q: Tensor, k: Tensor, prev_weights: Tensor | None = None) -> Tensor:
         return self(q, k, prev_weights)

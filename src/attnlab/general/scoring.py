@@ -53,6 +53,7 @@ from attnlab._checks import (
     check_flags,
     check_int,
     check_keys,
+    check_module_dtype,
     check_optional_int,
     check_param,
     check_positive,
@@ -111,6 +112,67 @@ def _pairwise(q: Tensor, k: Tensor) -> Tensor:
 def _linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
     """``W x + b`` in the scores' dtype (parameters cast; gradients still reach them)."""
     return F.linear(_work(x), _work(W), None if b is None else _work(b))
+
+
+def _hooked(layer: nn.Module) -> bool:
+    """Whether calling ``layer`` runs hooks (its own or the global module hooks that
+    ``torch.nn.modules.module.register_module_forward_hook`` and friends install)."""
+    from torch.nn.modules import module as _module
+
+    return bool(
+        layer._forward_pre_hooks
+        or layer._forward_hooks
+        or layer._backward_pre_hooks
+        or layer._backward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_forward_hooks
+        or _module._global_backward_pre_hooks
+        or _module._global_backward_hooks
+    )
+
+
+def _plain_linear(layer: nn.Module, x: Tensor, b: Tensor | None) -> Tensor:
+    bias = layer.bias if b is None else (b if layer.bias is None else layer.bias + b)
+    return _linear(x, layer.weight, bias)
+
+
+def _plain_conv1d(layer: nn.Module, x: Tensor, b: Tensor | None) -> Tensor:
+    if b is not None:
+        raise TypeError("apply_layer adds a bias only to a linear layer")
+    bias = None if layer.bias is None else _work(layer.bias)
+    args = (layer.stride, layer.padding, layer.dilation, layer.groups)
+    return F.conv1d(_work(x), _work(layer.weight), bias, *args)
+
+
+#: the layers whose parameters the scores apply themselves (exactly these classes)
+_PLAIN: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor | None], Tensor]] = {
+    nn.Linear: _plain_linear,
+    nn.Conv1d: _plain_conv1d,
+}
+
+
+def apply_layer(layer: nn.Module, x: Tensor, b: Tensor | None = None) -> Tensor:
+    """``layer(x) + b`` in the scores' dtype (float32 for half-precision inputs).
+
+    A score's ``nn.Linear`` (or a location-aware score's ``nn.Conv1d``) that is exactly
+    that class and runs no hook is applied with its parameters cast to that dtype, as the
+    score functions apply explicit weights. Anything else in its place is **called**, so
+    that what it adds is honoured: a LoRA adapter or any module put in the layer's place,
+    a quantized layer, one reparametrised by ``torch.nn.utils.prune`` or by a forward
+    pre-hook, a ``torch.nn.utils.parametrize`` parametrisation, hooks that record or
+    count (``register_forward_hook`` on the layer, or the global module hooks). Such a
+    layer computes in its own dtype (the input is cast to its first floating parameter's
+    dtype) and its output is cast to the scores' dtype."""
+    rule = _PLAIN.get(type(layer))
+    if rule is not None and not _hooked(layer) and _conv_zero_padded(layer):
+        return rule(layer, x, b)
+    own = next((p.dtype for p in layer.parameters() if p.is_floating_point()), x.dtype)
+    y = _work(layer(x.to(own)))
+    return y if b is None else y + _work(b)
+
+
+def _conv_zero_padded(layer: nn.Module) -> bool:
+    return getattr(layer, "padding_mode", "zeros") == "zeros"
 
 
 def _require_same_dim(q: Tensor, k: Tensor, what: str) -> None:
@@ -183,9 +245,14 @@ def activated_general_score(
     elif isinstance(b, bool) or not isinstance(b, int | float):
         raise TypeError(f"b must be a float or a one-element tensor, got {type(b).__name__}")
     check_same(q3, "q", W=W, b=b if isinstance(b, Tensor) else None)
-    e = _pairwise(_linear(q3, W), k)
+    return _finish(_activated(_linear(q3, W), k, b, act), single)
+
+
+def _activated(qw: Tensor, k: Tensor, b: Tensor | float, act: str | Activation) -> Tensor:
+    """``act(k_l^T (W q) + b)`` from the transformed query ``qw``."""
+    e = _pairwise(qw, k)
     e = e + (_work(b) if isinstance(b, Tensor) else b)
-    return _finish(get_activation(act)(e), single)
+    return get_activation(act)(e)
 
 
 def cosine_score(q: Tensor, k: Tensor) -> Tensor:
@@ -233,15 +300,17 @@ def additive_score(
     check_param(w, "w", (W1.shape[0],), "[d_w]")
     check_same(q3, "q", w=w)
     check_flags(lean=lean)
-    q1 = _linear(q3, W1, b)
-    k2 = _linear(k, W2)
+    return _finish(_additive(_linear(q3, W1, b), _linear(k, W2), w, act, lean), single)
+
+
+def _additive(q1: Tensor, k2: Tensor, w: Tensor, act: str | Activation, lean: bool) -> Tensor:
+    """``w^T act(q1 + k2_l)`` from the projected query ``q1 = W1 q + b`` and keys
+    ``k2 = W2 k``: the chunked kernel (``lean``) or the broadcast formula."""
     if lean:
         from attnlab.general.fused import additive_score_lean
 
-        e = additive_score_lean(q1, k2, _work(w), act)
-    else:
-        e = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ _work(w)
-    return _finish(e, single)
+        return additive_score_lean(q1, k2, _work(w), act)
+    return get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ _work(w)
 
 
 def multi_dimensional_additive_score(
@@ -267,12 +336,22 @@ def multi_dimensional_additive_score(
     if b_d is not None:
         check_param(b_d, "b_d", (W_d.shape[1],), "[d_v]")
     check_same(q3, "q", W_d=W_d, b_d=b_d)
-    q1, k2 = _linear(q3, W1, b), _linear(k, W2)
-    h = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :])
-    e = h @ _work(W_d)
-    if b_d is not None:
-        e = e + _work(b_d)
+    e = _multi_dimensional(_linear(q3, W1, b), _linear(k, W2), W_d, b_d, act)
     return e.squeeze(1) if single else e
+
+
+def _multi_dimensional(
+    q1: Tensor, k2: Tensor, W_d: Tensor, b_d: Tensor | None, act: str | Activation
+) -> Tensor:
+    """``W_d^T act(q1 + k2_l) + b_d`` (``[B, n_q, n_k, d_v]``) from the projections."""
+    e = get_activation(act)(q1[:, :, None, :] + k2[:, None, :, :]) @ _work(W_d)
+    return e if b_d is None else e + _work(b_d)
+
+
+def _check_keys_alone(k: Tensor) -> None:
+    check_tensor(k, "k")
+    if k.dim() != 3:
+        raise ValueError(f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k]")
 
 
 def queryless_score(
@@ -286,9 +365,7 @@ def queryless_score(
     (Lin et al. 2017; Yang et al. 2016). ``W`` ``[d_w, d_k]``, ``w`` ``[d_w]`` (or
     ``[d_w, d_v]`` for a vector score), ``b`` ``[d_w]``. Returns ``[B, 1, n_k]`` (``[B, 1,
     n_k, d_v]`` for a vector score). Cost O(B n_k d_k d_w)."""
-    check_tensor(k, "k")
-    if k.dim() != 3:
-        raise ValueError(f"k has shape {tuple(k.shape)}, expected [B, n_k, d_k]")
+    _check_keys_alone(k)
     check_param(W, "W", (None, k.shape[-1]), "[d_w, d_k]")
     if b is not None:
         check_param(b, "b", (W.shape[0],), "[d_w]")
@@ -298,8 +375,12 @@ def queryless_score(
     else:
         check_param(w, "w", (W.shape[0],), "[d_w] (or [d_w, d_v] for a vector score)")
     check_same(k, "k", W=W, w=w, b=b)
-    e = get_activation(act)(_linear(k, W, b)) @ _work(w)
-    return e.unsqueeze(1)
+    return _queryless(_linear(k, W, b), w, act)
+
+
+def _queryless(kw: Tensor, w: Tensor, act: str | Activation) -> Tensor:
+    """``w^T act(kw_l)`` as ``[B, 1, n_k]`` (``[B, 1, n_k, d_v]``) from ``kw = W k + b``."""
+    return (get_activation(act)(kw) @ _work(w)).unsqueeze(1)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -500,11 +581,13 @@ class GeneralScore(Score):
         self.W = nn.Linear(_need(d_q, "d_q", name), _need(d_k, "d_k", name), bias=self._bias)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return general_score(q, k, self.W.weight)
+        q3, single = _prepare(q, k)
+        check_module_dtype(self, q3, "q")
+        return _finish(_pairwise(apply_layer(self.W, q3), k), single)
 
     def dot_form(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         # W q in float32, rounded once to the input dtype for the fused kernel
-        return _linear(q, self.W.weight, self.W.bias).to(q.dtype), k, 1.0
+        return apply_layer(self.W, q).to(q.dtype), k, 1.0
 
 
 @register("score", "biased-general")
@@ -523,9 +606,6 @@ class BiasedGeneralScore(GeneralScore):
 
     def __init__(self, d_q: int | None = None, d_k: int | None = None) -> None:
         super().__init__(d_q, d_k)  # its own constructor, so get_config() records d_q, d_k
-
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return biased_general_score(q, k, self.W.weight, self.W.bias)
 
 
 @register("score", "activated-general")
@@ -555,7 +635,9 @@ class ActivatedGeneralScore(Score):
         get_activation(act)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return activated_general_score(q, k, self.W.weight, self.b, self.act)
+        q3, single = _prepare(q, k)
+        check_module_dtype(self, q3, "q")
+        return _finish(_activated(apply_layer(self.W, q3), k, self.b, self.act), single)
 
 
 def _init_additive(
@@ -629,7 +711,7 @@ class AdditiveScore(_AdditiveBase):
     def lean_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``(W1 q + b, W2 k)``, the inputs of the chunked kernels (float32 for
         half-precision inputs, like the scores)."""
-        return _linear(q, self.W1.weight, self.b), _linear(k, self.W2.weight)
+        return apply_layer(self.W1, q, self.b), apply_layer(self.W2, k)
 
     def work_params(self) -> tuple[Tensor, Tensor | None]:
         """``(w, b_d)`` in the dtype :meth:`lean_parts` returns (float32 for half)."""
@@ -637,18 +719,19 @@ class AdditiveScore(_AdditiveBase):
         return _work(self.w), b_d
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        if self.vector:
-            return multi_dimensional_additive_score(
-                q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.b_d, self.act
-            )
-        return additive_score(q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.act)
+        return self._scores(q, k, lean=True)
 
     def explicit(self, q: Tensor, k: Tensor) -> Tensor:
+        return self._scores(q, k, lean=False)
+
+    def _scores(self, q: Tensor, k: Tensor, lean: bool) -> Tensor:
+        q3, single = _prepare(q, k)
+        check_module_dtype(self, q3, "q")
+        q1, k2 = self.lean_parts(q3, k)
         if self.vector:
-            return self(q, k)
-        return additive_score(
-            q, k, self.W1.weight, self.W2.weight, self.w, self.b, self.act, lean=False
-        )
+            e = _multi_dimensional(q1, k2, self.w, self.b_d, self.act)
+            return e.squeeze(1) if single else e
+        return _finish(_additive(q1, k2, self.w, self.act, lean), single)
 
 
 @register("score", "queryless", aliases=("self-attentive", "constant-query", "query-less"))
@@ -691,5 +774,7 @@ class QuerylessScore(_AdditiveBase):
         self._init_vector(d_w, out_dim)
 
     def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
-        e = queryless_score(k, self.W.weight, self.w, self.W.bias, self.act)
+        _check_keys_alone(k)
+        check_module_dtype(self, k, "k")
+        e = _queryless(apply_layer(self.W, k), self.w, self.act)
         return e + _work(self.b_d) if self.vector else e

@@ -227,7 +227,7 @@ class GraphAttention(HeadAttention):
             z = self.proj(x).view(B, N, self.num_heads, self.head_dim)
             inputs = [(z[:, :, k], z[:, :, k]) for k in range(self.num_heads)]
         else:
-            inputs = [(x, F.linear(x, head.score.W2.weight)) for head in self.heads]
+            inputs = [(x, head.score.W2(x)) for head in self.heads]
         outs = [
             head(q, q, v, mask=mask, need_weights=call.need_weights)
             for head, (q, v) in zip(self.heads, inputs, strict=True)
