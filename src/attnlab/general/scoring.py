@@ -46,6 +46,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from attnlab._checks import (
     ConfigError,
@@ -117,8 +118,6 @@ def _linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
 def _hooked(layer: nn.Module) -> bool:
     """Whether calling ``layer`` runs hooks (its own or the global module hooks that
     ``torch.nn.modules.module.register_module_forward_hook`` and friends install)."""
-    from torch.nn.modules import module as _module
-
     return bool(
         layer._forward_pre_hooks
         or layer._forward_hooks
