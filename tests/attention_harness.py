@@ -65,6 +65,7 @@ __all__ = [
     "check_learns_against_no_attention",
     "check_masked_keys_zero",
     "check_need_weights_keeps_context",
+    "check_onnx_export",
     "check_output",
     "check_rebuild",
     "check_rebuild_same_output",
@@ -72,6 +73,7 @@ __all__ = [
     "check_wrong_dtype",
     "module_from_spec",
     "naive_softmax",
+    "onnx_session",
     "run_attention_test",
 ]
 
@@ -995,6 +997,78 @@ def check_export(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
         {k: v for k, v in pick(want).items() if v is not None},
         "exported vs eager",
     )
+
+
+def onnx_session(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any
+) -> Any:
+    """``module`` exported with ``torch.onnx.export(module, args, kwargs=kwargs,
+    dynamo=True, **options)`` (its progress lines and warnings silenced) as an
+    ``onnxruntime.InferenceSession``. Needs ``onnxscript`` and ``onnxruntime``."""
+    import logging
+
+    import onnxruntime as ort
+
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module, args, kwargs=kwargs, dynamo=True, verbose=False, **options
+            )
+    finally:
+        quiet.setLevel(level)
+    return ort.InferenceSession(program.model_proto.SerializeToString())
+
+
+def check_onnx_export(
+    mech: Mechanism, *, n: int = 5, batch: int = 3, dynamic_lengths: bool = True
+) -> None:
+    """``torch.onnx.export(..., dynamo=True)`` with dynamic shapes (``torch.export.Dim.AUTO``
+    on every axis of every input: the batch and the sequences vary, the sizes the weights
+    fix stay static), run in ONNX Runtime at the traced sizes and at others (a batch of 2,
+    sequences of ``n - 2``), with masks of different lengths: the outputs equal the eager
+    ones (fp32, ``atol = rtol = 1e-4``). A batch or sequence size the code specialised on
+    would make the second run fail. With ``dynamic_lengths=False`` (a mechanism that loops
+    over the positions of a sequence in Python, unrolled at the traced length) only the
+    batch varies. Needs ``onnxscript`` and ``onnxruntime`` (the ``onnx`` extra); the
+    caller skips without them."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = _Called(mech, mech.build()).eval()
+
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    # every axis may vary (AUTO keeps a size the code needs fixed, the features, static),
+    # or only the batch
+    dynamic = {
+        group: {
+            k: dict.fromkeys(range(v.dim() if dynamic_lengths else 1), Dim.AUTO)
+            for k, v in inputs.items()
+        }
+        for group, inputs in (("x", x), ("masks", masks))
+    }
+    session = onnx_session(module, (x,), {"masks": masks}, dynamic_shapes=dynamic)
+    for b, length, seed in ((batch, n, 0), (2, n - 2 if dynamic_lengths else n, 1)):
+        x = mech.draw(b, dict.fromkeys(mech.sequences(), length), seed=seed)
+        masks = _ragged_masks(mech, b, length)
+        with torch.no_grad():
+            want = module(x, masks)
+        feeds = [*x.values(), *masks.values()]
+        names = [i.name for i in session.get_inputs()]
+        assert len(names) == len(feeds), f"the ONNX graph takes {names}"
+        got = session.run(None, {k: v.numpy() for k, v in zip(names, feeds, strict=True)})
+        assert len(got) == len(want), f"{len(got)} ONNX outputs for {sorted(want)}"
+        _assert_outputs_close(
+            {k: torch.from_numpy(v) for k, v in zip(want, got, strict=True)},
+            want,
+            f"ONNX Runtime vs eager at batch {b}, length {length}",
+            atol=1e-4,
+            rtol=1e-4,
+        )
 
 
 def check_meta_device_init(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:

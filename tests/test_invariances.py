@@ -4,8 +4,10 @@ module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
 stated tolerance ``HALF_TOL``), an empty batch, training after a call under
 ``torch.inference_mode()``, exact second derivatives, and a backward pass that
-``torch.autograd.detect_anomaly`` finds no NaN in, ``torch.export``, the ``torch.func``
-transforms, and the meta-device pattern (``to_empty``, then ``reset_parameters``).
+``torch.autograd.detect_anomaly`` finds no NaN in, ``torch.export``, ONNX export run in
+ONNX Runtime (with the ``onnx`` extra), the ``torch.func`` transforms, the meta-device
+pattern (``to_empty``, then ``reset_parameters``), and LoRA adapters and pruning on every
+``nn.Linear`` / ``nn.Conv1d`` of the module.
 
 The mechanisms are those the other suites already enumerate: every score x alignment x
 dimensionality of :class:`attnlab.Attention` (``VALID`` of ``tests/general/
@@ -43,6 +45,7 @@ from attention_harness import (
     check_layer_replacements,
     check_meta_device_init,
     check_module_hygiene,
+    check_onnx_export,
     check_second_derivatives,
     check_torch_func,
 )
@@ -463,6 +466,15 @@ _LSTM_POINTER = _POSITIONAL + "an LSTM encoder over the inputs, decoded step by 
 #: ``property`` is ``"permutation"`` (joint key permutation equivariance), or
 #: ``"permutation:<sequence>"`` for one sequence of a mechanism with several, or
 #: ``"padding"`` (masked positions appended). Batch independence and hygiene exempt nothing.
+_STEPS = (
+    "a traced call loops over the positions in Python (the padded rows, as under "
+    "torch.compile), so the ONNX graph holds the traced length's steps: "
+)
+_POINTER_STEPS = _STEPS + "the encoder's and the decoder's steps"
+_LSH_ONNX = (
+    "the hash rotations are drawn in the call from a torch.Generator, which ONNX cannot "
+    "hold (its RandomNormal draws other numbers): torch.export.export works"
+)
 EXEMPT: dict[str, dict[str, str]] = {
     "attention-via-attention": {
         "permutation": _POSITIONAL + "words are spans of consecutive characters (word_offsets)",
@@ -470,23 +482,28 @@ EXEMPT: dict[str, dict[str, str]] = {
     "attention/location-aware/soft/single": {
         "permutation": _POSITIONAL + "a convolution along the previous weights",
     },
-    "cdme": {"permutation": _POSITIONAL + "a BiLSTM contextualises the tokens"},
+    "cdme": {
+        "permutation": _POSITIONAL + "a BiLSTM contextualises the tokens",
+        "onnx-lengths": _STEPS + "the BiLSTM's steps",
+    },
     "hierarchical-attention/bigru": {
         "permutation": _POSITIONAL + "a BiGRU encodes the words and the sentences in order",
+        "onnx-lengths": _STEPS + "the BiGRU's steps",
     },
     "learned-positions": {"permutation": _POSITIONAL + "a learned embedding per position"},
     "linformer": {
         "permutation": _POSITIONAL + "learned projections E, F [k, n] along the sequence",
     },
     "multi-head-grouped-additive": {"permutation": _POSITIONAL + "called with causal=True"},
-    "pointer-network": {"permutation": _LSTM_POINTER},
-    "pointer-network/general": {"permutation": _LSTM_POINTER},
+    "pointer-network": {"permutation": _LSTM_POINTER, "onnx-lengths": _POINTER_STEPS},
+    "pointer-network/general": {"permutation": _LSTM_POINTER, "onnx-lengths": _POINTER_STEPS},
     "reformer": {
         "permutation": _LSH,
+        "onnx": _LSH_ONNX,
         "padding": "num_buckets defaults from the padded length n, which changes the "
         "hashing (checked with a fixed num_buckets: reformer/fixed-buckets)",
     },
-    "reformer/fixed-buckets": {"permutation": _LSH},
+    "reformer/fixed-buckets": {"permutation": _LSH, "onnx": _LSH_ONNX},
     "relative-positions": {"permutation": _POSITIONAL + "relative position embeddings"},
     "rotary-positions": {"permutation": _POSITIONAL + "a rotation by each position's angle"},
     "sinusoidal-positions": {"permutation": _POSITIONAL + "the encoding of each position"},
@@ -508,6 +525,7 @@ for _score, _align, _dim in VALID:
             EXEMPT.setdefault(_name, {})["permutation"] = (
                 _POSITIONAL + "a linear-chain CRF over neighbouring keys"
             )
+            EXEMPT[_name]["onnx-lengths"] = _STEPS + "the CRF's forward-backward recursions"
 
 
 def _exempt(name: str, prop: str) -> str | None:
@@ -536,7 +554,7 @@ def test_every_exemption_names_a_mechanism_and_gives_a_reason():
     for name, props in EXEMPT.items():
         assert name in MECHANISMS, name
         for prop, reason in props.items():
-            assert prop.split(":")[0] in ("permutation", "padding"), prop
+            assert prop.split(":")[0] in ("permutation", "padding", "onnx", "onnx-lengths"), prop
             assert len(reason) > 20, (name, prop)
 
 
@@ -668,3 +686,19 @@ def test_layer_replacements(name):
     ``weight``."""
     checked = check_layer_replacements(MECHANISMS[name], n=N)
     assert bool(checked) != (name in NO_LAYERS), f"{name}: {checked} layers; NO_LAYERS is stale"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_onnx_export(name):
+    """``torch.onnx.export`` with dynamic batch and sequence sizes, run in ONNX Runtime
+    (``check_onnx_export``; the mechanisms of ``EXEMPT[...]["onnx-lengths"]`` with a
+    dynamic batch only); needs the ``onnx`` extra (``make data`` installs it)."""
+    _skip_if_exempt(name, "onnx")
+    pytest.importorskip(
+        "onnxscript", reason="torch.onnx.export needs onnxscript (pip install '.[onnx]')"
+    )
+    pytest.importorskip(
+        "onnxruntime", reason="the exported graph runs in onnxruntime (pip install '.[onnx]')"
+    )
+    check_onnx_export(MECHANISMS[name], n=N, dynamic_lengths=_exempt(name, "onnx-lengths") is None)

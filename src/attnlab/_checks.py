@@ -38,9 +38,10 @@ def check_int(
 
     ``wording`` replaces ``"an int >= MINIMUM"`` in the message where a module has always
     said it otherwise (``wording="a positive int"``: ``"d1 must be a positive int, got
-    0"``); the check is the same.
+    0"``); the check is the same. A ``torch.SymInt`` (a size read from a tensor's shape
+    while ``torch.export`` traces dynamic shapes) is an int here.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int | torch.SymInt) or value < minimum:
         prefix = f"{owner}: " if owner else ""
         what = f"an int >= {minimum}" if wording is None else wording
         raise error(f"{prefix}{name} must be {what}, got {value!r}")

@@ -599,6 +599,76 @@ def test_char_word_map_from_offsets_by_hand():
     assert torch.equal(M, want)
 
 
+def test_char_word_map_from_offsets_with_padded_words_anywhere():
+    """Padded words between real ones (any offsets) are skipped: a real word ends where the
+    next *real* word starts, or after the last real character, and holds no masked
+    character; checked against a loop."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        B, n_w, n_c = 3, 5, 9
+        wm = torch.rand(B, n_w, generator=g) < 0.7
+        cm = torch.rand(B, n_c, generator=g) < 0.8
+        real = torch.sort(torch.randint(0, n_c + 1, (B, n_w), generator=g), dim=1).values
+        junk = torch.randint(-5, 20, (B, n_w), generator=g)  # a padded word's offset
+        off = torch.where(wm, real, junk)
+        M = char_word_map(n_chars=n_c, word_offsets=off, word_mask=wm, char_mask=cm)
+        want = torch.zeros(B, n_w, n_c, dtype=torch.bool)
+        for b in range(B):
+            end = max([c + 1 for c in range(n_c) if cm[b, c]], default=0)
+            for j in range(n_w):
+                if not wm[b, j]:
+                    continue
+                later = [int(off[b, i]) for i in range(j + 1, n_w) if wm[b, i]]
+                nxt = min([*later[:1], end])
+                for c in range(int(off[b, j]), nxt):
+                    want[b, j, c] = bool(cm[b, c])  # a masked character is in no word
+        assert torch.equal(M, want)
+    # the order is checked along the real words only: a padded word in between is skipped
+    skip = torch.tensor([[True, False, True]])
+    char_word_map(n_chars=5, word_offsets=torch.tensor([[1, 0, 3]]), word_mask=skip)
+    with pytest.raises(ValueError, match="must not decrease"):
+        char_word_map(n_chars=5, word_offsets=torch.tensor([[3, 4, 2]]), word_mask=skip)
+
+
+def test_ava_exports_with_dynamic_lengths():
+    """``torch.export`` with dynamic batch, character and word counts: the sizes read from
+    the shapes are symbolic there (``check_int`` takes them), and the word spans need no
+    scan; the program runs at other sizes with the eager values."""
+
+    class Call(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ava = AttentionViaAttention(3, 2, 2)
+
+        def forward(self, q, chars, words, cm, wm, offsets):
+            return self.ava(q, chars, words, mask=cm, word_mask=wm, word_offsets=offsets).context
+
+    def inputs(B: int, n_c: int, n_w: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        cm = torch.rand(B, n_c, generator=g) < 0.8
+        wm = torch.rand(B, n_w, generator=g) < 0.8
+        off = torch.sort(torch.randint(0, n_c, (B, n_w), generator=g), dim=1).values
+        return (
+            torch.randn(B, 3, generator=g),
+            torch.randn(B, n_c, 2, generator=g),
+            torch.randn(B, n_w, 2, generator=g),
+            cm,
+            wm,
+            off,
+        )
+
+    torch.manual_seed(0)
+    call = Call().eval()
+    auto = torch.export.Dim.AUTO
+    dims = ({0: auto}, {0: auto, 1: auto}, {0: auto, 1: auto}, {0: auto, 1: auto},
+            {0: auto, 1: auto}, {0: auto, 1: auto})  # fmt: skip
+    program = torch.export.export(call, inputs(3, 7, 4, 0), dynamic_shapes=dims, strict=False)
+    for B, n_c, n_w in ((2, 9, 5), (4, 5, 2)):
+        x = inputs(B, n_c, n_w, B)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(*x), call(*x))
+
+
 def test_char_word_map_errors():
     with pytest.raises(ValueError, match="must not decrease"):
         char_word_map(n_chars=5, word_offsets=torch.tensor([[0, 3, 2]]))

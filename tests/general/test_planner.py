@@ -84,6 +84,26 @@ def test_the_4d_layout_is_chosen_on_cuda_only():
     assert planner.sdpa_four_d("cuda") and not planner.sdpa_four_d("cpu")
 
 
+def test_an_exported_call_takes_the_4d_layout_on_the_cpu_too():
+    """Under ``torch.export`` (what ``torch.onnx.export`` traces: ONNX translates only a
+    4-D SDPA) the CPU call is 4-D as well; the program gives the eager outputs."""
+    torch.manual_seed(0)
+    attn = Attention("scaled-dot", d_q=4, d_k=4).eval()
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    mask = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])[:, None, :]
+    program = torch.export.export(attn, (q, k), {"mask": mask}, strict=False)
+    sdpa_nodes = [
+        node
+        for node in program.graph.nodes
+        if node.target is torch.ops.aten.scaled_dot_product_attention.default
+    ]
+    assert sdpa_nodes, "the exported call does not run on SDPA"
+    assert all(node.args[0].meta["val"].dim() == 4 for node in sdpa_nodes)
+    with torch.no_grad():
+        got = program.module()(q, k, mask=mask).context
+    torch.testing.assert_close(got, attn(q, k, mask=mask).context)
+
+
 @pytest.mark.parametrize("score", DOT_SCORES)
 def test_attention_sdpa_runs_4d_and_matches_explicit(score, sdpa_spy, four_d):
     torch.manual_seed(0)

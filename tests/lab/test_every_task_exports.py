@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_harness import onnx_session
 from tiny_tasks import TASKS, model_and_call
 from torch.utils._pytree import tree_flatten
 
@@ -31,3 +32,26 @@ def test_task_model_exports(name):
     for g, w in zip(flat_got, flat_want, strict=True):
         if isinstance(w, torch.Tensor):
             torch.testing.assert_close(g, w, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The tensor attributes .* were assigned during export")
+@pytest.mark.parametrize("name", TASKS)
+def test_task_model_exports_to_onnx(name):
+    """``torch.onnx.export(..., dynamo=True)`` of every task model on its test batch, run in
+    ONNX Runtime: every tensor of the output, in order, with the eager values (fp32,
+    ``atol = rtol = 1e-4``). Needs the ``onnx`` extra."""
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript ('.[onnx]')")
+    pytest.importorskip("onnxruntime", reason="the graph runs in onnxruntime ('.[onnx]')")
+    model, args, kwargs = model_and_call(name)
+    session = onnx_session(model, args, kwargs)
+    feeds = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    names = [i.name for i in session.get_inputs()]
+    assert len(names) == len(feeds), f"the ONNX graph takes {names}"
+    got = session.run(None, {k: t.numpy() for k, t in zip(names, feeds, strict=True)})
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    want = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.from_numpy(g), w, atol=1e-4, rtol=1e-4, equal_nan=True)

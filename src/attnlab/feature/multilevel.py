@@ -302,7 +302,9 @@ class MaskedRNN(nn.Module):
         if N == 0 or n == 0:
             return out
         lengths = mask.sum(1)
-        order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)
+        # the real positions first, each group in its order: distinct keys, so any sort
+        # gives this order (a stable sort has no ONNX translation)
+        order = torch.argsort((~mask).long() * n + torch.arange(n, device=x.device), dim=1)
         packed_x = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
         if is_traced():  # dynamo traces neither nn.GRU/LSTM nor packing; vmap no packing
             o = padded_rnn(self._weights, packed_x, lengths, training=self.training)
@@ -704,21 +706,18 @@ def _map_from_offsets(
         )
     else:
         end = torch.full((B,), n_c, dtype=torch.long, device=dev)
+    # the starts of the real words in order (slot r: the r-th real word), then "none"
+    # (n_c + 1); a padded word writes "none" to the spare slot n_w
     big = torch.full_like(off, n_c + 1)
-    start = torch.where(real_w, off, big)
-    # next_j = min(start_{j+1:}, end)
-    shifted = torch.cat([start[:, 1:], big[:, :1]], dim=1)
-    suffix_min = shifted.flip(1).cummin(1).values.flip(1)
-    nxt = torch.minimum(suffix_min, end[:, None])
-    prev = torch.cat(
-        [
-            torch.full_like(start[:, :1], -1),
-            torch.where(real_w, off, torch.full_like(off, -1))[:, :-1],
-        ],
-        1,
-    )
-    prev_max = prev.cummax(1).values
-    if found_on_host(real_w & (off < prev_max)):
+    seen = real_w.long().cumsum(1)  # [B, n_w]: real words up to and including j
+    rank = torch.where(real_w, seen - 1, torch.full_like(seen, n_w))
+    starts = torch.cat([big, big[:, :1]], 1).scatter(1, rank, torch.where(real_w, off, big))
+    # next_j: the next real word's start, or the end of the text (cumsum and gather, no
+    # scan: ONNX has no cummin); it is the minimum of the later starts, as the starts
+    # never decrease along the real words (checked here)
+    nxt = torch.minimum(starts.gather(1, seen), end[:, None])
+    before = starts.gather(1, (seen - 2).clamp(min=0))  # the previous real word's start
+    if found_on_host(real_w & (seen >= 2) & (off < before)):
         raise ValueError("word_offsets must not decrease along the real words of a row")
     return (
         real_w[:, :, None]

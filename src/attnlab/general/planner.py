@@ -98,9 +98,12 @@ def sdpa_four_d(device: torch.device | str) -> bool:
     accelerator) only the 4-D layout makes the flash / cuDNN / efficient kernels eligible.
     On the CPU the 3-D call stays on the math kernel, whose half-precision backward
     accumulates in float32 (the CPU flash kernel's float16 gradients are measurably less
-    accurate with large scores; tests/general/test_robustness_numerics.py)."""
+    accurate with large scores; tests/general/test_robustness_numerics.py). Under
+    ``torch.export`` (what ``torch.onnx.export`` and other deployment runtimes trace) the
+    call is 4-D on every device: the portable form (ONNX's translation of SDPA takes 4-D
+    inputs only)."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return kind != "cpu"
+    return kind != "cpu" or torch.compiler.is_exporting()
 
 
 #: Looked up once, at import, without importing the module: a plain bool that
