@@ -77,6 +77,7 @@ __all__ = [
     "Score",
     "activated_general_score",
     "additive_score",
+    "apply_layer",
     "biased_general_score",
     "cosine_score",
     "dot_score",
