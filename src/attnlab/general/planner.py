@@ -24,6 +24,7 @@ prints its reason.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +104,11 @@ def sdpa_four_d(device: torch.device | str) -> bool:
     call is 4-D on every device: the portable form (ONNX's translation of SDPA takes 4-D
     inputs only)."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return kind != "cpu" or torch.compiler.is_exporting()
+    return kind != "cpu" or _is_exporting()
+
+
+#: ``torch.compiler.is_exporting`` (torch >= 2.5; never exporting before it)
+_is_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)
 
 
 #: Looked up once, at import, without importing the module: a plain bool that
