@@ -462,10 +462,6 @@ _LSH = (
 )
 _SYNTHESISED = _POSITIONAL + "synthesised weights indexed by key position"
 _LSTM_POINTER = _POSITIONAL + "an LSTM encoder over the inputs, decoded step by step"
-#: The exemptions: mechanism -> {property: why the property does not hold by design}.
-#: ``property`` is ``"permutation"`` (joint key permutation equivariance), or
-#: ``"permutation:<sequence>"`` for one sequence of a mechanism with several, or
-#: ``"padding"`` (masked positions appended). Batch independence and hygiene exempt nothing.
 _STEPS = (
     "a traced call loops over the positions in Python (the padded rows, as under "
     "torch.compile), so the ONNX graph holds the traced length's steps: "
@@ -475,6 +471,12 @@ _LSH_ONNX = (
     "the hash rotations are drawn in the call from a torch.Generator, which ONNX cannot "
     "hold (its RandomNormal draws other numbers): torch.export.export works"
 )
+#: The exemptions: mechanism -> {property: why the property does not hold by design}.
+#: ``property`` is ``"permutation"`` (joint key permutation equivariance), or
+#: ``"permutation:<sequence>"`` for one sequence of a mechanism with several, or
+#: ``"padding"`` (masked positions appended), or ``"onnx"`` (no ONNX export), or
+#: ``"onnx-lengths"`` (an ONNX graph with the traced sequence lengths, a dynamic batch).
+#: Batch independence and hygiene exempt nothing.
 EXEMPT: dict[str, dict[str, str]] = {
     "attention-via-attention": {
         "permutation": _POSITIONAL + "words are spans of consecutive characters (word_offsets)",
