@@ -6,6 +6,10 @@ PIP := $(PY) -m pip install --quiet
 STAMP := $(VENV)/.installed
 DATA_STAMP := $(VENV)/.data-installed
 SOURCES := $(HOME)/.cache/attnlab/sources
+# the suite in parallel: one pytest-xdist worker per core (at most 8; each runs its tests
+# single-threaded, see tests/conftest.py), idle workers stealing tests from busy ones.
+# `.venv/bin/python -m pytest` runs it in one process.
+PYTEST := $(PY) -m pytest -q -n auto --maxprocesses 8 --dist worksteal
 
 # TORCH=cpu (default): .venv gets the CPU build of torch==2.13.0. TORCH=system: .venv is
 # built on top of the system's Python packages (--system-site-packages) and uses the torch
@@ -32,11 +36,11 @@ endif
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # everything the optional tests need (real data, Ray, Chromium), then the whole suite
 test-all: data system
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 demo: $(DATA_STAMP)
 	$(VENV)/bin/attnlab demo

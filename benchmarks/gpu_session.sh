@@ -44,7 +44,10 @@ steps=" ${STEPS:-device cuda-tests kernel-tests cuda-bench gpu-kernels compile-t
 cuda_tests="${CUDA_TESTS:-tests}"
 tiles="${TILES-}"  # e.g. TILES=multi:16x4,additive:64x64
 workers=""
-"$py" -c "import xdist" 2>/dev/null && workers="-n 8"
+if "$py" -c "import xdist" 2>/dev/null; then  # a worker per core, at most 8
+    cores=$(nproc 2>/dev/null || echo 8)
+    workers="-n $((cores < 8 ? cores : 8))"
+fi
 
 step() {  # step NAME LIMIT_SECONDS COMMAND...   (LIMITS="NAME=SECONDS ..." overrides)
     local name=$1 limit=$2 start=$SECONDS rc item
