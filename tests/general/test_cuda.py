@@ -238,6 +238,28 @@ def test_local_paths_on_cuda(align, gaussian, path, dtype):
     _check(attn, call, inputs, dtype)
 
 
+def test_local_flex_on_cuda_serves_twelve_lengths_compiled():
+    """Batches of twelve lengths through local-m's FlexAttention path, as a model with
+    unpadded batches sees them: every call stays on the compiled kernel (with an error at
+    Dynamo's recompile limit, 8, instead of a fall-back to the unfused function, which a
+    kernel per length reached at the ninth length) and equals the window path on the
+    CPU."""
+    torch.manual_seed(0)
+    attn = Attention("general", "local-m", d_q=16, d_k=16, D=3, gaussian=False).eval()
+    names = torch._dynamo.config.get_config_copy()
+    fail = "fail_on_recompile_limit_hit"
+    if fail not in names:
+        pytest.skip("this torch cannot raise at Dynamo's recompile limit")
+    g = torch.Generator().manual_seed(2)
+    with torch._dynamo.config.patch({fail: True}), torch.no_grad():
+        for n in (40, 64, 100, 127, 128, 129, 200, 255, 300, 333, 512, 700):
+            q, k, v = (torch.randn(2, n, 16, generator=g) for _ in range(3))
+            out = attn.cuda()(q.cuda(), k.cuda(), v.cuda())
+            assert out.path == "local-flex"
+            want = attn.cpu()(q, k, v).context
+            torch.testing.assert_close(out.context.cpu(), want, atol=1e-4, rtol=1e-4)
+
+
 def _query_cases():
     return sorted(_load("query/test_query_padding.py", "cpu").SELF) + [
         f"cross:{c}" for c in sorted(_load("query/test_query_padding.py", "cpu").CROSS)

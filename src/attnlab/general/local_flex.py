@@ -15,6 +15,7 @@ docs/benchmarks.md), so it takes the gathered window (:mod:`attnlab.general.loca
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any
 
@@ -25,14 +26,25 @@ __all__ = ["local_flex_attend"]
 
 _COMPILED: dict[str, Any] = {}
 
+#: how many band block masks (one per query / key length, window and device) are kept
+_BANDS_KEPT = 64
+
 
 def _flex(compiled: bool) -> Any:
+    """FlexAttention, compiled (its fused kernel) or not (the unfused reference).
+
+    Compiled with PyTorch's automatic dynamic shapes: the first sizes get a static
+    kernel, and the first call with other sizes recompiles once with symbolic lengths
+    that serve every later length. (``dynamic=False``, one kernel per length, recompiled
+    at every new length until Dynamo's recompile limit, 8, and then ran FlexAttention
+    unfused for every new length: the full score matrix, in a model fed batches of
+    varying length.)"""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
     if "flex" not in _COMPILED:
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
+        _COMPILED["flex"] = torch.compile(flex_attention)
     return _COMPILED["flex"]
 
 
@@ -84,14 +96,7 @@ def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window:
 
     B, n_q = p.shape
     if static_window and mask is None:
-        key = ("window", n_q, n_k, D, str(p.device))
-        if key not in _COMPILED:
-
-            def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-                return (ki - qi).abs() <= D
-
-            _COMPILED[key] = create_block_mask(band, None, None, n_q, n_k, device=p.device)
-        return _COMPILED[key]
+        return _band(n_q, n_k, D, str(p.device))
     full = None if mask is None else torch.broadcast_to(mask, (B, n_q, n_k))
 
     def window(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
@@ -105,3 +110,16 @@ def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window:
     if "block_mask" not in _COMPILED:
         _COMPILED["block_mask"] = torch.compile(create_block_mask)
     return _COMPILED["block_mask"](window, B, None, n_q, n_k, device=p.device)
+
+
+@functools.lru_cache(maxsize=_BANDS_KEPT)
+def _band(n_q: int, n_k: int, D: int, device: str) -> Any:
+    """The block mask of the band ``|i - l| <= D`` for these sizes, built once and kept
+    (the last ``_BANDS_KEPT`` sizes: a model fed batches of every length keeps a bounded
+    number)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        return (ki - qi).abs() <= D
+
+    return create_block_mask(band, None, None, n_q, n_k, device=device)
