@@ -83,13 +83,14 @@ def _check_kv(
         )
     check_same(key, "key", value=value)
     check_tensor(query, "query")
-    dq = d_q if d_q is not None else "d_q"
-    layout = " or ".join(f"[{B}, {dq}]" if r == 2 else f"[{B}, n_q, {dq}]" for r in query_rank)
     if (
         query.dim() not in query_rank
         or query.shape[0] != B
         or (d_q is not None and query.shape[-1] != d_q)
     ):
+        # formatted only here: a symbolic batch size in a message specialises it
+        dq = d_q if d_q is not None else "d_q"
+        layout = " or ".join(f"[{B}, {dq}]" if r == 2 else f"[{B}, n_q, {dq}]" for r in query_rank)
         raise ValueError(
             f"query has shape {tuple(query.shape)}, expected {layout} ([B, n_q, d_q] "
             "with the batch size of key)"
