@@ -55,17 +55,20 @@ def test_compiled_flex_serves_new_lengths_with_one_recompile(monkeypatch):
         torch._dynamo.reset()
 
 
-def test_band_masks_are_built_once_per_size_and_bounded():
+def test_band_masks_are_built_once_per_size_and_bounded(monkeypatch):
     """The band ``|i - l| <= D`` of local-m's default window is built once per sizes (the
-    same object again) and at most ``_BANDS_KEPT`` of them are kept, whatever the number
-    of lengths a model sees."""
-    local_flex._band.cache_clear()
+    same object again) and at most ``_BANDS_KEPT`` of them are kept, the most recently
+    used, whatever the number of lengths a model sees."""
+    monkeypatch.setattr(local_flex, "_BANDS", {})
     first = local_flex._band(10, 10, 2, "cpu")
     assert local_flex._band(10, 10, 2, "cpu") is first
     assert local_flex._band(10, 10, 3, "cpu") is not first
     for n in range(1, local_flex._BANDS_KEPT + 20):
         local_flex._band(n, n + 1, 2, "cpu")
-    assert local_flex._band.cache_info().currsize == local_flex._BANDS_KEPT
+        local_flex._band(10, 10, 2, "cpu")  # used at every step: kept
+    assert len(local_flex._BANDS) == local_flex._BANDS_KEPT
+    assert local_flex._band(10, 10, 2, "cpu") is first
+    assert (10, 10, 3, "cpu") not in local_flex._BANDS  # the least recently used went
     # the mask itself: query i sees the keys l with |i - l| <= D
     dense = first.to_dense()  # [1, 1, query blocks, key blocks]: one block here
     assert dense.shape[-2:] == (1, 1) and bool(dense.all())
@@ -74,4 +77,32 @@ def test_band_masks_are_built_once_per_size_and_bounded():
         torch.tensor(0), torch.tensor(0), torch.arange(10)[:, None], torch.arange(10)[None, :]
     )
     assert torch.equal(got, want)
-    local_flex._band.cache_clear()
+
+
+def test_band_masks_under_compile_are_built_in_the_graph(monkeypatch):
+    """Under ``torch.compile`` with dynamic shapes the band is built in the graph: one
+    graph for every length (a cache keyed by the symbolic sizes would make them constants,
+    a graph per length), no warning, and the eager band's blocks."""
+    from torch._dynamo.testing import CompileCounter
+
+    monkeypatch.setattr(local_flex, "_BANDS", {})
+
+    def blocks(centres: torch.Tensor) -> torch.Tensor:
+        band = local_flex._block_mask(centres, centres.shape[1], 2, None, True)
+        return band.kv_num_blocks, band.kv_indices
+
+    counter = CompileCounter()
+    compiled = torch.compile(blocks, backend=counter, dynamic=True, fullgraph=True)
+    torch._dynamo.reset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for n in (200, 300, 520):
+                centres = torch.arange(float(n)).expand(2, n)
+                got, want = compiled(centres), blocks(centres)
+                for g, w in zip(got, want, strict=True):
+                    torch.testing.assert_close(g, w)
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count == 1
+    assert not local_flex._BANDS or all(isinstance(k[0], int) for k in local_flex._BANDS)

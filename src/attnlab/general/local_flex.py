@@ -15,7 +15,6 @@ docs/benchmarks.md), so it takes the gathered window (:mod:`attnlab.general.loca
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from typing import Any
 
@@ -28,6 +27,7 @@ _COMPILED: dict[str, Any] = {}
 
 #: how many band block masks (one per query / key length, window and device) are kept
 _BANDS_KEPT = 64
+_BANDS: dict[tuple[int, int, int, str], Any] = {}
 
 
 def _flex(compiled: bool) -> Any:
@@ -112,11 +112,24 @@ def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window:
     return _COMPILED["block_mask"](window, B, None, n_q, n_k, device=p.device)
 
 
-@functools.lru_cache(maxsize=_BANDS_KEPT)
 def _band(n_q: int, n_k: int, D: int, device: str) -> Any:
-    """The block mask of the band ``|i - l| <= D`` for these sizes, built once and kept
-    (the last ``_BANDS_KEPT`` sizes: a model fed batches of every length keeps a bounded
-    number)."""
+    """The block mask of the band ``|i - l| <= D`` for these sizes: built once and kept in
+    eager mode (the last ``_BANDS_KEPT`` sizes, so a model fed batches of every length
+    keeps a bounded number); built in the graph under ``torch.compile`` (a cache keyed by
+    symbolic sizes would make them constants: a graph per length)."""
+    if torch.compiler.is_compiling():
+        return _make_band(n_q, n_k, D, device)
+    key = (n_q, n_k, D, device)
+    band = _BANDS.pop(key, None)
+    if band is None:
+        band = _make_band(n_q, n_k, D, device)
+    _BANDS[key] = band  # the most recently used last
+    while len(_BANDS) > _BANDS_KEPT:
+        del _BANDS[next(iter(_BANDS))]
+    return band
+
+
+def _make_band(n_q: int, n_k: int, D: int, device: str) -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
 
     def band(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
