@@ -62,7 +62,7 @@ def local_flex_attend(
         D: half window width. mask: bool broadcastable to ``[B, n_q, n_k]``.
         static_window: the centres are the query positions ``0 .. n_q - 1`` and there is
             no mask (local-m's default): the block mask ``|i - l| <= D`` is the same for
-            every call of these sizes and is built once and cached.
+            every call of these sizes and is kept between calls (:func:`_band`).
 
     Returns the context ``[B, n_q, d_v]`` in ``v``'s dtype. On CUDA FlexAttention runs
     compiled (its fused kernel), on the CPU as its unfused reference.
@@ -91,7 +91,7 @@ def local_flex_attend(
 def _block_mask(p: Tensor, n_k: int, D: int, mask: Tensor | None, static_window: bool) -> Any:
     """FlexAttention's block mask of the windows ``|l - p_i| <= D`` (``p`` ``[B, n_q]``,
     detached) and ``mask``; with ``static_window`` (and no mask) the band ``|i - l| <= D``,
-    built once per size and device and cached."""
+    kept for the last ``_BANDS_KEPT`` sizes (:func:`_band`)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, n_q = p.shape
