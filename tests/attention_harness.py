@@ -968,6 +968,98 @@ def check_backward_without_anomaly(
             assert torch.isfinite(v.grad).all(), f"the gradient of {k} is not finite"
 
 
+def _training_step(
+    called: nn.Module,
+    step: Callable[[dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]],
+    x: dict[str, Tensor],
+    masks: dict[str, Tensor],
+) -> tuple[dict[str, Tensor], dict[tuple[str, str], Tensor]]:
+    """One call ``step(x, masks)`` (``called``, a :class:`_Called`, or a wrapper of it) on
+    fresh leaf copies of the floating inputs with the global seed at 7, then the backward
+    pass of a weighted sum of the outputs (weights from 0.5 to 1.5, so that weights summing
+    to one still pass a gradient): the detached outputs, and the gradient of every
+    parameter (``("param", name)``) and input (``("input", name)``) that gets one."""
+    xs = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
+    called.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    out = step(xs, masks)
+    loss = sum(
+        ((v.float() * torch.linspace(0.5, 1.5, v.numel()).view_as(v)).sum() for v in out.values()),
+        torch.zeros(()),
+    )
+    if loss.requires_grad:
+        loss.backward()
+    grads = {("param", k): p.grad for k, p in called.named_parameters() if p.grad is not None}
+    grads.update({("input", k): v.grad for k, v in xs.items() if v.grad is not None})
+    return {k: v.detach() for k, v in out.items()}, grads
+
+
+def _assert_same_step(
+    got: tuple[dict[str, Tensor], dict[tuple[str, str], Tensor]],
+    want: tuple[dict[str, Tensor], dict[tuple[str, str], Tensor]],
+    what: str,
+) -> None:
+    _assert_outputs_close(got[0], want[0], what)
+    assert got[1].keys() == want[1].keys(), (
+        f"{what}: gradients of {sorted(got[1])}, eager: {sorted(want[1])}"
+    )
+    for k, g in want[1].items():
+        torch.testing.assert_close(
+            got[1][k], g, **INVARIANCE_TOL, msg=lambda m, k=k: f"{what}, gradient of {k}: {m}"
+        )
+
+
+def check_activation_checkpointing(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
+    """Activation checkpointing (``torch.utils.checkpoint.checkpoint(...,
+    use_reentrant=False)``, which frees the activations and runs the forward again in the
+    backward pass) gives the outputs and gradients of the plain call, in training mode
+    (dropout and sampling included: the checkpoint replays the random state) and in
+    evaluation mode, with masks of different lengths. A forward with a side effect (a
+    counter, a cache, state it updates) fails it."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    called = _Called(mech, mech.build())
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+
+    def checkpointed(xs: dict[str, Tensor], ms: dict[str, Tensor]) -> dict[str, Tensor]:
+        return checkpoint(called, xs, ms, use_reentrant=False)
+
+    for training in (True, False):
+        called.train(training)
+        _assert_same_step(
+            _training_step(called, checkpointed, x, masks),
+            _training_step(called, called, x, masks),
+            f"checkpointed ({'training' if training else 'evaluation'} mode)",
+        )
+
+
+def check_compiled_forward_and_backward(
+    mech: Mechanism,
+    *,
+    n: int = 5,
+    batch: int = 3,
+    backend: str = "aot_eager",
+    fullgraph: bool = True,
+) -> None:
+    """``torch.compile(fullgraph=fullgraph)`` with an AOTAutograd backend (``"aot_eager"``:
+    the joint forward and backward graph, functionalised, run by eager kernels; the
+    ``"inductor"`` default goes the same way and generates code) gives the eager outputs
+    and the eager gradients of every parameter and input, in evaluation mode with masks of
+    different lengths. (The tracing-only tests of ``tests/general/test_compile.py`` never
+    trace a backward pass: a custom ``autograd.Function`` whose backward AOTAutograd cannot
+    trace, or a mutation functionalisation gets wrong, shows here.)"""
+    torch.manual_seed(0)
+    called = _Called(mech, mech.build().eval())
+    x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
+    masks = _ragged_masks(mech, batch, n)
+    want = _training_step(called, called, x, masks)
+    torch._dynamo.reset()
+    compiled = torch.compile(called, backend=backend, fullgraph=fullgraph)
+    _assert_same_step(_training_step(called, compiled, x, masks), want, f"compiled ({backend})")
+
+
 def check_export(mech: Mechanism, *, n: int = 5, batch: int = 3) -> None:
     """``torch.export.export`` (non-strict, how a model is handed to a deployment
     runtime) traces a call with masks of different lengths, and the exported program gives

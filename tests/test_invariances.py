@@ -4,8 +4,8 @@ module hygiene (deepcopy, pickle, a state dict loaded into a fresh module, float
 non-contiguous inputs), half precision (bfloat16 and float16 against float32, with the
 stated tolerance ``HALF_TOL``), an empty batch, training after a call under
 ``torch.inference_mode()``, exact second derivatives, and a backward pass that
-``torch.autograd.detect_anomaly`` finds no NaN in, ``torch.export``, ONNX export run in
-ONNX Runtime (with the ``onnx`` extra), the ``torch.func`` transforms, the meta-device
+``torch.autograd.detect_anomaly`` finds no NaN in, activation checkpointing,
+``torch.export``, ONNX export run in ONNX Runtime (with the ``onnx`` extra), the ``torch.func`` transforms, the meta-device
 pattern (``to_empty``, then ``reset_parameters``), and LoRA adapters and pruning on every
 ``nn.Linear`` / ``nn.Conv1d`` of the module.
 
@@ -34,6 +34,7 @@ import torch
 from attention_harness import (
     HALF_TOL,
     Mechanism,
+    check_activation_checkpointing,
     check_backward_without_anomaly,
     check_batch_independence,
     check_empty_batch,
@@ -637,6 +638,36 @@ def test_backward_without_anomaly(name):
         # its targets point at real inputs: a sample without any is an invalid call
         empty_sample=not name.startswith("pointer-network"),
     )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_activation_checkpointing(name):
+    check_activation_checkpointing(MECHANISMS[name], n=N)
+
+
+class _CountingSelfAttention(torch.nn.Module):
+    """Multi-head self-attention whose forward scales the context by 1 or 2 as it has been
+    called an even or odd number of times: a forward with a side effect. The check's
+    checkpointed call, then the plain one, see the same parity (the same outputs), but the
+    checkpoint's second run of the forward in the backward pass sees the other one: only
+    the gradients show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = MultiHeadAttention(D, 2)
+        self.calls = 0
+
+    def forward(self, query: Tensor, *, mask: Tensor | None = None, need_weights: bool = False):
+        self.calls += 1
+        out = self.inner(query, mask=mask, need_weights=need_weights)
+        scale = torch.full((), 1.0 + self.calls % 2)  # a tensor: the backward saves it
+        return replace(out, context=out.context * scale)
+
+
+def test_activation_checkpointing_check_fails_on_a_forward_with_a_side_effect():
+    mech = replace(MECHANISMS["multi-head"], build=_CountingSelfAttention)
+    with pytest.raises(AssertionError, match=r"checkpointed \(training mode\), gradient"):
+        check_activation_checkpointing(mech, n=N)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from attnlab import CDME, Attention, HierarchicalAttention, PointerNetwork
+from attnlab import CDME, Attention, HierarchicalAttention, MultiHeadAttention, PointerNetwork
 from tests.general.test_attention import QUERYLESS, VALID
 from tests.test_checks import CASES, _inputs
 from tests.test_invariances import MECHANISMS
@@ -325,3 +325,42 @@ def test_compiled_per_sample_gradients_match_eager(align):
     got = torch.compile(per_sample, fullgraph=True, backend="eager")(params, q, k)
     assert want["score.W.weight"].abs().sum() > 0
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)  # float32, another graph
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_forward_and_backward_compile_through_aot_autograd(name):
+    """Every mechanism under ``torch.compile(backend="aot_eager", fullgraph=True)``:
+    AOTAutograd traces the joint forward and backward graph (what the default Inductor
+    backend compiles; the tests above trace the forward only), and the outputs and every
+    gradient are the eager ones (``check_compiled_forward_and_backward``). Inductor itself,
+    run once over all of them on this machine's CPU, agreed as well (17 minutes: too long
+    for the suite)."""
+    from attention_harness import check_compiled_forward_and_backward
+
+    # LSH attention: the graph breaks where the test's call makes its torch.Generator
+    check_compiled_forward_and_backward(MECHANISMS[name], fullgraph=name not in NOT_HERE)
+
+
+class _DetachedWhenCompiled(nn.Module):
+    """Multi-head self-attention whose traced path cuts the gradient of its input (a
+    compile-only path with a wrong backward, as a fast path that steps aside under
+    ``torch.compile`` could have)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = MultiHeadAttention(8, 2)
+
+    def forward(self, query: torch.Tensor, *, mask: Any = None, need_weights: bool = False):
+        if torch.compiler.is_compiling():
+            query = query.detach()
+        return self.inner(query, mask=mask, need_weights=need_weights)
+
+
+def test_compiled_backward_check_fails_on_a_traced_path_with_another_backward():
+    from dataclasses import replace
+
+    from attention_harness import check_compiled_forward_and_backward
+
+    mech = replace(MECHANISMS["multi-head"], build=_DetachedWhenCompiled)
+    with pytest.raises(AssertionError, match="gradient"):
+        check_compiled_forward_and_backward(mech)
