@@ -68,6 +68,33 @@ def test_padded_rnn_gives_the_packed_outputs_and_gradients(cell, layers, bi):
 
 
 @pytest.mark.parametrize("cell,layers,bi", CONFIGS)
+def test_padded_rnn_compiles_through_aot_autograd_for_an_input_without_gradient(cell, layers, bi):
+    """``torch.compile``'s default path goes through AOTAutograd; there, the input needing
+    no gradient and the weights needing one (frozen embeddings in front of the encoder,
+    float32 on the CPU), the outputs and the weights' gradients are eager's. PyTorch 2.13's
+    CPU LSTM failed this before ``_in_weights_graph`` joined the input to the weights'
+    graph ("expected all tensors_saved_with_vc_check to be Tensors")."""
+    rnn = _rnn(cell, layers, bi).float()
+    weights = RNNWeights(rnn)
+    x = _x().float()
+
+    def run(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return padded_rnn(weights, x, lengths)
+
+    want = run(x, LENGTHS)
+    probe = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    params = list(rnn.parameters())
+    g_want = torch.autograd.grad((want * probe).sum(), params)
+    torch._dynamo.reset()
+    got = torch.compile(run, backend="aot_eager", fullgraph=True)(x, LENGTHS)
+    g_got = torch.autograd.grad((got * probe).sum(), params)
+    assert not x.requires_grad
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cell,layers,bi", CONFIGS)
 def test_padded_rnn_takes_an_initial_state_and_no_lengths(cell, layers, bi):
     rnn = _rnn(cell, layers, bi)
     x = _x()

@@ -146,11 +146,28 @@ def _run(
         return torch.stack(outputs, 1) if outputs else x.new_zeros(*x.shape[:2], weights.hidden)
     if weights.cell == "lstm":
         out, _, _ = torch.lstm(
-            x, (h0[None], c0[None]), params, weights.bias, 1, 0.0, training, False, True
-        )
+            _in_weights_graph(x, params), (h0[None], c0[None]), params, weights.bias,
+            1, 0.0, training, False, True,
+        )  # fmt: skip
     else:
         out, _ = torch.gru(x, h0[None], params, weights.bias, 1, 0.0, training, False, True)
     return out
+
+
+def _in_weights_graph(x: Tensor, params: list[Tensor]) -> Tensor:
+    """``x``, joined to the autograd graph of the weights where it needs no gradient and
+    they do: plus an exact zero, the empty sum of one weight (no gradient reaches either).
+
+    Works around PyTorch's CPU LSTM under AOTAutograd (``torch.compile``'s default
+    backend, torch 2.13): ``torch.lstm`` (its oneDNN ``mkldnn_rnn_layer``) on an input
+    that needs no gradient, with weights that do, fails there ("expected all
+    tensors_saved_with_vc_check to be Tensors"; Inductor: "expected Tensor() for op:
+    torch.ops.aten.mkldnn_rnn_layer"), as with frozen embeddings in front of the encoder.
+    The GRU has no such failure."""
+    live = [p for p in params if p.requires_grad]
+    if x.requires_grad or not live or not torch.is_grad_enabled():
+        return x
+    return x + live[0][:0].sum()
 
 
 def _real(x: Tensor, lengths: Tensor | None) -> Tensor:
