@@ -14,7 +14,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._recurrent import RNNWeights, gru_cell, lstm_cell, padded_rnn, stepped_rnn
+from attnlab._recurrent import (
+    RNNWeights,
+    gru_cell,
+    lstm_cell,
+    padded_rnn,
+    rnn_step,
+    stepped_rnn,
+)
 
 N, n, D_IN, H = 5, 6, 3, 4
 #: one full row, a row with one real position, an empty row and two in between
@@ -248,3 +255,38 @@ def test_recurrences_under_vmap_match_the_batched_run(cell):
     for a, b in zip(torch.utils._pytree.tree_leaves(got_state),
                     torch.utils._pytree.tree_leaves(want_state), strict=True):  # fmt: skip
         torch.testing.assert_close(a.squeeze(2), b, **TOL)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_rnn_step_is_one_step_of_the_module(cell):
+    """``rnn_step`` (a decoder's traced step) gives the state ``nn.GRU`` / ``nn.LSTM``
+    returns for a sequence of one step from the same state, with the same gradients."""
+    rnn = _rnn(cell, 1, False)
+    x = _x(requires_grad=True)[:, 0]
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(N, H, generator=g, dtype=torch.float64)
+    c = torch.randn(N, H, generator=g, dtype=torch.float64)
+    state = (h[None], c[None]) if cell == "lstm" else h[None]
+    out, final = rnn(x[:, None], state)
+    got_h, got_c = rnn_step(RNNWeights(rnn), x, h, c if cell == "lstm" else None)
+    want_h = out[:, 0]
+    torch.testing.assert_close(got_h, want_h, **TOL)
+    if cell == "lstm":
+        torch.testing.assert_close(got_c, final[1][0], **TOL)
+    else:
+        assert got_c is None
+    params = [x, *rnn.parameters()]
+    got_g = torch.autograd.grad(got_h.sum(), params)
+    want_g = torch.autograd.grad(want_h.sum(), params)
+    for a, b in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_rnn_step_refuses_what_it_cannot_run_in_one_line():
+    h = torch.zeros(N, H, dtype=torch.float64)
+    x = _x()[:, 0]
+    for rnn in (_rnn("gru", 2, False), _rnn("gru", 1, True)):
+        with pytest.raises(ValueError, match="one-layer, one-direction"):
+            rnn_step(RNNWeights(rnn), x, h)
+    with pytest.raises(ValueError, match="needs its cell state"):
+        rnn_step(RNNWeights(_rnn("lstm", 1, False)), x, h)

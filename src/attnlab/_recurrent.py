@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from attnlab._checks import is_transformed
 
-__all__ = ["RNNWeights", "gru_cell", "lstm_cell", "padded_rnn", "stepped_rnn"]
+__all__ = ["RNNWeights", "gru_cell", "lstm_cell", "padded_rnn", "rnn_step", "stepped_rnn"]
 
 #: An LSTM's state ``(h, c)`` or a GRU's ``h``, each ``[layers * directions, N, hidden]``.
 State = Tensor | tuple[Tensor, Tensor]
@@ -50,7 +50,9 @@ class RNNWeights:
 
     Kept as a plain attribute of the module that owns the RNN: it is not a module, so it
     adds nothing to ``state_dict()`` or ``parameters()``, and ``copy.deepcopy`` / pickling
-    keep it pointing at the copy's RNN.
+    keep it pointing at the copy's RNN. ``module`` is that RNN, for the eager packed run:
+    a traced path reads the weights here and never the module (Dynamo refuses to trace
+    an ``nn.GRU`` / ``nn.LSTM`` it meets).
     """
 
     def __init__(self, rnn: nn.Module) -> None:
@@ -65,6 +67,7 @@ class RNNWeights:
         self.bias: bool = rnn.bias
         self.dropout: float = float(rnn.dropout)
         self._params = rnn._parameters
+        self.module = rnn
 
     def layer(self, layer: int, reverse: bool = False) -> list[Tensor]:
         """``[W_ih, W_hh(, b_ih, b_hh)]`` of one layer and direction."""
@@ -125,6 +128,22 @@ def _step(
         return h_new, c_new
     step = gru_cell if is_transformed() else torch.gru_cell
     return step(x, h, *params), c
+
+
+def rnn_step(
+    weights: RNNWeights, x: Tensor, h: Tensor, c: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """One time step of a one-layer, one-direction RNN, as ``nn.GRU`` / ``nn.LSTM`` over a
+    sequence of one step: ``x`` ``[N, d_in]`` and the state ``h`` (and, for an LSTM, ``c``)
+    ``[N, hidden]`` -> the new ``(h, c)`` (``c`` None for a GRU); ``h`` is also the step's
+    output. For the traced path of a decoder that runs its RNN a step at a time."""
+    if weights.num_layers != 1 or weights.directions != 1:
+        raise ValueError("rnn_step runs a one-layer, one-direction RNN")
+    if weights.cell == "lstm":
+        if c is None:
+            raise ValueError("rnn_step: an LSTM needs its cell state c")
+        return _step("lstm", x, h, c, weights.layer(0))
+    return _step("gru", x, h, h, weights.layer(0))[0], None
 
 
 def _run(

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnlab._recurrent import RNNWeights
 from attnlab.feature.multilevel import MaskedRNN
 from attnlab.models._rnn import RNN_ENCODERS, masked_rnn, run_packed
 
@@ -15,7 +16,8 @@ def test_run_packed_reads_only_the_real_steps():
     rnn = nn.LSTM(3, 4, batch_first=True, bidirectional=True)
     x = torch.randn(3, 5, 3)
     lengths = torch.tensor([5, 2, 0])
-    h = run_packed(rnn, x, lengths)
+    weights = RNNWeights(rnn)
+    h = run_packed(weights, x, lengths, training=False)
     assert h.shape == (3, 5, 8)
     alone, (h_n, _) = rnn(x[1:2, :2])
     torch.testing.assert_close(h[1, :2], alone[0])
@@ -25,7 +27,19 @@ def test_run_packed_reads_only_the_real_steps():
     assert h[1, 2:].abs().sum() == 0  # beyond the length: zero
     noisy = x.clone()
     noisy[1, 2:] = 100.0  # padding never reaches the outputs
-    torch.testing.assert_close(run_packed(rnn, noisy, lengths)[:2], h[:2])
+    torch.testing.assert_close(run_packed(weights, noisy, lengths, training=False)[:2], h[:2])
+
+
+class _Encoder(nn.Module):
+    """An RNN run by ``run_packed``, its weights built with it (as the task models do)."""
+
+    def __init__(self, rnn: nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+        self._weights = RNNWeights(rnn)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return run_packed(self._weights, x, lengths, training=self.training)
 
 
 @pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
@@ -33,19 +47,28 @@ def test_run_packed_traced_gives_the_packed_outputs(cell):
     """Under torch.compile / torch.export (no packing) the same weights run over the
     padded rows: the outputs of the packed run at the real steps, zeros beyond."""
     torch.manual_seed(0)
-    rnn = cell(3, 4, batch_first=True, bidirectional=True).eval()
+    enc = _Encoder(cell(3, 4, batch_first=True, bidirectional=True)).eval()
     x, lengths = torch.randn(3, 5, 3), torch.tensor([5, 2, 1])
+    program = torch.export.export(enc, (x, lengths), strict=False)
+    torch.testing.assert_close(program.module()(x, lengths), enc(x, lengths))
 
-    class Run(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn = rnn
 
-        def forward(self, x, lengths):
-            return run_packed(self.rnn, x, lengths)
-
-    program = torch.export.export(Run(), (x, lengths), strict=False)
-    torch.testing.assert_close(program.module()(x, lengths), run_packed(rnn, x, lengths))
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU])
+def test_run_packed_compiles_in_one_graph(cell):
+    """``torch.compile(fullgraph=True)``: the traced run never meets the ``nn.LSTM`` /
+    ``nn.GRU`` (Dynamo refuses them), and its outputs and gradients are the packed run's."""
+    torch.manual_seed(0)
+    enc = _Encoder(cell(3, 4, batch_first=True, bidirectional=True)).eval()
+    x, lengths = torch.randn(3, 5, 3), torch.tensor([5, 2, 1])
+    params = list(enc.parameters())
+    want = enc(x, lengths)
+    g_want = torch.autograd.grad(want.square().sum(), params)
+    torch._dynamo.reset()
+    got = torch.compile(enc, backend="aot_eager", fullgraph=True)(x, lengths)
+    g_got = torch.autograd.grad(got.square().sum(), params)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_masked_rnn_of_every_encoder_name():

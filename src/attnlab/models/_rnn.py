@@ -7,7 +7,8 @@ recurrent encoder over prefix-padded sequences, shared by the task models whose 
 tokens come first (the sentence classifier's BiLSTM, the VQA question encoder, the
 translator's encoder).
 
-``run_packed(rnn, x, lengths)`` packs ``x`` ``[B, n, d_in]`` by ``lengths`` ``[B]``, so the
+``run_packed(weights, x, lengths, training=...)`` (``weights`` the
+:class:`~attnlab._recurrent.RNNWeights` of the encoder, built with it) packs ``x`` ``[B, n, d_in]`` by ``lengths`` ``[B]``, so the
 recurrence never reads padding, and pads the outputs back to ``n`` steps (a caller that
 needs a final state reads it from the outputs: the last real step going forward, step 0
 going backward). A row of length
@@ -17,7 +18,7 @@ mask. Cost: that of the cell, O(B n d_in h), sequential in ``n``.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._checks import is_traced
@@ -43,19 +44,20 @@ def masked_rnn(name: str, d_in: int, hidden: int) -> MaskedRNN:
     return MaskedRNN(d_in, hidden, cell=cell, bidirectional=bidirectional)
 
 
-def run_packed(rnn: nn.RNNBase, x: Tensor, lengths: Tensor) -> Tensor:
-    """The outputs ``[B, n, d_out]`` of the ``batch_first`` ``rnn`` (an ``nn.GRU`` or
-    ``nn.LSTM``) over the first ``lengths[b]`` steps of each row of ``x`` ``[B, n, d_in]``,
-    zero beyond them. ``B`` and ``n`` must be at least 1. Under ``torch.compile`` and
-    ``torch.export`` (which trace neither the fused recurrences nor packing) the same
+def run_packed(weights: RNNWeights, x: Tensor, lengths: Tensor, *, training: bool) -> Tensor:
+    """The outputs ``[B, n, d_out]`` of the ``batch_first`` RNN of ``weights`` (an
+    ``nn.GRU`` or ``nn.LSTM``, ``weights.module``) over the first ``lengths[b]`` steps of
+    each row of ``x`` ``[B, n, d_in]``, zero beyond them; ``training`` is the owner's mode
+    (dropout between layers). ``B`` and ``n`` must be at least 1. Under ``torch.compile``
+    and ``torch.export`` (which trace neither the fused recurrences nor packing) the same
     weights run over the padded rows (:func:`attnlab._recurrent.padded_rnn`: the same
-    outputs, one graph)."""
+    outputs, one graph). ``weights`` is built once with the RNN (a plain attribute of its
+    owner): Dynamo refuses to trace a call that meets the ``nn.GRU`` / ``nn.LSTM`` itself."""
     if is_traced():
-        weights = RNNWeights(rnn)
-        return padded_rnn(weights, x, lengths.clamp(min=1), training=rnn.training)
+        return padded_rnn(weights, x, lengths.clamp(min=1), training=training)
     packed = pack_padded_sequence(
         x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
     )
-    out, _ = rnn(packed)
+    out, _ = weights.module(packed)
     h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
     return h

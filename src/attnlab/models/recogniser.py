@@ -40,13 +40,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnlab._checks import check_int
+from attnlab._checks import check_int, is_traced
+from attnlab._recurrent import RNNWeights
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_ids, check_index, check_sizes
 from attnlab.models._pooling import uniform_context, uniform_weights
+from attnlab.models._rnn import run_packed
 from attnlab.output import output_pytree
 from attnlab.registry import Configurable, register
 
@@ -84,14 +85,6 @@ class Transcript:
     attention: list[Tensor]
 
 
-def _bilstm(layer: nn.LSTM, x: Tensor, lengths: Tensor) -> Tensor:
-    """``layer`` over the first ``lengths`` steps of each row of ``x`` (packed: padding
-    never enters); zeros on the padding."""
-    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    out, _ = layer(packed)
-    return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
-
-
 def _stack(x: Tensor, lengths: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Groups of ``k`` consecutive steps concatenated, ``[B, T, h] -> [B, ceil(T/k), k h]``
     (the last group completed with zeros; ``x`` must be zero on padding), and the new
@@ -119,15 +112,17 @@ class Listener(nn.Module):
             nn.LSTM(4 * h, h, batch_first=True, bidirectional=True) for _ in range(pyramid)
         )
         self.proj = nn.Linear(2 * h, out_dim)
+        # each BiLSTM's weights, for the packed run and its traced form (models._rnn)
+        self._weights = [RNNWeights(self.bottom), *(RNNWeights(p) for p in self.pyramid)]
 
     def forward(self, features: Tensor, lengths: Tensor) -> Listened:
         T = features.shape[1]
         mask = torch.arange(T, device=features.device)[None, :] < lengths[:, None]
         x, lengths = _stack(features * mask[..., None], lengths, self.stack)
-        x = _bilstm(self.bottom, x, lengths)
-        for layer in self.pyramid:
+        x = run_packed(self._weights[0], x, lengths, training=self.training)
+        for weights in self._weights[1:]:
             x, lengths = _stack(x, lengths, 2)
-            x = _bilstm(layer, x, lengths)
+            x = run_packed(weights, x, lengths, training=self.training)
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         return Listened(self.proj(x) * mask[..., None], mask)
 
@@ -232,7 +227,8 @@ class ListenAttendSpell(Configurable):
                 f"lengths must be an integer tensor [B] = [{B}], got {t.dtype} of shape "
                 f"{tuple(t.shape)}"
             )
-        if B and (int(t.min()) < 1 or int(t.max()) > T):
+        # a check of values reads them on the host: eager only (one graph under compile)
+        if B and not is_traced() and (int(t.min()) < 1 or int(t.max()) > T):
             raise ValueError(
                 f"lengths hold values in [{int(t.min())}, {int(t.max())}], outside [1, T] = "
                 f"[1, {T}] for features of shape {tuple(features.shape)}"

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
+from attnlab._recurrent import RNNWeights
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.models._inputs import token_mask
@@ -222,6 +223,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         """Build the encoder; return its state size ``d_h``."""
         if encoder == "bilstm":
             self.lstm = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=True)
+            self._lstm_weights = RNNWeights(self.lstm)
             d_h = 2 * hidden_size
         elif encoder == "cnn":
             widths = tuple(kernel_sizes)
@@ -340,7 +342,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         if self.encoder_name == "bilstm":
             if n == 0 or B == 0:
                 return x.new_zeros(B, real.shape[1], self.d_h)
-            h = run_packed(self.lstm, x, mask.sum(1))
+            h = run_packed(self._lstm_weights, x, mask.sum(1), training=self.training)
         elif self.encoder_name == "cnn":
             if n == 0:
                 return x.new_zeros(B, n, self.d_h)

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_flags, check_int, check_number
+from attnlab._checks import ConfigError, check_flags, check_int, check_number, is_traced
+from attnlab._recurrent import RNNWeights, rnn_step
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
@@ -177,6 +178,7 @@ class Seq2SeqTranslator(Configurable):
         self.src_embedding = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_idx)
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, embed_dim, padding_idx=pad_idx)
         self.encoder = cell(embed_dim, d // 2, batch_first=True, bidirectional=True)
+        self._encoder_weights = RNNWeights(self.encoder)
         self.bridge = nn.Linear(d, d)
         self.dropout = nn.Dropout(dropout)
         self.attention: Attention | None
@@ -190,6 +192,7 @@ class Seq2SeqTranslator(Configurable):
         else:
             self.decoder = cell(embed_dim + (d if self.input_feeding else 0), d, batch_first=True)
             self.combine = nn.Linear(2 * d, d, bias=False)  # W_c
+        self._decoder_weights = RNNWeights(self.decoder)
         self.output = nn.Linear(d, tgt_vocab_size)
 
     # ------------------------------------------------------------------ encoder
@@ -212,7 +215,7 @@ class Seq2SeqTranslator(Configurable):
         if B == 0 or S == 0:
             states = x.new_zeros(B, S, self.d)
             return Encoded(states, mask, torch.tanh(self.bridge(x.new_zeros(B, self.d))))
-        states = run_packed(self.encoder, x, lengths)
+        states = run_packed(self._encoder_weights, x, lengths, training=self.training)
         # the final states of the one-layer encoder are outputs: going forward the last
         # real step's, going backward step 0's (what the packed run returns as h_n)
         half = self.d // 2
@@ -245,6 +248,9 @@ class Seq2SeqTranslator(Configurable):
         return out.context, out.weights, out.log_prob
 
     def _rnn(self, x: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        if is_traced():  # Dynamo refuses the nn.LSTM / nn.GRU: the same weights, ATen's cell
+            h1, c1 = rnn_step(self._decoder_weights, x, state["h"], state.get("c"))
+            return h1, ({"h": h1} if c1 is None else {"h": h1, "c": c1})
         h = state["h"][None].contiguous()
         if self.rnn_type == "lstm":
             out, (h1, c1) = self.decoder(x[:, None, :], (h, state["c"][None].contiguous()))

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_flags, check_int, found_on_host
+from attnlab._recurrent import RNNWeights
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
 from attnlab.models._inputs import (
     check_choice,
@@ -194,6 +195,7 @@ class VQAModel(Configurable):
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
         rnn = nn.LSTM if encoder == "bilstm" else nn.GRU
         self.rnn = rnn(embed_dim, hidden_size, batch_first=True, bidirectional=True)
+        self._rnn_weights = RNNWeights(self.rnn)
 
         self.uniform = False
         self.co_attention: nn.Module | None = self._build_attention(attention, d)
@@ -301,7 +303,7 @@ class VQAModel(Configurable):
         x = self.embedding(tokens)
         if B == 0 or n == 0:
             return x.new_zeros(B, n, self.d)
-        h = run_packed(self.rnn, x, mask.sum(1))
+        h = run_packed(self._rnn_weights, x, mask.sum(1), training=self.training)
         return h * mask.unsqueeze(-1).to(h.dtype)
 
     def forward(
