@@ -5,14 +5,14 @@ name (``"bilstm"``, ``"bigru"``, ``"lstm"``, ``"gru"``: :data:`RNN_ENCODERS`), a
 document and target classifiers take it. :func:`run_packed` is the packed run of a
 recurrent encoder over prefix-padded sequences, shared by the task models whose real
 tokens come first (the sentence classifier's BiLSTM, the VQA question encoder, the
-translator's encoder).
+translator's encoder, the speech recogniser's listener).
 
-``run_packed(weights, x, lengths, training=...)`` (``weights`` the
-:class:`~attnlab._recurrent.RNNWeights` of the encoder, built with it) packs ``x`` ``[B, n, d_in]`` by ``lengths`` ``[B]``, so the
-recurrence never reads padding, and pads the outputs back to ``n`` steps (a caller that
-needs a final state reads it from the outputs: the last real step going forward, step 0
-going backward). A row of length
-0 is run as length 1 (``pack_padded_sequence`` refuses 0); its outputs are the caller's to
+``run_packed(weights, x, lengths, training=...)`` (``weights``: the encoder's
+:class:`~attnlab._recurrent.RNNWeights`, built with it) packs ``x`` ``[B, n, d_in]`` by
+``lengths`` ``[B]``, so the recurrence never reads padding, and pads the outputs back to
+``n`` steps (a caller that needs a final state reads it from the outputs: the last real
+step going forward, step 0 going backward). A row of length 0 is run as length 1
+(``pack_padded_sequence`` refuses 0); its outputs are the caller's to
 mask. Cost: that of the cell, O(B n d_in h), sequential in ``n``.
 """
 
