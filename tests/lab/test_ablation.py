@@ -509,3 +509,48 @@ def test_the_ablation_directory_expands_the_home_folder(tmp_path, monkeypatch):
     assert result.out_dir == home / "abl" and not result.failed
     assert ResultsStore("~/abl").done_ids() == set(result.ran)
     assert list(work.iterdir()) == []  # no folder named "~"
+
+
+def test_ablations_started_together_take_turns_with_the_record(tmp_path, monkeypatch):
+    """Two ablations started at once on one directory with different grids: each checks
+    and writes ablation.json in turn (under the store's lock), so the later one sees the
+    earlier one's record and is refused (its grid lacks the recorded mechanism), as if it
+    had been started afterwards. Unlocked, both saw no record and both wrote theirs: the
+    record lost a grid whose runs went on training into the store."""
+    import threading
+
+    out = tmp_path / "abl"
+    both_checked = threading.Barrier(2, timeout=2.0)
+    write_json = ablation_mod.write_json
+
+    def write_after_the_other_looked(path, payload, **kwargs):
+        if Path(path).name == "ablation.json":
+            try:  # unlocked, the other thread has looked too by now; locked, it waits
+                both_checked.wait()
+            except threading.BrokenBarrierError:
+                pass
+        write_json(path, payload, **kwargs)
+
+    monkeypatch.setattr(ablation_mod, "write_json", write_after_the_other_looked)
+    outcomes: dict[str, object] = {}
+
+    def ablate(name: str) -> None:
+        try:
+            grid = [{"name": name}]
+            outcomes[name] = run_ablation(
+                "toy", grid, [0], out_dir=out, options=TINY, progress=False
+            )
+        except Exception as error:  # the test looks at what each one raised
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=ablate, args=(n,)) for n in ("tanh", "dot")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [n for n, o in outcomes.items() if isinstance(o, AblationMismatchError)]
+    assert len(outcomes) == 2 and len(refused) == 1, outcomes
+    (kept,) = set(outcomes) - set(refused)
+    assert "lacks recorded mechanism" in str(outcomes[refused[0]])
+    assert json.loads((out / "ablation.json").read_text())["grid"] == [{"name": kept}]
+    assert {r.label for r in ResultsStore(out).runs()} == {kept}

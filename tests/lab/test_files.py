@@ -14,6 +14,7 @@ import torch
 
 from attnlab._checks import ConfigError
 from attnlab.lab.files import (
+    check_folder,
     jsonable,
     make_folder,
     utc_now,
@@ -152,6 +153,37 @@ def test_make_folder_says_what_is_in_the_way(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError, match=r"^--out f/x: .*f is a file, not a folder$"):
         make_folder(tmp_path / "f" / "x", "--out f/x")
+
+
+def test_make_folder_accepts_a_folder_another_process_makes_while_it_looks(tmp_path, monkeypatch):
+    """N ablations started together on one directory: the folder appears between this
+    process's first look (nothing there) and any second look. The old check looked twice
+    (is it a folder? then does anything exist?) and called the new folder "not a folder"."""
+    target, real_stat, made = tmp_path / "abl", os.stat, []
+
+    def racing_stat(path, *args, **kwargs):
+        if Path(path) == target and not made:  # nothing there at the first look ...
+            os.mkdir(target)  # ... and another process makes it just after it
+            made.append(target)
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", racing_stat)
+    assert make_folder(target, "ablation directory abl") == target
+    monkeypatch.undo()
+    assert target.is_dir()
+
+
+def test_check_folder_names_a_link_to_nothing_and_other_things_in_the_way(tmp_path):
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"^--out d/x: .*dangling is a link to nothing"):
+        check_folder(tmp_path / "dangling" / "x", "--out d/x")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ConfigError, match=r"^--out p: .*pipe is not a folder$"):
+        check_folder(tmp_path / "pipe", "--out p")
+    (tmp_path / "to-folder").symlink_to(tmp_path, target_is_directory=True)
+    check_folder(tmp_path / "to-folder" / "x", "--out t/x")  # a link to a folder is fine
+    assert not (tmp_path / "to-folder" / "x").exists()  # nothing is created
 
 
 def test_make_folder_says_why_it_cannot_create_one(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from attnlab.lab.store import ResultsStore, mean_std
+from attnlab.lab.store import ResultsStore, StoreError, mean_std
 
 METRICS = {"primary": "accuracy", "dev": {"accuracy": 0.5}, "test": {"accuracy": 0.25, "f1": 1}}
 
@@ -209,3 +209,69 @@ def test_the_store_path_expands_home_and_refuses_what_is_no_path(tmp_path, monke
     assert (tmp_path / "abl" / ResultsStore.FILENAME).is_file()
     with pytest.raises(TypeError, match="path must be a path"):
         ResultsStore(3)
+
+
+def test_a_new_store_waits_for_another_connection_that_holds_the_file(tmp_path):
+    """Switching a new file to WAL needs an exclusive lock, and SQLite answers "database is
+    locked" at once (no busy handler) while another connection holds the file's write lock
+    (it is making the file): N ablations started together on a new directory failed so,
+    about one time in ten. The store now waits for the lock like any other write."""
+    import threading
+
+    path = tmp_path / "results.sqlite"
+    other = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE made_first (x)")  # a file not in WAL mode yet ...
+    other.execute("BEGIN IMMEDIATE")  # ... whose write lock another process holds
+    threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+    store = ResultsStore(path)  # waits about 0.3 s instead of failing
+    store.record("a--seed0", "toy", {"name": "a"}, 0, "done", {"accuracy": 1.0})
+    assert store.done_ids() == {"a--seed0"}
+    store.close()
+    other.close()
+
+
+def test_stores_opened_together_on_a_new_file_all_open(tmp_path):
+    """Four threads open one new store at once, fifty times over (each its own
+    connection, as processes would): every one opens."""
+    import threading
+
+    errors: list[str] = []
+
+    def open_store(path):
+        try:
+            ResultsStore(path).close()
+        except StoreError as error:
+            errors.append(str(error))
+
+    for trial in range(50):
+        path = tmp_path / f"r{trial}.sqlite"
+        threads = [threading.Thread(target=open_store, args=(path,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert errors == []
+
+
+def test_locked_holds_the_other_writers_back(tmp_path):
+    """While one connection is inside ``locked()``, another store's write waits for it."""
+    import threading
+    import time
+
+    store = ResultsStore(tmp_path)
+    order: list[str] = []
+
+    def write():
+        other = ResultsStore(tmp_path)
+        other.record("b--seed0", "toy", {"name": "b"}, 0, "done", {"accuracy": 0.5})
+        order.append("written")
+        other.close()
+
+    with store.locked():
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.3)
+        order.append("released")
+    writer.join(60)
+    assert order == ["released", "written"]
+    assert store.done_ids() == {"b--seed0"}

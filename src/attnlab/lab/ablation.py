@@ -21,6 +21,10 @@ Several processes may run the same ablation on one directory at once (say, on se
 machines' worth of terminals): each run is claimed in the store right before it starts
 (:meth:`attnlab.lab.store.ResultsStore.claim`), so every run is trained once; a process
 skips the runs another live process holds, and takes over those whose process died.
+``ablation.json`` is checked and written under the store's lock
+(:meth:`~attnlab.lab.store.ResultsStore.locked`), so processes started together take
+their turns: the later one sees the record the earlier one wrote and extends it, or is
+refused when its study differs, as if it had been started afterwards.
 """
 
 from __future__ import annotations
@@ -524,10 +528,15 @@ def run_ablation(
     study = _open_study(
         task, grid, seeds, out_dir, options, device, precision, plugins, address is None, progress
     )
-    _write_record(study, executor)
     out = study.out
-    remove_stale_work_dirs(out / "runs")  # what killed runs left behind
     store = ResultsStore(out / ResultsStore.FILENAME)
+    try:  # one process at a time checks and merges the record (N started together)
+        with store.locked():
+            _write_record(study, executor)
+    except BaseException:
+        store.close()
+        raise
+    remove_stale_work_dirs(out / "runs")  # what killed runs left behind
     result = AblationResult(
         out_dir=out,
         task=study.task.name,

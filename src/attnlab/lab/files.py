@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -90,14 +91,25 @@ def check_folder(folder: str | os.PathLike[str], what: str) -> None:
     """Check that ``folder`` is, or can be made, a folder: raise
     :class:`~attnlab._checks.ConfigError` with one line starting with ``what`` (e.g.
     ``"--out runs/x"``) when it, or a folder above it, exists and is not a folder
-    (``"--out a/x: a is a file, not a folder"``). Nothing is created."""
+    (``"--out a/x: a is a file, not a folder"``). Nothing is created.
+
+    Each path is looked at once (one ``stat``), so a folder that another process makes
+    while this one looks (N ablations started together on one directory) is either not
+    there yet or a folder, never "not a folder"."""
     folder = Path(folder)
     for path in (folder, *folder.parents):
-        if path.is_dir():
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(path):  # a link to nothing
+                raise ConfigError(f"{what}: {path} is a link to nothing, not a folder") from None
+            continue
+        except OSError:  # e.g. no permission to look: mkdir says why it cannot make it
+            continue
+        if stat.S_ISDIR(mode):
             return
-        if path.exists() or path.is_symlink():
-            kind = "a file, not a folder" if path.is_file() else "not a folder"
-            raise ConfigError(f"{what}: {path} is {kind}")
+        kind = "a file, not a folder" if stat.S_ISREG(mode) else "not a folder"
+        raise ConfigError(f"{what}: {path} is {kind}")
 
 
 def make_folder(folder: str | os.PathLike[str], what: str) -> Path:

@@ -42,7 +42,8 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -94,6 +95,22 @@ CREATE TABLE IF NOT EXISTS claims (
 STATUSES = ("done", "failed")
 #: How long a writer waits for another one's lock before giving up (milliseconds).
 BUSY_TIMEOUT_MS = 60_000
+
+
+def _retry_while_locked(statement: Callable[[], object]) -> None:
+    """Run ``statement`` again while SQLite answers "database is locked", for up to
+    :data:`BUSY_TIMEOUT_MS`. Switching to WAL takes an exclusive lock and SQLite answers
+    at once, without its busy handler, when another connection holds the file: N
+    processes opening a new store together failed so, at once, about one time in ten."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 class StoreError(RunFileError):
@@ -212,9 +229,13 @@ class ResultsStore:
             return conn
         # autocommit mode: every statement is its own transaction, committed at once
         conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            _retry_while_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            conn.close()
+            raise
         self._local.conn = conn
         self._local.pid = os.getpid()
         return conn
@@ -250,6 +271,16 @@ class ResultsStore:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's write lock while the caller reads and writes files beside it:
+        the other processes' writes, and their own ``locked()`` blocks, wait for it (up to
+        the busy timeout, then :class:`StoreError`). :func:`attnlab.lab.ablation.run_ablation`
+        checks and writes ``ablation.json`` under it, so N ablations started together on one
+        directory take their turns instead of overwriting each other's record."""
+        with self._transaction():
+            yield
 
     def close(self) -> None:
         """Close this thread's connection (a later call opens a new one)."""
