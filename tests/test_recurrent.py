@@ -16,6 +16,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._recurrent import (
     RNNWeights,
+    bound_rnn_weights,
     gru_cell,
     lstm_cell,
     padded_rnn,
@@ -186,6 +187,45 @@ def test_the_weights_follow_the_module():
         torch.__future__.set_overwrite_module_params_on_conversion(before)
     assert owner.weights.layer(0)[0] is owner.rnn.weight_ih_l0
     assert owner.weights.layer(0)[0].dtype == torch.float32
+
+
+def test_bound_weights_follow_an_rnn_put_in_place_of_the_owners():
+    """``bound_rnn_weights(owner, name)``: put another RNN in (a pretrained encoder,
+    another cell or size) and the weights, the shape they imply and ``module`` are the new
+    one's, eager and compiled; plain ``RNNWeights(rnn)`` keeps reading its own RNN, and
+    anything but such an RNN is refused at the assignment, which then does not happen."""
+    owner = nn.Module()
+    owner.rnn = _rnn("gru", 1, True)
+    bound, fixed = bound_rnn_weights(owner, "rnn"), RNNWeights(owner.rnn)
+    first, x = owner.rnn, _x()
+    compiled = torch.compile(lambda w, x: padded_rnn(w, x, LENGTHS), backend="eager")
+    torch.testing.assert_close(compiled(bound, x), _packed(first, x, LENGTHS)[0], **TOL)
+    owner.rnn = new = _rnn("lstm", 2, False, dropout=0.25).eval()  # the reference: no dropout
+    assert bound.module is new and fixed.module is first
+    assert (bound.cell, bound.num_layers, bound.directions, bound.dropout) == ("lstm", 2, 1, 0.25)
+    assert bound.layer(1)[1] is new.weight_hh_l1
+    want = _packed(new, x, LENGTHS)[0]
+    torch.testing.assert_close(padded_rnn(bound, x, LENGTHS), want, **TOL)
+    torch.testing.assert_close(compiled(bound, x), want, **TOL)
+    torch.testing.assert_close(padded_rnn(fixed, x, LENGTHS), _packed(first, x, LENGTHS)[0], **TOL)
+    owner.weights = bound
+    for copied in (copy.deepcopy(owner), pickle.loads(pickle.dumps(owner))):
+        assert copied.weights.module is copied.rnn and copied.rnn is not new
+        copied.rnn = first
+        assert copied.weights.module is first and bound.module is new  # each its own
+    with pytest.raises(
+        TypeError, match=r"^Module\.rnn: rnn must be an nn\.GRU or nn\.LSTM, got RNN$"
+    ):
+        owner.rnn = nn.RNN(D_IN, H, batch_first=True)
+    with pytest.raises(ValueError, match=r"^Module\.rnn: rnn must be batch_first=True"):
+        owner.rnn = nn.GRU(D_IN, H)
+    assert owner.rnn is new and bound.module is new
+    with pytest.raises(TypeError, match=r"^Module has no submodule 'encoder'$"):
+        bound_rnn_weights(owner, "encoder")
+    stack = nn.ModuleList([_rnn("gru", 1, False), _rnn("gru", 1, False)])
+    second = bound_rnn_weights(stack, "1")
+    stack[1] = other = _rnn("lstm", 1, False)
+    assert second.module is other
 
 
 def test_bad_rnns_and_directions_are_refused_in_one_line():

@@ -10,7 +10,8 @@ sequences (cuDNN's flat weights, no padded steps). Traced or transformed (``torc
 they run the same weights through the same ATen recurrences on the padded batch instead:
 
 * :class:`RNNWeights` reads the RNN's parameters without touching the module (dynamo
-  traces it, and a moved, loaded or replaced parameter shows through);
+  traces it, and a moved, loaded or replaced parameter shows through; with
+  :func:`bound_rnn_weights`, a replaced RNN too);
 * :func:`padded_rnn`: the outputs of a (bidirectional, multi-layer) GRU / LSTM over rows
   whose first ``lengths[i]`` positions are real, as a packed run gives them. The forward
   direction reads the row as it is (the padding comes after the real positions, so it never
@@ -38,7 +39,15 @@ from torch import Tensor, nn
 
 from attnlab._checks import is_transformed
 
-__all__ = ["RNNWeights", "gru_cell", "lstm_cell", "padded_rnn", "rnn_step", "stepped_rnn"]
+__all__ = [
+    "RNNWeights",
+    "bound_rnn_weights",
+    "gru_cell",
+    "lstm_cell",
+    "padded_rnn",
+    "rnn_step",
+    "stepped_rnn",
+]
 
 #: An LSTM's state ``(h, c)`` or a GRU's ``h``, each ``[layers * directions, N, hidden]``.
 State = Tensor | tuple[Tensor, Tensor]
@@ -52,10 +61,15 @@ class RNNWeights:
     adds nothing to ``state_dict()`` or ``parameters()``, and ``copy.deepcopy`` / pickling
     keep it pointing at the copy's RNN. ``module`` is that RNN, for the eager packed run:
     a traced path reads the weights here and never the module (Dynamo refuses to trace
-    an ``nn.GRU`` / ``nn.LSTM`` it meets).
+    an ``nn.GRU`` / ``nn.LSTM`` it meets). Made with :func:`bound_rnn_weights`, they
+    follow the owner when it puts another RNN in place of its own.
     """
 
     def __init__(self, rnn: nn.Module) -> None:
+        self.bind(rnn)
+
+    def bind(self, rnn: nn.Module | None) -> None:
+        """Read ``rnn`` from now on (refused in one line unless it is such an RNN)."""
         if not isinstance(rnn, (nn.GRU, nn.LSTM)):
             raise TypeError(f"rnn must be an nn.GRU or nn.LSTM, got {type(rnn).__name__}")
         if not rnn.batch_first or getattr(rnn, "proj_size", 0):
@@ -78,6 +92,39 @@ class RNNWeights:
     def zeros(self, x: Tensor) -> Tensor:
         """A zero state ``[layers * directions, N, hidden]`` for the batch ``x`` ``[N, n, d]``."""
         return x.new_zeros(self.num_layers * self.directions, x.shape[0], self.hidden)
+
+
+#: The attribute of an owner module that holds its bound weights, by submodule name.
+_BOUND = "_attnlab_bound_rnn_weights"
+
+
+def bound_rnn_weights(owner: nn.Module, name: str) -> RNNWeights:
+    """The :class:`RNNWeights` of the RNN ``owner.<name>``, kept bound to that name: a
+    module that puts another RNN there (``model.lstm = pretrained_lstm``, or
+    ``pyramid[0] = ...`` in an ``nn.ModuleList``) is read from then on, traced and eager
+    alike; putting in anything else is refused in one line at the assignment. Without the
+    binding the weights went on reading the RNN that was replaced, which no longer
+    belonged to the model (nor to its optimiser). Assignments go through PyTorch's
+    module registration hook, which this module installs once."""
+    rnn = owner._modules.get(name)
+    if rnn is None:
+        raise TypeError(f"{type(owner).__name__} has no submodule {name!r}")
+    weights = RNNWeights(rnn)
+    owner.__dict__.setdefault(_BOUND, {})[name] = weights
+    return weights
+
+
+def _rebind_on_registration(owner: nn.Module, name: str, module: nn.Module | None) -> None:
+    """PyTorch's hook on every submodule assignment: rebind weights bound to ``name``."""
+    bound = owner.__dict__.get(_BOUND)
+    if bound is not None and name in bound:
+        try:
+            bound[name].bind(module)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{type(owner).__name__}.{name}: {error}") from None
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_rebind_on_registration)
 
 
 def _split(weights: RNNWeights, state: State | None, x: Tensor) -> tuple[Tensor, Tensor]:

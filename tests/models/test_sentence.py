@@ -508,3 +508,23 @@ def test_sentiment_task_accepts_the_max_baseline():
     task = SentimentTask()
     assert task.resolve_attention({"name": "max"}) == {"name": "max"}
     assert task.model_attention({"name": "max"}) == "max"
+
+
+def test_an_lstm_put_in_after_construction_is_the_one_that_runs():
+    """``model.lstm = pretrained`` (transfer): the model runs the new LSTM, eager and
+    compiled in one graph, exactly as a model whose LSTM was loaded with its weights; it
+    used to go on running the replaced one, which was no longer among its parameters."""
+    import copy
+
+    model = tiny()
+    loaded = copy.deepcopy(model)
+    torch.manual_seed(1)
+    pretrained = torch.nn.LSTM(8, 6, batch_first=True, bidirectional=True)
+    loaded.lstm.load_state_dict(pretrained.state_dict())
+    model.lstm = pretrained
+    tokens, lengths = batch()
+    want = loaded(tokens, lengths).logits
+    torch.testing.assert_close(model(tokens, lengths).logits, want, rtol=0, atol=0)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(tokens, lengths).logits, want, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(tiny()(tokens, lengths).logits, want)  # the LSTM matters

@@ -40,7 +40,7 @@ from attnlab._checks import (
     found_on_host,
     is_traced,
 )
-from attnlab._recurrent import RNNWeights, padded_rnn
+from attnlab._recurrent import bound_rnn_weights, padded_rnn
 from attnlab.general._convention import AttentionCall, ConventionAttention, reject
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
@@ -284,7 +284,7 @@ class MaskedRNN(nn.Module):
         check_int(hidden, "hidden", owner="MaskedRNN")
         check_flags(bidirectional=bidirectional)
         self.rnn = cells[cell](d_in, hidden, batch_first=True, bidirectional=bidirectional)
-        self._weights = RNNWeights(self.rnn)
+        self._weights = bound_rnn_weights(self, "rnn")
         self.d_in = d_in
         self.out_dim = hidden * (2 if bidirectional else 1)
 

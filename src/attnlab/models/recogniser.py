@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import check_int, is_traced
-from attnlab._recurrent import RNNWeights
+from attnlab._recurrent import bound_rnn_weights
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_ids, check_index, check_sizes
@@ -113,7 +113,8 @@ class Listener(nn.Module):
         )
         self.proj = nn.Linear(2 * h, out_dim)
         # each BiLSTM's weights, for the packed run and its traced form (models._rnn)
-        self._weights = [RNNWeights(self.bottom), *(RNNWeights(p) for p in self.pyramid)]
+        pyramid = (bound_rnn_weights(self.pyramid, str(i)) for i in range(len(self.pyramid)))
+        self._weights = [bound_rnn_weights(self, "bottom"), *pyramid]
 
     def forward(self, features: Tensor, lengths: Tensor) -> Listened:
         T = features.shape[1]

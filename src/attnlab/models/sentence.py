@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError
-from attnlab._recurrent import RNNWeights
+from attnlab._recurrent import bound_rnn_weights
 from attnlab.general.attention import Attention
 from attnlab.general.dimensionality import combine_single
 from attnlab.models._inputs import token_mask
@@ -223,7 +223,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         """Build the encoder; return its state size ``d_h``."""
         if encoder == "bilstm":
             self.lstm = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=True)
-            self._lstm_weights = RNNWeights(self.lstm)
+            self._lstm_weights = bound_rnn_weights(self, "lstm")
             d_h = 2 * hidden_size
         elif encoder == "cnn":
             widths = tuple(kernel_sizes)

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_flags, check_int, check_number, is_traced
-from attnlab._recurrent import RNNWeights, rnn_step
+from attnlab._recurrent import bound_rnn_weights, rnn_step
 from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 from attnlab.models._decoder import decoder_attention, greedy_search, teacher_forcing
@@ -178,7 +178,7 @@ class Seq2SeqTranslator(Configurable):
         self.src_embedding = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_idx)
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, embed_dim, padding_idx=pad_idx)
         self.encoder = cell(embed_dim, d // 2, batch_first=True, bidirectional=True)
-        self._encoder_weights = RNNWeights(self.encoder)
+        self._encoder_weights = bound_rnn_weights(self, "encoder")
         self.bridge = nn.Linear(d, d)
         self.dropout = nn.Dropout(dropout)
         self.attention: Attention | None
@@ -192,7 +192,7 @@ class Seq2SeqTranslator(Configurable):
         else:
             self.decoder = cell(embed_dim + (d if self.input_feeding else 0), d, batch_first=True)
             self.combine = nn.Linear(2 * d, d, bias=False)  # W_c
-        self._decoder_weights = RNNWeights(self.decoder)
+        self._decoder_weights = bound_rnn_weights(self, "decoder")
         self.output = nn.Linear(d, tgt_vocab_size)
 
     # ------------------------------------------------------------------ encoder

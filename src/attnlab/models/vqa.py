@@ -52,7 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_flags, check_int, found_on_host
-from attnlab._recurrent import RNNWeights
+from attnlab._recurrent import bound_rnn_weights
 from attnlab.feature.co_attention import CoAttentionOutput, masked_mean
 from attnlab.models._inputs import (
     check_choice,
@@ -195,7 +195,7 @@ class VQAModel(Configurable):
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
         rnn = nn.LSTM if encoder == "bilstm" else nn.GRU
         self.rnn = rnn(embed_dim, hidden_size, batch_first=True, bidirectional=True)
-        self._rnn_weights = RNNWeights(self.rnn)
+        self._rnn_weights = bound_rnn_weights(self, "rnn")
 
         self.uniform = False
         self.co_attention: nn.Module | None = self._build_attention(attention, d)

@@ -56,7 +56,7 @@ from attnlab._checks import (
     found_on_host,
     is_traced,
 )
-from attnlab._recurrent import RNNWeights, padded_rnn, stepped_rnn
+from attnlab._recurrent import bound_rnn_weights, padded_rnn, stepped_rnn
 from attnlab.general.padding import zero_rows
 from attnlab.general.scoring import Score
 from attnlab.masks import fill_value, index_mask
@@ -260,8 +260,8 @@ class PointerNetwork(Configurable):
         self.embed = nn.Linear(d_in, d_embed)
         self.encoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
         self.decoder = nn.LSTM(d_embed, d_hidden, num_layers, batch_first=True)
-        self._encoder_weights = RNNWeights(self.encoder)
-        self._decoder_weights = RNNWeights(self.decoder)
+        self._encoder_weights = bound_rnn_weights(self, "encoder")
+        self._decoder_weights = bound_rnn_weights(self, "decoder")
         self.start = nn.Parameter(torch.empty(d_embed).uniform_(-0.1, 0.1))
         if self.eos:
             self.eos_key = nn.Parameter(torch.empty(d_hidden).uniform_(-0.1, 0.1))
