@@ -33,6 +33,7 @@ from attnlab.lab.commands import (
     PRECISION_HELP,
     NonEmpty,
     TaskHelpCommand,
+    compile_option,
     describe_task_of,
     device_option,
     precision_option,
@@ -385,6 +386,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @click.option("--lr", type=float, help="learning rate (Adam)")
 @device_option()
 @precision_option(PRECISION_HELP + "; kept in run.json")
+@compile_option()
 @click.option(
     "-o",
     "--option",
@@ -440,6 +442,7 @@ def train_command(
     lr: float | None,
     device: str,
     precision: str,
+    compile: str | None,
     options: tuple[str, ...],
     config_file: str | None,
     out: str | None,
@@ -464,8 +467,9 @@ def train_command(
     the_task, spec, run_seeds = _or_fail(
         _train_settings, task, attention, config_file, options, shortcuts, seeds, device, precision
     )
+    _or_fail(_check_compile, compile)
     base = _or_fail(_out_folder, out, the_task.name)
-    settings = {"device": device, "precision": precision, "threads": threads}
+    settings = {"device": device, "precision": precision, "threads": threads, "compile": compile}
     results = [
         (seed, _train_seed(the_task, spec, seed, base, not no_progress, not restart, **settings))
         for seed in run_seeds
@@ -528,6 +532,13 @@ def _train_settings(
     return the_task, spec, run_seeds
 
 
+def _check_compile(backend: str | None) -> None:
+    """``--compile``'s backend, checked before any data is loaded."""
+    from attnlab.lab.training import check_compile_backend
+
+    check_compile_backend(backend)
+
+
 def _out_folder(out: str | None, task: str) -> Path:
     """The folder of the run directories of ``attnlab train`` (``--out``, by default
     ``runs/<task>``), checked to be one that can be made (a
@@ -550,6 +561,7 @@ def _train_seed(
     device: str,
     precision: str,
     threads: int | None,
+    compile: str | None = None,
 ) -> Any:
     """Train one seed of ``attnlab train`` into ``base/<spec slug>--seed<N>`` (``base``:
     :func:`_out_folder`), going on after the last finished epoch of an interrupted run of
@@ -572,6 +584,7 @@ def _train_seed(
             progress=progress,
             num_threads=threads,
             resume=resume,
+            compile=compile,
         )
     except ConfigError as error:  # the task model rejects the spec or an option
         if base_is_new and base.is_dir() and not any(base.iterdir()):

@@ -39,6 +39,7 @@ RUN_KEYS = {
     "error",
     "checkpoint_sha256",
     "resumed_after",
+    "compile",
 }
 
 
@@ -61,7 +62,7 @@ def test_run_directory_layout(toy_run_dir):
     assert run["task"] == "toy"
     assert run["status"] == "done" and run["error"] is None
     assert run["attention"] == {} and run["label"] == "default"
-    assert run["seed"] == 0 and run["device"] == "cpu"
+    assert run["seed"] == 0 and run["device"] == "cpu" and run["compile"] is None
     assert run["task_options"]["epochs"] == 3
     assert run["task_options"]["n_train"] == 240  # all options after defaults
     assert set(run["versions"]) == {"attnlab", "torch", "python"}

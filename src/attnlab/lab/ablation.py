@@ -48,6 +48,7 @@ from attnlab.lab.commands import (
     PRECISION_HELP,
     NonEmpty,
     TaskHelpCommand,
+    compile_option,
     describe_task_of,
     device_option,
     precision_option,
@@ -75,7 +76,12 @@ from attnlab.lab.progress import ProgressBar
 from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
-from attnlab.lab.training import remove_stale_work_dirs, resolve_device, resolve_precision
+from attnlab.lab.training import (
+    check_compile_backend,
+    remove_stale_work_dirs,
+    resolve_device,
+    resolve_precision,
+)
 
 __all__ = [
     "BASELINES",
@@ -485,6 +491,7 @@ def run_ablation(
     device: str = "auto",
     precision: str = "fp32",
     plugins: Sequence[str] = (),
+    compile: str | None = None,
 ) -> AblationResult:
     """Train every spec of ``grid`` with every seed on ``task``, record each run in
     ``<out_dir>/results.sqlite`` the moment it finishes, and summarise.
@@ -504,6 +511,8 @@ def run_ablation(
             else the CPU; resolved here, so the Ray executor asks for a GPU per CUDA run).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (autocast) for every run.
         plugins: modules to import first (here and in the workers) that register tasks.
+        compile: None (eager), or the ``torch.compile`` backend of every run's training
+            steps (:func:`attnlab.lab.training.train_run`; in each ``run.json``).
 
     Before the ablation directory is made, the executor is made (Ray imported), every
     spec and the training options' ranges are checked against the task, a file in the way
@@ -524,10 +533,12 @@ def run_ablation(
         out_dir = check_path(out_dir, "out_dir")
     if executor not in EXECUTORS:
         raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    check_compile_backend(compile)
     runner = make_executor(executor, jobs=jobs, address=address)  # Ray missing: fails now
     study = _open_study(
         task, grid, seeds, out_dir, options, device, precision, plugins, address is None, progress
     )
+    study.compile = compile
     out = study.out
     store = ResultsStore(out / ResultsStore.FILENAME)
     try:  # one process at a time checks and merges the record (N started together)
@@ -579,6 +590,7 @@ class _Study:
     plugins: tuple[str, ...]
     paths: tuple[str, ...]
     progress: bool = False  # the runs' own bars, where they train in this process
+    compile: str | None = None  # the torch.compile backend of the training steps
 
     def job(self, rid: str, spec: dict[str, Any], seed: int, run_dir: Path) -> RunJob:
         """The job that trains ``spec`` with ``seed`` into ``run_dir``."""
@@ -594,6 +606,7 @@ class _Study:
             plugins=self.plugins,
             sys_path=self.paths,
             progress=self.progress,
+            compile=self.compile,
         )
 
 
@@ -890,6 +903,7 @@ ABLATE_SYNTAX = (
     "Torch device of every run: auto (CUDA when available, else cpu), cpu, cuda, cuda:1."
 )
 @precision_option(PRECISION_HELP + ".")
+@compile_option()
 @click.option(
     "--plugin",
     "plugins",
@@ -935,6 +949,7 @@ def ablate_command(
     address: str | None,
     device: str,
     precision: str,
+    compile: str | None,
     plugins: tuple[str, ...],
     baselines: bool,
     report: bool,
@@ -970,6 +985,7 @@ def ablate_command(
         for spec in specs:  # before the first run: a typo in the last spec fails now
             check_attention(task_obj, spec)
         resolve_precision(precision, resolve_device(device))
+        check_compile_backend(compile)
         result = run_ablation(
             task,
             specs,
@@ -983,6 +999,7 @@ def ablate_command(
             device=device,
             precision=precision,
             plugins=plugins,
+            compile=compile,
         )
     if no_progress:  # what the bar would have said, then the table
         done = len(result.skipped) + len(result.recovered)

@@ -1,6 +1,6 @@
 """What the lab's click commands (``attnlab train``, ``ablate``, ``demo``) share: the command
 class whose ``--help`` lists the tasks, ``--list-options``, and the options typed the same
-way in every command (``--device``, ``--precision``).
+way in every command (``--device``, ``--precision``, ``--compile``).
 
 The module imports nothing heavy (no torch, no task): ``attnlab --help`` stays fast. The
 top-level command line (:mod:`attnlab.cli`) builds on it; nothing in the lab imports the
@@ -20,6 +20,7 @@ __all__ = [
     "PRECISION_HELP",
     "NonEmpty",
     "TaskHelpCommand",
+    "compile_option",
     "describe_task_of",
     "device_option",
     "precision_option",
@@ -60,6 +61,21 @@ def device_option(help: str = DEVICE_HELP) -> Callable[[F], F]:
 def precision_option(help: str = PRECISION_HELP) -> Callable[[F], F]:
     """``--precision`` (default ``fp32``): ``fp32``, ``bf16`` or ``fp16`` autocast."""
     return click.option("--precision", default="fp32", show_default=True, help=help)
+
+
+def compile_option() -> Callable[[F], F]:
+    """``--compile [BACKEND]``: compile the training steps with ``torch.compile``
+    (``--compile`` alone: ``inductor``); the keyword argument is ``compile``."""
+    return click.option(
+        "--compile",
+        "compile",
+        is_flag=False,
+        flag_value="inductor",
+        default=None,
+        metavar="[BACKEND]",
+        help="compile the training steps with torch.compile: inductor (--compile alone), "
+        "or another backend (aot_eager, cudagraphs, ...); kept in run.json",
+    )
 
 
 def write_rows(formatter: click.HelpFormatter, rows: Sequence[tuple[str, str]]) -> None:

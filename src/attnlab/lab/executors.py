@@ -75,6 +75,8 @@ class RunJob:
     #: only where the run trains in the calling process (the local executor with one job);
     #: worker processes never draw bars
     progress: bool = False
+    #: the torch.compile backend of the training steps (None: eager)
+    compile: str | None = None
 
 
 @dataclass
@@ -154,6 +156,7 @@ def execute_job(job: RunJob) -> RunOutcome:
             out_dir=job.run_dir,
             progress=job.progress,
             num_threads=job.num_threads,
+            compile=job.compile,
             before_publish=_check_parent if _PARENT_PID is not None else None,
         )
     except _OrphanedError:  # nobody would record the run: write nothing, go away

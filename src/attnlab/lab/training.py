@@ -12,7 +12,8 @@ directory::
                                 device, device_name (CUDA), precision, status ("done" |
                                 "failed"), started, finished, versions, error,
                                 checkpoint_sha256 (of model.safetensors), resumed_after
-                                (the epochs after which an interrupted run went on)
+                                (the epochs after which an interrupted run went on),
+                                compile (the torch.compile backend, or null)
     <run_dir>/metrics.json      primary, higher_is_better, best_epoch, epochs_trained (fewer
                                 than ``epochs`` when ``patience`` stopped early), dev, test
     <run_dir>/history.json      [{epoch, train_loss, dev, seconds, examples_per_second,
@@ -27,7 +28,12 @@ directory::
 (:func:`resolve_device`); ``precision`` is ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``:
 the loss, the evaluation and the attention examples run under ``torch.autocast`` with that
 dtype (the parameters and the optimizer stay float32), with a gradient scaler for fp16
-(:func:`resolve_precision`, :func:`precision_context`).
+(:func:`resolve_precision`, :func:`precision_context`). ``compile="inductor"`` (or another
+``torch.compile`` backend) compiles the model's forward pass for the training steps (the
+backward pass too, through AOTAutograd); the evaluations run the model as it is, since a
+task may decode step by step there. Every task model of the lab compiles in one graph
+(``tests/lab/test_every_task_compiles.py``); the results equal eager mode's to rounding,
+with the compile time counted in the first epoch.
 
 Throughput: the training batches come through :func:`device_batches`, which on CUDA builds
 them :data:`CUDA_PREFETCH` ahead on a background thread in pinned memory (copied with
@@ -127,6 +133,7 @@ __all__ = [
     "RunResult",
     "attention_parameters",
     "batch_examples",
+    "check_compile_backend",
     "default_run_dir",
     "device_batches",
     "load_run",
@@ -641,6 +648,7 @@ def train_run(
     before_publish: Callable[[], None] | None = None,
     prefetch: int | None = None,
     resume: bool = True,
+    compile: str | None = None,
 ) -> RunResult:
     """Train one run and write its run directory (see the module docstring).
 
@@ -672,6 +680,10 @@ def train_run(
             settings (its state ``.<run>.resume.safetensors`` beside ``out_dir``:
             :mod:`attnlab.lab.resume`); False starts from epoch 1 whatever was saved. The
             state is saved after every epoch either way and removed once the run is done.
+        compile: None (eager), or the ``torch.compile`` backend for the training steps
+            (``"inductor"``, ``"aot_eager"``, ...: ``torch._dynamo.list_backends()``);
+            recorded in ``run.json``. A run may go on after an interruption with another
+            value: the results differ only by rounding.
 
     Returns:
         :class:`RunResult`. Raises what the task raises (e.g.
@@ -690,6 +702,7 @@ def train_run(
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     prefetch = _check_run_args(the_task, seed, num_threads, prefetch, dev)
+    check_compile_backend(compile)
     run_dir = (
         check_path(out_dir, "out_dir")
         if out_dir is not None
@@ -702,14 +715,24 @@ def train_run(
             "move it away or write the run elsewhere"
         )
     work = _make_work_dir(run_dir)
-    run_info = _run_info(the_task, spec_given, seed, dev, precision)
+    run_info = _run_info(the_task, spec_given, seed, dev, precision, compile)
     saved = ResumeFile(resume_path(run_dir), fingerprint(run_info))
     if not resume:
         saved.remove()
     try:
         with _torch_threads(num_threads):
             metrics, history, cost = _train(
-                the_task, spec, seed, dev, precision, work, progress, prefetch, saved, run_info
+                the_task,
+                spec,
+                seed,
+                dev,
+                precision,
+                work,
+                progress,
+                prefetch,
+                saved,
+                run_info,
+                compile,
             )
     except BaseException as error:
         _publish_failed(work, run_dir, run_info, error, before_publish)
@@ -755,6 +778,21 @@ def _check_run_args(
     return prefetch
 
 
+def check_compile_backend(backend: str | None) -> None:
+    """Check that ``backend`` is None or a ``torch.compile`` backend of this installation
+    (``torch._dynamo.list_backends``, with the debug ones and any registered by the user);
+    :class:`ConfigError` otherwise, in one line naming the usual ones."""
+    if backend is None:
+        return
+    import torch._dynamo
+
+    if not isinstance(backend, str) or backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ConfigError(
+            "compile must be a torch.compile backend (inductor, cudagraphs, aot_eager, "
+            f"eager, ...: torch._dynamo.list_backends()), got {backend!r}"
+        )
+
+
 def _make_work_dir(run_dir: Path) -> Path:
     """A new hidden work folder beside ``run_dir``, owned by this process (the stale ones
     of dead processes are removed first); a file where a folder above ``run_dir`` must be
@@ -769,7 +807,12 @@ def _make_work_dir(run_dir: Path) -> Path:
 
 
 def _run_info(
-    task: Task, spec: dict[str, Any], seed: int, device: torch.device, precision: str
+    task: Task,
+    spec: dict[str, Any],
+    seed: int,
+    device: torch.device,
+    precision: str,
+    compile: str | None = None,
 ) -> dict[str, Any]:
     """The ``run.json`` of a run that starts now (status ``"failed"`` until it is done)."""
     return {
@@ -788,6 +831,7 @@ def _run_info(
         "error": None,
         "checkpoint_sha256": None,
         "resumed_after": [],
+        "compile": compile,
     }
 
 
@@ -955,9 +999,13 @@ class _Trainer:
         seed: int,
         prefetch: int,
         progress: bool,
+        compile: str | None = None,
     ) -> None:
         opts = task.options
         self.task, self.model, self.data = task, model, data
+        # what the training steps call: the model itself, or its compiled forward (the
+        # same parameters and modules; the evaluations call the model itself)
+        self.step_model = model if compile is None else torch.compile(model, backend=compile)
         self.device, self.precision = device, precision
         self.prefetch, self.progress = prefetch, progress
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -1018,7 +1066,7 @@ class _Trainer:
         try:
             for batch in self._stream(timer):
                 with self.amp():
-                    loss = self.task.loss(self.model, batch)
+                    loss = self.task.loss(self.step_model, batch)
                 pending.append(loss.detach())
                 count += 1
                 if len(pending) >= self.sync_every:
@@ -1226,6 +1274,7 @@ def _train(
     prefetch: int = 0,
     saved: ResumeFile | None = None,
     run_info: dict[str, Any] | None = None,
+    compile: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Train (going on from the state in ``saved`` when it holds one of this run), select
     the best epoch, test it and write the files of the run into ``work``; ``(metrics,
@@ -1239,7 +1288,7 @@ def _train(
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
     model = _build_model(task, data, spec, sampler).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress)
+    trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress, compile)
     trainer.sampler = sampler
     epochs = int(task.options["epochs"])
     train_start = time.perf_counter()
@@ -1337,6 +1386,7 @@ def _check_run_json(info: dict[str, Any]) -> str | None:
         ("device", (str, type(None))),
         ("precision", (str, type(None))),
         ("resumed_after", (list,)),
+        ("compile", (str, type(None))),
     ):
         if key in ("task", "status") and key not in info:
             return f"has no {key!r}"

@@ -125,6 +125,15 @@ def test_overview_names_the_gpu_and_the_precision(tmp_path: Path) -> None:
     assert meta["precision"] == "bf16"
 
 
+def test_overview_names_the_compile_backend_only_where_a_run_was_compiled(tmp_path: Path) -> None:
+    root = write_run_dir(tmp_path / "run", attention=ADD)
+    assert "torch.compile" not in _meta(render_report(root))  # eager: nothing to say
+    info = json.loads((root / "run.json").read_text())
+    info["compile"] = "inductor"
+    (root / "run.json").write_text(json.dumps(info))
+    assert _meta(render_report(root))["torch.compile"] == "inductor"
+
+
 def test_overview_says_which_runs_went_on_after_an_interruption(tmp_path: Path) -> None:
     root = write_run_dir(tmp_path / "run", attention=ADD)
     assert "resumed" not in _meta(render_report(root))

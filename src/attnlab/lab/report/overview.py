@@ -1,5 +1,6 @@
 """The overview section: what was run (task, data, options, mechanisms, seeds), where and
-when (source, dates, versions, device, precision) and how many runs finished."""
+when (source, dates, versions, device, precision, torch.compile) and how many runs
+finished."""
 
 from __future__ import annotations
 
@@ -79,10 +80,12 @@ def _dates(data: ReportData) -> str | None:
 
 
 def _environment(runs: Sequence[RunRecord]) -> list[Item]:
-    """The versions, devices and precisions the runs record."""
+    """The versions, devices, precisions and ``torch.compile`` backends the runs record
+    (the backends only where a run was compiled: its times include the compilation)."""
     versions: dict[str, set[str]] = {}
     devices: set[str] = set()
     precisions: set[str] = set()
+    backends = {str(r.run.get("compile") or "none (eager)") for r in runs}
     for r in runs:
         for k, v in (r.run.get("versions") or {}).items():
             versions.setdefault(str(k), set()).add(str(v))
@@ -100,6 +103,8 @@ def _environment(runs: Sequence[RunRecord]) -> list[Item]:
     if devices:
         items.append(("device", esc(", ".join(sorted(devices)))))
         items.append(("precision", esc(", ".join(sorted(precisions)))))
+    if backends - {"none (eager)"}:
+        items.append(("torch.compile", esc(", ".join(sorted(backends)))))
     resumed = _resumed(runs)
     if resumed:
         items.append(("resumed", resumed))
