@@ -467,7 +467,6 @@ def train_command(
     the_task, spec, run_seeds = _or_fail(
         _train_settings, task, attention, config_file, options, shortcuts, seeds, device, precision
     )
-    _or_fail(_check_compile, compile)
     base = _or_fail(_out_folder, out, the_task.name)
     settings = {"device": device, "precision": precision, "threads": threads, "compile": compile}
     results = [
@@ -530,13 +529,6 @@ def _train_settings(
     for seed in run_seeds:  # before any data is loaded (train_run checks it again)
         check_seed(seed, "seed", minimum=0, error=ConfigError)
     return the_task, spec, run_seeds
-
-
-def _check_compile(backend: str | None) -> None:
-    """``--compile``'s backend, checked before any data is loaded."""
-    from attnlab.lab.training import check_compile_backend
-
-    check_compile_backend(backend)
 
 
 def _out_folder(out: str | None, task: str) -> Path:

@@ -985,7 +985,6 @@ def ablate_command(
         for spec in specs:  # before the first run: a typo in the last spec fails now
             check_attention(task_obj, spec)
         resolve_precision(precision, resolve_device(device))
-        check_compile_backend(compile)
         result = run_ablation(
             task,
             specs,
