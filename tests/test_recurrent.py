@@ -17,6 +17,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab._recurrent import (
     RNNWeights,
     bound_rnn_weights,
+    compiled_steps,
     gru_cell,
     lstm_cell,
     padded_rnn,
@@ -226,6 +227,61 @@ def test_bound_weights_follow_an_rnn_put_in_place_of_the_owners():
     second = bound_rnn_weights(stack, "1")
     stack[1] = other = _rnn("lstm", 1, False)
     assert second.module is other
+
+
+def test_compiled_steps_round_up_to_a_power_of_two_of_at_least_eight():
+    assert [compiled_steps(k) for k in (0, 1, 8, 9, 16, 17, 33, 512, 513)] == [
+        8, 8, 8, 16, 16, 32, 64, 512, 1024,
+    ]  # fmt: skip
+
+
+#: padded lengths of successive batches: the powers of two 8, 16, 32 and 64 cover them
+VARIED = (5, 7, 9, 13, 17, 25, 31, 33, 3, 60)
+
+
+@pytest.mark.parametrize("run", ["padded", "stepped"])
+def test_compiled_recurrences_serve_every_padded_length_with_a_few_graphs(run):
+    """Under ``torch.compile`` the recurrences run over the padded length rounded up
+    (:func:`compiled_steps`): ten batches of ten padded lengths compile five graphs (the
+    first length, then one per power of two: Dynamo guards on the length's range), where
+    a graph per length reached Dynamo's recompile limit (8) and fell back to eager; the
+    outputs, the final state and the gradients are the packed run's."""
+    rnn = _rnn("lstm", 2, run == "padded")
+    weights, graphs = RNNWeights(rnn), []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    def call(x: torch.Tensor, lengths: torch.Tensor):
+        if run == "padded":
+            return padded_rnn(weights, x, lengths), None
+        return stepped_rnn(weights, x, lengths)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend=counting)
+    g = torch.Generator().manual_seed(3)
+    for length in VARIED:
+        x = torch.randn(3, length, D_IN, generator=g, dtype=torch.float64, requires_grad=True)
+        lengths = torch.tensor([length, max(1, length - 2), 1])
+        out, final = compiled(x, lengths)
+        want, want_final = _packed(rnn, x, lengths)
+        assert out.shape == want.shape
+        torch.testing.assert_close(out, want, **TOL)
+        loss, ref = out.square().sum(), want.square().sum()
+        if final is not None:
+            loss = loss + sum(s.sum() for s in final)
+            ref = ref + sum(s.sum() for s in want_final)
+            for a, b in zip(final, want_final, strict=True):
+                torch.testing.assert_close(a, b, **TOL)
+        for a, b in zip(
+            torch.autograd.grad(loss, [x, *rnn.parameters()]),
+            torch.autograd.grad(ref, [x, *rnn.parameters()]),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b, **TOL)
+    assert len(graphs) <= 5, f"{len(graphs)} graphs for the padded lengths {VARIED}"
+    torch._dynamo.reset()
 
 
 def test_bad_rnns_and_directions_are_refused_in_one_line():

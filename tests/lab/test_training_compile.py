@@ -70,6 +70,25 @@ def test_a_compiled_run_is_the_eager_run(tmp_path, toy_task_module, counting_bac
     assert _run_json(eager.run_dir)["compile"] is None
 
 
+def test_a_compiled_recurrent_run_is_the_eager_run_with_a_graph_per_power_of_two(
+    tmp_path, toy_task_module, counting_backend
+):
+    """A BiLSTM encoder over batches padded to lengths from 1 to 40: compiled, its
+    recurrence runs the padded length rounded up to a power of two
+    (``attnlab._recurrent.compiled_steps``), so the training steps take a graph per power
+    of two (8, 16, 32, 64: at most 5 graphs with the first, static one) where they took
+    one per length until Dynamo's recompile limit; the losses and metrics are eager's."""
+    options = {**TINY, "n_train": 128, "max_len": 40, "encoder": "bilstm", "batch_size": 8}
+    eager = train_run("toy", "tanh", options=options, out_dir=tmp_path / "e", progress=False)
+    compiled = train_run(
+        "toy", "tanh", options=options, out_dir=tmp_path / "c", progress=False, compile=COUNTING
+    )
+    assert 1 <= len(counting_backend) <= 5, f"{len(counting_backend)} graphs"
+    losses = [h["train_loss"] for h in compiled.history]
+    assert losses == pytest.approx([h["train_loss"] for h in eager.history], rel=1e-5)
+    assert compiled.metrics["test"] == pytest.approx(eager.metrics["test"], rel=1e-5)
+
+
 def test_a_backend_this_installation_lacks_is_refused_before_anything_is_written(
     tmp_path, toy_task_module
 ):

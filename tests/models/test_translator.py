@@ -219,6 +219,49 @@ def test_one_sentence_alone_equals_its_batch_row() -> None:
     torch.testing.assert_close(alone.logits[0], out.logits[1])
 
 
+@pytest.mark.parametrize("style", ["bahdanau", "luong"])
+def test_compiled_translator_serves_varied_lengths_with_a_few_graphs(style: str) -> None:
+    """Compiled, the encoder's recurrence and the teacher-forced decoder run their padded
+    lengths rounded up to a power of two (``attnlab._recurrent.unrolled_steps``): nine
+    batches of different source and target lengths, both within the powers of two 8, 16
+    and 32, take at most five graphs (a graph per pair of lengths hit Dynamo's recompile
+    limit, 8, and fell back to eager), and the logits, weights and gradients are
+    eager's."""
+    model = _model(style=style)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counting)
+    g = torch.Generator().manual_seed(4)
+    pairs = [(5, 3), (7, 6), (6, 8), (9, 10), (13, 12), (16, 15), (17, 20), (30, 31), (25, 18)]
+    for n, T in pairs:
+        src = torch.randint(4, 9, (3, n), generator=g)
+        lengths = torch.tensor([n, max(1, n - 3), 1])
+        src[1, max(1, n - 3) :], src[2, 1:] = PAD, PAD
+        tgt_in = torch.randint(4, 7, (3, T), generator=g)
+        tgt_in[:, 0] = BOS
+        got, want = compiled(src, lengths, tgt_in), model(src, lengths, tgt_in)
+        assert got.logits.shape == (3, T, 7)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got.weights, want.weights, atol=1e-6, rtol=1e-5)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for a, b in zip(
+            torch.autograd.grad(got.logits.square().sum(), params, allow_unused=True),
+            torch.autograd.grad(want.logits.square().sum(), params, allow_unused=True),
+            strict=True,
+        ):
+            if a is None or b is None:
+                assert a is None and b is None
+                continue
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert len(graphs) <= 5, f"{len(graphs)} graphs for the (source, target) lengths {pairs}"
+    torch._dynamo.reset()
+
+
 # ----------------------------------------------------------------------------- decoding
 
 

@@ -33,9 +33,10 @@ dtype (the parameters and the optimizer stay float32), with a gradient scaler fo
 backward pass too, through AOTAutograd); the evaluations run the model as it is, since a
 task may decode step by step there. Every task model of the lab compiles in one graph
 (``tests/lab/test_every_task_compiles.py``); the results equal eager mode's to rounding.
-The compilations' time falls in the first epochs, and a recurrent encoder compiles once
-per padded length (PyTorch's LSTM decomposition unrolls the steps): figures in
-docs/compile-and-precision.md.
+The compilations' time falls in the first epochs; the recurrences, which PyTorch's
+decompositions unroll, run the padded length rounded up to a power of two, so they compile
+once per power of two, not per length (:func:`attnlab._recurrent.compiled_steps`): figures
+in docs/compile-and-precision.md.
 
 Throughput: the training batches come through :func:`device_batches`, which on CUDA builds
 them :data:`CUDA_PREFETCH` ahead on a background thread in pinned memory (copied with

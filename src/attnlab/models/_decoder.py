@@ -19,9 +19,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab._checks import ConfigError, check_int
+from attnlab._recurrent import unrolled_steps
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -74,19 +76,26 @@ def teacher_forcing(
     """Run ``step(y_prev [B], state) -> (logits [B, V], state, weights [B, n_keys],
     log_prob [B] | None)`` over the columns of ``tokens_in`` ``[B, T]``: (logits ``[B, T,
     V]``, weights ``[B, T, n_keys]``, log_prob ``[B, T]`` or None). ``ref`` gives the dtype
-    and device of the empty result when ``T = 0``."""
+    and device of the empty result when ``T = 0``.
+
+    Under ``torch.compile`` the loop runs :func:`attnlab._recurrent.unrolled_steps` ``(T)``
+    steps (``T`` rounded up to a power of two, on word 0 past the gold words) and keeps the
+    first ``T``: a later step never reaches an earlier one's results, and a graph then
+    serves a range of target lengths instead of one."""
+    B, T = tokens_in.shape
+    steps = unrolled_steps(T)  # T in eager mode (no padding then)
+    tokens_in = F.pad(tokens_in, (0, steps - T))  # word 0: a valid id of any vocabulary
     logits, weights, log_probs = [], [], []
-    for t in range(tokens_in.shape[1]):
+    for t in range(steps):
         lg, state, w, lp = step(tokens_in[:, t], state)
         logits.append(lg)
         weights.append(w)
         if lp is not None:
             log_probs.append(lp)
-    B = tokens_in.shape[0]
     if not logits:
         return ref.new_zeros(B, 0, vocab_size), ref.new_zeros(B, 0, n_keys), None
-    log_prob = torch.stack(log_probs, 1) if log_probs else None
-    return torch.stack(logits, 1), torch.stack(weights, 1), log_prob
+    log_prob = torch.stack(log_probs, 1)[:, :T] if log_probs else None
+    return torch.stack(logits, 1)[:, :T], torch.stack(weights, 1)[:, :T], log_prob
 
 
 def greedy_search(
