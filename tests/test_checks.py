@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import attnlab
 from attnlab import registry
@@ -631,3 +631,35 @@ def test_is_traced_in_eager_mode_under_torch_func_and_under_compile() -> None:
 
     torch.testing.assert_close(g(x), x + 1)  # the traced branch was compiled
     assert not is_traced()
+
+
+def test_compiled_steps_round_up_to_a_power_of_two_of_at_least_eight() -> None:
+    from attnlab._checks import compiled_steps
+
+    assert [compiled_steps(k) for k in (0, 1, 8, 9, 16, 17, 33, 512, 513)] == [
+        8, 8, 8, 16, 16, 32, 64, 512, 1024,
+    ]  # fmt: skip
+
+
+def test_unrolled_loops_are_rounded_under_torch_compile_only() -> None:
+    """``unrolled_steps(n)`` is ``n`` in eager mode, under ``torch.func`` and under
+    ``torch.export`` (strict or not: its graph keeps the traced sizes), and
+    ``compiled_steps(n)`` under ``torch.compile``."""
+    from attnlab._checks import rounds_unrolled_loops, unrolled_steps
+
+    class Probe(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:  # [rounds?, the steps of a loop over x]
+            flags = [float(rounds_unrolled_loops()), float(unrolled_steps(x.shape[-1]))]
+            return x.sum() * 0 + torch.tensor(flags)
+
+    x = torch.zeros(2, 5)
+
+    def seen(out: Tensor) -> list[float]:
+        return out.tolist()
+
+    assert seen(Probe()(x)) == [0, 5]
+    assert seen(torch.func.vmap(Probe())(x)) == [[0, 5], [0, 5]]
+    assert seen(torch.compile(Probe(), backend="eager", fullgraph=True)(x)) == [1, 8]
+    for strict in (False, True):
+        program = torch.export.export(Probe(), (x,), strict=strict)
+        assert seen(program.module()(x)) == [0, 5], strict

@@ -17,7 +17,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnlab._recurrent import (
     RNNWeights,
     bound_rnn_weights,
-    compiled_steps,
     gru_cell,
     lstm_cell,
     padded_rnn,
@@ -229,12 +228,6 @@ def test_bound_weights_follow_an_rnn_put_in_place_of_the_owners():
     assert second.module is other
 
 
-def test_compiled_steps_round_up_to_a_power_of_two_of_at_least_eight():
-    assert [compiled_steps(k) for k in (0, 1, 8, 9, 16, 17, 33, 512, 513)] == [
-        8, 8, 8, 16, 16, 32, 64, 512, 1024,
-    ]  # fmt: skip
-
-
 #: padded lengths of successive batches: the powers of two 8, 16, 32 and 64 cover them
 VARIED = (5, 7, 9, 13, 17, 25, 31, 33, 3, 60)
 
@@ -242,7 +235,7 @@ VARIED = (5, 7, 9, 13, 17, 25, 31, 33, 3, 60)
 @pytest.mark.parametrize("run", ["padded", "stepped"])
 def test_compiled_recurrences_serve_every_padded_length_with_a_few_graphs(run):
     """Under ``torch.compile`` the recurrences run over the padded length rounded up
-    (:func:`compiled_steps`): ten batches of ten padded lengths compile five graphs (the
+    (``attnlab._checks.compiled_steps``): ten batches of ten padded lengths compile five graphs (the
     first length, then one per power of two: Dynamo guards on the length's range), where
     a graph per length reached Dynamo's recompile limit (8) and fell back to eager; the
     outputs, the final state and the gradients are the packed run's."""

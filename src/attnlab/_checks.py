@@ -241,6 +241,52 @@ def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
             raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
+#: Under ``torch.compile`` the loops unrolled over a sequence (the recurrences, the CRF's
+#: forward-backward, the teacher-forced decoders) run its length rounded up to a power of
+#: two, at least this many steps (see :func:`compiled_steps`).
+MIN_COMPILED_STEPS = 8
+
+
+def compiled_steps(n: int) -> int:
+    """The steps a loop over a sequence padded to ``n`` positions runs under
+    ``torch.compile``: ``n`` rounded up to a power of two, at least
+    :data:`MIN_COMPILED_STEPS`.
+
+    PyTorch's decompositions of ``torch.lstm`` / ``torch.gru`` unroll the time steps, as
+    do the package's own loops over a sequence (``attnlab._recurrent.stepped_rnn``, the
+    structured alignment's forward-backward, the decoders' teacher forcing), so a compiled
+    graph holds a fixed number of steps and a batch of another padded length compiled a
+    new graph: a task whose batches are padded to their longest sequence compiled once
+    per length (about 30 graphs, 400 s of the first epoch on the 2-core CPU for the lab's
+    toy BiLSTM), and Dynamo gives up compiling after 8
+    (``torch._dynamo.config.recompile_limit``). Rounded, the lengths 8, 16, ..., 512 need
+    7 graphs. The extra steps are padding that the real positions never see (a
+    recurrence's reverse direction reads each row within its length, the CRF leaves
+    masked keys out of its chain, a decoder's later words never reach its earlier ones),
+    so the outputs are those of the unrounded run. Cost: up to twice the loop's steps on
+    a batch just over a power of two. ``n`` may be a symbolic size: the comparisons guard
+    on its range (``16 < n <= 32``), not on its value."""
+    steps = MIN_COMPILED_STEPS
+    while steps < n:
+        steps *= 2
+    return steps
+
+
+def unrolled_steps(n: int) -> int:
+    """How many steps a loop over ``n`` positions runs in this call: :func:`compiled_steps`
+    ``(n)`` under ``torch.compile``, else ``n`` (eager, and ``torch.export``, whose graph
+    keeps the traced sizes). The steps past ``n`` must not reach the first ``n``
+    positions' results (a recurrence's padding, a decoder's later words)."""
+    return compiled_steps(n) if rounds_unrolled_loops() else n
+
+
+def rounds_unrolled_loops() -> bool:
+    """Whether this call rounds its unrolled loops (:func:`unrolled_steps`): under
+    ``torch.compile`` (Dynamo), not ``torch.export``. Ask this rather than compare the
+    rounded length with ``n``, which would guard on ``n``'s value."""
+    return torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting()
+
+
 def is_traced() -> bool:
     """Whether this call is traced or transformed, so that it may not read tensor values
     on the host nor branch on them: ``torch.compile`` and ``torch.export`` (one graph, no

@@ -24,7 +24,7 @@ they run the same weights through the same ATen recurrences on the padded batch 
   step). The loop over ``n`` is unrolled in the graph, which grows with ``n``.
 
 Under ``torch.compile`` both run ``n`` rounded up to a power of two
-(:func:`compiled_steps`, :func:`unrolled_steps`): PyTorch's decompositions unroll a
+(:func:`attnlab._checks.compiled_steps`): PyTorch's decompositions unroll a
 recurrence's steps, and without the rounding every padded length compiled a graph of its
 own until Dynamo's recompile limit.
 
@@ -42,18 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import is_transformed
+from attnlab._checks import compiled_steps, is_transformed, rounds_unrolled_loops
 
 __all__ = [
     "RNNWeights",
     "bound_rnn_weights",
-    "compiled_steps",
     "gru_cell",
     "lstm_cell",
     "padded_rnn",
     "rnn_step",
     "stepped_rnn",
-    "unrolled_steps",
 ]
 
 #: An LSTM's state ``(h, c)`` or a GRU's ``h``, each ``[layers * directions, N, hidden]``.
@@ -251,51 +249,10 @@ def _real(x: Tensor, lengths: Tensor | None) -> Tensor:
     return torch.arange(n, device=x.device)[None, :] < lengths[:, None]
 
 
-#: Under ``torch.compile`` the recurrences run over the padded length rounded up to a power
-#: of two, at least this many steps (see :func:`compiled_steps`).
-MIN_COMPILED_STEPS = 8
-
-
-def compiled_steps(n: int) -> int:
-    """The steps a recurrence runs over a batch padded to ``n`` positions under
-    ``torch.compile``: ``n`` rounded up to a power of two, at least
-    :data:`MIN_COMPILED_STEPS`.
-
-    PyTorch's decomposition of ``torch.lstm`` / ``torch.gru`` (and :func:`stepped_rnn`'s
-    loop) unrolls the time steps, so a compiled graph holds a fixed number of them and a
-    batch of another padded length compiled a new graph: a task whose batches are padded
-    to their longest sequence compiled once per length (about 30 graphs, 400 s of the
-    first epoch on the 2-core CPU for the lab's toy BiLSTM), and Dynamo gives up
-    compiling after 8 (``torch._dynamo.config.recompile_limit``). Rounded, the lengths
-    8, 16, ..., 512 need 7 graphs; the extra steps are padding, which the real positions
-    never see (the reverse direction reads each row within its length), so the outputs
-    are those of the unrounded run. Cost: up to twice the recurrence's steps on a batch
-    just over a power of two. ``n`` may be a symbolic size: the comparisons guard on its
-    range (``16 < n <= 32``), not on its value."""
-    steps = MIN_COMPILED_STEPS
-    while steps < n:
-        steps *= 2
-    return steps
-
-
-def unrolled_steps(n: int) -> int:
-    """How many steps a loop over ``n`` positions runs in this call: :func:`compiled_steps`
-    ``(n)`` under ``torch.compile``, else ``n`` (eager, and ``torch.export``, whose graph
-    keeps the traced sizes). The steps past ``n`` must not reach the first ``n``
-    positions' results (a recurrence's padding, a decoder's later words)."""
-    return compiled_steps(n) if _rounds() else n
-
-
-def _rounds() -> bool:
-    """Whether this call rounds its unrolled loops (:func:`unrolled_steps`). Asked instead
-    of comparing the rounded length with ``n``, which would guard on ``n``'s value."""
-    return torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting()
-
-
 def _round_steps(x: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``x`` ``[N, n, d]`` padded with zeros to :func:`unrolled_steps` ``(n)`` positions
     (with the lengths, ``n`` each where they were None)."""
-    if not _rounds():
+    if not rounds_unrolled_loops():
         return x, lengths
     n = x.shape[1]
     if lengths is None:
@@ -317,7 +274,8 @@ def padded_rnn(
 
     ``state`` is the initial state (zeros when None), as ``nn.GRU`` / ``nn.LSTM`` take it.
     Between layers, dropout ``weights.dropout`` applies in training, as in ``torch.nn``.
-    Under ``torch.compile`` the recurrence runs over :func:`compiled_steps` positions.
+    Under ``torch.compile`` the recurrence runs over
+    :func:`attnlab._checks.compiled_steps` positions.
     """
     n = x.shape[1]
     x, lengths = _round_steps(x, lengths)

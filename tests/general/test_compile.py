@@ -14,7 +14,7 @@ import torch._dynamo
 from torch import nn
 
 from attnlab import CDME, Attention, HierarchicalAttention, MultiHeadAttention, PointerNetwork
-from attnlab._recurrent import compiled_steps
+from attnlab._checks import compiled_steps
 from tests.general.test_attention import QUERYLESS, VALID
 from tests.test_checks import CASES, _inputs
 from tests.test_invariances import MECHANISMS
@@ -222,18 +222,16 @@ def test_inductor_compiles_additive_attention_to_the_eager_result():
         torch.testing.assert_close(a, b)
 
 
-#: the mechanisms that compile one graph per sequence length, and why (every other one of
-#: tests/test_invariances.py compiles one graph for every batch size and length)
-PER_LENGTH = {
+#: the mechanisms that compile one graph per sequence length rounded up to a power of two
+#: (``attnlab._checks.compiled_steps``: their loops over the sequence, unrolled, run that
+#: many steps), and why they unroll (every other one of tests/test_invariances.py compiles
+#: one graph for every batch size and length)
+PER_POWER_OF_TWO = {
     **{
         name: "the CRF's forward-backward recursions step over the keys in Python"
         for name in sorted(MECHANISMS)
         if name.startswith("attention/") and name.split("/")[2] == "structured"
     },
-}
-#: the mechanisms that compile one graph per sequence length rounded up to a power of two
-#: (``attnlab._recurrent.compiled_steps``: their unrolled recurrences run that many steps)
-PER_POWER_OF_TWO = {
     "pointer-network": "the encoder LSTM runs step by step, unrolled",
     "pointer-network/general": "the encoder LSTM runs step by step, unrolled",
     "hierarchical-attention/bigru": "torch.gru's decomposition under torch.compile is "
@@ -263,9 +261,9 @@ NOT_HERE = {
 
 
 def test_compile_exemptions_name_mechanisms():
-    for table in (PER_LENGTH, PER_POWER_OF_TWO, TWO_GRAPHS, NOT_HERE):
+    for table in (PER_POWER_OF_TWO, TWO_GRAPHS, NOT_HERE):
         assert set(table) <= set(MECHANISMS), sorted(set(table) - set(MECHANISMS))
-    assert len(PER_LENGTH) == 11, sorted(PER_LENGTH)
+    assert len(PER_POWER_OF_TWO) == 14, sorted(PER_POWER_OF_TWO)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -273,8 +271,8 @@ def test_dynamic_shapes_compile_once_and_match_eager(name):
     """``torch.compile(dynamic=True, fullgraph=True)`` (training on batches of varying
     length) traces every mechanism without a break and gives the eager outputs for three
     batch sizes and sequence lengths; the shapes are symbolic, so the later calls do not
-    recompile, but for the mechanisms of ``PER_LENGTH`` (one graph per length) and of
-    ``PER_POWER_OF_TWO`` (one per length rounded up to a power of two). A size
+    recompile, but for the mechanisms of ``PER_POWER_OF_TWO`` (one graph per length
+    rounded up to a power of two: their lengths 5, 7 and 9 take two). A size
     turned into a constant (a symbolic size formatted into a message, compared in Python)
     makes the later calls recompile."""
     from attention_harness import _ragged_masks
@@ -293,8 +291,9 @@ def test_dynamic_shapes_compile_once_and_match_eager(name):
 
     counter = CompileCounter()
     compiled = torch.compile(run, backend=counter, dynamic=True, fullgraph=True)
-    # the pointer network's test targets need 5 inputs or more (it has no max_len)
-    shapes = ((5, 7), (7, 4), (9, 2)) if name.startswith("pointer") else DYNAMIC_SHAPES
+    # lengths across a power of two (none of these mechanisms has a max_len; the pointer
+    # network's test targets need 5 inputs or more)
+    shapes = ((5, 7), (7, 4), (9, 2)) if name in PER_POWER_OF_TWO else DYNAMIC_SHAPES
     for n, batch in shapes:
         x = mech.draw(batch, dict.fromkeys(mech.sequences(), n))
         masks = _ragged_masks(mech, batch, n)
@@ -307,9 +306,9 @@ def test_dynamic_shapes_compile_once_and_match_eager(name):
         for k in want:
             torch.testing.assert_close(got[k], want[k], equal_nan=True, atol=1e-5, rtol=1e-5)
     if name in PER_POWER_OF_TWO:
-        expected = len({compiled_steps(n) for n, _ in shapes})
+        expected = len({compiled_steps(n) for n, _ in shapes})  # 8 and 16: two graphs
     else:
-        expected = len(shapes) if name in PER_LENGTH else 2 if name in TWO_GRAPHS else 1
+        expected = 2 if name in TWO_GRAPHS else 1
     assert counter.frame_count == expected, (
         f"{counter.frame_count} compilations for {len(shapes)} shapes"
     )

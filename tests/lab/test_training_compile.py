@@ -75,7 +75,7 @@ def test_a_compiled_recurrent_run_is_the_eager_run_with_a_graph_per_power_of_two
 ):
     """A BiLSTM encoder over batches padded to lengths from 1 to 40: compiled, its
     recurrence runs the padded length rounded up to a power of two
-    (``attnlab._recurrent.compiled_steps``), so the training steps take a graph per power
+    (``attnlab._checks.compiled_steps``), so the training steps take a graph per power
     of two (8, 16, 32, 64: at most 5 graphs with the first, static one) where they took
     one per length until Dynamo's recompile limit; the losses and metrics are eager's."""
     options = {**TINY, "n_train": 128, "max_len": 40, "encoder": "bilstm", "batch_size": 8}

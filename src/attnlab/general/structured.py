@@ -22,7 +22,8 @@ The marginals need not sum to 1 (the context ``c = sum_l a_l v_l`` grows with th
 number of selected keys, as in the paper); ``sum_to_one=True`` divides them by their sum.
 
 Cost: O(B n_q n_k) time and memory, in ``n_k`` sequential steps (each over all ``B n_q``
-rows at once).
+rows at once; under ``torch.compile``, ``n_k`` rounded up to a power of two, so that one
+graph serves a range of lengths: :func:`attnlab._checks.compiled_steps`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError, check_flags, check_tensor, softmax_dtype
+from attnlab._checks import (
+    ConfigError,
+    check_flags,
+    check_tensor,
+    rounds_unrolled_loops,
+    softmax_dtype,
+    unrolled_steps,
+)
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.masks import check_score_mask
 from attnlab.registry import register
@@ -84,8 +93,15 @@ def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
     unary potentials and is shifted to log-sum 0. Chain 0's messages are ``alpha_t``;
     chain 1's ``through`` at key ``t`` is ``beta_t`` (the keys after ``t``) up to a
     constant, which cancels in the log-odds ``alpha_t[1] - alpha_t[0] + beta_t[1] -
-    beta_t[0]``."""
+    beta_t[0]``.
+
+    Under ``torch.compile`` the loop runs :func:`attnlab._checks.unrolled_steps` ``(n)``
+    steps over keys appended masked (left out of the chain: the marginals of the others
+    are unchanged), so a graph serves every ``n`` up to the next power of two."""
     n = u1.shape[-1]
+    if rounds_unrolled_loops():
+        extra = unrolled_steps(n) - n
+        u1, allowed = F.pad(u1, (0, extra)), F.pad(allowed, (0, extra), value=False)
     unary = _unary(u1)  # [..., n, 2]
     # everything that does not depend on the messages is computed once, out of the loop;
     # index 0 of every stacked tensor is the forward chain, 1 the backward one
@@ -97,7 +113,7 @@ def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
     pair = torch.stack((theta, theta.T)).view(2, *[1] * (u1.dim() - 1), 2, 2)
     message = u1.new_zeros(2, *u1.shape[:-1], 2)
     messages, throughs = [], []
-    for s in range(n):
+    for s in range(u1.shape[-1]):
         through = _lse2(message.unsqueeze(-1) + pair, -2)  # over the previous state
         through = torch.where(started[s], through, 0.0)
         message = torch.where(oks[s], _normalized(through + units[s]), message)
@@ -105,7 +121,7 @@ def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
         throughs.append(through[1])
     alpha = torch.stack(messages, -2)  # [..., n, 2]
     beta = torch.stack(throughs[::-1], -2)
-    return alpha[..., 1] - alpha[..., 0] + beta[..., 1] - beta[..., 0]
+    return (alpha[..., 1] - alpha[..., 0] + beta[..., 1] - beta[..., 0])[..., :n]
 
 
 def crf_marginals(

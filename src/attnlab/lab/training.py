@@ -35,7 +35,7 @@ task may decode step by step there. Every task model of the lab compiles in one 
 (``tests/lab/test_every_task_compiles.py``); the results equal eager mode's to rounding.
 The compilations' time falls in the first epochs; the recurrences, which PyTorch's
 decompositions unroll, run the padded length rounded up to a power of two, so they compile
-once per power of two, not per length (:func:`attnlab._recurrent.compiled_steps`): figures
+once per power of two, not per length (:func:`attnlab._checks.compiled_steps`): figures
 in docs/compile-and-precision.md.
 
 Throughput: the training batches come through :func:`device_batches`, which on CUDA builds

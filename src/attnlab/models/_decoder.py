@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_int
-from attnlab._recurrent import unrolled_steps
+from attnlab._checks import ConfigError, check_int, unrolled_steps
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -78,7 +77,7 @@ def teacher_forcing(
     V]``, weights ``[B, T, n_keys]``, log_prob ``[B, T]`` or None). ``ref`` gives the dtype
     and device of the empty result when ``T = 0``.
 
-    Under ``torch.compile`` the loop runs :func:`attnlab._recurrent.unrolled_steps` ``(T)``
+    Under ``torch.compile`` the loop runs :func:`attnlab._checks.unrolled_steps` ``(T)``
     steps (``T`` rounded up to a power of two, on word 0 past the gold words) and keeps the
     first ``T``: a later step never reaches an earlier one's results, and a graph then
     serves a range of target lengths instead of one."""
