@@ -243,7 +243,7 @@ def check_same(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
 
 #: Under ``torch.compile`` the loops unrolled over a sequence (the recurrences, the CRF's
 #: forward-backward, the teacher-forced decoders) run its length rounded up to a power of
-#: two, at least this many steps (see :func:`compiled_steps`).
+#: two, at least this many steps (see :func:`compiled_steps`, :func:`rounds_unrolled_loops`).
 MIN_COMPILED_STEPS = 8
 
 
@@ -272,18 +272,13 @@ def compiled_steps(n: int) -> int:
     return steps
 
 
-def unrolled_steps(n: int) -> int:
-    """How many steps a loop over ``n`` positions runs in this call: :func:`compiled_steps`
-    ``(n)`` under ``torch.compile``, else ``n`` (eager, and ``torch.export``, whose graph
-    keeps the traced sizes). The steps past ``n`` must not reach the first ``n``
-    positions' results (a recurrence's padding, a decoder's later words)."""
-    return compiled_steps(n) if rounds_unrolled_loops() else n
-
-
 def rounds_unrolled_loops() -> bool:
-    """Whether this call rounds its unrolled loops (:func:`unrolled_steps`): under
-    ``torch.compile`` (Dynamo), not ``torch.export``. Ask this rather than compare the
-    rounded length with ``n``, which would guard on ``n``'s value."""
+    """Whether this call runs its loops over a sequence of ``n`` positions for
+    :func:`compiled_steps` ``(n)`` steps: under ``torch.compile`` (Dynamo), not in eager
+    mode nor under ``torch.export`` (whose graph keeps the traced sizes). The steps past
+    ``n`` must not reach the first ``n`` positions' results (a recurrence's padding, a
+    decoder's later words). Ask this rather than compare the rounded length with ``n``,
+    which would guard on ``n``'s value."""
     return torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting()
 
 

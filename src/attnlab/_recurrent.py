@@ -250,8 +250,9 @@ def _real(x: Tensor, lengths: Tensor | None) -> Tensor:
 
 
 def _round_steps(x: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """``x`` ``[N, n, d]`` padded with zeros to :func:`unrolled_steps` ``(n)`` positions
-    (with the lengths, ``n`` each where they were None)."""
+    """``x`` ``[N, n, d]`` padded with zeros to ``compiled_steps(n)`` positions (with the
+    lengths, ``n`` each where they were None) where the call rounds its loops
+    (:func:`attnlab._checks.rounds_unrolled_loops`), else as it is."""
     if not rounds_unrolled_loops():
         return x, lengths
     n = x.shape[1]

@@ -222,7 +222,7 @@ def test_one_sentence_alone_equals_its_batch_row() -> None:
 @pytest.mark.parametrize("style", ["bahdanau", "luong"])
 def test_compiled_translator_serves_varied_lengths_with_a_few_graphs(style: str) -> None:
     """Compiled, the encoder's recurrence and the teacher-forced decoder run their padded
-    lengths rounded up to a power of two (``attnlab._checks.unrolled_steps``): nine
+    lengths rounded up to a power of two (``attnlab._checks.compiled_steps``): nine
     batches of different source and target lengths, both within the powers of two 8, 16
     and 32, take at most five graphs (a graph per pair of lengths hit Dynamo's recompile
     limit, 8, and fell back to eager), and the logits, weights and gradients are

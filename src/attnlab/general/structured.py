@@ -38,9 +38,9 @@ from attnlab._checks import (
     ConfigError,
     check_flags,
     check_tensor,
+    compiled_steps,
     rounds_unrolled_loops,
     softmax_dtype,
-    unrolled_steps,
 )
 from attnlab.general.alignment import Aligned, Alignment
 from attnlab.masks import check_score_mask
@@ -95,12 +95,12 @@ def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
     constant, which cancels in the log-odds ``alpha_t[1] - alpha_t[0] + beta_t[1] -
     beta_t[0]``.
 
-    Under ``torch.compile`` the loop runs :func:`attnlab._checks.unrolled_steps` ``(n)``
-    steps over keys appended masked (left out of the chain: the marginals of the others
+    Under ``torch.compile`` the loop runs :func:`attnlab._checks.compiled_steps` ``(n)``
+    steps, over keys appended masked (left out of the chain: the marginals of the others
     are unchanged), so a graph serves every ``n`` up to the next power of two."""
     n = u1.shape[-1]
     if rounds_unrolled_loops():
-        extra = unrolled_steps(n) - n
+        extra = compiled_steps(n) - n
         u1, allowed = F.pad(u1, (0, extra)), F.pad(allowed, (0, extra), value=False)
     unary = _unary(u1)  # [..., n, 2]
     # everything that does not depend on the messages is computed once, out of the loop;

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_int, unrolled_steps
+from attnlab._checks import ConfigError, check_int, compiled_steps, rounds_unrolled_loops
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -77,15 +77,15 @@ def teacher_forcing(
     V]``, weights ``[B, T, n_keys]``, log_prob ``[B, T]`` or None). ``ref`` gives the dtype
     and device of the empty result when ``T = 0``.
 
-    Under ``torch.compile`` the loop runs :func:`attnlab._checks.unrolled_steps` ``(T)``
+    Under ``torch.compile`` the loop runs :func:`attnlab._checks.compiled_steps` ``(T)``
     steps (``T`` rounded up to a power of two, on word 0 past the gold words) and keeps the
     first ``T``: a later step never reaches an earlier one's results, and a graph then
     serves a range of target lengths instead of one."""
     B, T = tokens_in.shape
-    steps = unrolled_steps(T)  # T in eager mode (no padding then)
-    tokens_in = F.pad(tokens_in, (0, steps - T))  # word 0: a valid id of any vocabulary
+    if rounds_unrolled_loops():  # word 0: a valid id of any vocabulary
+        tokens_in = F.pad(tokens_in, (0, compiled_steps(T) - T))
     logits, weights, log_probs = [], [], []
-    for t in range(steps):
+    for t in range(tokens_in.shape[1]):
         lg, state, w, lp = step(tokens_in[:, t], state)
         logits.append(lg)
         weights.append(w)
