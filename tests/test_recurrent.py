@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab._recurrent import (
@@ -240,11 +241,7 @@ def test_compiled_recurrences_serve_every_padded_length_with_a_few_graphs(run):
     a graph per length reached Dynamo's recompile limit (8) and fell back to eager; the
     outputs, the final state and the gradients are the packed run's."""
     rnn = _rnn("lstm", 2, run == "padded")
-    weights, graphs = RNNWeights(rnn), []
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return gm.forward
+    weights, counter = RNNWeights(rnn), CompileCounter()
 
     def call(x: torch.Tensor, lengths: torch.Tensor):
         if run == "padded":
@@ -252,7 +249,7 @@ def test_compiled_recurrences_serve_every_padded_length_with_a_few_graphs(run):
         return stepped_rnn(weights, x, lengths)
 
     torch._dynamo.reset()
-    compiled = torch.compile(call, backend=counting)
+    compiled = torch.compile(call, backend=counter)
     g = torch.Generator().manual_seed(3)
     for length in VARIED:
         x = torch.randn(3, length, D_IN, generator=g, dtype=torch.float64, requires_grad=True)
@@ -273,7 +270,8 @@ def test_compiled_recurrences_serve_every_padded_length_with_a_few_graphs(run):
             strict=True,
         ):
             torch.testing.assert_close(a, b, **TOL)
-    assert len(graphs) <= 5, f"{len(graphs)} graphs for the padded lengths {VARIED}"
+    graphs = counter.frame_count
+    assert graphs <= 5, f"{graphs} graphs for the padded lengths {VARIED}"
     torch._dynamo.reset()
 
 

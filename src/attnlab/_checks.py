@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -270,6 +271,18 @@ def compiled_steps(n: int) -> int:
     while steps < n:
         steps *= 2
     return steps
+
+
+def pad_to_compiled_steps(x: Tensor, dim: int, value: float = 0) -> Tensor:
+    """``x`` padded with ``value`` along ``dim`` from ``n`` to :func:`compiled_steps`
+    ``(n)`` positions where the call rounds its loops over a sequence
+    (:func:`rounds_unrolled_loops`), else ``x`` itself: what a loop over that axis pads
+    before it runs and cuts from its results after."""
+    if not rounds_unrolled_loops():
+        return x
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    return F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, compiled_steps(n) - n], value=value)
 
 
 def rounds_unrolled_loops() -> bool:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import compiled_steps, is_transformed, rounds_unrolled_loops
+from attnlab._checks import is_transformed, pad_to_compiled_steps
 
 __all__ = [
     "RNNWeights",
@@ -249,18 +249,6 @@ def _real(x: Tensor, lengths: Tensor | None) -> Tensor:
     return torch.arange(n, device=x.device)[None, :] < lengths[:, None]
 
 
-def _round_steps(x: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """``x`` ``[N, n, d]`` padded with zeros to ``compiled_steps(n)`` positions (with the
-    lengths, ``n`` each where they were None) where the call rounds its loops
-    (:func:`attnlab._checks.rounds_unrolled_loops`), else as it is."""
-    if not rounds_unrolled_loops():
-        return x, lengths
-    n = x.shape[1]
-    if lengths is None:
-        lengths = torch.full((x.shape[0],), n, dtype=torch.long, device=x.device)
-    return F.pad(x, (0, 0, 0, compiled_steps(n) - n)), lengths
-
-
 def padded_rnn(
     weights: RNNWeights,
     x: Tensor,
@@ -279,8 +267,8 @@ def padded_rnn(
     :func:`attnlab._checks.compiled_steps` positions.
     """
     n = x.shape[1]
-    x, lengths = _round_steps(x, lengths)
-    real = _real(x, lengths)
+    real = pad_to_compiled_steps(_real(x, lengths), 1, False)  # compiled: padded steps
+    x = pad_to_compiled_steps(x, 1)
     h0, c0 = _split(weights, state, x)
     flip = None
     if weights.directions == 2:  # reverse each row within its length: an involution
@@ -311,8 +299,9 @@ def stepped_rnn(
     if weights.directions != 1:
         raise ValueError("stepped_rnn runs one direction; use padded_rnn for a bidirectional RNN")
     n = x.shape[1]
-    x, _ = _round_steps(x, lengths)  # under torch.compile (the extra steps keep the state)
-    real = _real(x, lengths)
+    # compiled: padded steps, which keep each row's state
+    real = pad_to_compiled_steps(_real(x, lengths), 1, False)
+    x = pad_to_compiled_steps(x, 1)
     zero = weights.zeros(x)
     h, c = list(zero.unbind(0)), list(zero.unbind(0))
     outputs = []

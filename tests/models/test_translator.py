@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 import attnlab
 from attnlab._checks import ConfigError
@@ -228,14 +229,9 @@ def test_compiled_translator_serves_varied_lengths_with_a_few_graphs(style: str)
     limit, 8, and fell back to eager), and the logits, weights and gradients are
     eager's."""
     model = _model(style=style)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return gm.forward
-
+    counter = CompileCounter()
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=counting)
+    compiled = torch.compile(model, backend=counter)
     g = torch.Generator().manual_seed(4)
     pairs = [(5, 3), (7, 6), (6, 8), (9, 10), (13, 12), (16, 15), (17, 20), (30, 31), (25, 18)]
     for n, T in pairs:
@@ -258,7 +254,8 @@ def test_compiled_translator_serves_varied_lengths_with_a_few_graphs(style: str)
                 assert a is None and b is None
                 continue
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert len(graphs) <= 5, f"{len(graphs)} graphs for the (source, target) lengths {pairs}"
+    graphs = counter.frame_count
+    assert graphs <= 5, f"{graphs} graphs for the (source, target) lengths {pairs}"
     torch._dynamo.reset()
 
 

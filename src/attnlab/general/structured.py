@@ -31,15 +31,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab._checks import (
     ConfigError,
     check_flags,
     check_tensor,
-    compiled_steps,
-    rounds_unrolled_loops,
+    pad_to_compiled_steps,
     softmax_dtype,
 )
 from attnlab.general.alignment import Aligned, Alignment
@@ -99,9 +97,7 @@ def _log_odds(u1: Tensor, allowed: Tensor, theta: Tensor) -> Tensor:
     steps, over keys appended masked (left out of the chain: the marginals of the others
     are unchanged), so a graph serves every ``n`` up to the next power of two."""
     n = u1.shape[-1]
-    if rounds_unrolled_loops():
-        extra = compiled_steps(n) - n
-        u1, allowed = F.pad(u1, (0, extra)), F.pad(allowed, (0, extra), value=False)
+    u1, allowed = pad_to_compiled_steps(u1, -1), pad_to_compiled_steps(allowed, -1, False)
     unary = _unary(u1)  # [..., n, 2]
     # everything that does not depend on the messages is computed once, out of the loop;
     # index 0 of every stacked tensor is the forward chain, 1 the backward one

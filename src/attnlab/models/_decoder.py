@@ -19,10 +19,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import ConfigError, check_int, compiled_steps, rounds_unrolled_loops
+from attnlab._checks import ConfigError, check_int, pad_to_compiled_steps
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -82,8 +81,7 @@ def teacher_forcing(
     first ``T``: a later step never reaches an earlier one's results, and a graph then
     serves a range of target lengths instead of one."""
     B, T = tokens_in.shape
-    if rounds_unrolled_loops():  # word 0: a valid id of any vocabulary
-        tokens_in = F.pad(tokens_in, (0, compiled_steps(T) - T))
+    tokens_in = pad_to_compiled_steps(tokens_in, 1)  # word 0: a valid id of any vocabulary
     logits, weights, log_probs = [], [], []
     for t in range(tokens_in.shape[1]):
         lg, state, w, lp = step(tokens_in[:, t], state)
