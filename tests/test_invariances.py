@@ -395,6 +395,12 @@ VARIANTS: dict[str, Mechanism] = {
     "reformer/fixed-buckets": replace(
         MECHANISMS["reformer"], build=lambda: LSHAttention(D, 2, bucket_size=2, num_buckets=2)
     ),
+    # seed and num_buckets: the rotations are a buffer, the calls take no generator
+    "reformer/seeded": replace(
+        MECHANISMS["reformer"],
+        build=lambda: LSHAttention(D, 2, bucket_size=2, num_buckets=2, seed=0),
+        call=lambda m, x, mk, nw: m(x["query"], mask=_key_mask(mk, "s"), need_weights=nw),
+    ),
     "pointer-network/general": replace(
         MECHANISMS["pointer-network"], build=lambda: PointerNetwork(D, 8, score="general")
     ),
@@ -470,7 +476,8 @@ _STEPS = (
 _POINTER_STEPS = _STEPS + "the encoder's and the decoder's steps"
 _LSH_ONNX = (
     "the hash rotations are drawn in the call from a torch.Generator, which ONNX cannot "
-    "hold (its RandomNormal draws other numbers): torch.export.export works"
+    "hold (its RandomNormal draws other numbers): torch.export.export works, and with "
+    "seed and num_buckets ONNX too (reformer/seeded)"
 )
 #: The exemptions: mechanism -> {property: why the property does not hold by design}.
 #: ``property`` is ``"permutation"`` (joint key permutation equivariance), or
@@ -507,6 +514,7 @@ EXEMPT: dict[str, dict[str, str]] = {
         "hashing (checked with a fixed num_buckets: reformer/fixed-buckets)",
     },
     "reformer/fixed-buckets": {"permutation": _LSH, "onnx": _LSH_ONNX},
+    "reformer/seeded": {"permutation": _LSH},
     "relative-positions": {"permutation": _POSITIONAL + "relative position embeddings"},
     "rotary-positions": {"permutation": _POSITIONAL + "a rotation by each position's angle"},
     "sinusoidal-positions": {"permutation": _POSITIONAL + "the encoding of each position"},

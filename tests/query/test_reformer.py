@@ -267,6 +267,73 @@ def test_seeded_rotations_are_the_seeds_cpu_draw_made_once():
     assert "_seeded" not in m.state_dict()
 
 
+def test_seeded_rotations_with_fixed_buckets_are_a_buffer():
+    """With ``seed`` and ``num_buckets`` the rotations are the buffer ``rotations``: the
+    seed's CPU draw, moved and converted with the module, saved in its checkpoint (one
+    saved without it loads the seed's draw), drawn again by ``reset_parameters`` after the
+    meta device, and handed to the caller as a copy. A seed changed afterwards is used."""
+    m = LSHAttention(8, 2, bucket_size=4, n_hashes=2, num_buckets=4, seed=3).eval()
+    want = torch.randn(2, 4, 2, 2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(m.rotations, want)
+    x = torch.randn(2, 16, 8)
+    got = m(x).extras["rotations"]
+    assert torch.equal(got, want)
+    got.zero_()  # the caller's copy, not the buffer
+    assert torch.equal(m.rotations, want)
+    assert torch.equal(m.state_dict()["rotations"], want)
+    old = {k: v for k, v in m.state_dict().items() if k != "rotations"}
+    other = LSHAttention(8, 2, bucket_size=4, n_hashes=2, num_buckets=4, seed=3)
+    other.rotations.zero_()
+    other.load_state_dict(old)  # strict: the missing buffer is the seed's draw
+    assert torch.equal(other.rotations, want)
+    wide = m.double()
+    assert wide.rotations.dtype == torch.float64
+    assert torch.equal(wide(x.double()).extras["rotations"], want.double())
+    with torch.device("meta"):
+        meta = LSHAttention(8, 2, bucket_size=4, n_hashes=2, num_buckets=4, seed=3)
+    assert meta.rotations.is_meta
+    meta.to_empty(device="cpu")
+    meta.reset_parameters()
+    assert torch.equal(meta.rotations, want)
+    m.seed = 4
+    again = torch.randn(2, 4, 2, 2, generator=torch.Generator().manual_seed(4)).double()
+    assert torch.equal(m(x.double()).extras["rotations"], again)
+    assert LSHAttention(8, 2, seed=3).rotations is None  # num_buckets follows n: drawn per n
+
+
+@pytest.mark.parametrize("traced", [6, 5])
+def test_seeded_onnx_export_serves_every_length(traced):
+    """Exported to ONNX (``dynamo=True``, dynamic batch and length) at an even or odd
+    length, a seeded LSH attention with fixed buckets gives the eager outputs at lengths
+    of either parity (whole chunks or a padded last chunk), under a key padding mask.
+    Needs the ``onnx`` extra."""
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    pytest.importorskip("onnxruntime", reason="the graph runs in onnxruntime")
+    from attention_harness import onnx_session
+    from torch.export import Dim
+
+    class Call(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lsh = LSHAttention(8, 2, bucket_size=2, num_buckets=4, seed=3)
+
+        def forward(self, x, mask):
+            return self.lsh(x, mask=mask).context
+
+    torch.manual_seed(0)
+    module = Call().eval()
+    x, mask = torch.randn(3, traced, 8), masks.from_lengths(torch.tensor([traced, 4, 2]))
+    dynamic = ({0: Dim.AUTO, 1: Dim.AUTO}, {0: Dim.AUTO, 2: Dim.AUTO})
+    session = onnx_session(module, (x, mask), {}, dynamic_shapes=dynamic)
+    names = [i.name for i in session.get_inputs()]
+    for n in (traced, 9, 8, 3):
+        x, mask = torch.randn(2, n, 8), masks.from_lengths(torch.tensor([n, n - 1]))
+        (got,) = session.run(None, dict(zip(names, (x.numpy(), mask.numpy()), strict=True)))
+        with torch.no_grad():
+            want = module(x, mask)
+        torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-5, rtol=1e-5)
+
+
 def test_gradcheck_float64():
     torch.manual_seed(0)
     m = LSHAttention(4, 2, bucket_size=3, n_hashes=2, num_buckets=2, seed=1).double()

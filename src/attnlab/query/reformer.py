@@ -31,7 +31,8 @@ exactly full shared-QK attention without self-attention (tested).
 Randomness: the rotations are drawn at every call from ``generator=`` (a forward keyword),
 else from a generator seeded with ``seed`` (a constructor option: the same rotations at
 every call), else from PyTorch's global RNG -- so ``torch.manual_seed`` makes a run
-deterministic. ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
+deterministic. With both ``seed`` and ``num_buckets`` they are the buffer ``rotations``
+(moved with the module, in its ``state_dict``; the module then exports to ONNX). ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
 ``[h, d_head, n_hashes, n_buckets / 2]`` record what was used.
 
 Padding (the positions no query may attend under ``mask``) never matters, whatever it
@@ -118,7 +119,8 @@ class LSHAttention(ProjectedHeadAttention):
         restrict_to_bucket: attend only to keys of the query's bucket (the paper's
             ``P_i``); ``False`` keeps only the chunk window.
         seed: draw the rotations from a generator seeded with this at every call (a fixed
-            hash); ``None`` (default) draws fresh rotations from the global RNG.
+            hash; with ``num_buckets`` too, once, as the buffer ``rotations``); ``None``
+            (default) draws fresh rotations from the global RNG.
         dropout: dropout on the attention weights (training only); bias: biases in the
             projections.
 
@@ -171,6 +173,18 @@ class LSHAttention(ProjectedHeadAttention):
         self.seed = seed
         # the seeded rotations, drawn once per shape, seed, device and dtype (not state)
         self._seeded: tuple[tuple[Any, ...], Tensor] | None = None
+        # with a seed and num_buckets, one shape serves every call: a buffer, so that
+        # module.to() moves it, a checkpoint holds it and an exported graph holds it as a
+        # constant (torch.onnx cannot hold a seeded torch.Generator's draw)
+        self.rotations: Tensor | None
+        self._buffer_key: tuple[int | None, tuple[int, ...] | None] = (seed, None)
+        if seed is not None and num_buckets is not None:
+            shape = self._rotation_shape(num_buckets)
+            rot = self._seeded_draw(seed, shape).to(torch.get_default_device())
+            self.register_buffer("rotations", rot)
+            self._buffer_key = (seed, shape)
+        else:
+            self.rotations = None
 
     # ------------------------------------------------------------------ hashing
 
@@ -181,21 +195,45 @@ class LSHAttention(ProjectedHeadAttention):
         chunks = max(1, math.ceil(n / self.bucket_size))
         return 1 if chunks == 1 else chunks + chunks % 2
 
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # a checkpoint saved before the rotations were a buffer: the seed makes them
+        key = prefix + "rotations"
+        if self.rotations is not None and key not in state_dict:
+            state_dict[key] = self._seeded_draw(*self._buffer_key)  # type: ignore[arg-type]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _rotation_shape(self, n_buckets: int) -> tuple[int, int, int, int]:
+        return (self.num_heads, self.head_dim, self.n_hashes, max(n_buckets // 2, 1))
+
+    @staticmethod
+    def _seeded_draw(seed: int, shape: tuple[int, ...]) -> Tensor:
+        """The rotations of ``seed``: drawn on the CPU in float32 (a CUDA generator draws
+        other numbers), whatever the default device."""
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=g, device="cpu", dtype=torch.float32)
+
     def draw_rotations(
         self, n_buckets: int, like: Tensor, generator: torch.Generator | None = None
     ) -> Tensor:
         """Random rotations ``[h, d_head, n_hashes, n_buckets / 2]`` (standard normal).
 
         With ``seed`` they are drawn on the CPU and moved to ``like``'s device, so a seeded
-        module hashes alike on every device (a CUDA generator draws other numbers); they
-        are drawn and copied once per shape and device, not at every call (a copy from
-        the host waits for the device)."""
-        shape = (self.num_heads, self.head_dim, self.n_hashes, max(n_buckets // 2, 1))
+        module hashes alike on every device. With ``seed`` and ``num_buckets`` they are the
+        buffer ``rotations``, drawn at construction (``reset_parameters`` draws them
+        again); with ``seed`` alone they are drawn and
+        copied once per shape and device, not at every call (a copy from the host waits
+        for the device)."""
+        shape = self._rotation_shape(n_buckets)
+        buffered = self.rotations
+        if generator is None and buffered is not None and self._buffer_key == (self.seed, shape):
+            # (a seed or num_buckets changed after construction falls to the cache below)
+            return buffered.to(like.dtype, copy=True)  # the caller's own copy
         if generator is None and self.seed is not None:
             key = (shape, self.seed, like.device, like.dtype)
             if self._seeded is None or self._seeded[0] != key:
-                g = torch.Generator().manual_seed(self.seed)
-                rot = torch.randn(shape, generator=g, dtype=torch.float32)
+                rot = self._seeded_draw(self.seed, shape)
                 self._seeded = (key, rot.to(device=like.device, dtype=like.dtype))
             return self._seeded[1].clone()  # the caller may keep and change its copy
         device = like.device if generator is None else generator.device
@@ -217,10 +255,11 @@ class LSHAttention(ProjectedHeadAttention):
         sort_key = buckets
         if real is not None:  # padding sorts after every real position
             sort_key = torch.where(real[:, None, None, :], buckets, nb)
-        if pad:
-            q, v = F.pad(q, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
-            buckets = F.pad(buckets, (0, pad), value=nb)
-            sort_key = F.pad(sort_key, (0, pad), value=nb)
+        # padded even when ``pad`` is 0: a traced graph then serves every length, not
+        # only those of the traced length's parity
+        q, v = F.pad(q, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+        buckets = F.pad(buckets, (0, pad), value=nb)
+        sort_key = F.pad(sort_key, (0, pad), value=nb)
         pos = torch.arange(n_pad, device=q.device)
         order = (sort_key * n_pad + pos).argsort(dim=-1)  # [B, h, R, n_pad]
 
