@@ -76,6 +76,29 @@ def test_from_lengths_errors(lengths, kwargs, error, text):
         masks.from_lengths(lengths, **kwargs)
 
 
+def test_from_lengths_with_max_len_is_traced_by_compile_and_export():
+    """Inside a model's forward, ``from_lengths(lengths, tokens.shape[1])`` reads no value
+    on the host: ``torch.compile(fullgraph=True, dynamic=True)`` and ``torch.export``
+    with dynamic sizes trace it, and the graphs give the eager masks at other sizes."""
+    from torch.export import Dim
+
+    class Masked(torch.nn.Module):
+        def forward(self, x, lengths):
+            return masks.from_lengths(lengths, x.shape[1])
+
+    def by_hand(lengths, n):
+        return torch.tensor([[[l < k for l in range(n)]] for k in lengths])
+
+    x, lengths = torch.randn(3, 5), torch.tensor([5, 2, 0])
+    dynamic = ({0: Dim.AUTO, 1: Dim.AUTO}, {0: Dim.AUTO})
+    exported = torch.export.export(Masked(), (x, lengths), dynamic_shapes=dynamic).module()
+    compiled = torch.compile(Masked(), fullgraph=True, dynamic=True, backend="eager")
+    for n, real in ((5, [5, 2, 0]), (7, [7, 3])):
+        x, lengths = torch.randn(len(real), n), torch.tensor(real)
+        assert torch.equal(exported(x, lengths), by_hand(real, n))
+        assert torch.equal(compiled(x, lengths), by_hand(real, n))
+
+
 # ------------------------------------------------------------------- from_key_padding_mask
 
 

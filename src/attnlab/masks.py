@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab._checks import broadcasts_to, broadcasts_together, is_traced
+from attnlab._checks import broadcasts_to, broadcasts_together, found_on_host, is_traced
 
 __all__ = [
     "AmbiguousMaskWarning",
@@ -76,20 +76,25 @@ def _caller_stacklevel() -> int:
 
 def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
     """Key mask ``[B, 1, n_k]`` from sequence lengths ``[B]``: key ``l`` is allowed iff
-    ``l < lengths[b]``. ``max_len`` defaults to ``lengths.max()``."""
+    ``l < lengths[b]``. ``max_len`` defaults to ``lengths.max()`` (a value read on the
+    host: in a traced call, ``torch.compile`` or ``torch.export``, pass ``max_len``, e.g.
+    the padded length ``tokens.shape[1]``; the value checks are then skipped there, as
+    :func:`attnlab._checks.found_on_host` says)."""
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1:
         raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected [B]")
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer dtype")
-    if (lengths < 0).any():
+    if found_on_host(lengths < 0):
         raise ValueError("lengths must be non-negative")
     if max_len is None:
         max_len = int(lengths.max()) if lengths.numel() else 0
-    elif isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 0:
+    elif isinstance(max_len, bool) or not isinstance(max_len, (numbers.Integral, torch.SymInt)):
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
-    elif lengths.numel() and int(lengths.max()) > max_len:
+    elif not isinstance(max_len, torch.SymInt) and max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    elif found_on_host(lengths > max_len):
         raise ValueError(
             f"max_len={max_len} is smaller than the longest length {int(lengths.max())}"
         )
