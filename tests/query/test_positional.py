@@ -123,6 +123,38 @@ def test_learned_positions_add_the_table_rows() -> None:
     torch.testing.assert_close(m(x, positions=pos)[1, 2], x[1, 2] + m.weight[5])
 
 
+@pytest.mark.parametrize(
+    "build",
+    [lambda: SinusoidalPositions(8), lambda: LearnedPositions(16, 8), lambda: RotaryPositions(8)],
+    ids=["sinusoidal", "learned", "rotary"],
+)
+def test_explicit_positions_trace_under_compile_and_export(build) -> None:
+    """``positions=`` (e.g. the positions of a packed or left-padded batch) read no value on
+    the host: a fullgraph dynamic compile and ``torch.export`` with dynamic sizes trace the
+    call, and the graphs give the eager outputs at another batch and length (the value
+    check of the learned table runs in eager calls only)."""
+    from torch.export import Dim
+
+    class Placed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.positions = build()
+
+        def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return self.positions(x, positions=positions)
+
+    torch.manual_seed(0)
+    module = Placed()
+    x, pos = torch.randn(2, 5, 8), torch.arange(5).expand(2, 5) + 2
+    axes = {0: Dim.AUTO, 1: Dim.AUTO}
+    exported = torch.export.export(module, (x, pos), dynamic_shapes=(axes, axes)).module()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
+    for xs, ps in ((x, pos), (torch.randn(3, 7, 8), torch.randint(0, 16, (3, 7)))):
+        want = module(xs, ps)
+        torch.testing.assert_close(exported(xs, ps), want, atol=0, rtol=0)
+        torch.testing.assert_close(compiled(xs, ps), want, atol=0, rtol=0)
+
+
 def test_learned_positions_error_past_max_len() -> None:
     m = LearnedPositions(4, 3)
     m(torch.zeros(1, 4, 3))  # exactly max_len is fine

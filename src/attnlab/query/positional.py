@@ -32,6 +32,7 @@ from attnlab._checks import (
     check_number,
     check_same,
     check_tensor,
+    found_on_host,
 )
 from attnlab.general.padding import clear_attention_inputs, clear_heads
 from attnlab.output import AttentionOutput
@@ -222,9 +223,7 @@ class LearnedPositions(Configurable):
                 what = positions.dtype if isinstance(positions, Tensor) else type(positions)
                 raise TypeError(f"positions is {what}, expected an integer tensor")
             _positions_for(x, positions, 0)  # shape check
-            if positions.numel() and (
-                int(positions.min()) < 0 or int(positions.max()) >= self.max_len
-            ):
+            if found_on_host((positions < 0) | (positions >= self.max_len)):  # eager only
                 raise ValueError(
                     f"positions hold values in [{int(positions.min())}, {int(positions.max())}], "
                     f"but LearnedPositions has embeddings for positions 0..{self.max_len - 1} "
