@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
@@ -92,3 +93,13 @@ class AttentionOutput:
                 f"an AttentionOutput is indexed as (context, weights) by 0 or 1, got {index!r}"
             )
         return (self.context, self.weights)[index]
+
+
+def joint_log_prob(outputs: Iterable[AttentionOutput], dim: int = 1) -> Tensor | None:
+    """The log-probability of the choices of several stochastic attentions taken together
+    (heads, hops, capsules: independent draws, so their log-probabilities add), for one
+    REINFORCE loss that trains every one of them: the ``log_prob`` of each output
+    (``[B, n_q]`` or ``[B]``) stacked along ``dim`` and summed there; ``None`` when none of
+    them sampled (deterministic alignments). Cost O(outputs x B x n_q)."""
+    sampled = [out.log_prob for out in outputs if out.log_prob is not None]
+    return torch.stack(sampled, dim).sum(dim) if sampled else None

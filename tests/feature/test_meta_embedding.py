@@ -185,6 +185,26 @@ def test_dme_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: model([a, b], masks=[m0, m1]).context, (x0, x1))
 
 
+def test_hard_gate_returns_each_tokens_log_prob():
+    """With ``align="hard"`` the gate draws one embedding per token: ``log_prob`` ``[B, n]``
+    is the log of the gate's probability of the drawn embedding, 0 where a token has one
+    embedding only (a sure draw), and a REINFORCE loss on it trains the gate's score,
+    which the drawn one-hot weights cannot."""
+    from attnlab.functional import reinforce_loss
+
+    torch.manual_seed(0)
+    model = DME([3, 2], 2, align="hard").double().train()
+    x = [torch.randn(2, 3, 3, dtype=D64), torch.randn(2, 3, 2, dtype=D64)]
+    only_first = torch.tensor([[True, True, False], [True, True, True]])
+    out = model(x, masks=[torch.ones(2, 3, dtype=torch.bool), only_first], need_weights=True)
+    assert out.log_prob is not None and out.log_prob.shape == (2, 3)
+    assert out.log_prob[0, 2] == 0 and bool((out.log_prob <= 0).all())
+    reinforce_loss(out.log_prob, torch.tensor([1.0, -1.0])).backward()
+    gate = [p.grad for p in model.gate.parameters()]
+    assert gate and all(g is not None and bool(g.abs().sum() > 0) for g in gate)
+    assert DME([3, 2], 2).double()(x).log_prob is None
+
+
 def test_all_oov_token_has_zero_vector_and_finite_grads():
     model = DME([(4, 3), (4, 2)], 3)
     ids = [torch.tensor([[1, -1]]), torch.tensor([[2, -1]])]

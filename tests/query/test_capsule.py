@@ -423,3 +423,31 @@ def test_dynamic_routing_beats_uniform_coupling_and_mean_pooling():
     # attention.
     assert routed > 0.72, routed
     assert uniform < 0.68, uniform
+
+
+def test_stochastic_capsules_return_each_capsules_log_prob():
+    """With ``align="hard"`` each capsule draws a position: ``log_prob`` ``[B, C]`` holds
+    each capsule's log-probability (each capsule run again on its query under the same RNG
+    state gives the same draw), and a REINFORCE loss on it trains the capsule queries
+    and their scores, which the drawn one-hot weights cannot."""
+    from attnlab.functional import reinforce_loss
+
+    torch.manual_seed(0)
+    m = CapsuleAttention(4, 3, score="general", align="hard").double().train()
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    torch.manual_seed(1)
+    out = m(x, mask=mask)
+    assert out.log_prob is not None and out.log_prob.shape == (2, 3)
+    torch.manual_seed(1)
+    want = torch.stack(
+        [
+            cap(m.queries[c].expand(2, 4), x, mask=mask[:, None, :]).log_prob
+            for c, cap in enumerate(m.capsules)
+        ],
+        1,
+    )
+    torch.testing.assert_close(out.log_prob, want)
+    reinforce_loss(out.log_prob, torch.tensor([1.0, -1.0])).backward()
+    assert m.queries.grad is not None and bool(m.queries.grad.abs().sum() > 0)
+    assert CapsuleAttention(4, 3)(x.float()).log_prob is None

@@ -7,6 +7,7 @@ from torch import nn
 
 import attnlab
 from attnlab import masks
+from attnlab.functional import reinforce_loss
 from attnlab.query.multi_head import MultiHeadAttention
 
 
@@ -116,6 +117,34 @@ def test_any_score_per_head_and_own_parameters():
     a = torch.softmax(e, -1)
     torch.testing.assert_close(out.weights[:, 0], a)
     assert torch.equal(out.weights[:, :, 0, 1:], torch.zeros(2, 2, 2))
+
+
+def test_hard_heads_return_their_joint_log_prob_for_reinforce():
+    """With a stochastic alignment the heads' draws are independent: ``log_prob``
+    ``[B, n_q]`` is the sum over the heads of ``log softmax(e_j)`` at the key each head
+    drew (computed here from each head's own projections and score, under a key mask),
+    and a REINFORCE loss on it trains the query and key projections and every head's
+    score (nothing else reaches them: the drawn one-hot weights have no gradient)."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 2, score="general", align="hard").double().train()
+    q, kv = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = masks.from_lengths(torch.tensor([5, 3]))
+    out = m(q, kv, kv, mask=mask, need_weights=True, average_weights=False)
+    assert out.log_prob is not None and out.log_prob.shape == (2, 3)
+    want = torch.zeros(2, 3, dtype=torch.float64)
+    for j, head in enumerate(m.heads):
+        Q = m.q_proj(q)[..., 4 * j : 4 * j + 4]
+        K = m.k_proj(kv)[..., 4 * j : 4 * j + 4]
+        e = (Q @ head.score.W.weight.T) @ K.transpose(1, 2)  # general: q^T W k
+        logp = torch.log_softmax(e.masked_fill(~mask, float("-inf")), -1)
+        drawn = out.weights[:, j].argmax(-1, keepdim=True)
+        want = want + logp.gather(-1, drawn)[..., 0]
+    torch.testing.assert_close(out.log_prob, want)
+    reinforce_loss(out.log_prob, torch.tensor([1.0, -1.0])).backward()
+    for name in ("q_proj.weight", "k_proj.weight", "heads.0.score.W.weight"):
+        grad = dict(m.named_parameters())[name].grad
+        assert grad is not None and bool(grad.abs().sum() > 0), name
+    assert MultiHeadAttention(8, 2)(q.float()).log_prob is None  # deterministic: none
 
 
 def test_general_score_heads_are_fused_and_match_per_head_path():

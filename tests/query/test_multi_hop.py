@@ -316,3 +316,30 @@ def test_two_hops_solve_the_two_step_lookup_one_hop_cannot():
     # excluding A and B leaves 4 candidates, 0.25, plus what the cycle structure leaks)
     assert two > 0.9, two
     assert one < 0.5, one
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_stochastic_hops_return_their_joint_log_prob(single):
+    """With ``align="hard"`` every hop draws a key: ``log_prob`` is the sum of the hops'
+    log-probabilities (each hop's attention run again on its recorded query under the
+    same RNG state gives the same draw), ``[B, n_q]`` or ``[B]`` for a single query, and a
+    REINFORCE loss on it trains the hops' score parameters."""
+    from attnlab.functional import reinforce_loss
+
+    torch.manual_seed(0)
+    m = MultiHopAttention(4, 4, hops=2, score="general", align="hard").double().train()
+    q = torch.randn(*((2, 4) if single else (2, 3, 4)), dtype=torch.float64)
+    k = torch.randn(2, 5, 4, dtype=torch.float64)
+    torch.manual_seed(1)
+    out = m(q, k, k)
+    assert out.log_prob is not None and out.log_prob.shape == q.shape[:-1]
+    torch.manual_seed(1)
+    want = sum(
+        m.attentions[s % len(m.attentions)](hop_q, k, k).log_prob
+        for s, hop_q in enumerate(out.extras["queries"])
+    )
+    torch.testing.assert_close(out.log_prob, want)
+    reinforce_loss(out.log_prob, torch.tensor([1.0, -1.0])).backward()
+    grads = [p.grad for p in m.attentions.parameters()]
+    assert grads and all(g is not None and bool(g.abs().sum() > 0) for g in grads)
+    assert MultiHopAttention(4, 4, hops=2)(q.float(), k.float()).log_prob is None

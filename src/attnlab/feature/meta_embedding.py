@@ -299,7 +299,9 @@ class MetaEmbedding(ConventionAttention):
         Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n, d_proj]``
         and, with ``need_weights=True``, ``weights`` ``[B, n, E]`` (0 for unavailable
         embeddings; all 0 for a token without any). ``extras["available"]`` is the
-        ``[B, n, E]`` availability.
+        ``[B, n, E]`` availability. With a stochastic alignment (``hard``,
+        ``reinforced``) ``log_prob`` ``[B, n]`` is the log-probability of each token's
+        draw (for :func:`~attnlab.general.alignment.reinforce_loss`).
         """
         need_weights = call.need_weights
         token_mask = call.mask
@@ -316,7 +318,9 @@ class MetaEmbedding(ConventionAttention):
         )
         context = out.context.reshape(B, n, self.d_proj)
         weights = out.weights.reshape(B, n, self.E) if need_weights else None
-        return AttentionOutput(context, weights, extras={"available": A})
+        # a stochastic alignment: one draw per token, [B, n] (what trains the gate then)
+        log_prob = None if out.log_prob is None else out.log_prob.reshape(B, n)
+        return AttentionOutput(context, weights, log_prob, extras={"available": A})
 
 
 @register("feature", "dme", aliases=("dynamic-meta-embeddings", "meta-embedding"))

@@ -151,6 +151,11 @@ class CapsuleOutput(_ClassProbabilities):
         mean_features: ``f_bar``, the masked mean of each capsule's values ``[B, C, d_v]``
             (the same row for every capsule unless the capsules project their values).
         weights: ``a_cl`` ``[B, C, n]`` when asked for, else ``None``.
+        log_prob: with a stochastic alignment (``hard``, ``reinforced``) the
+            log-probability of each capsule's draw ``[B, C]`` (``[B]`` where the capsules
+            share one ``reinforced`` selection of positions), for
+            :func:`~attnlab.general.alignment.reinforce_loss`: the only signal that trains
+            the capsule queries and scores then; else ``None``.
     """
 
     probs: Tensor
@@ -159,6 +164,7 @@ class CapsuleOutput(_ClassProbabilities):
     reconstructions: Tensor
     mean_features: Tensor
     weights: Tensor | None = None
+    log_prob: Tensor | None = None
 
 
 @register("query", "capsule", aliases=("capsule-attention", "rnn-capsule"))
@@ -262,13 +268,14 @@ class CapsuleAttention(SequenceAttention):
         if self._batched:
             q = self.queries.unsqueeze(0).expand(B, C, self.d_q)
             out = self.capsules[0](q, features, mask=m, need_weights=need_weights)
-            contexts, weights = out.context, out.weights
+            contexts, weights, log_prob = out.context, out.weights, out.log_prob
             mean = masked_mean(features, pm).unsqueeze(1).expand(B, C, self.d_v)
         else:
-            ctx, wts, means = [], [], []
+            ctx, wts, means, outs = [], [], [], []
             for c, capsule in enumerate(self.capsules):
                 q = self.queries[c].expand(B, self.d_q)
                 out = capsule(q, features, mask=m, need_weights=need_weights)
+                outs.append(out)
                 ctx.append(out.context)
                 wts.append(out.weights)
                 values = (
@@ -278,10 +285,12 @@ class CapsuleAttention(SequenceAttention):
             contexts = torch.stack(ctx, 1)
             weights = torch.stack(wts, 1) if need_weights else None  # type: ignore[arg-type]
             mean = torch.stack(means, 1)
+            sampled = [o.log_prob for o in outs if o.log_prob is not None]
+            log_prob = torch.stack(sampled, 1) if sampled else None  # [B, C]
         logits = (contexts * self.prob_weight).sum(-1) + self.prob_bias
         probs = torch.sigmoid(logits)
         recon = probs.unsqueeze(-1) * contexts
-        return CapsuleOutput(probs, logits, contexts, recon, mean, weights)
+        return CapsuleOutput(probs, logits, contexts, recon, mean, weights, log_prob)
 
 
 def capsule_loss(

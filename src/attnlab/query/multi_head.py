@@ -26,7 +26,7 @@ from attnlab.general.attention import Attention
 from attnlab.general.padding import clear_attention_inputs
 from attnlab.general.planner import Plan, plan_heads
 from attnlab.general.sdpa import _sdpa_attend
-from attnlab.output import AttentionOutput
+from attnlab.output import AttentionOutput, joint_log_prob
 from attnlab.query._convention import AttentionCall, HeadAttention
 from attnlab.query.efficient import check_dropout
 from attnlab.registry import register
@@ -106,7 +106,10 @@ class MultiHeadAttention(ProjectedHeadAttention):
     broadcastable to ``[B, n_q, n_k]`` (or ``[B, h, n_q, n_k]``), True = may attend;
     ``causal=True`` adds the causal mask. Returns :class:`AttentionOutput` with
     ``context`` ``[B, n_q, out_dim]`` and, with ``need_weights``, the weights averaged over
-    heads ``[B, n_q, n_k]`` (``average_weights=False``: ``[B, h, n_q, n_k]``).
+    heads ``[B, n_q, n_k]`` (``average_weights=False``: ``[B, h, n_q, n_k]``). With a
+    stochastic alignment (``hard``, ``reinforced``) ``log_prob`` is the sum of the heads'
+    log-probabilities (independent draws), what a REINFORCE loss trains the projections
+    and the scores with.
 
     Cost: O(B h n_q n_k d_head) for the scores plus the projections; the fused path needs
     O(B h n_q d_head) memory beyond the inputs when no weights are requested.
@@ -297,7 +300,7 @@ class MultiHeadAttention(ProjectedHeadAttention):
             context, weights = _sdpa_attend(
                 q2, k2, v, scale, hmask, p, need_weights, clear=False, causal=plan.causal_kernel
             )
-            path = "sdpa"
+            path, log_prob = "sdpa", None
         else:
             outs = []
             for j, head in enumerate(self.heads):
@@ -305,9 +308,10 @@ class MultiHeadAttention(ProjectedHeadAttention):
                 outs.append(head(q[:, j], k[:, j], v[:, j], mask=m, need_weights=need_weights))
             context = torch.stack([o.context for o in outs], 1)
             weights = torch.stack([o.weights for o in outs], 1) if need_weights else None
+            log_prob = joint_log_prob(outs)  # stochastic heads: their draws together
             path = f"per-head:{outs[0].path}"
         context = context.transpose(1, 2).reshape(B, n_q, self.num_heads * self.head_dim)
         output = self.out_proj(context)
         if weights is not None and call.average_weights:
             weights = weights.mean(1)
-        return AttentionOutput(output, weights if need_weights else None, path=path)
+        return AttentionOutput(output, weights if need_weights else None, log_prob, path)

@@ -58,7 +58,7 @@ from attnlab.general.padding import (
     clear_nonfinite_rows,
     zero_rows,
 )
-from attnlab.output import AttentionOutput
+from attnlab.output import AttentionOutput, joint_log_prob
 from attnlab.query._convention import AttentionCall, ConventionAttention, query_scored_attention
 from attnlab.registry import register
 
@@ -171,7 +171,8 @@ class MultiHopAttention(ConventionAttention):
     :class:`~attnlab.output.AttentionOutput` with ``context`` ``c^(S)`` ``[B, d_v]`` /
     ``[B, n_q, d_v]``, ``weights`` (every hop, with ``need_weights=True``, the default)
     ``[B, S, n_k]`` / ``[B, S, n_q, n_k]``, and ``extras``: ``"query"`` (``q^(S)``),
-    ``"queries"`` (``[q^(1), ..., q^(S)]``), ``"contexts"`` (``[c^(0), ..., c^(S)]``). A
+    ``"queries"`` (``[q^(1), ..., q^(S)]``), ``"contexts"`` (``[c^(0), ..., c^(S)]``); with
+    a stochastic alignment ``log_prob``, the sum of the hops' log-probabilities. A
     row with nothing to attend to has ``c^(s) = 0`` for every ``s`` (zero weights).
 
     Cost: S hops of the chosen attention (O(B n_q n_k d_w) each for the additive score)
@@ -300,6 +301,7 @@ class MultiHopAttention(ConventionAttention):
         queries: list[Tensor] = []
         contexts: list[Tensor] = [c]
         hop_weights: list[Tensor] = []
+        hop_outs: list[AttentionOutput] = []
         for s in range(self.hops):
             transform = self.transforms[s % len(self.transforms)]
             attention = self.attentions[s % len(self.attentions)]
@@ -313,16 +315,20 @@ class MultiHopAttention(ConventionAttention):
             hop_query = q if self.query_form == "state" else torch.cat([q, c], -1)
             out = attention(hop_query, keys, values, mask=m, need_weights=need_weights)
             c = out.context
+            hop_outs.append(out)
             queries.append(q)
             contexts.append(c)
             if need_weights:
                 hop_weights.append(out.weights)  # type: ignore[arg-type]
         weights = torch.stack(hop_weights, 1) if need_weights else None
+        log_prob = joint_log_prob(hop_outs)  # stochastic hops: their draws together
         if single:
+            if log_prob is not None and log_prob.dim() == 2:  # hard: [B, 1]; reinforced: [B]
+                log_prob = log_prob.squeeze(1)
             squeeze = [t.squeeze(1) for t in queries]
             contexts = [t.squeeze(1) for t in contexts]
             queries = squeeze
             if weights is not None:
                 weights = weights.squeeze(2)
         extras = {"query": queries[-1], "queries": queries, "contexts": contexts}
-        return AttentionOutput(contexts[-1], weights, None, "multi-hop", extras)
+        return AttentionOutput(contexts[-1], weights, log_prob, "multi-hop", extras)
