@@ -112,3 +112,19 @@ def test_dict_weights_and_modules_outside_attnlab():
     with pytest.raises(TypeError, match=r"model must be an nn\.Module, got function"):
         with attnlab.capture_weights(lambda x: x):  # type: ignore[arg-type]
             pass
+
+
+def test_attention_over_attention_is_captured_by_its_document_attention():
+    """``AoAOutput.weights`` is ``s``, the document-level attention, so capture_weights
+    records attention-over-attention as it records every other module."""
+    torch.manual_seed(0)
+    aoa = attnlab.AttentionOverAttention(4, 4)
+    doc, question = torch.randn(2, 6, 4), torch.randn(2, 3, 4)
+    mask1 = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    with attnlab.capture_weights(aoa) as weights:
+        out = aoa(doc, question, mask1=mask1)
+    assert out.weights is out.s
+    (captured,) = weights[""]
+    torch.testing.assert_close(captured, out.s)
+    torch.testing.assert_close(captured.sum(-1), torch.ones(2))
+    assert (captured[1, 4:] == 0).all()

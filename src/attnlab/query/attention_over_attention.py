@@ -63,6 +63,8 @@ class AoAOutput:
         beta_bar: ``beta`` averaged over the real document positions ``[B, n_q]``.
         matching: the pairwise matching matrix ``M`` ``[B, n_d, n_q]``.
         context: the attended document ``sum_i s_i D_i`` ``[B, d]``.
+        weights: ``s`` (a read-only alias): the module's attention weights, as
+            :func:`attnlab.capture_weights` and every other attention output name them.
 
     All in the document's dtype (for half-precision inputs the matching and the
     normalisations are computed in float32, then rounded once).
@@ -74,6 +76,11 @@ class AoAOutput:
     beta_bar: Tensor
     matching: Tensor
     context: Tensor
+
+    @property
+    def weights(self) -> Tensor:
+        """The document-level attention ``s`` ``[B, n_d]``."""
+        return self.s
 
 
 def _check_inputs(
