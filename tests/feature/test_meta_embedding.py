@@ -317,9 +317,13 @@ def test_bad_inputs_name_argument_and_shape():
     ):
         model([ids, vec], masks=[None, torch.ones(1, 3, dtype=torch.bool)])
     with pytest.raises(
-        ValueError, match=r"token_mask has shape \(2,\), expected bool \[B, n\] = \[1, 2\]"
+        ValueError, match=r"mask has shape \(2,\), expected bool \[B, n\] = \[1, 2\]"
     ):
         model([ids, vec], mask=torch.ones(2, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"^mask is torch\.float32, expected a bool tensor"):
+        model([ids, vec], mask=torch.ones(1, 2))
+    with pytest.raises(TypeError, match=r"^masks\[0\] is torch\.int64, expected a bool"):
+        model([ids, vec], masks=[torch.ones(1, 2, dtype=torch.long), None])
     with pytest.raises(TypeError, match=r"inputs\[0\] has dtype torch\.bool"):
         model([ids.bool(), vec])
     with pytest.raises(ValueError, match=r"embeddings\[0\] is str"):

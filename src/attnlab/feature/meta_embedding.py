@@ -45,13 +45,14 @@ __all__ = ["CDME", "DME", "EmbeddingSpec", "MetaEmbedding"]
 EmbeddingSpec = int | tuple[int, int] | list[int] | Tensor | nn.Embedding
 
 
-def _checked_mask(m: object, name: str, B: int, n: int, *, dtype_too: bool = False) -> Tensor:
-    """``m`` as a bool ``[B, n]`` mask, else a ``ValueError`` naming it."""
-    if not isinstance(m, Tensor) or m.dtype != torch.bool or m.shape != (B, n):
-        got = f"{tuple(getattr(m, 'shape', ()))}"
-        if dtype_too:
-            got += f" and dtype {getattr(m, 'dtype', type(m).__name__)}"
-        raise ValueError(f"{name} has shape {got}, expected bool [B, n] = [{B}, {n}]")
+def _checked_mask(m: object, name: str, B: int, n: int) -> Tensor:
+    """``m`` as a bool ``[B, n]`` mask, else a ``TypeError`` (not a bool tensor) or a
+    ``ValueError`` (its shape) naming it."""
+    if not isinstance(m, Tensor) or m.dtype != torch.bool:
+        got = m.dtype if isinstance(m, Tensor) else type(m).__name__
+        raise TypeError(f"{name} is {got}, expected a bool tensor [B, n] = [{B}, {n}]")
+    if m.shape != (B, n):
+        raise ValueError(f"{name} has shape {tuple(m.shape)}, expected bool [B, n] = [{B}, {n}]")
     return m
 
 
@@ -168,7 +169,7 @@ class MetaEmbedding(ConventionAttention):
         for i, x in enumerate(inputs):
             vec, ok = self._one_input(i, x, B, n)
             if masks is not None and masks[i] is not None:
-                ok = ok & _checked_mask(masks[i], f"masks[{i}]", B, n, dtype_too=True)
+                ok = ok & _checked_mask(masks[i], f"masks[{i}]", B, n)
             vectors.append(vec)
             avail.append(ok)
         dtype = vectors[0].dtype
@@ -179,7 +180,7 @@ class MetaEmbedding(ConventionAttention):
             check_module_dtype(self, v, f"inputs[{i}]")
         A = torch.stack(avail, dim=-1)  # [B, n, E]
         if token_mask is not None:
-            A = A & _checked_mask(token_mask, "token_mask", B, n)[..., None]
+            A = A & _checked_mask(token_mask, "mask", B, n)[..., None]
         return vectors, A, B, n
 
     def _check_lists(self, inputs: object, masks: object) -> None:
@@ -291,8 +292,8 @@ class MetaEmbedding(ConventionAttention):
         """Meta-embed a batch of token sequences: ``call.query`` holds one tensor per
         embedding, ids ``[B, n]`` (looked up in that embedding's table; ``-1`` or the
         embedding's ``oov_index`` = OOV) or looked-up vectors ``[B, n, d_i]``;
-        ``call.mask`` ``[B, n]`` bool is True at real tokens (padding gets a zero vector;
-        named ``token_mask`` in messages); ``masks`` is the optional per-embedding
+        ``call.mask`` ``[B, n]`` bool is True at real tokens (padding gets a zero vector);
+        ``masks`` is the optional per-embedding
         availability ``[B, n]`` bool (True = the token has this embedding), combined with
         the OOV ids.
 
