@@ -728,6 +728,66 @@ def test_ava_row_without_words_is_zero_and_finite():
     assert torch.count_nonzero(chars.grad[1]) == 0
 
 
+@pytest.mark.parametrize("n_q", [None, 3])
+@pytest.mark.parametrize("form", ["word_offsets", "char_to_word", "words"])
+@pytest.mark.parametrize(
+    "via,char_align", [("mixture", "soft"), ("mixture", "sparsemax"), ("query", "soft")]
+)
+def test_ava_without_any_word_is_zero_and_finite(via, char_align, form, n_q):
+    """``n_w = 0`` (an empty word set, as for any empty key set): a zero word context and
+    empty word weights; in mixture mode zero character weights and a zero context too,
+    with ``via="query"`` the characters are attended with the query ``[q_c; 0]``. It
+    crashed in the segment softmax (argmax over zero words)."""
+    torch.manual_seed(0)
+    ava = AttentionViaAttention(3, 2, 2, via=via, char_align=char_align)
+    B, n_c = 2, 5
+    lead = (B,) if n_q is None else (B, n_q)
+    q = torch.randn(*lead, 3, requires_grad=True)
+    chars = torch.randn(B, n_c, 2, requires_grad=True)
+    char_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    mapping = {"word_offsets": torch.zeros(B, 0, dtype=torch.long)}
+    if form == "char_to_word":
+        mapping = {"char_to_word": torch.zeros(B, 0, n_c, dtype=torch.bool)}
+    args = (q, chars) if form != "words" else (q, chars, torch.zeros(B, 0, 2))
+    out = ava(*args, mask=char_mask, need_weights=True, **mapping)
+    assert out.context.shape == (*lead, 4)
+    assert out.extras["word_weights"].shape == (*lead, 0)
+    assert out.weights.shape == (*lead, n_c)
+    zero = torch.zeros(*lead, 2)
+    assert torch.equal(out.extras["word_context"], zero)
+    if via == "mixture":
+        assert torch.equal(out.context, torch.zeros(*lead, 4))
+        assert torch.equal(out.weights, torch.zeros(*lead, n_c))
+    else:
+        q3 = q[:, None] if n_q is None else q
+        ref = ava.char_attn(
+            torch.cat([q3, torch.zeros(B, q3.shape[1], 2)], -1), chars, mask=char_mask[:, None, :]
+        )
+        want = ref.context[:, 0] if n_q is None else ref.context
+        torch.testing.assert_close(out.extras["char_context"], want)
+        torch.testing.assert_close(out.weights.sum(-1), torch.ones(lead))
+    out.context.sum().backward()
+    for t in (q, chars):
+        assert torch.isfinite(t.grad).all()
+    if via == "mixture":
+        assert torch.count_nonzero(chars.grad) == 0
+
+
+@pytest.mark.parametrize("via", ["mixture", "query"])
+def test_ava_without_characters_or_words_is_zero(via):
+    """An empty character sequence (``n_c = 0``), with or without words, and an empty
+    batch: zero contexts, empty weights."""
+    ava = AttentionViaAttention(3, 2, via=via)
+    for B, n_c, n_w in ((2, 0, 2), (2, 0, 0), (0, 4, 0), (0, 4, 2)):
+        q = torch.randn(B, 3)
+        offsets = torch.zeros(B, n_w, dtype=torch.long)
+        out = ava(q, torch.randn(B, n_c, 2), word_offsets=offsets, need_weights=True)
+        assert out.context.shape == (B, 4) and out.weights.shape == (B, n_c)
+        assert out.extras["word_weights"].shape == (B, n_w)
+        if n_c == 0:
+            assert torch.equal(out.context, torch.zeros(B, 4))
+
+
 def test_ava_extreme_scores_within_a_word_stay_finite():
     ava = AttentionViaAttention(2, 1, 1, score="general")
     with torch.no_grad():

@@ -419,6 +419,97 @@ def test_config_errors():
         ConstantQuerySelfAttention(4, score=attnlab.build({"name": "dot", "kind": "score"}))
 
 
+#: the pooling forms: the sequence F is ``query``; an explicit key / value covers its positions
+POOLING = ("constant-query", "learned-queries", "learned-query-single")
+
+
+@pytest.mark.parametrize("case", POOLING)
+def test_key_must_have_the_batch_and_length_of_query(case):
+    """``key`` scores the positions of the sequence ``query``: another batch or length is
+    a one-line ValueError naming both (it used to follow the key and ignore the query)."""
+    torch.manual_seed(0)
+    m = MODULES[case]().eval()
+    F = torch.randn(2, 4, 3)
+
+    def refused(query, key, value=None):
+        with pytest.raises(ValueError) as caught:
+            m(query, key, value)
+        message = str(caught.value)
+        assert "\n" not in message
+        return message
+
+    assert refused(F, torch.randn(3, 4, 3)) == (
+        "key has shape (3, 4, 3) but query has shape (2, 4, 3); key scores the positions of "
+        "query: expected [B, n, d_features] = [2, 4, 3]"
+    )
+    assert refused(F, torch.randn(2, 5, 3)).startswith(
+        "key has shape (2, 5, 3) but query has shape (2, 4, 3);"
+    )
+    assert refused(torch.randn(2, 6, 3), F, F).startswith(
+        "key has shape (2, 4, 3) but query has shape (2, 6, 3);"
+    )
+    assert refused(torch.randn(1, 4, 3), F).endswith("= [1, 4, 3]")
+    # a value of other positions than the key (and so than the query) is refused too
+    assert refused(F, F, torch.randn(3, 4, 3)).startswith("value has shape (3, 4, 3)")
+    assert refused(F, None, torch.randn(2, 5, 3)).startswith("value has shape (2, 5, 3)")
+    # the documented calls: F alone, a separate key and / or value over F's positions
+    K, V = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
+    expected = m(F).context.shape
+    for args in ((F,), (F, K), (F, K, V), (F, None, V), (F, F, V)):
+        assert m(*args).context.shape == expected
+    real = torch.tensor([[True] * 4, [True, True, False, False]])
+    torch.testing.assert_close(m(F, K, V, mask=real).context, m(K, K, V, mask=real).context)
+
+
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (
+            lambda: ConstantQuerySelfAttention(0),
+            "ConstantQuerySelfAttention: d_features must be an int >= 1, got 0",
+        ),
+        (
+            lambda: ConstantQuerySelfAttention(2.5),
+            "ConstantQuerySelfAttention: d_features must be an int >= 1, got 2.5",
+        ),
+        (
+            lambda: LearnedQuerySelfAttention(0),
+            "LearnedQuerySelfAttention: d_features must be an int >= 1, got 0",
+        ),
+        (
+            lambda: LearnedQuerySelfAttention(4, d_q=0),
+            "LearnedQuerySelfAttention: d_q must be an int >= 1 or None, got 0",
+        ),
+        (
+            lambda: LearnedQuerySelfAttention(4, key_dim=0),
+            "LearnedQuerySelfAttention: key_dim must be an int >= 1 or None, got 0",
+        ),
+        (
+            lambda: RelationalSelfAttention(0),
+            "RelationalSelfAttention: d_f must be an int >= 1, got 0",
+        ),
+        (
+            lambda: RelationalSelfAttention(4, d_qk=0),
+            "RelationalSelfAttention: d_qk must be an int >= 1 or None, got 0",
+        ),
+    ],
+    ids=[
+        "constant-0",
+        "constant-float",
+        "learned-0",
+        "learned-d_q",
+        "learned-key_dim",
+        "relational-0",
+        "relational-d_qk",
+    ],
+)
+def test_constructor_sizes_are_named_as_the_constructor_names_them(build, message):
+    """Not "Attention: d_k must be ..." from the inner model."""
+    with pytest.raises(attnlab.ConfigError) as caught:
+        build()
+    assert str(caught.value) == message
+
+
 @pytest.mark.parametrize(
     "module,name",
     [

@@ -753,9 +753,12 @@ class AttentionViaAttention(ConventionAttention):
     gets weight 0, the weights of a word's characters sum to the word's weight, and
     characters of no word (spaces, padding) get 0. Word attention then runs over the
     words that are real *and* own at least one real character, so the character weights
-    sum to 1. ``via="query"`` is the bare formula: the word context enters only through
-    the query and the mapping is used only to build word features. When ``words`` is not
-    given, a word's feature is the mean of its characters' features (``d_word = d_char``).
+    sum to 1; a row without such a word (``n_w = 0``, every word padded or empty) gets
+    zero word and character weights and a zero context. ``via="query"`` is the bare
+    formula: the word context enters only through the query (``c_w = 0`` for a row
+    without words) and the mapping is used only to build word features. When ``words``
+    is not given, a word's feature is the mean of its characters' features
+    (``d_word = d_char``).
 
     The mapping is given as ``word_offsets`` ``[B, n_w]`` (start of each word; ragged
     rows via ``word_mask``) or ``char_to_word`` ``[B, n_w, n_c]`` bool; see
@@ -1013,13 +1016,13 @@ def _segment_mixture(e: Tensor, M: Tensor, a_w: Tensor) -> Tensor:
     of some word, 0 for the others, in O(B n_q (n_w + n_c)) (segment softmax).
 
     ``e`` ``[B, n_q, n_c]``, ``M`` ``[B, n_w, n_c]`` (each character in at most one word),
-    ``a_w`` ``[B, n_q, n_w]``."""
+    ``a_w`` ``[B, n_q, n_w]``. No words (``n_w = 0``) gives zero weights."""
     B, n_q, n_c = e.shape
     n_w = M.shape[1]
     owned = M.any(1)  # [B, n_c]
-    idx = torch.where(
-        owned, M.to(torch.uint8).argmax(1), torch.full_like(owned, n_w, dtype=torch.long)
-    )
+    # the word of each character, n_w (a slot of weight 0) for a character of no word:
+    # the argmax over M with that slot appended, which is never empty (n_w = 0 allowed)
+    idx = torch.cat([M, ~owned[:, None, :]], dim=1).to(torch.uint8).argmax(1)
     idx3 = idx[:, None, :].expand(B, n_q, n_c)
     allowed = owned[:, None, :].expand(B, n_q, n_c)
     low = torch.finfo(e.dtype).min

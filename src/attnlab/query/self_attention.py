@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import masks as _masks
-from attnlab._checks import ConfigError, check_int, check_tensor
+from attnlab._checks import ConfigError, check_int, check_optional_int, check_tensor
 from attnlab._deprecation import renamed_init_arguments
 from attnlab.general.activations import get_activation
 from attnlab.general.attention import Attention
@@ -79,6 +79,26 @@ def _key_mask(mask: Tensor | None, B: int, n_q: int, n: int, device: torch.devic
     return _masks.normalize_mask(mask, B, n_q, n, device=device)
 
 
+class _PoolingSelfAttention(SequenceAttention):
+    """The shared inputs of constant- and learned-query self-attention: ``query`` is the
+    sequence ``F`` ``[B, n, d_features]``; an explicit ``key`` (what is scored) and
+    ``value`` (what is averaged) are other views of the same ``n`` positions, so ``key``
+    must have the batch and length of ``query`` (``value`` those of ``key``), else a
+    one-line ``ValueError`` naming both."""
+
+    def _inputs(self, call: AttentionCall, extras: dict[str, Any]) -> AttentionCall:
+        call = super()._inputs(call, extras)
+        query, key = call.query, call.key
+        if key is not query and key.shape[:2] != query.shape[:2]:
+            B, n = query.shape[:2]
+            raise ValueError(
+                f"key has shape {tuple(key.shape)} but query has shape {tuple(query.shape)}; "
+                f"key scores the positions of query: expected [B, n, d_features] = "
+                f"[{B}, {n}, {self.d_features}]"
+            )
+        return call
+
+
 def orthogonality_penalty(weights: Tensor, reduction: str = "mean") -> Tensor:
     """The penalty of Lin et al. 2017, ``P = ||A A^T - I||_F^2`` per example.
 
@@ -120,7 +140,7 @@ def orthogonality_penalty(weights: Tensor, reduction: str = "mean") -> Tensor:
 
 @register("query", "constant-query-self-attention", aliases=("constant-query", "self-attentive"))
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
-class ConstantQuerySelfAttention(SequenceAttention):
+class ConstantQuerySelfAttention(_PoolingSelfAttention):
     """Self-attention with a constant query: the question ("which class is this
     document?") never changes, so it is folded into the query-less score
     ``e_l = w^T act(W f_l + b)``; ``c = sum_l align(e)_l v_l``.
@@ -141,7 +161,9 @@ class ConstantQuerySelfAttention(SequenceAttention):
     Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=False)``: the
     sequence ``F`` ``[B, n, d_features]`` is ``query`` (the learned query is inside the
     score); the scores read ``key`` (default ``F``), the context averages ``value``
-    (default ``key``); ``mask`` bool ``[B, n]`` (True = real position) or ``[B, 1, n]``.
+    (default ``key``), both over the positions of ``F``: ``key`` ``[B, n, d_features]`` and
+    ``value`` ``[B, n, d_v]`` with the ``B`` and ``n`` of ``F`` (else a ``ValueError``
+    naming both); ``mask`` bool ``[B, n]`` (True = real position) or ``[B, 1, n]``.
     Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, d_v]`` and, with ``need_weights``, ``weights`` ``[B, n]`` (``[B, n, d_v]`` for
     ``dim="multi"``). A fully masked or empty sequence gives zero weights and a zero
     context.
@@ -169,6 +191,7 @@ class ConstantQuerySelfAttention(SequenceAttention):
         **options: Any,
     ) -> None:
         super().__init__()
+        check_int(d_features, "d_features", owner="ConstantQuerySelfAttention")
         if isinstance(score, Score):
             if score.needs_query:
                 raise ConfigError(
@@ -210,7 +233,7 @@ class ConstantQuerySelfAttention(SequenceAttention):
     aliases=("learned-query", "structured-self-attention"),
 )
 @renamed_init_arguments({"d_k": "d_features"}, attributes=True)
-class LearnedQuerySelfAttention(SequenceAttention):
+class LearnedQuerySelfAttention(_PoolingSelfAttention):
     """Self-attention with one or several trainable queries ``q_1..q_r`` (Lin et al. 2017).
 
     ``K = act(W_1 F)`` when ``key_dim`` is given (``W_1`` ``[key_dim, d_features]``, no bias),
@@ -236,7 +259,8 @@ class LearnedQuerySelfAttention(SequenceAttention):
     Call: ``forward(query, key=None, value=None, *, mask=None, need_weights=False)``: the
     sequence ``F`` ``[B, n, d_features]`` is ``query`` (the queries ``q_1..q_r`` are
     parameters); the keys are computed from ``key`` (default ``F``), the context averages
-    ``value`` (default ``key``); ``mask`` bool ``[B, n]`` (True = real position) or
+    ``value`` (default ``key``), both with the ``B`` and ``n`` of ``F`` (else a
+    ``ValueError`` naming both); ``mask`` bool ``[B, n]`` (True = real position) or
     broadcastable to ``[B, r, n]``. Returns :class:`~attnlab.output.AttentionOutput`:
     ``context`` ``[B, r, d_v]`` (``[B, d_v]`` when ``r = 1``), ``weights`` ``[B, r, n]``
     (``[B, n]``). ``out.context.flatten(1)`` is Lin et al.'s sentence embedding.
@@ -265,6 +289,10 @@ class LearnedQuerySelfAttention(SequenceAttention):
         **options: Any,
     ) -> None:
         super().__init__()
+        owner = "LearnedQuerySelfAttention"
+        check_int(d_features, "d_features", owner=owner)
+        check_optional_int(d_q, "d_q", owner=owner)
+        check_optional_int(key_dim, "key_dim", owner=owner)
         self.d_features, self.num_queries = d_features, check_int(num_queries, "num_queries")
         if key_dim is not None:
             self.key_proj: nn.Linear | None = nn.Linear(d_features, key_dim, bias=False)
@@ -401,6 +429,9 @@ class RelationalSelfAttention(SequenceAttention):
         **options: Any,
     ) -> None:
         super().__init__()
+        check_int(d_f, "d_f", owner="RelationalSelfAttention")
+        check_optional_int(d_qk, "d_qk", owner="RelationalSelfAttention")
+        check_optional_int(d_v, "d_v", owner="RelationalSelfAttention")
         d_qk = d_f if d_qk is None else d_qk
         d_v = d_f if d_v is None else d_v
         if update not in ("residual", "replace"):
