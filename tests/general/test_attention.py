@@ -652,10 +652,13 @@ def test_bad_shapes_name_argument_shape_and_expected_shape():
     _err(
         ValueError,
         lambda: attn(q[:1], k, v),
-        "query has shape (1, 4, 4)",
-        "batch size 2",
+        "query has shape (1, 4, 4) and key (2, 6, 4)",
+        "batch sizes differ (1 != 2)",
         "[2, n_q, 4]",
     )
+    # a single query [B, d_q]: its own layout in the messages
+    _err(ValueError, lambda: attn(q[:1, 0], k, v), "query has shape (1, 4)", "[B, d_q] = [2, 4]")
+    _err(ValueError, lambda: attn(q[:, 0, :3], k, v), "query has shape (2, 3)", "[B, d_q] = [2, 4]")
     _err(ValueError, lambda: attn(q, k[..., :3], v), "key has shape (2, 6, 3)", "[2, 6, 4]")
     _err(ValueError, lambda: attn(q, k[0], v), "key has shape (6, 4)", "[B, n_k, d_k]")
     _err(ValueError, lambda: attn(q, k, v[:, :5]), "value has shape (2, 5, 3)", "[2, 6, 3]")

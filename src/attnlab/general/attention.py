@@ -554,15 +554,16 @@ class Attention(Configurable):
         q3, single = batched_query(query, "query")
         B = key.shape[0]
         d_q = self.d_q if self.d_q is not None else "d_q"
+        layout, n_q = ("[B, d_q]", "") if single else ("[B, n_q, d_q]", "n_q, ")
         if q3.shape[0] != B:
             raise ValueError(
-                f"query has shape {tuple(query.shape)} but key has batch size {B}; expected "
-                f"[B, n_q, d_q] = [{B}, n_q, {d_q}]"
+                f"query has shape {tuple(query.shape)} and key {tuple(key.shape)}: their batch "
+                f"sizes differ ({q3.shape[0]} != {B}); expected query {layout} = "
+                f"[{B}, {n_q}{d_q}]"
             )
         if self.d_q is not None and q3.shape[-1] != self.d_q:
             raise ValueError(
-                f"query has shape {tuple(query.shape)}, expected [B, n_q, d_q] = "
-                f"[{B}, n_q, {self.d_q}]"
+                f"query has shape {tuple(query.shape)}, expected {layout} = [{B}, {n_q}{d_q}]"
             )
         check_same(key, "key", query=q3)
         return q3, single
