@@ -972,6 +972,27 @@ def test_reinforce_loss_per_example_reward_lines_up_with_examples():
         reinforce_loss(None, reward)
 
 
+def test_reinforce_loss_refuses_a_reward_along_the_queries():
+    """A reward [n_q] against log_prob [B, n_q] with B != n_q was broadcast right-aligned,
+    pairing reward[j] with query j of every example; the docstring says a lower-rank
+    reward lines up with the examples only."""
+    log_prob = torch.randn(2, 3)
+    with pytest.raises(ValueError, match=r"^reward has shape \(3,\).*log_prob \(2, 3\)"):
+        reinforce_loss(log_prob, torch.tensor([1.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match=r"^baseline has shape \(3,\).*log_prob \(2, 3\)"):
+        reinforce_loss(log_prob, torch.ones(2), torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^reward has shape \(3, 4\).*log_prob \(2, 3, 4\)"):
+        reinforce_loss(torch.randn(2, 3, 4), torch.ones(3, 4))
+    # what the docstring allows: [B], [B, 1], [1], a scalar, the full shape
+    for reward in (torch.ones(2), torch.ones(2, 1), torch.ones(1), torch.tensor(1.0)):
+        torch.testing.assert_close(reinforce_loss(log_prob, reward), -log_prob.mean())
+    torch.testing.assert_close(reinforce_loss(log_prob, torch.ones(2, 3)), -log_prob.mean())
+    torch.testing.assert_close(
+        reinforce_loss(torch.randn(2, 3, 4).fill_(-1.0), torch.tensor([1.0, 3.0])),
+        torch.tensor(2.0),
+    )
+
+
 def test_reinforce_loss_lowers_the_probability_of_bad_choices():
     e = torch.zeros(1, 4, requires_grad=True)
     opt = torch.optim.SGD([e], lr=1.0)

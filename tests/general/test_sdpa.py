@@ -291,3 +291,157 @@ def test_sdpa_attend_checks_its_settings(kwargs: dict, error: type, message: str
     kw = {"scale": 0.5, **kwargs}
     with pytest.raises(error, match=message):
         sdpa_attend(q, k, v, **kw)
+
+
+def _bad_inputs() -> dict[str, tuple[dict, type, str]]:
+    """(the arguments that replace good ones, the error, its message) of every bad input
+    reported: a float mask gave NotImplementedError "bitwise_or_cpu", the int mask, the
+    integer q and the v with n_k + 1 rows raw RuntimeErrors from torch, the mask of
+    another shape a RuntimeError from padding.py."""
+    r = torch.randn
+    return {
+        "float mask": (
+            {"mask": torch.ones(2, 3, 5)},
+            TypeError,
+            r"^mask has dtype torch.float32, expected torch.bool \(for an additive float mask "
+            r"use attnlab.masks.from_additive",
+        ),
+        "int mask": (
+            {"mask": torch.ones(2, 3, 5, dtype=torch.int64)},
+            TypeError,
+            r"^mask has dtype torch.int64, expected torch.bool \(True = allowed\)$",
+        ),
+        "mask list": ({"mask": [True]}, TypeError, r"^mask must be a torch.Tensor, got list$"),
+        "integer q": (
+            {"q": torch.ones(2, 3, 4, dtype=torch.int64)},
+            TypeError,
+            r"^q has dtype torch.int64, expected a floating-point dtype$",
+        ),
+        "k not a tensor": ({"k": None}, TypeError, r"^k must be a torch.Tensor, got NoneType$"),
+        "v of another dtype": (
+            {"v": r(2, 5, 2, dtype=torch.float64)},
+            TypeError,
+            r"^v has dtype torch.float64 but q has dtype torch.float32; cast them to one dtype$",
+        ),
+        "v with n_k + 1 rows": (
+            {"v": r(2, 6, 2)},
+            ValueError,
+            r"^v has shape \(2, 6, 2\), expected \[\.\.\., n_k, d_v\] = \[2, 5, d_v\] to match "
+            r"q \(2, 3, 4\) and k \(2, 5, 4\)",
+        ),
+        "v of another batch": (
+            {"v": r(3, 5, 2)},
+            ValueError,
+            r"^v has shape \(3, 5, 2\), expected \[\.\.\., n_k, d_v\] = \[2, 5, d_v\]",
+        ),
+        "k of another d": (
+            {"k": r(2, 5, 3)},
+            ValueError,
+            r"^k has shape \(2, 5, 3\), expected \[\.\.\., n_k, d\] = \[2, n_k, 4\] to match "
+            r"q \(2, 3, 4\)",
+        ),
+        "k of another batch": (
+            {"k": r(3, 5, 4)},
+            ValueError,
+            r"^k has shape \(3, 5, 4\), expected \[\.\.\., n_k, d\] = \[2, n_k, 4\]",
+        ),
+        "k of another rank": (
+            {"k": r(5, 4)},
+            ValueError,
+            r"^k has shape \(5, 4\), expected \[\.\.\., n_k, d\] = \[2, n_k, 4\]",
+        ),
+        "1-D q": (
+            {"q": r(4), "k": r(5, 4), "v": r(5, 2)},
+            ValueError,
+            r"^q has shape \(4,\), expected \[\.\.\., n_q, d\] \(at least 2-D\)$",
+        ),
+        "mask of another n_k": (
+            {"mask": torch.ones(2, 3, 4, dtype=torch.bool)},
+            ValueError,
+            r"^mask has shape \(2, 3, 4\), expected a shape broadcastable to "
+            r"\[\.\.\., n_q, n_k\] = \[2, 3, 5\]",
+        ),
+        "key mask [B, n_k]": (
+            {"mask": torch.ones(2, 5, dtype=torch.bool)},
+            ValueError,
+            r"^mask has shape \(2, 5\), expected a shape broadcastable to .* \[2, 3, 5\] "
+            r"\(a key padding mask is \[\.\.\., 1, n_k\]\)$",
+        ),
+        "mask on another device": (
+            {"mask": torch.ones(2, 3, 5, dtype=torch.bool, device="meta")},
+            ValueError,
+            r"^mask is on meta but the inputs are on cpu$",
+        ),
+        "mask enlarging the batch": (
+            {"mask": torch.ones(4, 2, 3, 5, dtype=torch.bool)},
+            ValueError,
+            r"^mask has shape \(4, 2, 3, 5\), expected a shape broadcastable to",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_bad_inputs()))
+def test_sdpa_attend_checks_its_tensors(case: str) -> None:
+    """Every bad q, k, v or mask is one line naming the argument and what was expected
+    (docs/functional.md), not an error from deep inside torch."""
+    replace, error, message = _bad_inputs()[case]
+    args = {"q": torch.randn(2, 3, 4), "k": torch.randn(2, 5, 4), "v": torch.randn(2, 5, 2)}
+    args |= {"mask": None} | replace
+    with pytest.raises(error, match=message) as info:
+        sdpa_attend(args["q"], args["k"], args["v"], 0.5, args["mask"], need_weights=True)
+    assert "\n" not in str(info.value)
+
+
+def test_sdpa_attend_accepts_every_documented_layout():
+    """What the contract allows still runs and matches the loops: no batch axis, heads,
+    keys and values shared by the heads (a leading axis of 1), and masks of any rank up to
+    the scores'."""
+    g = torch.Generator().manual_seed(5)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    cases = [
+        (r(3, 4), r(5, 4), r(5, 2), torch.tensor([True, False, True, True, True])),
+        (r(2, 2, 3, 4), r(2, 1, 5, 4), r(2, 1, 5, 2), torch.rand(2, 1, 1, 5, generator=g) > 0.3),
+        (r(2, 3, 4), r(1, 5, 4), r(1, 5, 2), torch.tensor(True)),
+        (r(2, 3, 4), r(2, 5, 4), r(2, 5, 2), torch.rand(3, 5, generator=g) > 0.3),
+    ]
+    for q, k, v, mask in cases:
+        c, w = sdpa_attend(q, k, v, 0.5, mask, need_weights=True)
+        lead = q.shape[:-2]
+        want_c, want_w = _naive(
+            q, k.expand(*lead, *k.shape[-2:]), v.expand(*lead, *v.shape[-2:]), 0.5, mask
+        )
+        torch.testing.assert_close(c, want_c, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(w, want_w, rtol=1e-10, atol=1e-12)
+
+
+def test_sdpa_attend_checks_compile_and_export_with_symbolic_sizes():
+    """The checks compare shapes only: ``torch.compile(dynamic=True, fullgraph=True)``
+    traces one graph for three sizes (no size made a constant), and ``torch.export`` with
+    dynamic batch and lengths gives the eager result for other sizes."""
+    from torch._dynamo.testing import CompileCounter
+
+    def call(q, k, v, mask):
+        return sdpa_attend(q, k, v, 0.5, mask, need_weights=True)
+
+    def draw(B, n_q, n_k):  # d = 8, d_v = 6: no size equal to another ("duck sizing")
+        g = torch.Generator().manual_seed(B)
+        q, k, v = (torch.randn(*s, generator=g) for s in ((B, n_q, 8), (B, n_k, 8), (B, n_k, 6)))
+        return q, k, v, torch.rand(B, 1, n_k, generator=g) > 0.3
+
+    counter = CompileCounter()
+    compiled = torch.compile(call, backend=counter, dynamic=True, fullgraph=True)
+    for sizes in ((3, 5, 7), (4, 9, 10), (5, 11, 12)):
+        args = draw(*sizes)
+        for got, want in zip(compiled(*args), call(*args), strict=True):
+            torch.testing.assert_close(got, want)
+    assert counter.frame_count == 1
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return sdpa_attend(q, k, v, 0.5, mask)[0]
+
+    B, n_q, n_k = (torch.export.Dim(name) for name in ("B", "n_q", "n_k"))
+    shapes = ({0: B, 1: n_q}, {0: B, 1: n_k}, {0: B, 1: n_k}, {0: B, 2: n_k})
+    exported = torch.export.export(Sdpa(), draw(3, 5, 7), dynamic_shapes=shapes)
+    args = draw(4, 9, 10)
+    torch.testing.assert_close(exported.module()(*args), Sdpa()(*args))

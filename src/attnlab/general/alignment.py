@@ -260,11 +260,13 @@ def reinforce_loss(
     ``reward`` and ``baseline`` are detached; the baseline (e.g. a running mean of the
     reward) reduces the variance. ``reward`` (and a tensor ``baseline``) must broadcast to
     ``log_prob`` without enlarging it; a per-example ``[B]`` tensor is lined up with
-    ``log_prob`` ``[B, n_q]`` along the batch axis (as ``[B, 1]``), never along the queries.
-    Anything else raises ``ValueError``. Minimising the loss raises the probability of
-    choices with above-baseline reward (Williams 1992). A number ``baseline`` must be a
-    finite real number (``TypeError`` / ``ValueError`` otherwise: a NaN would make the
-    loss NaN). Cost O(numel(log_prob)).
+    ``log_prob`` ``[B, n_q]`` along the batch axis (as ``[B, 1]``), never along the queries
+    (a tensor of lower rank than ``log_prob`` goes along its leading axes, each size 1 or
+    that axis's: a ``[n_q]`` reward against ``[B, n_q]`` is refused, whatever ``B``).
+    Anything else raises ``ValueError``, naming both shapes. Minimising the loss raises the
+    probability of choices with above-baseline reward (Williams 1992). A number
+    ``baseline`` must be a finite real number (``TypeError`` / ``ValueError`` otherwise: a
+    NaN would make the loss NaN). Cost O(numel(log_prob)).
     """
     if not isinstance(log_prob, Tensor):
         raise TypeError(
@@ -281,17 +283,28 @@ def reinforce_loss(
 
 
 def _per_choice(x: Tensor, log_prob: Tensor, name: str) -> Tensor:
-    """``x`` lined up with ``log_prob``: a per-example ``[B]`` tensor against ``log_prob``
-    ``[B, n_q]`` gets a trailing axis (``[B, 1]``) instead of PyTorch's right-aligned
-    broadcasting, which would silently pair examples with queries when ``B == n_q``."""
+    """``x`` lined up with ``log_prob``: a tensor of lower rank (a per-example ``[B]``
+    against ``log_prob`` ``[B, n_q]``) is lined up with the leading (batch) axes and gets
+    trailing axes (``[B, 1]``) instead of PyTorch's right-aligned broadcasting, which would
+    silently pair examples with queries (``[n_q]`` against ``[B, n_q]``). Each of its sizes
+    must then be 1 or that of ``log_prob``'s axis; a tensor of ``log_prob``'s rank must
+    broadcast to it. Pure Python on the shapes: no host synchronisation."""
     if not isinstance(x, Tensor):
         x = torch.as_tensor(x, dtype=log_prob.dtype, device=log_prob.device)
-    if 0 < x.dim() < log_prob.dim() and tuple(x.shape) == tuple(log_prob.shape[: x.dim()]):
-        x = x.reshape(*x.shape, *([1] * (log_prob.dim() - x.dim())))
-    if not broadcasts_to(x.shape, log_prob.shape):
+    shape, target = tuple(x.shape), tuple(log_prob.shape)
+    if 0 < len(shape) < len(target):
+        if not broadcasts_to(shape, target[: len(shape)]):
+            raise ValueError(
+                f"{name} has shape {shape}, which does not line up with the leading (batch) "
+                f"axes of log_prob {target}: a {name} of lower rank goes along the examples, "
+                f"never the queries (use [B] = [{target[0]}] for a per-example {name}, or "
+                f"the shape of log_prob)"
+            )
+        return x.reshape(*shape, *([1] * (len(target) - len(shape))))
+    if not broadcasts_to(shape, target):
         raise ValueError(
-            f"{name} has shape {tuple(x.shape)}, which does not broadcast to log_prob "
-            f"{tuple(log_prob.shape)} (use [B] or [B, 1] for a per-example {name})"
+            f"{name} has shape {shape}, which does not broadcast to log_prob "
+            f"{target} (use [B] or [B, 1] for a per-example {name})"
         )
     return x
 

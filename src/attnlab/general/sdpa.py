@@ -28,10 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab._checks import check_dropout, check_flags, check_number, softmax_dtype
+from attnlab._checks import (
+    broadcasts_to,
+    check_dropout,
+    check_flags,
+    check_number,
+    check_same,
+    check_tensor,
+    softmax_dtype,
+)
 from attnlab.general.alignment import masked_softmax
 from attnlab.general.padding import clear_heads
 from attnlab.general.planner import sdpa_four_d
+from attnlab.masks import _FLOAT_MASK_HINT, check_bool_mask
 
 __all__ = ["sdpa_attend"]
 
@@ -54,8 +63,15 @@ def sdpa_attend(
         dropout_p: dropout on the weights (pass 0 in evaluation).
         need_weights: also return the weights ``[..., n_q, n_k]`` (before dropout).
 
-    ``scale`` must be a finite number, ``dropout_p`` a number in ``[0, 1)`` and
-    ``need_weights`` a bool (else ``ValueError`` / ``TypeError``, naming the argument).
+    ``q``, ``k`` and ``v`` must be floating-point tensors of one dtype and device and of
+    one rank ``>= 2``; a leading axis of ``k`` or ``v`` is that of ``q`` or 1 (shared by
+    ``q``'s), ``k`` has ``q``'s ``d`` and ``v`` ``k``'s ``n_k``. ``mask`` must be a bool
+    tensor on their device whose shape broadcasts to ``[..., n_q, n_k]`` (``q``'s leading
+    axes) without enlarging it. ``scale`` must be a finite number, ``dropout_p`` a number
+    in ``[0, 1)`` and ``need_weights`` a bool. Anything else is a one-line ``TypeError``
+    (a type or dtype) or ``ValueError`` (a shape, a device or a value) naming the
+    argument, its shape and the shape expected. Only shapes are checked: no host
+    synchronisation, and the checks hold under ``torch.compile`` / ``torch.export``.
 
     Returns ``(context [..., n_q, d_v], weights or None)``. Masked-out keys and values
     (no query attends them) and fully masked query rows never matter, whatever they hold.
@@ -64,7 +80,52 @@ def sdpa_attend(
     check_number(scale, "scale", error=ValueError)
     check_dropout(dropout_p, "dropout_p")
     check_flags(need_weights=need_weights)
+    _check_inputs(q, k, v, mask)
     return _sdpa_attend(q, k, v, scale, mask, dropout_p, need_weights, clear=True)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    """The checks of :func:`sdpa_attend`'s tensors (shapes, dtypes and devices only: the
+    sizes are compared in Python, and formatted into a message only when one is wrong, so a
+    symbolic size under ``torch.compile(dynamic=True)`` is not made a constant)."""
+    check_tensor(q, "q")
+    check_tensor(k, "k")
+    check_tensor(v, "v")
+    if q.dim() < 2:
+        raise ValueError(f"q has shape {tuple(q.shape)}, expected [..., n_q, d] (at least 2-D)")
+    rank = q.dim()
+    if k.dim() != rank or k.shape[-1] != q.shape[-1] or not _shares_lead(k, q):
+        want = ", ".join([*map(str, q.shape[:-2]), "n_k", str(q.shape[-1])])
+        raise ValueError(
+            f"k has shape {tuple(k.shape)}, expected [..., n_k, d] = [{want}] to match q "
+            f"{tuple(q.shape)} (a leading axis may be 1)"
+        )
+    if v.dim() != rank or v.shape[-2] != k.shape[-2] or not _shares_lead(v, q):
+        want = ", ".join([*map(str, q.shape[:-2]), str(k.shape[-2]), "d_v"])
+        raise ValueError(
+            f"v has shape {tuple(v.shape)}, expected [..., n_k, d_v] = [{want}] to match q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)} (a leading axis may be 1)"
+        )
+    check_same(q, "q", k=k, v=v)
+    if mask is None:
+        return
+    floating = isinstance(mask, Tensor) and mask.dtype.is_floating_point
+    mask = check_bool_mask(mask, "mask", _FLOAT_MASK_HINT if floating else " (True = allowed)")
+    if mask.device != q.device:
+        raise ValueError(f"mask is on {mask.device} but the inputs are on {q.device}")
+    target = (*q.shape[:-1], k.shape[-2])
+    if not broadcasts_to(mask.shape, target):
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
+            f"[..., n_q, n_k] = {list(target)} (a key padding mask is [..., 1, n_k])"
+        )
+
+
+def _shares_lead(x: Tensor, q: Tensor) -> bool:
+    """Whether each leading axis of ``x`` (all but the last two) is that of ``q`` or 1.
+    The equality is asked first: a symbolic size equal to ``q``'s then needs no guard on
+    its being 1."""
+    return all(a == b or a == 1 for a, b in zip(x.shape[:-2], q.shape[:-2], strict=True))
 
 
 def _keep_bad_query_rows_nan(context: Tensor, q: Tensor) -> Tensor:
