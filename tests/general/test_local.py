@@ -532,3 +532,21 @@ def test_local_window_attend_checks_its_settings(kwargs: dict, error: type, mess
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     with pytest.raises(error, match=message):
         local_window_attend(DotScore(), q, k, v, torch.zeros(2, 3), 2, **kwargs)
+
+
+@pytest.mark.parametrize("path", ["auto", "explicit"])
+def test_positions_must_be_finite_and_read_by_the_alignment(path):
+    """``positions`` are local-m's window centres: NaN or inf there is a one-line
+    ``ValueError`` on every path (the window path returned NaN weights, the explicit one
+    zeros), and an alignment that would ignore them (soft, hard, local-p) refuses them
+    instead of running without them."""
+    x = torch.randn(2, 5, 4)
+    local_m = attnlab.Attention("dot", "local-m", d_q=4, d_k=4, D=1, path=path)
+    local_m(x, x, positions=torch.arange(5.0))  # finite centres are fine
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positions holds NaN or inf"):
+            local_m(x, x, positions=torch.full((2, 5), bad))
+    for align, options in (("soft", {}), ("hard", {}), ("local-p", {"D": 1})):
+        attn = attnlab.Attention("dot", align, d_q=4, d_k=4, **options)
+        with pytest.raises(ValueError, match=r"^positions is only read by the local-m"):
+            attn(x, x, positions=torch.arange(5.0))

@@ -41,6 +41,7 @@ from attnlab._checks import (
     check_optional_int,
     check_positive,
     check_tensor,
+    found_on_host,
     softmax_dtype,
 )
 from attnlab.general.padding import clear_nonfinite_rows, masked_mean
@@ -327,7 +328,9 @@ class Alignment(Configurable):
 
     ``forward(e, mask=None, *, query=None, keys=None, positions=None) -> Aligned``.
     ``query`` (``[B, n_q, d_q]``) is used by local-p, ``keys`` by reinforced attention,
-    ``positions`` by local-m; the others ignore them. ``stochastic`` alignments expose a
+    ``positions`` by local-m (``reads_positions``: :class:`attnlab.Attention` refuses
+    ``positions`` for an alignment that would ignore them); the others ignore them.
+    ``stochastic`` alignments expose a
     ``log_prob``; ``local`` ones expose ``centers()`` and ``D`` so the general module can
     compute only the window. ``function`` is the functional twin (exported as
     ``attnlab.functional.<its __name__>``), or ``None`` for an alignment without one.
@@ -335,6 +338,7 @@ class Alignment(Configurable):
 
     stochastic: bool = False
     local: bool = False
+    reads_positions: bool = False
     supports_multi: bool = False
     function: ClassVar[Callable[..., Any] | None] = None
 
@@ -464,6 +468,8 @@ def _positions_for(positions: Tensor | None, batch: int, n_q: int, like: Tensor)
             f"positions has shape {tuple(positions.shape)}, expected [B, n_q] = [{batch}, {n_q}]"
             " or [n_q]"
         )
+    if found_on_host(~torch.isfinite(positions)):  # a window centred on NaN is no window
+        raise ValueError("positions holds NaN or inf: the window centres must be finite")
     return positions.expand(batch, n_q)
 
 
@@ -532,6 +538,8 @@ class LocalMAlign(_LocalAlign):
     :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
     :cost: O(B n_q D) in Attention (window only)
     """
+
+    reads_positions = True
 
     def __init__(self, D: int = 8, gaussian: bool = False) -> None:
         super().__init__(D, gaussian)

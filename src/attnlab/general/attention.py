@@ -615,8 +615,8 @@ class Attention(Configurable):
         **legacy: Tensor | None,
     ) -> AttentionOutput:
         """Attend from the queries ``query`` over the features ``key`` (values ``value``,
-        default ``key``). ``positions`` (``[B, n_q]`` or ``[n_q]``) overrides local-m's
-        window centres; ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single
+        default ``key``). ``positions`` (``[B, n_q]`` or ``[n_q]``, finite) overrides
+        local-m's window centres (another alignment refuses them: ``ValueError``); ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single
         query) are the previous step's weights for a location-aware score. See the class
         docstring for shapes.
 
@@ -628,6 +628,12 @@ class Attention(Configurable):
         if key is None:
             raise ValueError("key (the features / keys) is required")
         check_flags(need_weights=need_weights)
+        if positions is not None and not getattr(self.align, "reads_positions", False):
+            raise ValueError(
+                f"positions is only read by the local-m alignment (its window centres), but "
+                f"the alignment is {type(self.align).__name__}; build the Attention with "
+                "align='local-m' or drop positions"
+            )
         q3, single, value = self._check_inputs(query, key, value)
         B, n_k = key.shape[:2]
         n_q = q3.shape[1] if q3 is not None else 1
