@@ -686,6 +686,36 @@ def test_train_missing_data_exits_1(tmp_path):
     assert failed["status"] == "failed" and "MissingDataError" in failed["error"]
 
 
+def test_train_malformed_data_is_one_line_exit_1(tmp_path):
+    """A data file of the user's without the label column: its loader's DataFormatError
+    (file, line, fields) is the one error line, not a traceback."""
+    data = tmp_path / "mine.tsv"
+    data.write_text("stars\ttext\n5\tgreat film\n1\tdull film\n", encoding="utf-8")
+    result = run(
+        "train", "sentiment", "-o", "data=csv", "-o", f"path={data}", "--epochs", "1",
+        "--no-progress", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: {data}, line 2: no field 'label'"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_train_non_finite_loss_is_one_line_exit_1(tmp_path):
+    """A learning rate that blows the loss up: the training loop's message (epoch, batch,
+    what to do) is the one error line, and the run is recorded as failed."""
+    out = tmp_path / "o"
+    result = run(
+        "train", "toy", "--plugin", TOY, "--lr", "1e20", "--epochs", "3", "-o", "n_train=64",
+        "-o", "n_eval=16", "--no-progress", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: the training loss is") and "Traceback" not in result.output
+    assert "lower lr or check the data" in line, line
+    failed = json.loads((out / "default--seed0" / "run.json").read_text())
+    assert failed["status"] == "failed" and "FloatingPointError" in failed["error"]
+
+
 # ----------------------------------------------------------------------------- one style
 
 

@@ -558,9 +558,10 @@ def _train_seed(
     """Train one seed of ``attnlab train`` into ``base/<spec slug>--seed<N>`` (``base``:
     :func:`_out_folder`), going on after the last finished epoch of an interrupted run of
     the same settings unless ``resume`` is False; an error of the task model (exit 2, an
-    empty new ``base`` removed) or missing data (exit 1) ends the command."""
+    empty new ``base`` removed), missing or malformed data or a non-finite loss (exit 1)
+    ends the command with one line."""
     from attnlab._checks import ConfigError
-    from attnlab.data._common import MissingDataError
+    from attnlab.data._common import DataFormatError, MissingDataError
     from attnlab.lab.task import spec_slug
     from attnlab.lab.training import train_run
 
@@ -582,8 +583,10 @@ def _train_seed(
         if base_is_new and base.is_dir() and not any(base.iterdir()):
             base.rmdir()  # leave nothing behind
         fail(str(error))
-    except MissingDataError as error:
+    except (MissingDataError, DataFormatError) as error:  # the data: missing or malformed
         fail(str(error), code=1)
+    except FloatingPointError as error:  # a non-finite loss: run.json records the failure
+        fail(f"{error} (the run is recorded as failed in {base})", code=1)
 
 
 def _results_table(metric_names: list[str], results: list[tuple[int, Any]], base: Path) -> str:
