@@ -116,12 +116,19 @@ def test_permutations_below_one_are_refused_before_anything_runs(toy_runs):
         explain_run(run, **{**SMALL, "permutations": 0})
 
 
-def test_quick_caps_the_permutations_and_defaults_to_20():
-    from attnlab.lab.studies.explanation import _quick
+def test_quick_settings_yield_to_explicit_counts():
+    """--quick defaults to 20 permutations and 64 instances (the protocol's count when
+    smaller); an explicit --permutations or --max-instances (all included) wins."""
+    from attnlab.lab.studies.explanation import PROTOCOLS, _quick
 
     assert _quick("lab", "protocol", None)["permutations"] == 20
     assert _quick("lab", "protocol", 5)["permutations"] == 5
-    assert _quick("lab", "protocol", 50)["permutations"] == 20
+    assert _quick("lab", "protocol", 50)["permutations"] == 50
+    lab = PROTOCOLS["lab"]["max_instances"]
+    assert _quick("lab", "protocol", None)["max_instances"] == min(lab, 64)
+    assert _quick("paper", "protocol", None)["max_instances"] == 64  # the paper's: all
+    assert _quick("lab", 200, None)["max_instances"] == 200
+    assert _quick("lab", None, None)["max_instances"] is None  # --max-instances all
 
 
 def test_cli_paper_protocol_quick(toy_runs):
@@ -132,3 +139,19 @@ def test_cli_paper_protocol_quick(toy_runs):
     assert result.exit_code == 0, result.output
     assert "protocol: paper" in result.output
     assert "instances: 24 of the test split's 24" in result.output
+
+
+def test_cli_missing_data_of_the_run_is_one_line_exit_1(toy_runs, monkeypatch):
+    """A run whose data is no longer where it was trained from (a relative path= from
+    another folder): the loader's MissingDataError is the one error line, exit 1."""
+    from attnlab.data._common import MissingDataError
+    from attnlab.lab.studies import explanation
+
+    def missing(*_args, **_kw):
+        raise MissingDataError("data=csv: no file at mine.csv")
+
+    monkeypatch.setattr(explanation, "explain_run", missing)
+    run, _, _ = toy_runs
+    result = CliRunner().invoke(explain_command, [str(run), "--quick", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == "error: data=csv: no file at mine.csv"

@@ -689,7 +689,8 @@ def _explain_command():
     @click.option(
         "--max-instances",
         metavar="N|all",
-        help="Test instances of the per-instance tests [default: the protocol's: 500 / all].",
+        help="Test instances of the per-instance tests [default: the protocol's: 500 / all; "
+        "64 with --quick].",
     )
     @click.option(
         "--permutations",
@@ -703,7 +704,12 @@ def _explain_command():
         help="A run of the same task trained with -a uniform: Wiegreffe & Pinter's uniform "
         "baseline, reported beside the learned weights.",
     )
-    @click.option("--quick", is_flag=True, help="Small settings for a fast look.")
+    @click.option(
+        "--quick",
+        is_flag=True,
+        help="Small settings for a fast look (64 instances, 20 permutations, short searches "
+        "and trainings); --max-instances and --permutations given explicitly win.",
+    )
     @click.option(
         "--device",
         default="auto",
@@ -725,6 +731,7 @@ def _explain_command():
     ) -> None:
         """Attention-as-explanation tests (Jain & Wallace 2019; Wiegreffe & Pinter 2019) on a
         trained run; writes RUN_DIR/explanation/explanation.json and plots."""
+        from attnlab.data._common import MissingDataError
         from attnlab.lab.errors import fail
 
         try:  # what was typed: one line, exit 2, before anything is written
@@ -745,6 +752,8 @@ def _explain_command():
             r = explain_run(run_dir, compare=compare, progress=not no_progress, device=device, **kw)
         except ValueError as err:  # also a missing or damaged file of the run (RunFileError)
             fail(str(err))
+        except MissingDataError as err:  # the run's data is not where it was trained from
+            fail(str(err), code=1)
         click.echo(format_summary(r))
         click.echo(f"written: {Path(run_dir) / 'explanation' / 'explanation.json'}")
 
@@ -763,11 +772,15 @@ def _typed(device: str, protocol: str, max_instances: str | None) -> int | str |
 
 
 def _quick(protocol: str, count: int | str | None, permutations: int | None) -> dict[str, Any]:
-    """``--quick``: small settings (at most 64 test instances and 20 permutations)."""
-    chosen = PROTOCOLS[protocol]["max_instances"] if count == "protocol" else count
+    """``--quick``: small settings (64 test instances, or the protocol's count when it is
+    smaller, and 20 permutations); an explicit ``--max-instances`` or ``--permutations``
+    wins over them."""
+    if count == "protocol":
+        chosen = PROTOCOLS[protocol]["max_instances"]
+        count = 64 if chosen is None else min(chosen, 64)
     return {
-        "max_instances": 64 if chosen is None else min(chosen, 64),
-        "permutations": 20 if permutations is None else min(permutations, 20),
+        "max_instances": count,
+        "permutations": 20 if permutations is None else permutations,
         "adversarial_steps": 40,
         "lambdas": (0.0, 1.0),
         "mlp_epochs": 2,
