@@ -228,7 +228,7 @@ def _size_option(flag: str, vector: str) -> Any:
         flag,
         flag.lstrip("-").replace("-", "_"),
         type=click.IntRange(min=1),
-        help=f"the size of a {vector} vector  [default: 64; x>=1]",
+        help=f"the size of a {vector} vector  [default: 64, or the spec's]",
     )
 
 

@@ -223,7 +223,13 @@ def _correctness_command():
         default="test",
         show_default=True,
     )
-    @click.option("--seed", default=0, show_default=True, help="Seed of the random maps.")
+    @click.option(
+        "--seed",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Seed of the random maps.",
+    )
     @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch threads.")
     def correctness_command(
         run_dir: str, max_questions: int | None, split: str, seed: int, threads: int | None
