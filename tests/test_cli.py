@@ -700,6 +700,20 @@ def test_train_malformed_data_is_one_line_exit_1(tmp_path):
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.output
 
 
+def test_ablate_malformed_data_is_one_line_exit_1_before_the_directory(tmp_path):
+    data = tmp_path / "mine.tsv"
+    data.write_text("stars\ttext\n5\tgreat film\n1\tdull film\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = run(
+        "ablate", "sentiment", "-a", "tanh", "--seeds", "0", "-o", "data=csv",
+        "-o", f"path={data}", "--no-progress", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: {data}, line 2: no field 'label'"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.output
+    assert not out.exists()
+
+
 def test_train_non_finite_loss_is_one_line_exit_1(tmp_path):
     """A learning rate that blows the loss up: the training loop's message (epoch, batch,
     what to do) is the one error line, and the run is recorded as failed."""

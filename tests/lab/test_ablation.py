@@ -554,3 +554,34 @@ def test_ablations_started_together_take_turns_with_the_record(tmp_path, monkeyp
     assert "lacks recorded mechanism" in str(outcomes[refused[0]])
     assert json.loads((out / "ablation.json").read_text())["grid"] == [{"name": kept}]
     assert {r.label for r in ResultsStore(out).runs()} == {kept}
+
+
+# ----------------------------------------------------------------------------- audit fixes
+
+
+def test_seeds_take_spaces_around_commas_and_refuse_spaces_between_seeds():
+    assert parse_seeds("0, 1") == [0, 1]
+    assert parse_seeds(" 0 ,1 , 2 ") == [0, 1, 2]
+    for bad in ("0 1", "0 1 2", "0, 1 2"):  # not seed [1], nor seed 12
+        with pytest.raises(ConfigError, match="separate the seeds with commas"):
+            parse_seeds(bad)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seeds", "0 1"], "error: seeds '0 1': separate the seeds with commas"),
+        (["--seeds", "0 1 2"], "error: seeds '0 1 2': separate the seeds with commas"),
+        (["--seeds", "0", "--seeds", "1"], "error: --seeds given 2 times"),
+        (["-g", "tanh", "-g", "dot"], "error: -g/--grid given 2 times"),
+    ],
+)
+def test_the_command_refuses_seeds_with_spaces_and_repeated_seeds_or_grids(tmp_path, args, message):
+    out = tmp_path / "abl"
+    res = CliRunner().invoke(
+        ablate_command, ["toy", "-a", "tanh", *args, "--out", str(out), "--no-report"]
+    )
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [res.output.strip()]  # one line
+    assert res.output.startswith(message), res.output
+    assert not out.exists()

@@ -131,10 +131,7 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
     if isinstance(seeds, str):
-        try:
-            values = [int(s) for s in seeds.replace(" ", "").split(",") if s]
-        except ValueError:
-            raise ConfigError(f"seeds must be integers separated by ',', got {seeds!r}") from None
+        values = _seeds_text(seeds)
     else:
         try:
             values = list(seeds)
@@ -149,6 +146,26 @@ def parse_seeds(seeds: str | int | Iterable[int] | None = None, num_seeds: int |
     for seed in values:  # Python's random takes -1 as 1: two seeds would share its stream
         check_seed(seed, "seeds", minimum=0, error=ConfigError)
     return list(dict.fromkeys(values))
+
+
+def _seeds_text(text: str) -> list[int]:
+    """The seeds of ``"0,1,2"`` (spaces around the commas allowed: ``"0, 1"``); a space
+    inside an item (``"0 1"``) is refused, not read as ``01`` or as the last seed."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if len(item.split()) > 1:
+            raise ConfigError(
+                f"seeds {text!r}: separate the seeds with commas (e.g. "
+                f"{','.join(item.split())!r}), not spaces"
+            )
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise ConfigError(f"seeds must be integers separated by ',', got {text!r}") from None
+    return values
 
 
 def _is_file(text: str) -> bool:
@@ -818,6 +835,15 @@ def _collect_specs(
     return expand_grid(specs, baselines=baselines)
 
 
+def _given_once(values: Sequence[str], option: str, hint: str) -> str | None:
+    """The value of an option that may be given once (None when not given); a repeat is
+    a :class:`ConfigError` naming ``option`` (click would keep only the last value)."""
+    if len(values) > 1:
+        given = " ".join(f"{option.split('/')[-1]} {v!r}" for v in values)
+        raise ConfigError(f"{option} given {len(values)} times ({given}); {hint}")
+    return values[0] if values else None
+
+
 def write_report_for(out_dir: Path) -> Path | None:
     """Write the HTML report of an ablation directory with attnlab.lab.report (None when
     that module is not available)."""
@@ -866,11 +892,17 @@ ABLATE_SYNTAX = (
 @click.option(
     "--grid",
     "-g",
+    multiple=True,  # to refuse a second -g (click would keep only the last)
     metavar="TEXT|FILE",
     help='The cartesian product of axes: "score=additive,dot;align=soft,sparsemax" '
     "(';' separates axes, ',' values), or a YAML/TOML/JSON file with a list of specs.",
 )
-@click.option("--seeds", metavar="0,1,2", help="Seeds, comma-separated [default: 0,1,2].")
+@click.option(
+    "--seeds",
+    multiple=True,  # to refuse a second --seeds (click would keep only the last)
+    metavar="0,1,2",
+    help="Seeds, comma-separated (give --seeds once) [default: 0,1,2].",
+)
 @click.option("--num-seeds", type=click.IntRange(min=1), help="Seeds 0..N-1.")
 @click.option(
     "-o",
@@ -936,8 +968,8 @@ ABLATE_SYNTAX = (
 def ablate_command(
     task: str,
     attention: tuple[str, ...],
-    grid: str | None,
-    seeds: str | None,
+    grid: tuple[str, ...],
+    seeds: tuple[str, ...],
     num_seeds: int | None,
     option: tuple[str, ...],
     epochs: int | None,
@@ -970,13 +1002,15 @@ def ablate_command(
     # also a damaged results store or run file; missing data (exit 1) is checked once,
     # before the ablation directory is made
     with failing_on(ConfigError, ImportError):
+        grid_text = _given_once(grid, "-g/--grid", "put the specs in one grid, or use -a")
+        seeds_text = _given_once(seeds, "--seeds", "list the seeds in one: --seeds 0,1,2")
         if list_options:
             click.echo(describe_task_of(task))
             return
-        specs = _collect_specs(attention, grid, baselines)
-        if seeds is not None and num_seeds is not None:
+        specs = _collect_specs(attention, grid_text, baselines)
+        if seeds_text is not None and num_seeds is not None:
             raise ConfigError("give either --seeds or --num-seeds, not both")
-        seed_list = parse_seeds(seeds, num_seeds)
+        seed_list = parse_seeds(seeds_text, num_seeds)
         if address and executor != "ray":
             raise ConfigError("--address needs --executor ray")
         options = _command_options(option, epochs=epochs, batch_size=batch_size, lr=lr)

@@ -56,13 +56,14 @@ def fail(message: str, code: int = 2) -> NoReturn:
 @contextmanager
 def failing_on(*errors: type[BaseException]) -> Iterator[None]:
     """Run the block; an exception of one of ``errors`` (bad input: a missing or damaged
-    file, a bad value) ends the command with ``error: MESSAGE`` and status 2, missing data
-    (:class:`~attnlab.data.MissingDataError`, whether listed or not) with status 1."""
-    from attnlab.data._common import MissingDataError
+    file, a bad value) ends the command with ``error: MESSAGE`` and status 2, missing or
+    malformed data (:class:`~attnlab.data.MissingDataError`, ``DataFormatError``, whether
+    listed or not) with status 1."""
+    from attnlab.data._common import DataFormatError, MissingDataError
 
     try:
         yield
-    except MissingDataError as error:
+    except (MissingDataError, DataFormatError) as error:
         fail(str(error), code=1)
     except errors as error:
         fail(error_message(error))
