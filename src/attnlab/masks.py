@@ -90,9 +90,11 @@ def from_lengths(lengths: Tensor, max_len: int | None = None) -> Tensor:
         raise ValueError("lengths must be non-negative")
     if max_len is None:
         max_len = int(lengths.max()) if lengths.numel() else 0
-    elif isinstance(max_len, bool) or not isinstance(max_len, (numbers.Integral, torch.SymInt)):
-        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
-    elif not isinstance(max_len, torch.SymInt) and max_len < 0:
+    elif (
+        isinstance(max_len, bool)
+        or not isinstance(max_len, (numbers.Integral, torch.SymInt))
+        or (not isinstance(max_len, torch.SymInt) and max_len < 0)  # a size is never < 0
+    ):
         raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
     elif found_on_host(lengths > max_len):
         raise ValueError(

@@ -293,9 +293,8 @@ class MetaEmbedding(ConventionAttention):
         embedding, ids ``[B, n]`` (looked up in that embedding's table; ``-1`` or the
         embedding's ``oov_index`` = OOV) or looked-up vectors ``[B, n, d_i]``;
         ``call.mask`` ``[B, n]`` bool is True at real tokens (padding gets a zero vector);
-        ``masks`` is the optional per-embedding
-        availability ``[B, n]`` bool (True = the token has this embedding), combined with
-        the OOV ids.
+        ``masks`` is the optional per-embedding availability ``[B, n]`` bool (True = the
+        token has this embedding), combined with the OOV ids.
 
         Returns :class:`~attnlab.output.AttentionOutput` with ``context`` ``[B, n, d_proj]``
         and, with ``need_weights=True``, ``weights`` ``[B, n, E]`` (0 for unavailable

@@ -616,9 +616,10 @@ class Attention(Configurable):
     ) -> AttentionOutput:
         """Attend from the queries ``query`` over the features ``key`` (values ``value``,
         default ``key``). ``positions`` (``[B, n_q]`` or ``[n_q]``, finite) overrides
-        local-m's window centres (another alignment refuses them: ``ValueError``); ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single
-        query) are the previous step's weights for a location-aware score. See the class
-        docstring for shapes.
+        local-m's window centres (another alignment refuses them: ``ValueError``);
+        ``prev_weights`` (``[B, n_q, n_k]``, or ``[B, n_k]`` for a single query) are the
+        previous step's weights for a location-aware score. See the class docstring for
+        shapes.
 
         ``legacy``: the old keywords ``q=``, ``k=``, ``v=``, accepted until attnlab 0.2.0
         with a ``DeprecationWarning`` (the call convention, ``docs/call-convention.md``).

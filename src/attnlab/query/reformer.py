@@ -32,7 +32,8 @@ Randomness: the rotations are drawn at every call from ``generator=`` (a forward
 else from a generator seeded with ``seed`` (a constructor option: the same rotations at
 every call), else from PyTorch's global RNG -- so ``torch.manual_seed`` makes a run
 deterministic. With both ``seed`` and ``num_buckets`` they are the buffer ``rotations``
-(moved with the module, in its ``state_dict``; the module then exports to ONNX). ``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
+(moved with the module, in its ``state_dict``; the module then exports to ONNX).
+``extras["buckets"]`` ``[B, h, n_hashes, n]`` and ``extras["rotations"]``
 ``[h, d_head, n_hashes, n_buckets / 2]`` record what was used.
 
 Padding (the positions no query may attend under ``mask``) never matters, whatever it
@@ -222,9 +223,8 @@ class LSHAttention(ProjectedHeadAttention):
         With ``seed`` they are drawn on the CPU and moved to ``like``'s device, so a seeded
         module hashes alike on every device. With ``seed`` and ``num_buckets`` they are the
         buffer ``rotations``, drawn at construction (``reset_parameters`` draws them
-        again); with ``seed`` alone they are drawn and
-        copied once per shape and device, not at every call (a copy from the host waits
-        for the device)."""
+        again); with ``seed`` alone they are drawn and copied once per shape and device,
+        not at every call (a copy from the host waits for the device)."""
         shape = self._rotation_shape(n_buckets)
         buffered = self.rotations
         if generator is None and buffered is not None and self._buffer_key == (self.seed, shape):
