@@ -78,6 +78,10 @@ def test_parse_attention_mixes_name_and_options():
     assert parse_attention("score=general,bahdanau") == {"score": "general", "name": "bahdanau"}
 
 
+def test_parse_attention_reads_a_list_value_among_pieces():
+    assert parse_attention("tanh,d_w=[1;2],tau=0.5") == {"name": "tanh", "d_w": [1, 2], "tau": 0.5}
+
+
 @pytest.mark.parametrize("text", [None, "", "   "])
 def test_parse_attention_empty_is_the_default(text):
     assert parse_attention(text) == {}
@@ -94,6 +98,8 @@ def test_parse_attention_empty_is_the_default(text):
         ("tanh,mean", "'tanh' and 'mean'"),
         ("two words", "'two words'"),
         ("score=dot,a b=1", "'a b'"),
+        ("tanh,d_w=[1,2]", "write [1;2], not [1,2]"),  # the list's ',' is not a piece's
+        ("tanh,d_w=[1;2", "'[' is not closed"),
     ],
 )
 def test_parse_attention_errors_name_the_bad_piece(text, named):

@@ -204,9 +204,27 @@ def parse_attention(text: str | None) -> dict[str, Any]:
     if _is_file_spec(text):
         return _spec_file(text)
     spec: dict[str, Any] = {}
-    for raw in text.split(","):
+    for raw in _split_pieces(text):
         _add_piece(spec, raw.strip(), text)
     return spec
+
+
+def _split_pieces(text: str) -> list[str]:
+    """The ``,``-separated pieces of spec text, a ``,`` inside ``[...]`` kept in its piece
+    (so ``d_w=[1,2]`` reaches :func:`coerce_value`, which says the items take ``;``)."""
+    pieces, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ConfigError(f"a '[' is not closed in the attention spec {text!r}")
+    pieces.append(text[start:])
+    return pieces
 
 
 def _spec_file(path: str) -> dict[str, Any]:
