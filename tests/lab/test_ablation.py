@@ -278,6 +278,16 @@ def test_unknown_task_and_preset_fail_before_running(tmp_path):
     assert not (tmp_path / "b" / "results.sqlite").exists()
 
 
+def test_a_spec_the_model_refuses_fails_before_the_directory_is_made(tmp_path):
+    from attnlab.lab.training import ModelBuildError
+
+    out = tmp_path / "abl"
+    grid = ["dot", {"score": "additive", "d_w": -1}]
+    with pytest.raises(ModelBuildError, match=r"'d_w=-1,score=additive'.*d_w must be a posi"):
+        run_ablation("toy", grid, [0, 1], out_dir=out, options=TINY, progress=False)
+    assert not out.exists()
+
+
 def test_what_would_fail_every_run_fails_before_the_directory_is_made(tmp_path, monkeypatch):
     from attnlab.data._common import MissingDataError
     from attnlab.lab.executors import RayExecutor

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import torch
 
 from attnlab._checks import ConfigError, check_flags, check_int, check_path, check_seed
 from attnlab.lab._process import Owner
@@ -77,6 +78,7 @@ from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
 from attnlab.lab.training import (
+    _build_model,
     check_compile_backend,
     remove_stale_work_dirs,
     resolve_device,
@@ -536,7 +538,9 @@ def run_ablation(
     of ``out_dir`` raises :class:`ConfigError`, and the task's data is loaded once (not
     with a Ray ``address``: the cluster's nodes hold the data), so missing data raises its
     :class:`~attnlab.data.MissingDataError` at once instead of failing every run (and the
-    data's on-disk caches are filled before the workers start).
+    data's on-disk caches are filled before the workers start); with the data, every
+    spec's model is built once, so a spec the model refuses (``d_w=-1``) raises
+    :class:`~attnlab.lab.training.ModelBuildError` before anything runs.
 
     Resuming: run ids already ``"done"`` in the store are skipped; a finished run directory
     the store missed (the process died right after the run) is recorded without training;
@@ -658,7 +662,7 @@ def _open_study(
     out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
     check_folder(out, f"ablation directory {out}")
     if check_data:  # missing data stops the ablation here, not every run one by one
-        task_obj.load_data_showing(progress)
+        _check_models(task_obj, task_obj.load_data_showing(progress), specs)
     make_folder(out, f"ablation directory {out}")
     return _Study(
         task=task_obj,
@@ -672,6 +676,15 @@ def _open_study(
         paths=paths,
         progress=progress,
     )
+
+
+def _check_models(task: Task, data: Any, specs: Sequence[Mapping[str, Any]]) -> None:
+    """Build the model of every spec once (then drop it): a spec the model refuses
+    (``d_w=-1``) raises :class:`~attnlab.lab.training.ModelBuildError` here, before the
+    directory is made, instead of failing each of its runs."""
+    for spec in specs:
+        with torch.no_grad():
+            _build_model(task, data, task.resolve_attention(spec), None)
 
 
 def _write_record(study: _Study, executor: str) -> None:
