@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from attnlab import registry
 from attnlab.cli import KIND_TITLES, LAZY_COMMANDS, _module_missing, main
+from attnlab.lab.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = "tests.lab.toy_task"
@@ -673,6 +674,32 @@ def test_train_plugin_from_a_file(tmp_path):
         "--out", str(tmp_path / "o"),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+
+
+def test_ablate_plugin_from_a_file_reaches_the_workers(tmp_path):
+    """``ablate --plugin FILE.py`` takes a file as ``train`` does; the worker processes run
+    the file too, so the task it registers trains there."""
+    plugin = tmp_path / "file_task.py"
+    plugin.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.lab.toy_task import ToyTask, register_once\n"
+        "class FileToyTask(ToyTask):\n    pass\n"
+        "register_once('toy-file', FileToyTask, formula='toy', source='a test file')\n"
+    )
+    out = tmp_path / "abl"
+    argv = ["ablate", "toy-file", "--plugin", str(plugin), "-a", "dot", "--seeds", "0,1"]
+    argv += ["-j", "2", "-o", "epochs=1", "-o", "n_train=64", "-o", "n_eval=32"]
+    argv += ["--no-report", "--no-progress", "--out", str(out)]
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", *argv],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = ResultsStore(out).runs()
+    assert len(rows) == 6 and {r.status for r in rows} == {"done"}
+    missing = run("ablate", "toy", "--plugin", str(tmp_path / "none.py"), "--out", str(out))
+    assert missing.exit_code == 2
+    assert "none.py' cannot be imported: no such file" in missing.stderr
 
 
 def test_train_missing_data_exits_1(tmp_path):

@@ -331,27 +331,17 @@ def _path_options(options: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _import_plugins(plugins: tuple[str, ...]) -> None:
-    """Import each plugin module (a dotted name, or a .py file); the current directory is
-    searched too, as ``python -m`` would."""
+    """Import each plugin (a dotted name, searched in the current directory too, as
+    ``python -m`` would, or a .py file); one that cannot be found is one error line."""
     import os
 
-    for plugin in plugins:
-        try:
-            if plugin.endswith(".py"):
-                spec = importlib.util.spec_from_file_location(
-                    f"attnlab_plugin_{abs(hash(plugin))}", os.path.abspath(plugin)
-                )
-                if spec is None or spec.loader is None or not os.path.isfile(plugin):
-                    fail(f"--plugin {plugin!r}: no such file")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[spec.name] = module
-                spec.loader.exec_module(module)
-                continue
-            if os.getcwd() not in sys.path and "" not in sys.path:
-                sys.path.insert(0, os.getcwd())
-            importlib.import_module(plugin)
-        except ModuleNotFoundError as error:
-            fail(f"--plugin {plugin!r}: {error}")
+    from attnlab._checks import ConfigError
+    from attnlab.lab.executors import import_plugins
+
+    try:
+        import_plugins(plugins, (os.getcwd(),))
+    except ConfigError as error:  # "plugin 'x' cannot be imported: ..."
+        fail(f"--{error}")
 
 
 def _fmt_metric(value: Any) -> str:

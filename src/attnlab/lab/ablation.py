@@ -672,7 +672,7 @@ def _open_study(
         seeds=seed_list,
         device=str(resolved_device),
         precision=precision,
-        plugins=tuple(plugins),
+        plugins=tuple(os.path.abspath(p) if p.endswith(".py") else p for p in plugins),
         paths=paths,
         progress=progress,
     )
@@ -954,7 +954,8 @@ ABLATE_SYNTAX = (
     "plugins",
     multiple=True,
     metavar="MODULE",
-    help="Import MODULE first (e.g. a module registering a task); repeat for several.",
+    help="Import MODULE first (a dotted name or a .py file, e.g. one registering a task); "
+    "repeat for several.",
 )
 @click.option(
     "--baselines/--no-baselines",

@@ -25,7 +25,9 @@ ablation claims the run there); a job it refuses is skipped.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import multiprocessing
 import os
 import sys
@@ -49,6 +51,7 @@ __all__ = [
     "execute_job",
     "import_plugins",
     "make_executor",
+    "plugin_module_name",
 ]
 
 EXECUTORS = ("local", "ray")
@@ -103,8 +106,9 @@ def cpu_count() -> int:
 def import_plugins(modules: Iterable[str], paths: Iterable[str] = ()) -> None:
     """Import plugin modules (that register tasks or mechanisms), after adding ``paths`` to
     ``sys.path`` (only when there is a module to import). ``modules`` may be one name; a
-    module that cannot be found (or one that its import needs) raises
-    :class:`~attnlab._checks.ConfigError` naming the plugin."""
+    plugin is a dotted module name or a ``.py`` file (run once per process, as the module
+    :func:`plugin_module_name` names). A module or file that cannot be found (or a module
+    its import needs) raises :class:`~attnlab._checks.ConfigError` naming the plugin."""
     modules = [modules] if isinstance(modules, str) else list(modules)
     if not modules:
         return
@@ -113,11 +117,43 @@ def import_plugins(modules: Iterable[str], paths: Iterable[str] = ()) -> None:
             sys.path.insert(0, path)
     for module in modules:
         if not isinstance(module, str) or not module.strip():
-            raise ConfigError(f"a plugin must be a module name, got {module!r}")
+            raise ConfigError(f"a plugin must be a module name or a .py file, got {module!r}")
         try:
-            importlib.import_module(module)
+            if module.endswith(".py"):
+                _run_plugin_file(module)
+            else:
+                importlib.import_module(module)
         except ModuleNotFoundError as error:
             raise ConfigError(f"plugin {module!r} cannot be imported: {error}") from None
+
+
+def plugin_module_name(path: str) -> str:
+    """The module name a ``.py`` plugin file runs as: the same for the same file in every
+    process (``attnlab_plugin_<stem>_<hash of its absolute path>``)."""
+    full = os.path.abspath(path)
+    digest = hashlib.sha1(full.encode()).hexdigest()[:12]
+    stem = "".join(c if c.isalnum() else "_" for c in os.path.basename(full)[:-3])
+    return f"attnlab_plugin_{stem}_{digest}"
+
+
+def _run_plugin_file(path: str) -> None:
+    """Run the plugin file ``path`` as the module :func:`plugin_module_name` names, unless
+    this process already did."""
+    name = plugin_module_name(path)
+    if name in sys.modules:
+        return
+    if not os.path.isfile(path):
+        raise ConfigError(f"plugin {path!r} cannot be imported: no such file")
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"plugin {path!r} cannot be imported: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a failed run is not a loaded plugin
+        raise
 
 
 #: The process that started this pool worker (None outside a worker of LocalExecutor).
