@@ -218,6 +218,41 @@ def test_path_plans_for_the_device_asked_for_in_one_line():
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["path", "--score", "dot", "--score", "additive"], "--score is given 2 times"),
+        (["train", "toy", "--out", "a", "--out", "b"], "--out is given 2 times"),
+        (["train", "toy", "-a", "dot", "--attention", "tanh"], "--attention/-a is given 2"),
+        (["ablate", "toy", "--num-seeds", "2", "--num-seeds", "3"], "--num-seeds is given 2"),
+        (["report", "x", "--out", "a.html", "--out", "b.html"], "--out is given 2 times"),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_an_error_not_the_last_value(
+    tmp_path, monkeypatch, argv, named
+):
+    """click keeps the last value of a repeated option; attnlab refuses the repeat before
+    the command runs (a flag, such as ``--no-progress``, may be repeated)."""
+    monkeypatch.chdir(tmp_path)
+    result = run(*argv)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {named}") and len(result.stderr.splitlines()) == 1
+    assert result.stderr.strip().endswith("it takes one value: give it once")
+    assert list(tmp_path.iterdir()) == []  # nothing ran
+    flags = run("path", "--need-weights", "--need-weights")
+    assert flags.exit_code == 0, flags.output
+
+
+def test_path_option_key_given_twice_and_train_seed_given_twice_are_errors(tmp_path):
+    twice = run("path", "--score", "additive", "--option", "d_w=3", "--option", "d_w=4")
+    assert twice.exit_code == 2
+    assert twice.stderr.strip() == "error: --option: option 'd_w' is given twice ('d_w=4')"
+    seeds = run(*_toy_argv(tmp_path, "--seed", "0", "--seed", "1", "--seed", "0"))
+    assert seeds.exit_code == 2
+    assert seeds.stderr.strip() == "error: seed 0 is given 2 times; give it once"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_path_bad_option_exits_2():
     result = run("path", "--score", "additive", "--option", "bogus=1")
     assert result.exit_code == 2

@@ -120,6 +120,14 @@ class _Group(click.Group):
             command = _load_lazy(cmd_name)
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, click.Group):
+            _refuse_repeated_options(command, ctx, name, rest)
+        return name, command, rest
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # the lazy commands are described without importing them, so --help stays fast
         rows = []
@@ -144,6 +152,30 @@ class _Group(click.Group):
         except BrokenPipeError:  # e.g. `attnlab list | head`: the reader went away
             sys.stderr.close()
             return 0
+
+
+def _refuse_repeated_options(
+    command: click.Command, ctx: click.Context, name: str | None, args: list[str]
+) -> None:
+    """End the command with ``error: --out is given 2 times ...`` (status 2) when an option
+    that takes one value is given more than once in ``args``: click would silently keep
+    the last one. Arguments click cannot parse are left to its own parsing, which says why."""
+    sub = click.Context(command, parent=ctx, info_name=name, resilient_parsing=True)
+    try:
+        _opts, _rest, order = command.make_parser(sub).parse_args(list(args))
+    except click.UsageError:
+        return
+    single = [p for p in order if isinstance(p, click.Option) and not _takes_many(p)]
+    for param in dict.fromkeys(single):
+        times = single.count(param)
+        if times > 1:
+            fail(f"{'/'.join(param.opts)} is given {times} times; it takes one value: give it once")
+
+
+def _takes_many(option: click.Option) -> bool:
+    """Whether repeating ``option`` is meaningful (``multiple``, a count) or harmless (a
+    flag: the last one given wins, as on/off pairs such as ``--report/--no-report`` mean)."""
+    return bool(option.multiple or option.count or option.is_flag)
 
 
 #: How ``--attention`` and ``-o`` are typed (the ``train`` and ``ablate`` help).
@@ -311,20 +343,18 @@ def _path_spec(attention: str | None) -> dict[str, Any]:
 
 
 def _path_options(options: tuple[str, ...]) -> dict[str, Any]:
-    """The ``--option KEY=VALUE`` values of ``attnlab path``, read as ``-o`` reads them."""
+    """The ``--option KEY=VALUE`` values of ``attnlab path``, read as ``-o`` reads them (a
+    key given twice is an error, not the last value)."""
     from attnlab._checks import ConfigError
-    from attnlab.lab.config import coerce_value
+    from attnlab.lab.config import parse_options
 
-    parsed = {}
     for item in options:
         if "=" not in item:
             fail(f"--option expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            parsed[key] = coerce_value(value)  # read as the values of -o and --attention
-        except ConfigError as err:
-            fail(f"--option {item}: {err}")
-    return parsed
+    try:
+        return parse_options(options)
+    except ConfigError as err:
+        fail(f"--option: {err}")
 
 
 # ----------------------------------------------------------------------------- train
@@ -518,6 +548,8 @@ def _train_settings(
     run_seeds = list(seeds) or list(config.get("seeds", [0]))
     for seed in run_seeds:  # before any data is loaded (train_run checks it again)
         check_seed(seed, "seed", minimum=0, error=ConfigError)
+        if run_seeds.count(seed) > 1:  # both runs would write OUT/<attention>--seed<N>
+            raise ConfigError(f"seed {seed} is given {run_seeds.count(seed)} times; give it once")
     return the_task, spec, run_seeds
 
 
