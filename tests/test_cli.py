@@ -243,6 +243,25 @@ def test_an_option_of_one_value_given_twice_is_an_error_not_the_last_value(
     assert flags.exit_code == 0, flags.output
 
 
+def test_train_out_is_refused_inside_a_run_or_an_ablation(tmp_path):
+    """``--out`` of train must not put runs into a run directory or an ablation's folder."""
+    assert run(*_toy_argv(tmp_path / "runs", "--epochs", "1")).exit_code == 0
+    abl = tmp_path / "abl"
+    abl.mkdir()
+    (abl / "ablation.json").write_text("{}")
+    refused = {
+        tmp_path / "runs" / "default--seed0": "a run directory; give a folder of its own",
+        tmp_path / "runs" / "default--seed0" / "x": "inside the run directory",
+        abl: "an ablation directory (attnlab ablate's)",
+        abl / "runs": "inside the ablation directory",
+    }
+    for out, message in refused.items():
+        result = run(*_toy_argv(out, "--epochs", "1"))
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: --out {out}: ") and message in result.stderr
+    assert sorted(p.name for p in abl.iterdir()) == ["ablation.json"]
+
+
 def test_path_option_key_given_twice_and_train_seed_given_twice_are_errors(tmp_path):
     twice = run("path", "--score", "additive", "--option", "d_w=3", "--option", "d_w=4")
     assert twice.exit_code == 2

@@ -557,10 +557,11 @@ def _out_folder(out: str | None, task: str) -> Path:
     """The folder of the run directories of ``attnlab train`` (``--out``, by default
     ``runs/<task>``), checked to be one that can be made (a
     :class:`~attnlab._checks.ConfigError` names a file in the way)."""
-    from attnlab.lab.files import check_folder
+    from attnlab.lab.files import check_folder, check_run_home
 
     base = Path(out) if out else Path("runs") / task
     check_folder(base, f"--out {out}" if out else f"the run folder {base}")
+    check_run_home(base, f"--out {out}" if out else f"the run folder {base}", kind="runs")
     return base
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -355,6 +356,41 @@ def test_a_finished_run_dir_missing_from_the_store_is_recorded_not_retrained(tmp
     assert result.recovered == ["mean--seed0"] and result.ran == []
     assert _started(out, "mean--seed0") == stamp
     assert ResultsStore(out).done_ids() == {"mean--seed0"}
+
+
+def test_a_run_dir_of_other_options_is_trained_again_not_adopted(tmp_path):
+    """With ``ablation.json`` and ``results.sqlite`` deleted, a rerun with other options
+    finds the old run folders: they are runs of another study, not recovered ones."""
+    out = tmp_path / "abl"
+    grid = [{"name": "mean"}]
+    run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    for name in ("ablation.json", "results.sqlite", "results.sqlite-wal", "results.sqlite-shm"):
+        (out / name).unlink(missing_ok=True)
+    other = {**TINY, "epochs": 1}
+    result = run_ablation("toy", grid, [0], out_dir=out, options=other, progress=False)
+    assert result.recovered == [] and result.ran == ["mean--seed0"]
+    run = json.loads((out / "runs" / "mean--seed0" / "run.json").read_text())
+    assert run["task_options"]["epochs"] == 1
+
+
+def test_ablate_out_is_refused_where_runs_of_train_or_another_ablation_live(tmp_path):
+    from attnlab.lab.training import train_run
+
+    runs = tmp_path / "runs"
+    train_run("toy", "mean", out_dir=runs / "mean--seed0", options=TINY, progress=False)
+    abl = tmp_path / "abl"
+    run_ablation("toy", ["mean"], [0], out_dir=abl, options=TINY, progress=False)
+    refused = {
+        runs: "it holds run directories of attnlab train (mean--seed0, ...)",
+        runs / "mean--seed0": "a run directory; give a folder of its own",
+        runs / "mean--seed0" / "x": "inside the run directory",
+        abl / "runs": "inside the ablation directory",
+    }
+    for out, message in refused.items():
+        where = re.escape(f"ablation directory {out}: ")
+        with pytest.raises(ConfigError, match=rf"^{where}.*{re.escape(message)}"):
+            run_ablation("toy", ["dot"], [0], out_dir=out, options=TINY, progress=False)
+    assert not (runs / "ablation.json").exists() and not (abl / "runs" / "ablation.json").exists()
 
 
 # ----------------------------------------------------------------------------- command

@@ -72,7 +72,14 @@ from attnlab.lab.executors import (
     import_plugins,
     make_executor,
 )
-from attnlab.lab.files import check_folder, jsonable, make_folder, utc_now, write_json
+from attnlab.lab.files import (
+    check_folder,
+    check_run_home,
+    jsonable,
+    make_folder,
+    utc_now,
+    write_json,
+)
 from attnlab.lab.progress import ProgressBar
 from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
@@ -472,16 +479,21 @@ def _check_existing(
     return merged_grid, merged_seeds, old
 
 
-def _finished_dir(run_dir: Path, task: str, spec: Mapping, seed: int) -> dict | None:
+def _finished_dir(run_dir: Path, study: _Study, spec: Mapping, seed: int) -> dict | None:
     """The run.json/metrics.json/cost.json of a run directory that finished (status done)
-    but may not have reached the store (the process died in between)."""
+    but may not have reached the store (the process died in between): one of this study's
+    task, spec, seed and task options (a run left by another study whose ``ablation.json``
+    and ``results.sqlite`` were deleted is trained again, not adopted)."""
     try:
         info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         if info.get("status") != "done":
             return None
-        if info.get("task") != task or int(info.get("seed", -1)) != int(seed):
+        if info.get("task") != study.task.name or int(info.get("seed", -1)) != int(seed):
             return None
         if spec_label(info.get("attention") or {}) != spec_label(spec):
+            return None
+        options = {**study.defaults, **_record(info.get("task_options") or {})}
+        if options != {**study.defaults, **study.options}:
             return None
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         cost_path = run_dir / "cost.json"
@@ -613,6 +625,12 @@ class _Study:
     progress: bool = False  # the runs' own bars, where they train in this process
     compile: str | None = None  # the torch.compile backend of the training steps
 
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The task's option defaults as recorded (an option a record lacks had this
+        value: it was added to the task after the record was written)."""
+        return _record({**Task._TRAINING_DEFAULTS, **type(self.task).defaults})
+
     def job(self, rid: str, spec: dict[str, Any], seed: int, run_dir: Path) -> RunJob:
         """The job that trains ``spec`` with ``seed`` into ``run_dir``."""
         return RunJob(
@@ -661,6 +679,7 @@ def _open_study(
     seed_list = parse_seeds(seeds)
     out = Path(out_dir) if out_dir is not None else Path("ablations") / task_obj.name
     check_folder(out, f"ablation directory {out}")
+    check_run_home(out, f"ablation directory {out}", kind="ablation")
     if check_data:  # missing data stops the ablation here, not every run one by one
         _check_models(task_obj, task_obj.load_data_showing(progress), specs)
     make_folder(out, f"ablation directory {out}")
@@ -693,9 +712,8 @@ def _write_record(study: _Study, executor: str) -> None:
     path = study.out / "ablation.json"
     created = utc_now()
     if path.is_file():
-        defaults = _record({**Task._TRAINING_DEFAULTS, **type(study.task).defaults})
         study.specs, study.seeds, old = _check_existing(
-            path, study.task.name, study.options, study.specs, study.seeds, defaults
+            path, study.task.name, study.options, study.specs, study.seeds, study.defaults
         )
         created = old.get("created", created)
     record = {
@@ -742,7 +760,7 @@ class _Recorder:
         recording it); whether it did."""
         spec, seed = self.specs_by_id[rid]
         name = self.study.task.name
-        found = _finished_dir(Path(run_dir), name, spec, seed)
+        found = _finished_dir(Path(run_dir), self.study, spec, seed)
         if found is None:
             return False
         self.store.record(rid, name, spec, seed, "done", found["metrics"], found["cost"], run_dir)

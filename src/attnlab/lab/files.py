@@ -27,6 +27,7 @@ from attnlab._checks import ConfigError
 
 __all__ = [
     "check_folder",
+    "check_run_home",
     "jsonable",
     "make_folder",
     "utc_now",
@@ -110,6 +111,42 @@ def check_folder(folder: str | os.PathLike[str], what: str) -> None:
             return
         kind = "a file, not a folder" if stat.S_ISREG(mode) else "not a folder"
         raise ConfigError(f"{what}: {path} is {kind}")
+
+
+def check_run_home(folder: str | os.PathLike[str], what: str, *, kind: str) -> None:
+    """Check that ``folder`` may hold what ``kind`` writes: ``"runs"`` (``attnlab train``'s
+    run directories) or ``"ablation"`` (``ablation.json``, ``results.sqlite``, ``runs/``).
+    Raise :class:`~attnlab._checks.ConfigError` with one line starting with ``what`` (e.g.
+    ``"--out runs/x"``) when ``folder`` is, or lies inside, a run directory (one holding
+    ``run.json``) or lies inside an ablation directory (one holding ``ablation.json``);
+    for runs, when it is an ablation directory; for an ablation, when it holds run
+    directories but no ``ablation.json`` (``attnlab train``'s). Nothing is created."""
+    folder = Path(folder)
+    full = folder.resolve()
+    for path in (full, *full.parents):
+        if (path / "run.json").is_file():
+            where = "a run directory" if path == full else f"inside the run directory {path}"
+            raise ConfigError(f"{what}: {where}; give a folder of its own")
+        if path != full and (path / "ablation.json").is_file():
+            raise ConfigError(
+                f"{what}: inside the ablation directory {path}; give a folder of its own"
+            )
+    if not folder.is_dir():
+        return
+    if kind == "runs" and (folder / "ablation.json").is_file():
+        raise ConfigError(
+            f"{what}: an ablation directory (attnlab ablate's); give a folder of its own"
+        )
+    if kind == "ablation" and not (folder / "ablation.json").exists():
+        try:
+            runs = sorted(c.name for c in folder.iterdir() if (c / "run.json").is_file())
+        except OSError:  # no permission to look: making the ablation's files says why
+            runs = []
+        if runs:
+            raise ConfigError(
+                f"{what}: it holds run directories of attnlab train ({runs[0]}, ...), not an "
+                "ablation; give a folder of its own"
+            )
 
 
 def make_folder(folder: str | os.PathLike[str], what: str) -> Path:
