@@ -155,3 +155,31 @@ def test_predicted_links_may_be_lists_and_numpy_ints():
     gold = [Alignment({(0, 0), (1, 1)})]
     as_lists = alignment_error_rate(gold, [[[0, 0], [np.int64(1), np.int64(1)]]])
     assert as_lists.aer == 0.0 and as_lists.predicted == 2
+
+
+def test_command_ignores_a_blank_line_that_ends_one_file(tmp_path: Path) -> None:
+    """A trailing blank line reads as an empty alignment; where it only makes one file
+    longer, the command scores the pairs both files have (an empty alignment adds nothing
+    to the AER's counts); a longer file with links stays an error."""
+    gold, hyp = tmp_path / "gold", tmp_path / "hyp"
+    gold.write_text("0-0 1-1 1p2\n1-0\n", encoding="utf-8")
+    hyp.write_text("0-0 1-2 2-2\n1-0\n\n\n", encoding="utf-8")
+    out = CliRunner().invoke(aer_command, [str(gold), str(hyp), "--json"])
+    assert out.exit_code == 0, out.output
+    assert '"pairs": 2' in out.output
+    want = alignment_error_rate(read_pharaoh(gold), read_pharaoh(hyp)[:2])
+    assert f'"aer": {want.aer}' in out.output
+    swapped = CliRunner().invoke(aer_command, [str(hyp), str(gold), "--json"])
+    assert swapped.exit_code == 0 and '"pairs": 2' in swapped.output
+    hyp.write_text("0-0 1-2 2-2\n1-0\n\n3-3\n", encoding="utf-8")
+    out = CliRunner().invoke(aer_command, [str(gold), str(hyp)])
+    assert out.exit_code == 2 and "gold has 2 sentence pairs but predicted has 4" in out.output
+
+
+def test_command_names_one_indexing_as_a_user_reads_it(tmp_path: Path) -> None:
+    gold = tmp_path / "gold"
+    gold.write_text("0-1\n", encoding="utf-8")
+    out = CliRunner().invoke(aer_command, [str(gold), str(gold), "--gold-one-indexed"])
+    assert out.exit_code == 2
+    assert "read as 1-indexed (words counted from 1)" in out.output
+    assert "one_indexed" not in out.output

@@ -133,7 +133,8 @@ def parse_pharaoh(line: str, *, one_indexed: bool = False) -> Alignment:
         i, j = int(m.group(1)) - offset, int(m.group(3)) - offset
         if i < 0 or j < 0:
             raise ValueError(
-                f"link {item!r} has index 0, but the file is read as 1-indexed (one_indexed=True)"
+                f"link {item!r} has index 0, but the file is read as 1-indexed (words counted "
+                "from 1)"
             )
         (sure if m.group(2) == "-" else possible).add((i, j))
     return Alignment(frozenset(sure), frozenset(possible))

@@ -103,6 +103,25 @@ def alignment_error_rate(
     return AERResult(aer, precision, recall, n_a, n_s, n_p, hit_s, hit_p, len(gold))
 
 
+def _same_count(
+    gold: list[Alignment], hyp: list[Alignment]
+) -> tuple[list[Alignment], list[Alignment]]:
+    """The two files' alignments without the empty ones that end the longer file past the
+    other's count: a blank line at the end of a file reads as an empty alignment, and
+    whether it is a pair without links or a stray line cannot be told from one file. An
+    empty alignment adds nothing to any count of the AER, so dropping it changes no
+    figure; a difference in non-empty lines stays an error."""
+    short = min(len(gold), len(hyp))
+
+    def trim(alignments: list[Alignment]) -> list[Alignment]:
+        end = len(alignments)
+        while end > short and not alignments[end - 1].possible:
+            end -= 1
+        return alignments[:end]
+
+    return trim(gold), trim(hyp)
+
+
 def _aer_command():
     import click
 
@@ -125,7 +144,7 @@ def _aer_command():
         try:
             g = read_pharaoh(gold, one_indexed=gold_one_indexed)
             h = read_pharaoh(hyp, one_indexed=hyp_one_indexed)
-            result = alignment_error_rate(g, h)
+            result = alignment_error_rate(*_same_count(g, h))
         except (DataFormatError, ValueError, OSError) as err:
             # one line and status 2 for a bad file, as every attnlab command (the lab's
             # attnlab.lab.errors.fail; evaluation may not import the lab)
