@@ -127,6 +127,7 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), res.output
         assert text in lines[0] and str(other.run_dir) in lines[0]
+        assert "uniform_run" not in lines[0]  # the words of a user, not a parameter name
         assert not (run.run_dir / "explanation").exists()  # no test ran, nothing written
 
 

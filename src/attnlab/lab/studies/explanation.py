@@ -260,7 +260,7 @@ def _check_other_runs(
 
     info = read_run(run_dir)
     task = info.get("task")
-    others = [("uniform_run", uniform_run)] if uniform_run is not None else []
+    others = [("uniform run", uniform_run)] if uniform_run is not None else []
     others += [("compare run", p) for p in compare]
     found = [read_run(other) for _, other in others]  # each run.json read once
     for (what, other), their in zip(others, found, strict=True):
@@ -270,7 +270,7 @@ def _check_other_runs(
             )
     if uniform_run is not None and not _is_uniform(found[0].get("attention")):
         raise ValueError(
-            f"uniform_run {str(uniform_run)!r} is not a run of the uniform baseline "
+            f"uniform run {str(uniform_run)!r} is not a run of the uniform baseline "
             "(train one with -a uniform)"
         )
     seeds, mechanism = {info.get("seed")}, _mechanism(info)
