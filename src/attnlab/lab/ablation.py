@@ -85,7 +85,7 @@ from attnlab.lab.seed_stats import fmt_mean_std
 from attnlab.lab.store import MechanismSummary, ResultsStore
 from attnlab.lab.task import Task, spec_label, spec_slug
 from attnlab.lab.training import (
-    _build_model,
+    build_task_model,
     check_compile_backend,
     remove_stale_work_dirs,
     resolve_device,
@@ -703,7 +703,7 @@ def _check_models(task: Task, data: Any, specs: Sequence[Mapping[str, Any]]) -> 
     directory is made, instead of failing each of its runs."""
     for spec in specs:
         with torch.no_grad():
-            _build_model(task, data, task.resolve_attention(spec), None)
+            build_task_model(task, data, task.resolve_attention(spec), None)
 
 
 def _write_record(study: _Study, executor: str) -> None:

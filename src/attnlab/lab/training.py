@@ -906,7 +906,7 @@ def _publish(
     _replace_dir(work, run_dir, keep=keep)
 
 
-def _build_model(
+def build_task_model(
     task: Task, data: Any, spec: dict[str, Any], sampler: _PeakRSS | None
 ) -> nn.Module:
     """The task's model with the attention ``spec``; a model that rejects the spec or an
@@ -1289,7 +1289,7 @@ def _train(
         torch.cuda.reset_peak_memory_stats(device)
     data = task.load_data_showing(progress)  # a bar while slow data is prepared (speech)
     sampler = None if cuda else _PeakRSS()  # model, optimizer state, activations, evaluation
-    model = _build_model(task, data, spec, sampler).to(device)
+    model = build_task_model(task, data, spec, sampler).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     trainer = _Trainer(task, model, data, device, precision, seed, prefetch, progress, compile)
     trainer.sampler = sampler
