@@ -326,6 +326,50 @@ def test_failing_mid_training_never_leaves_a_done_directory(tmp_path, toy):
     assert not (out / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # Adam's first step is lr / (1 - 0.9) = 1e39 > float32's 3.4e38: torch raised
+        # "RuntimeError: value cannot be converted to type float without overflow"
+        ({"lr": 1e38}, "overflows at epoch 1, batch 1: lr=1e+38 is too large (Adam's first"),
+        ({"lr": 1e38, "amsgrad": True}, "lr=1e+38 is too large"),
+        ({"weight_decay": 1e39}, "weight_decay=1e+39 exceeds float32's largest value"),
+    ],
+)
+def test_an_overflowing_adam_step_fails_the_run_in_one_line(tmp_path, toy, options, message):
+    """A finite but huge lr or weight decay that torch cannot convert to float32 in the
+    Adam step: a one-line FloatingPointError (which ``attnlab train`` prints as its one
+    error line, exit 1) naming the option to lower, and the run recorded as failed."""
+    out = tmp_path / "r"
+    options = {"epochs": 1, "n_train": 32, "n_eval": 16, **options}
+    with pytest.raises(FloatingPointError, match=re.escape(message)) as caught:
+        train_run("toy", options=options, out_dir=out, progress=False)
+    lowered = "weight_decay" if "weight_decay" in options else "lr"
+    assert "\n" not in str(caught.value) and str(caught.value).endswith(f"; lower {lowered}")
+    run = _read(out / "run.json")
+    assert run["status"] == "failed" and run["error"].startswith("FloatingPointError: the Adam")
+
+
+def test_parameters_that_turn_non_finite_in_the_last_step_fail_the_run(tmp_path, toy):
+    """The only step of the run has a finite loss but an infinite gradient, so Adam writes NaN
+    into the weights and no later loss sees them: the run fails after the epoch instead of
+    publishing a "done" run with a NaN checkpoint."""
+
+    class NaNGradient(toy):
+        def loss(self, model, batch):
+            w = next(model.parameters())
+            # sqrt(0) = 0 adds nothing to the loss, but its gradient is infinite (and
+            # Adam's update inf / inf is NaN)
+            return super().loss(model, batch) + torch.sqrt(w - w.detach()).sum()
+
+    task = NaNGradient(epochs=1, n_train=32, n_eval=16)  # one batch
+    out = tmp_path / "r"
+    with pytest.raises(FloatingPointError, match=r"parameter '.+' is not finite after epoch 1"):
+        train_run(task, out_dir=out, progress=False)
+    assert _read(out / "run.json")["status"] == "failed"
+    assert not (out / "model.safetensors").exists()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_killed_run_leaves_no_run_directory(tmp_path, toy):
     """SIGKILL mid-training (no exception handler runs): only the hidden work folder

@@ -59,7 +59,7 @@ def test_attention_weight_decay_and_amsgrad_as_jain_and_wallace(toy):
     # one step: AMSGrad keeps the running maximum of the second moment
     data = trainer.data
     batch = next(task.batches(data, "train", 8))
-    trainer._step(task.loss(model, batch))
+    trainer._step(task.loss(model, batch), 1, 1)  # epoch 1, batch 1
     some = groups[0]["params"][0]
     assert "max_exp_avg_sq" in trainer.optimizer.state[some]
 

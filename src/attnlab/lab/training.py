@@ -990,7 +990,10 @@ class _Trainer:
     """The training loop of one run: Adam (the task's options ``lr``, ``weight_decay``,
     ``attention_weight_decay`` (:func:`parameter_groups`) and ``amsgrad``), gradient-norm
     clipping (``grad_clip`` 0 or none: no clipping), a gradient scaler for fp16, the
-    seeded shuffling generator and the throughput measured over the epochs."""
+    seeded shuffling generator and the throughput measured over the epochs. A non-finite
+    loss (:func:`_read_losses`), an Adam step that overflows (``lr`` or a weight decay too
+    large) and parameters that are not finite after an epoch raise
+    :class:`FloatingPointError` in one line naming the epoch and what to lower."""
 
     def __init__(
         self,
@@ -1047,14 +1050,67 @@ class _Trainer:
             batches, self.device, prefetch=self.prefetch, pin_memory=self.cuda, timer=timer
         )
 
-    def _step(self, loss: torch.Tensor) -> None:
+    def _step(self, loss: torch.Tensor, epoch: int, batch: int) -> None:
+        """Back-propagate ``loss`` (batch ``batch`` of epoch ``epoch``) and take the Adam
+        step; a step that overflows the parameters' dtype raises
+        :class:`FloatingPointError` naming the option to lower (:meth:`_overflow_cause`)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.clip:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
             torch.nn.utils.clip_grad_norm_(self.params, float(self.clip))
-        self.scaler.step(self.optimizer)
+        try:
+            self.scaler.step(self.optimizer)
+        except RuntimeError as error:
+            # torch turns lr / (1 - beta1) or the weight decay into a float of the
+            # parameters' dtype: "value cannot be converted to type float without overflow"
+            if "overflow" not in str(error):
+                raise
+            raise FloatingPointError(
+                f"the Adam step overflows at epoch {epoch}, batch {batch}: "
+                f"{self._overflow_cause(error)}"
+            ) from error
         self.scaler.update()
+
+    def _overflow_cause(self, error: RuntimeError) -> str:
+        """Which option made the Adam step overflow (and what to do), in words: ``lr``
+        when its first step, ``lr / (1 - beta1)``, exceeds the largest value of the
+        parameters' dtype, else a weight decay beyond it, else torch's message."""
+        dtype = self.params[0].dtype if self.params else torch.float32
+        limit, kind = torch.finfo(dtype).max, str(dtype).removeprefix("torch.")
+        opts = self.task.options
+        lr, beta1 = float(opts["lr"]), float(self.optimizer.defaults["betas"][0])
+        if lr / (1.0 - beta1) > limit:
+            return (
+                f"lr={lr:g} is too large (Adam's first step, lr / (1 - beta1) = "
+                f"{lr / (1.0 - beta1):.3g}, exceeds {kind}'s largest value {limit:.3g}); "
+                "lower lr"
+            )
+        for name in ("weight_decay", "attention_weight_decay"):
+            value = opts.get(name)
+            if value is not None and float(value) > limit:
+                return (
+                    f"{name}={float(value):g} exceeds {kind}'s largest value {limit:.3g}; "
+                    f"lower {name}"
+                )
+        return f"{' '.join(str(error).split())}; lower lr"
+
+    def _check_parameters(self, epoch: int) -> None:
+        """Raise :class:`FloatingPointError` naming the first trainable parameter that is
+        not finite after epoch ``epoch`` (a step with a finite loss but a NaN or infinite
+        gradient or update); one device synchronisation per epoch."""
+        if not self.params or bool(
+            torch.stack([torch.isfinite(p).all() for p in self.params]).all()
+        ):
+            return
+        name = next(
+            (n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())),
+            "?",
+        )
+        raise FloatingPointError(
+            f"the parameter {name!r} is not finite after epoch {epoch} (a step with a "
+            "non-finite gradient or update); lower lr or check the data"
+        )
 
     def epoch(self, epoch: int) -> tuple[float, DataTimer, float]:
         """Train one epoch; ``(mean training loss, its data timer, seconds of the loop)``."""
@@ -1075,12 +1131,15 @@ class _Trainer:
                 if len(pending) >= self.sync_every:
                     # before the step: a NaN loss never reaches the weights
                     total += _read_losses(pending, epoch, count)
-                self._step(loss)
+                self._step(loss, epoch, count)
                 if pending:
                     bar.update(1)
                 else:
                     bar.update(1, loss=f"{total / count:.4f}")
             total += _read_losses(pending, epoch, count)
+            # the next loss check would see a broken step only in the next epoch, after
+            # this epoch's evaluation and its state were kept (or never, after the last)
+            self._check_parameters(epoch)
         finally:
             bar.close()
         seconds = time.perf_counter() - t0
