@@ -99,6 +99,23 @@ def test_attention_masks_and_padding() -> None:
     assert (none.weights == 0).all() and (none.context == 0).all()
 
 
+@pytest.mark.parametrize("single", [True, False])
+def test_an_empty_key_set_with_previous_weights(single: bool) -> None:
+    """No keys (n_k = 0) with previous weights ``[B, (n_q,) 0]``: empty weights and a zero
+    context, as without previous weights, and gradients that are zero (conv1d refused the
+    empty input before: "Kernel size can't be greater than actual input size")."""
+    torch.manual_seed(0)
+    attn = attnlab.Attention("location-aware", "soft", d_q=3, d_k=4, n_filters=2, kernel_size=3)
+    q = torch.randn(2, 3) if single else torch.randn(2, 4, 3)
+    k = torch.randn(2, 0, 4, requires_grad=True)
+    prev = torch.zeros(*q.shape[:-1], 0)
+    out = check_fully_masked_row(attn, Inputs((q, k), {"prev_weights": prev}), (...,))
+    assert out.weights.shape == (*q.shape[:-1], 0)
+    assert torch.equal(out.context, torch.zeros(*q.shape[:-1], 4))
+    e = attn.score(q, k, prev)
+    assert e.shape == (*q.shape[:-1], 0)
+
+
 def test_every_alignment_runs_and_local_takes_the_explicit_path() -> None:
     q, k = torch.randn(2, 3, 3), torch.randn(2, 6, 4)
     prev = torch.softmax(torch.randn(2, 3, 6), -1)

@@ -67,9 +67,11 @@ def _hybrid_scores(
 ) -> Tensor:
     """``w^T act(q1 + k2_l + U (F * a_{i-1})_l)`` (``[B, n_q, n_k]``) from the projected
     query ``q1 = W1 q + b`` and keys ``k2 = W2 k``, the previous weights ``prev`` (``None``:
-    zeros), the convolution ``conv`` and the map ``U``."""
+    zeros), the convolution ``conv`` and the map ``U``. With no keys (``n_k = 0``) there is
+    nothing to convolve (``conv1d`` refuses an input shorter than its filters): the scores
+    are the empty ``[B, n_q, 0]``."""
     h = q1[:, :, None, :] + k2[:, None, :, :]
-    if prev is not None:
+    if prev is not None and prev.shape[-1] > 0:
         h = h + U(_location_features(prev, conv))  # [B, n_q, n_k, d_w]
     return get_activation(act)(h) @ _work(w)
 

@@ -492,8 +492,8 @@ def _finished_dir(run_dir: Path, study: _Study, spec: Mapping, seed: int) -> dic
             return None
         if spec_label(info.get("attention") or {}) != spec_label(spec):
             return None
-        options = {**study.defaults, **_record(info.get("task_options") or {})}
-        if options != {**study.defaults, **study.options}:
+        defaults = study.defaults
+        if {**defaults, **_record(info.get("task_options") or {})} != {**defaults, **study.options}:
             return None
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         cost_path = run_dir / "cost.json"
