@@ -152,9 +152,10 @@ def _expect_path(attn: attnlab.Attention, want: str, **kw: object) -> str:
 
 
 def sdpa_pairs(mode: str, seed: int = 0) -> list[tuple[Pair, Callable[[], Tensor]]]:
-    """Scaled-dot soft attention through ``attnlab.Attention`` vs
-    ``F.scaled_dot_product_attention`` called directly, self-attention shapes
-    ``[B, n, d]``. Each entry also carries the attnlab call with ``need_weights=True``
+    """Scaled-dot soft attention through ``attnlab.Attention`` on ``[B, n, d]`` vs
+    ``F.scaled_dot_product_attention`` called directly on ``[B, 1, n, d]``, the layout that
+    reaches PyTorch's fused CPU kernel (a 3-D call runs on the slower math kernel),
+    self-attention shapes. Each entry also carries the attnlab call with ``need_weights=True``
     (its forward + backward step, backward through the context only)."""
     sz = sizes("sdpa", mode)
     B, d = sz["B"], sz["d"]
@@ -169,7 +170,9 @@ def sdpa_pairs(mode: str, seed: int = 0) -> list[tuple[Pair, Callable[[], Tensor
         pair = Pair(
             name=f"sdpa n={n}",
             attn=lambda attn=attn, q=q, k=k, v=v: attn(q, k, v).context,
-            ref=lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
+            ref=lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q[:, None], k[:, None], v[:, None]
+            )[:, 0],
             leaves=[q, k, v],
             leaf_names=["q", "k", "v"],
             grad_out=grad_out,

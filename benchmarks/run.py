@@ -10,7 +10,8 @@ measured side by side in one run.
 Benchmarks (all forward + backward, float32, default torch thread count):
 
 * ``sdpa``      scaled-dot soft attention via ``attnlab.Attention`` vs
-                ``F.scaled_dot_product_attention`` (B=32, n=512 and 2048, d=64); target
+                ``F.scaled_dot_product_attention`` on ``[B, 1, n, d]``, the fused CPU
+                kernel's layout (B=32, n=512 and 2048, d=64); target
                 attnlab/reference <= 1.10. ``need_weights=True`` overhead is informational.
 * ``additive``  additive attention via the lean kernel vs the textbook broadcast form
                 (B=8, n=1024, d=d_w=64); targets >= 4x faster and >= 8x lower peak memory.

@@ -210,7 +210,7 @@ def test_path_plans_for_the_device_asked_for_in_one_line():
     """``--device cuda`` says what a GPU call would take, on any machine."""
     lines = run("path", "--score", "scaled-dot", "--device", "cuda").stdout.splitlines()
     assert lines[0] == "path:   sdpa" and "[B, H, n, d]" in lines[1]
-    assert "[B, n, d] (the CPU math kernel)" in run("path", "--score", "scaled-dot").stdout
+    assert "[B, 1, n, d] (the fused CPU kernel)" in run("path", "--score", "scaled-dot").stdout
     result = CliRunner().invoke(main, ["path", "--device", "bogus"])
     assert result.exit_code == 2
     assert result.output.strip() == (

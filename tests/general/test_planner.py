@@ -77,11 +77,50 @@ def four_d(monkeypatch):
     """The layout decision of a CUDA call (4-D), on CPU tensors."""
     from attnlab.general import sdpa
 
-    monkeypatch.setattr(sdpa, "sdpa_four_d", lambda device: True)
+    monkeypatch.setattr(sdpa, "sdpa_four_d", lambda device, dtype=None: True)
 
 
-def test_the_4d_layout_is_chosen_on_cuda_only():
-    assert planner.sdpa_four_d("cuda") and not planner.sdpa_four_d("cpu")
+def test_the_3d_layout_is_kept_for_half_precision_on_the_cpu_only():
+    """4-D on CUDA in every dtype and on the CPU in float32 and float64 (the fused CPU
+    kernel, faster than the 3-D call's math kernel); 3-D on the CPU in half precision and
+    under CPU autocast (the math kernel's half-precision backward is the accurate one)."""
+    for dtype in (None, torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        assert planner.sdpa_four_d("cuda", dtype)
+    assert planner.sdpa_four_d("cpu") and planner.sdpa_four_d("cpu", torch.float64)
+    assert planner.sdpa_four_d(torch.device("cpu"), torch.float32)
+    assert not planner.sdpa_four_d("cpu", torch.float16)
+    assert not planner.sdpa_four_d("cpu", torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not planner.sdpa_four_d("cpu", torch.float32)
+        assert "[B, n, d] (the CPU math kernel" in Attention("scaled-dot").explain()[1]
+    assert "[B, 1, n, d] (the fused CPU kernel)" in Attention("scaled-dot").explain()[1]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "dims"), [(torch.float32, 4), (torch.float64, 4), (torch.bfloat16, 3)]
+)
+def test_a_cpu_call_takes_the_layout_of_its_dtype_and_matches_explicit(dtype, dims, sdpa_spy):
+    """Without a patched layout: a float32 / float64 call on the CPU reaches SDPA as
+    ``[B, 1, n, d]`` (the fused CPU kernel), a bfloat16 one as ``[B, n, d]``; the context,
+    the weights and the gradients equal the explicit path's (fp32: 1e-5; fp64: 1e-10;
+    bf16: 2e-2)."""
+    tol = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2}[dtype]
+    torch.manual_seed(0)
+    fast = Attention("scaled-dot", d_q=4, d_k=4).to(dtype)
+    slow = Attention("scaled-dot", d_q=4, d_k=4, path="explicit").to(dtype)
+    slow.load_state_dict(fast.state_dict())
+    mask = torch.rand(2, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.4
+    mask[0, 1] = False  # a fully masked row
+    for m in (None, mask):
+        grads = []
+        for attn in (fast, slow):
+            q, k, v = (t.to(dtype).requires_grad_() for t in _qkv())
+            out = attn(q, k, v, mask=m, need_weights=True)
+            out.context.pow(2).sum().backward()
+            grads.append((out.context, out.weights, q.grad, k.grad, v.grad))
+        assert sdpa_spy.calls[-1][0][0].dim() == dims
+        for got, want in zip(*grads, strict=True):
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 def test_an_exported_call_takes_the_4d_layout_on_the_cpu_too():
@@ -241,7 +280,7 @@ def test_explain_is_per_device():
         assert local.plan(device="cuda", head_dim=16).path == kernels, align
         assert local.plan(device="cuda", need_weights=True).path == "local-window", align
     sd = Attention("scaled-dot")
-    assert "flash" in sd.explain(device="cuda")[1] and "CPU math" in sd.explain()[1]
+    assert "flash" in sd.explain(device="cuda")[1] and "fused CPU" in sd.explain()[1]
 
 
 def test_mha_fuses_when_every_head_plans_sdpa():

@@ -94,17 +94,27 @@ class Plan:
         return iter((self.path, self.reason))
 
 
-def sdpa_four_d(device: torch.device | str) -> bool:
+def sdpa_four_d(device: torch.device | str, dtype: torch.dtype | None = None) -> bool:
     """Whether a 3-D SDPA call ``[B, n, d]`` runs as ``[B, 1, n, d]``: on CUDA (and any
     accelerator) only the 4-D layout makes the flash / cuDNN / efficient kernels eligible.
-    On the CPU the 3-D call stays on the math kernel, whose half-precision backward
-    accumulates in float32 (the CPU flash kernel's float16 gradients are measurably less
+    On the CPU the 4-D layout reaches PyTorch's fused CPU kernel and the 3-D call its math
+    kernel: in float32 and float64 (``dtype``; ``None``: float32) the call is 4-D, the fused
+    kernel being 1.3-2x faster forward + backward and 1.6-2.8x in the forward pass alone
+    (``B=1, n=8`` to ``B=32, n=1024``, with and without a mask, torch 2.13, 2 cores;
+    docs/benchmarks.md); its backward recomputes the weights from float32 scores, so at
+    scores of order 1e4 and beyond its gradients are less exact than the math kernel's
+    (``path="explicit"`` is exact there). In half precision, and under CPU autocast (which runs SDPA in
+    half precision), the call stays 3-D, on the math kernel, whose half-precision backward
+    accumulates in float32 (the fused CPU kernel's float16 gradients are measurably less
     accurate with large scores; tests/general/test_robustness_numerics.py). Under
     ``torch.export`` (what ``torch.onnx.export`` and other deployment runtimes trace) the
     call is 4-D on every device: the portable form (ONNX's translation of SDPA takes 4-D
     inputs only)."""
     kind = device.type if isinstance(device, torch.device) else torch.device(device).type
-    return kind != "cpu" or _is_exporting()
+    if kind != "cpu" or _is_exporting():
+        return True
+    full = dtype is None or dtype in (torch.float32, torch.float64)
+    return full and not torch.is_autocast_enabled("cpu")
 
 
 #: ``torch.compiler.is_exporting`` (torch >= 2.5; never exporting before it)
@@ -424,11 +434,12 @@ def _plan_single(caps: Capabilities, call: _Call) -> Plan:
     """Single-dimensional, not local: SDPA for dot products, the additive kernels."""
     a, s = caps.align, caps.score
     if caps.soft and caps.dot:
-        layout = (
-            "layout [B, H, n, d] (flash / cuDNN / efficient kernels)"
-            if sdpa_four_d(call.device)
-            else "layout [B, n, d] (the CPU math kernel)"
-        )
+        if call.device.type != "cpu":
+            layout = "layout [B, H, n, d] (flash / cuDNN / efficient kernels)"
+        elif sdpa_four_d(call.device, call.dtype):
+            layout = "layout [B, 1, n, d] (the fused CPU kernel)"
+        else:
+            layout = "layout [B, n, d] (the CPU math kernel, for half precision)"
         return Plan(
             "sdpa",
             f"score {s!r} is a scaled dot product after transforming the query, and the "
