@@ -98,15 +98,16 @@ def sdpa_four_d(device: torch.device | str, dtype: torch.dtype | None = None) ->
     """Whether a 3-D SDPA call ``[B, n, d]`` runs as ``[B, 1, n, d]``: on CUDA (and any
     accelerator) only the 4-D layout makes the flash / cuDNN / efficient kernels eligible.
     On the CPU the 4-D layout reaches PyTorch's fused CPU kernel and the 3-D call its math
-    kernel: in float32 and float64 (``dtype``; ``None``: float32) the call is 4-D, the fused
-    kernel being 1.3-2x faster forward + backward and 1.6-2.8x in the forward pass alone
-    (``B=1, n=8`` to ``B=32, n=1024``, with and without a mask, torch 2.13, 2 cores;
-    docs/benchmarks.md); its backward recomputes the weights from float32 scores, so at
+    kernel: in float32 and float64 (``dtype``; ``None``: float32) the call is 4-D, the
+    fused kernel being 1.3-2x faster forward + backward and 1.6-2.8x in the forward pass
+    alone (``B=1, n=8`` to ``B=32, n=1024``, with and without a mask, torch 2.13, 2 cores;
+    docs/benchmarks.md). Its backward recomputes the weights from float32 scores, so at
     scores of order 1e4 and beyond its gradients are less exact than the math kernel's
-    (``path="explicit"`` is exact there). In half precision, and under CPU autocast (which runs SDPA in
-    half precision), the call stays 3-D, on the math kernel, whose half-precision backward
-    accumulates in float32 (the fused CPU kernel's float16 gradients are measurably less
-    accurate with large scores; tests/general/test_robustness_numerics.py). Under
+    (``path="explicit"`` is exact there). In half precision, and under CPU autocast
+    (which runs SDPA in half precision), the call stays 3-D, on the math kernel, whose
+    half-precision backward accumulates in float32 (the fused CPU kernel's float16
+    gradients are measurably less accurate with large scores;
+    tests/general/test_robustness_numerics.py). Under
     ``torch.export`` (what ``torch.onnx.export`` and other deployment runtimes trace) the
     call is 4-D on every device: the portable form (ONNX's translation of SDPA takes 4-D
     inputs only)."""

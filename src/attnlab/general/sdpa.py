@@ -160,9 +160,10 @@ def _sdpa_attend(
     the kernel instead of a materialised mask. A 3-D call ``[B, n, d]`` runs on the 4-D
     layout ``[B, 1, n, d]`` where ``four_d`` says so (default: on every device, and on the
     CPU in float32 and float64, see :func:`attnlab.general.planner.sdpa_four_d`), so that
-    the flash / cuDNN / memory-efficient kernels (the fused CPU kernel) are eligible. Nothing here synchronises with the device: a fully masked row is opened
-    for the kernel and zeroed afterwards with ``torch.where`` on a per-row "any allowed"
-    tensor, whatever the mask holds."""
+    the flash / cuDNN / memory-efficient kernels (the fused CPU kernel) are eligible.
+    Nothing here synchronises with the device: a fully masked row is opened for the kernel
+    and zeroed afterwards with ``torch.where`` on a per-row "any allowed" tensor, whatever
+    the mask holds."""
     if causal and (mask is not None or need_weights or q.shape[-2] != k.shape[-2]):
         raise ValueError(
             "causal=True needs mask=None, need_weights=False and n_q == n_k; pass the "
@@ -171,7 +172,7 @@ def _sdpa_attend(
     if four_d is None:
         four_d = sdpa_four_d(q.device, q.dtype)
     three_d = q.dim() == 3 and four_d
-    if three_d:  # [B, n, d] -> [B, 1, n, d]: the fused CUDA kernels want 4-D inputs
+    if three_d:  # [B, n, d] -> [B, 1, n, d]: the fused kernels want 4-D inputs
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
     row_ok = None
     attn_mask = mask
