@@ -134,10 +134,11 @@ def _keep_bad_query_rows_nan(context: Tensor, q: Tensor) -> Tensor:
     without overflow and without a host synchronisation) is added. The CUDA kernels
     propagate the NaN themselves (tests/general/test_cuda.py, every SDPA backend on an
     H200), so on CUDA -- and only there, the one device checked -- they are spared these
-    six extra kernels of the forward and backward passes."""
+    extra kernels. ``q`` is detached: the term is 0 or NaN and carries no gradient, so the
+    backward pass pays nothing for it (the kernel's own ``dq`` is unchanged)."""
     if q.device.type == "cuda":
         return context
-    return context + (q * 0).sum(-1, keepdim=True).to(context.dtype)
+    return context + (q.detach() * 0).sum(-1, keepdim=True).to(context.dtype)
 
 
 def _sdpa_attend(
