@@ -378,3 +378,21 @@ def test_attend_names_a_keyword_its_score_does_not_take(score, params, message):
     q = torch.randn(1, 2, 4)
     with pytest.raises(TypeError, match=r"^unexpected keyword argument " + message):
         AF.attend(q, q, q, score=score, **params)
+
+
+@pytest.mark.parametrize(
+    ("score", "params", "message"),
+    [
+        ("additive", {}, r"score 'additive' is missing the parameters W1, W2, w: pass them to attend as keywords \(its parameters: W1, W2, w, b, act, lean\), or use attnlab.Attention\(score='additive'\), which learns them$"),
+        ("additive", {"W1": 1, "w": 2}, r"score 'additive' is missing the parameter W2: pass it to attend as a keyword "),
+        ("general", {}, r"score 'general' is missing the parameter W: pass it to attend as a keyword \(its parameters: W\)"),
+        ("queryless", {"act": "tanh"}, r"score 'queryless' is missing the parameters W, w: "),
+    ],
+)  # fmt: skip
+def test_attend_names_the_parameters_its_score_needs(score, params, message):
+    """It was the score function's own ``TypeError`` ('additive_score() missing 3 required
+    positional arguments'), which said neither how attend takes them nor where they are
+    learned; the check runs before anything is computed."""
+    q = torch.randn(1, 2, 4)
+    with pytest.raises(TypeError, match=r"^" + message):
+        AF.attend(q, q, q, score=score, **params)

@@ -100,28 +100,47 @@ def _twin(entry: registry.Entry) -> Callable[..., Tensor]:
 
 
 @functools.cache
-def _score_takes(fn: Callable[..., Tensor], inputs: int) -> tuple[str, ...] | None:
-    """The parameter names of a score function after its ``inputs`` tensors (None: it
-    takes any keyword); read once per function (``inspect.signature`` is not free)."""
+def _score_takes(
+    fn: Callable[..., Tensor], inputs: int
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The parameter names of a score function after its ``inputs`` tensors, and those of
+    them without a default (None: it takes any keyword); read once per function
+    (``inspect.signature`` is not free)."""
     signature = list(inspect.signature(fn).parameters.values())
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature):
         return None
-    return tuple(p.name for p in signature[inputs:] if p.kind is not p.VAR_POSITIONAL)
+    named = [p for p in signature[inputs:] if p.kind is not p.VAR_POSITIONAL]
+    required = tuple(p.name for p in named if p.default is inspect.Parameter.empty)
+    return tuple(p.name for p in named), required
 
 
 def _check_score_params(entry: registry.Entry, params: dict[str, Any]) -> None:
     """Every keyword of ``attend`` beyond its own must be a parameter of the score's
-    functional twin (the tensors it scores excluded): one line naming the keyword, the
-    score and what it takes, before anything is computed."""
-    takes = _score_takes(_twin(entry), 2 if entry.cls.needs_query else 1)  # (q, k) or (k,)
-    if takes is None:
+    functional twin (the tensors it scores excluded), and every parameter of the twin
+    without a default must be given: one line naming the keyword, the score and what it
+    takes, before anything is computed."""
+    found = _score_takes(_twin(entry), 2 if entry.cls.needs_query else 1)  # (q, k) or (k,)
+    if found is None:
         return
+    takes, required = found
     unknown = [name for name in params if name not in takes]
     if unknown:
         raise TypeError(
             f"unexpected keyword argument {unknown[0]!r}: score {entry.name!r} takes no such "
             f"parameter (its parameters: {', '.join(takes) or 'none'}); attend is soft "
             "attention, for another alignment build attnlab.Attention"
+        )
+    missing = [name for name in required if name not in params]
+    if missing:
+        noun, it, kw = (
+            ("parameters", "them", "keywords")
+            if len(missing) > 1
+            else ("parameter", "it", "a keyword")
+        )
+        raise TypeError(
+            f"score {entry.name!r} is missing the {noun} {', '.join(missing)}: pass {it} to "
+            f"attend as {kw} (its parameters: {', '.join(takes)}), or use "
+            f"attnlab.Attention(score={entry.name!r}), which learns {it}"
         )
 
 
