@@ -214,7 +214,10 @@ def attend(
         mask: bool broadcastable to ``[B, n_q, n_k]``, True = may attend.
         need_weights: also return the weights.
         **score_params: the score's parameters, named as in its functional twin (``W``,
-            ``b``, ``W1``, ``W2``, ``w``, ``act``).
+            ``b``, ``W1``, ``W2``, ``w``, ``act``). A parameter the score does not take,
+            or one it needs that is left out (``additive`` without ``W1``, ``W2``, ``w``),
+            is a one-line ``TypeError`` naming it, before anything runs; to learn the
+            parameters instead, use ``attnlab.Attention(score=...)``.
 
     Dot-product scores (dot, scaled-dot, general, biased-general, cosine: those whose
     class gives a ``function_dot_form``) run on PyTorch's fused
