@@ -671,8 +671,11 @@ def test_local_modules_reject_bad_window():
             LocalPAlign(d_q=3, D=D)
 
 
-def naive_local_p_centers(m: LocalPAlign, q: torch.Tensor, S: list[list[float]]) -> torch.Tensor:
-    """p = S * sigmoid(w_p^T tanh(W_p q)) with explicit loops over the parameters."""
+def naive_local_p_centers(
+    m: LocalPAlign, q: torch.Tensor, S: list[list[float]], s0: list[list[float]] | None = None
+) -> torch.Tensor:
+    """p = s0 + S * sigmoid(w_p^T tanh(W_p q)) with explicit loops over the parameters
+    (``s0`` 0 where not given)."""
     Wp = m.W_p.weight.detach().double().tolist()
     wp = m.w_p.detach().double().tolist()
     B, n_q, d_q = q.shape
@@ -684,7 +687,7 @@ def naive_local_p_centers(m: LocalPAlign, q: torch.Tensor, S: list[list[float]])
                 for j in range(len(wp))
             ]
             s = sum(wp[j] * h[j] for j in range(len(wp)))
-            out[b, i] = S[b][i] / (1 + math.exp(-s))
+            out[b, i] = (s0[b][i] if s0 else 0.0) + S[b][i] / (1 + math.exp(-s))
     return out
 
 
@@ -700,23 +703,59 @@ def test_local_p_centres_and_weights():
     p = naive_local_p_centers(m, q, [[n_k - 1.0] * n_q] * B)
     torch.testing.assert_close(out.extras["centers"], p)
     torch.testing.assert_close(out.weights, naive_local(e, p, 2, None, True), rtol=0, atol=1e-12)
-    # with a mask S = (number of allowed keys in the row) - 1, clamped at 0
+    # with a mask the centre spans the row's allowed keys: s0 = the first allowed
+    # position, S = the last minus the first (both 0 for a row that allows nothing)
     mask = torch.rand(B, n_q, n_k, generator=g) > 0.4
     mask[2, 3] = False
     mask[1, 0] = False
     mask[1, 0, 6] = True
-    S = [[max(int(mask[b, i].sum()) - 1, 0) * 1.0 for i in range(n_q)] for b in range(B)]
+    first = [[next((l for l in range(n_k) if mask[b, i, l]), 0) * 1.0 for i in range(n_q)]
+             for b in range(B)]  # fmt: skip
+    last = [[max((l for l in range(n_k) if mask[b, i, l]), default=0) * 1.0 for i in range(n_q)]
+            for b in range(B)]  # fmt: skip
+    S = [[last[b][i] - first[b][i] for i in range(n_q)] for b in range(B)]
     out = m(e, mask, query=q)
-    p = naive_local_p_centers(m, q, S)
+    p = naive_local_p_centers(m, q, S, first)
     torch.testing.assert_close(out.extras["centers"], p)
     torch.testing.assert_close(out.weights, naive_local(e, p, 2, mask, True), rtol=0, atol=1e-12)
     assert (out.weights[2, 3] == 0).all()
+    # the one allowed key of row (1, 0) is the window's centre: it takes the whole weight
+    assert out.extras["centers"][1, 0] == 6.0
+    assert out.weights[1, 0, 6] == 1.0 and out.weights[1, 0].sum() == 1.0
     # key padding mask [B, 1, n_k]: S = length - 1
     kp = attnlab.masks.from_lengths(torch.tensor([10, 4, 1]))
     out = m(e, kp, query=q)
     torch.testing.assert_close(
         out.extras["centers"], naive_local_p_centers(m, q, [[9.0] * n_q, [3.0] * n_q, [0.0] * n_q])
     )
+    # left padding [B, 1, n_k]: the same sentences at the end of the row give the same
+    # centres, shifted by the padding, and the same weights on the real keys
+    lengths = torch.tensor([10, 4, 1])
+    left = kp.flip(-1)
+    shifted = torch.stack([e[b].roll(int(n_k - lengths[b]), -1) for b in range(B)])
+    out_left = m(shifted, left, query=q)
+    torch.testing.assert_close(
+        out_left.extras["centers"], out.extras["centers"] + (n_k - lengths)[:, None].double()
+    )
+    for b in range(B):
+        real = out.weights[b, :, : int(lengths[b])]
+        torch.testing.assert_close(out_left.weights[b, :, n_k - int(lengths[b]) :], real)
+    # every window meets its sentence (a count-based S = length - 1 would put the windows of
+    # the length-4 row on the padding, zero weights)
+    assert (out_left.weights.sum(-1) > 0).all()
+
+
+def test_local_p_span_of_the_allowed_keys():
+    """``_allowed_span``: the first and the last allowed position per row; 0 and 0 for a
+    row that allows nothing and for no keys at all."""
+    from attnlab.general.alignment import _allowed_span
+
+    mask = torch.tensor([[True, True, False, False], [False, True, False, True],
+                         [False, False, False, False], [False, False, True, False]])  # fmt: skip
+    first, last = _allowed_span(mask)
+    assert first.tolist() == [0, 1, 0, 2] and last.tolist() == [1, 3, 0, 2]
+    first, last = _allowed_span(torch.zeros(2, 3, 0, dtype=torch.bool))
+    assert first.shape == last.shape == (2, 3) and not first.any() and not last.any()
 
 
 def test_local_p_centre_stays_in_zero_to_S():

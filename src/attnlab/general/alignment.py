@@ -554,19 +554,21 @@ class LocalMAlign(_LocalAlign):
 class LocalPAlign(_LocalAlign):
     """Local-p (predictive) alignment (Luong et al. 2015).
 
-    The centre is predicted from the query: ``p = S * sigmoid(w_p^T tanh(W_p q))`` with
-    ``W_p`` ``[d_p, d_q]``, ``w_p`` ``[d_p]``, and ``S`` the last allowed key position
-    (``n_allowed - 1``, counted per query row from the mask; ``n_k - 1`` without a mask).
-    Luong et al. write ``S`` for the source length, so that ``p`` lies in ``[0, S]``; with
-    attnlab's 0-based positions the last key is ``n - 1``, and ``S = n - 1`` keeps the
-    centre on the existing positions ``[0, n - 1]`` (a deliberate, documented change).
+    The centre is predicted from the query: ``p = s0 + S * sigmoid(w_p^T tanh(W_p q))``
+    with ``W_p`` ``[d_p, d_q]``, ``w_p`` ``[d_p]``, and ``[s0, s0 + S]`` the span from the
+    first to the last allowed key position of the query's row of the mask (``s0 = 0``,
+    ``S = n_k - 1`` without a mask; ``s0 = 0``, ``S = length - 1`` with trailing padding;
+    with left padding the span starts at the first real key). Luong et al. write ``S`` for
+    the source length, so that ``p`` lies in ``[0, S]``; with attnlab's 0-based positions
+    the last key is ``n - 1``, and ``S = n - 1`` keeps the centre on the existing positions
+    ``[0, n - 1]`` (a deliberate, documented change).
     The softmax runs over the window ``|l - p| <= D`` and each weight is multiplied by
     ``exp(-(l - p)^2 / (2 sigma^2))``, ``sigma = D / 2``, so gradients reach ``W_p, w_p``.
     Shapes: ``e`` ``[B, n_q, n_k]``, query ``[B, n_q, d_q]``. Cost O(B n_q (d_q d_p + D))
     inside :class:`attnlab.Attention`.
 
-    :formula: p = S sigmoid(w_p^T tanh(W_p q)); a = softmax_window(e) * exp(-(l-p)^2 / (2
-        sigma^2)), sigma = D/2
+    :formula: p = s0 + S sigmoid(w_p^T tanh(W_p q)); a = softmax_window(e) * exp(-(l-p)^2 /
+        (2 sigma^2)), sigma = D/2
     :source: Luong et al. 2015, Effective Approaches to Attention-based NMT
     :cost: O(B n_q (d_q d_p + D))
     """
@@ -606,8 +608,22 @@ class LocalPAlign(_LocalAlign):
         p = torch.sigmoid(proj @ self.w_p.to(work))
         if mask is None:  # one S for every row: a number, not a [B, n_q] tensor
             return p * float(max(n_k - 1, 0))
-        allowed = torch.broadcast_to(mask, (batch, n_q, n_k)).sum(-1)
-        return (allowed - 1).clamp(min=0).to(work) * p
+        first, last = _allowed_span(torch.broadcast_to(mask, (batch, n_q, n_k)))
+        return first.to(work) + (last - first).to(work) * p
+
+
+def _allowed_span(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The first and the last allowed key position of each row of ``mask`` ``[..., n_k]``
+    (both 0 for a row that allows nothing, or when ``n_k == 0``), without a host
+    synchronisation."""
+    n_k = mask.shape[-1]
+    if n_k == 0:
+        zero = mask.new_zeros(mask.shape[:-1], dtype=torch.long)
+        return zero, zero
+    pos = torch.arange(n_k, device=mask.device)
+    last = torch.where(mask, pos, -1).amax(-1).clamp(min=0)
+    first = torch.minimum(torch.where(mask, pos, n_k).amin(-1), last)
+    return first, last
 
 
 @register("align", "reinforced", aliases=("resan", "reinforced-selection"))
