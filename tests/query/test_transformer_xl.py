@@ -151,6 +151,30 @@ def test_segment_mask_is_extended_over_the_memory():
     torch.testing.assert_close(a.context, b.context)
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_masks_that_broadcast_over_the_keys_with_memory(n):
+    """With a memory, a mask whose key axis is 1 (per query row ``[B, n, 1]``, the scalar
+    ``True``, ``[B, 1, 1]``) broadcasts over all ``M + n`` keys: all-True changes nothing,
+    and a row masked out is a zero row (it once cleared the query with a ``[B, 0]`` key
+    slice: an error for ``n > 1``, an empty output for ``n == 1``)."""
+    torch.manual_seed(0)
+    m = TransformerXLAttention(8, 2).eval()
+    x, mem = torch.randn(2, n, 8), torch.randn(2, 3, 8)
+    want = m(x, memory=mem, need_weights=True)
+    for mask in (torch.ones(2, n, 1, dtype=torch.bool), torch.tensor(True),
+                 torch.ones(2, 1, 1, dtype=torch.bool)):  # fmt: skip
+        got = m(x, memory=mem, mask=mask, need_weights=True)
+        assert got.context.shape == (2, n, 8)
+        torch.testing.assert_close(got.context, want.context)
+        torch.testing.assert_close(got.weights, want.weights)
+    rows = torch.ones(2, n, 1, dtype=torch.bool)
+    rows[1, -1] = False  # the last query of the second sequence attends nothing
+    got = m(x, memory=mem, mask=rows, need_weights=True)
+    assert (got.weights[1, -1] == 0).all() and (got.context[1, -1] == 0).all()
+    torch.testing.assert_close(got.context[0], want.context[0])
+    torch.testing.assert_close(got.context[1, :-1], want.context[1, :-1])
+
+
 def test_gradcheck_with_memory_mask_and_causal():
     torch.manual_seed(0)
     m = TransformerXLAttention(4, 2, mem_len=2).double()

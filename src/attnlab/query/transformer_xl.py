@@ -218,7 +218,9 @@ class TransformerXLAttention(ProjectedHeadAttention):
             keys_ok = attended_keys(hmask)
             h = zero_rows(h, keys_ok)
             query = zero_rows(query, attending_rows(hmask))
-            query = clear_nonfinite_rows(query, keys_ok[:, M:])
+            # the segment's own keys (a key axis of size 1 broadcasts over all of them)
+            segment_ok = keys_ok[:, M:] if keys_ok.shape[-1] == n_k else keys_ok
+            query = clear_nonfinite_rows(query, segment_ok)
         q = split_heads(self.q_proj(query), self.num_heads)  # [B, h, n, d]
         k = split_heads(self.k_proj(h), self.num_heads)  # [B, h, K, d]
         v = split_heads(self.v_proj(h), self.num_heads)
