@@ -50,6 +50,9 @@ def test_exact_and_stem_stages_by_hand() -> None:
         fmean * (1 - 0.5 / 8)
     )
     assert sentence_meteor(["a b"], "", synonyms=False) == 0.0
+    # an empty reference scores 0 itself: the other reference is the best
+    assert sentence_meteor(["a b", ""], "a b", synonyms=False) == pytest.approx(1 - 0.5 / 8)
+    assert sentence_meteor(["", ""], "a b", synonyms=False) == 0.0
 
 
 def test_synonym_stage_uses_debian_wordnet(wordnet) -> None:
@@ -64,6 +67,19 @@ def test_best_reference_and_corpus_mean(wordnet) -> None:
     assert sentence_meteor(refs, "a b c") == pytest.approx(sentence_meteor(["a b c"], "a b c"))
     assert corpus_meteor([["a b c"], ["a b c"]], ["a b c", "c b a"]) == pytest.approx(
         ((1 - 0.5 / 27) + 0.5) / 2
+    )
+
+
+def test_nltk_alignment_departures_stated_in_the_module_docstring(wordnet) -> None:
+    """The two departures from the paper that the module docstring states, as NLTK
+    computes them (a change in NLTK that fixes them should update the docstring)."""
+    # greedy alignment: 6 chunks of 6 matches, penalty 0.5, where the paper's has 3
+    reordered = sentence_meteor(["the cat sat on the mat"], "on the mat sat the cat")
+    assert reordered == pytest.approx(1 - 0.5 * (6 / 6) ** 3)
+    # the synonym stage on Porter stems: big ~ large is not matched (3 of 4 words)
+    fmean = 0.75 * 0.75 / (0.9 * 0.75 + 0.1 * 0.75)  # P = R = 3/4
+    assert sentence_meteor(["the dog is big"], "the dog is large") == pytest.approx(
+        fmean * (1 - 0.5 * (1 / 3) ** 3)
     )
 
 

@@ -14,6 +14,15 @@ order in both. With several references the best score counts. The score is compu
 NLTK (``nltk.translate.meteor_score``; ``pip install nltk``, in ``attnlab[eval]``);
 :func:`corpus_meteor` is the mean of the sentence scores.
 
+Two behaviours of NLTK's implementation differ from the paper, and scores differ
+accordingly from the original METEOR tool: the alignment is built greedily, stage by
+stage, rather than chosen as the one with the fewest chunks (a hypothesis that reorders
+repeated words, "on the mat sat the cat" against "the cat sat on the mat", gets 6 chunks
+where the paper's alignment has 3: 0.5 instead of 0.9375); and the synonym stage looks up
+the Porter stems of the words left over by the stem stage, so a word whose stem is not a
+WordNet lemma ("large" -> "larg") finds no synonym ("big" ~ "large" is not matched,
+"car" ~ "auto" is).
+
 WordNet comes from the Debian package ``wordnet-base`` (WordNet 3.0, Princeton's licence;
 ``apt-get install wordnet-base``, in ``make system``): its database files in
 ``/usr/share/wordnet`` are read by NLTK's ``WordNetCorpusReader``. Debian does not ship
@@ -163,7 +172,8 @@ def sentence_meteor(
             stemmer (``"spanish"``, ``"german"``, ...; then ``synonyms`` must be False).
         alpha, beta, gamma: METEOR's parameters (see the module docstring).
 
-    Words are lower-cased; an empty hypothesis or reference scores 0.
+    Words are lower-cased. An empty hypothesis scores 0; an empty reference scores 0
+    itself, so the best of the other references counts (0 when all are empty).
     """
     require("nltk")
     from nltk.stem.porter import PorterStemmer
@@ -190,7 +200,8 @@ def sentence_meteor(
         raise ValueError("no references")
     refs = [_tokens(r, "a reference") for r in references]
     hyp = _tokens(hypothesis, "hypothesis")
-    if not hyp or not all(refs):
+    refs = [r for r in refs if r]  # an empty reference scores 0: the best of the others
+    if not hyp or not refs:
         return 0.0
     wordnet = load_wordnet() if synonyms else _NoSynonyms()
     return float(
