@@ -50,6 +50,23 @@ def test_degenerate_cases() -> None:
         paired_comparison([], [])
 
 
+def test_rounding_of_the_scores_is_not_a_difference() -> None:
+    """Equal differences that float arithmetic makes unequal (0.3 - 0.2 != 1.2 - 1.1) are
+    one constant difference: d_z = inf and t_p = 0, not d_z ~ 1e15 from a rounding-sized
+    sd; and the permutation p-value does not depend on the scale of the scores."""
+    for a, b in (([0.3, 0.6, 0.9, 1.2], [0.2, 0.5, 0.8, 1.1]),
+                 ([0.71, 0.72, 0.73], [0.70, 0.71, 0.72])):  # fmt: skip
+        c = paired_comparison(a, b)
+        assert c.effect_size == math.inf and c.t_p == 0.0, c
+    zero = paired_comparison([0.3, 0.7], [0.1 + 0.2, 0.3 + 0.4])  # 0.30000000000000004
+    assert math.isnan(zero.effect_size) and math.isnan(zero.t_p) and zero.perm_p == 1.0
+    for scale in (1.0, 1e-12, 1e9):
+        c = paired_comparison([scale * v for v in (1.0, 2.0, 3.0)], [0.0] * 3)
+        assert c.perm_p == pytest.approx(0.25), scale  # the all-plus and all-minus flips
+        c = paired_comparison([scale * v for v in (1.0, -1.0, 2.0, 2.0)], [0.0] * 4)
+        assert c.perm_p == pytest.approx(paired_comparison([1.0, -1.0, 2.0, 2.0], [0.0] * 4).perm_p)
+
+
 def test_compare_to_baseline_pairs_by_seed() -> None:
     scores = {
         "mean": {0: 0.70, 1: 0.72, 2: 0.71},

@@ -42,7 +42,9 @@ class PairedComparison(Record):
         mean_a, mean_b: the means over those seeds.
         diff: ``mean(a - b)``.
         effect_size: Cohen's d_z (``diff / sd(a - b)``); inf when every difference is the
-            same non-zero number, NaN when n < 2 or all differences are 0.
+            same non-zero number (up to the rounding of the scores: ``0.3 - 0.2`` and
+            ``0.4 - 0.3`` are the same difference), NaN when n < 2 or all differences
+            are 0.
         t_p: two-sided p-value of the paired t-test (NaN when undefined).
         perm_p: two-sided p-value of the exact sign-flip permutation test.
         min_perm_p: the smallest p-value the permutation test can give with n seeds.
@@ -59,13 +61,17 @@ class PairedComparison(Record):
 
 
 def _sign_flip_p(d: np.ndarray) -> float:
+    """The share of the ``2^n`` sign flips of ``d`` whose ``|mean|`` reaches the observed
+    one; a flip within rounding of it (relative to the largest ``|d|``, so the p-value does
+    not depend on the scores' scale) counts as a tie, that is, as reaching it."""
     n = d.size
     if n > 16:
         raise ValueError(f"the exact permutation test enumerates 2^n sign flips; n = {n} > 16")
     observed = abs(d.mean())
+    reach = observed - 1e-9 * float(np.abs(d).max())
     count = 0
     for signs in itertools.product((1.0, -1.0), repeat=n):
-        if abs((d * np.asarray(signs)).mean()) >= observed - 1e-12:
+        if abs((d * np.asarray(signs)).mean()) >= reach:
             count += 1
     return count / 2**n
 
@@ -81,9 +87,15 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> PairedCompariso
         raise ValueError("no paired scores to compare")
     if not (np.isfinite(x).all() and np.isfinite(y).all()):  # NaN gave perm_p = 0
         raise ValueError(f"a and b must be finite scores, got {a!r} and {b!r}")
+    # x - y carries the rounding of the scores (0.3 - 0.2 != 0.4 - 0.3): a difference or a
+    # spread below it is 0, so equal differences give d_z = inf and t_p = 0, as documented
+    tol = 1e-12 * max(float(np.abs(x).max()), float(np.abs(y).max()))
     d = x - y
+    d = np.where(np.abs(d) <= tol, 0.0, d)
     diff = float(d.mean())
     sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+    if n > 1 and sd <= tol:
+        sd = 0.0
     if n < 2 or (sd == 0 and diff == 0):
         effect = float("nan")
     elif sd == 0:
