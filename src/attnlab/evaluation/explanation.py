@@ -250,7 +250,8 @@ def permutation_test(
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The median output change ``TVD(y, y(a_pi))`` over random permutations of the weights
-    over the real tokens, and the largest attention weight, per instance (``[B]``, ``[B]``)."""
+    over the real tokens, and the largest attention weight, per instance (``[B]``, ``[B]``).
+    With an even number of permutations the median is the mean of the middle two."""
     w, probs, _, hidden = _encoded(model, tokens, lengths)
     B = tokens.shape[0]
     medians = torch.zeros(B, device=w.device)
@@ -263,7 +264,9 @@ def permutation_test(
         wp = torch.zeros(permutations, tokens.shape[1], dtype=w.dtype, device=w.device)
         wp[:, :L] = w[b, :L][perms]
         p = model.classify_with_weights(hidden[b : b + 1].expand(permutations, -1, -1), wp)
-        medians[b] = _tvd(p.softmax(-1), probs[b : b + 1]).median()
+        # the median of an even count is the mean of the middle two (np.median, as the
+        # paper's code), not torch.median's lower one
+        medians[b] = torch.quantile(_tvd(p.softmax(-1), probs[b : b + 1]), 0.5)
     return medians, w.max(-1).values
 
 
