@@ -70,3 +70,27 @@ def test_ssim_window_follows_kernel_size() -> None:
     ref = float(tm_ssim(big_x, big_y, data_range=1.0))
     assert ssim(big_x, big_y) == pytest.approx(ref, abs=1e-6)
     assert ssim(big_x, big_y, kernel_size=5) != pytest.approx(ref, abs=1e-3)
+
+
+def test_ssim_window_is_the_size_asked_for_up_to_43(monkeypatch) -> None:
+    """Every odd kernel_size up to 43 is the size of the window torchmetrics convolves
+    with (seen on its conv2d calls); beyond, its window from sigma would be smaller than
+    asked (45 gives 43), so it is refused."""
+    import torch.nn.functional as F
+
+    seen: list[tuple[int, int]] = []
+    conv2d = F.conv2d
+
+    def spy(x, weight, *args, **kwargs):
+        seen.append(tuple(weight.shape[-2:]))
+        return conv2d(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(F, "conv2d", spy)
+    x = torch.rand(1, 1, 45, 45, generator=torch.Generator().manual_seed(1))
+    y = (x + 0.05).clamp(0, 1)
+    for k in range(3, 44, 2):
+        seen.clear()
+        assert 0.0 < ssim(x, y, kernel_size=k) < 1.0
+        assert seen and set(seen) == {(k, k)}, (k, seen)
+    with pytest.raises(ValueError, match="at most 43"):
+        ssim(x, x, kernel_size=45)

@@ -29,6 +29,10 @@ from attnlab._optional import require
 
 __all__ = ["psnr", "psnr_per_image", "ssim", "ssim_per_image"]
 
+#: the largest odd kernel_size whose sigma (1.5 k / 11) torchmetrics turns into a k x k
+#: window (2 int(3.5 sigma + 0.5) + 1 = k up to 43; 45 gives 43)
+_LARGEST_WINDOW = 43
+
 
 def _images(preds: Tensor, target: Tensor, data_range: float) -> tuple[Tensor, Tensor]:
     for name, x in (("preds", preds), ("target", target)):
@@ -71,13 +75,21 @@ def ssim_per_image(
     """SSIM of each image ``[N]`` (Gaussian window ``kernel_size`` x ``kernel_size``,
     sigma ``1.5 * kernel_size / 11``: Wang et al.'s 11 x 11 window with sigma 1.5, scaled
     to the size asked for; the images must be at least that large). torchmetrics derives
-    its Gaussian window's size from sigma alone, so sigma is what sets the size here."""
+    its Gaussian window's size from sigma alone (``2 int(3.5 sigma + 0.5) + 1``), so sigma
+    is what sets the size here, and it does so up to ``kernel_size = 43``: a larger one is
+    a ``ValueError``."""
     functional = require("torchmetrics.functional.image")
     p, t = _images(preds, target, data_range)
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 3:
         raise ValueError(f"kernel_size must be an odd int >= 3, got {kernel_size!r}")
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd, got {kernel_size}")
+    if kernel_size > _LARGEST_WINDOW:
+        raise ValueError(
+            f"kernel_size must be at most {_LARGEST_WINDOW}, got {kernel_size}: torchmetrics "
+            "sizes its Gaussian window from sigma = 1.5 * kernel_size / 11, which gives a "
+            "smaller window beyond that"
+        )
     if min(p.shape[-2:]) < kernel_size:
         raise ValueError(
             f"images of {p.shape[-2]}x{p.shape[-1]} pixels are smaller than the SSIM window "
