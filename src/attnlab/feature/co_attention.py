@@ -424,7 +424,9 @@ class AlternatingCoAttention(_CoAttention):
         e1_i = score(c2, k1_i)                                       a1 = align(e1), c1 = sum_i a1_i f1_i
         output = concat(c1, c2)
 
-    The three steps are sequential by nature (each needs the previous context).
+    The three steps are sequential by nature (each needs the previous context). The order
+    is not symmetric: as in HieCoAtt, ``F1`` is the input summarised first, without a
+    query (the question), and ``F2`` the one attended with that summary (the image).
 
     Args:
         d1, d2: feature sizes of ``F1`` and ``F2``.
