@@ -9,7 +9,14 @@ import torch
 
 from attnlab._checks import ConfigError
 from attnlab.lab.batching import batch_order
-from attnlab.lab.task import AttentionExample, Task, TaskData, spec_label, spec_slug
+from attnlab.lab.task import (
+    AttentionExample,
+    Task,
+    TaskData,
+    lower_is_better,
+    spec_label,
+    spec_slug,
+)
 from attnlab.lab.tasks.sentiment import SentimentTask
 
 
@@ -23,6 +30,33 @@ def test_selection_metric_default_and_chosen() -> None:
     assert SentimentTask(select_metric="roc_auc").selection() == ("roc_auc", True)
     with pytest.raises(ConfigError, match="select_metric='bleu' is not a metric"):
         SentimentTask(select_metric="bleu").selection()
+
+
+def test_lower_is_better_reads_the_name() -> None:
+    lower = ["loss", "val_loss", "error_rate", "per", "cer", "wer", "mse_masked", "mae",
+             "perplexity", "ppl", "aer", "hamming_loss", "test-RMSE"]  # fmt: skip
+    higher = ["accuracy", "f1", "micro_f1", "bleu", "meteor", "psnr_masked", "ssim",
+              "roc_auc", "percent_correct", "superb", "diagonal_mass", "iou"]  # fmt: skip
+    assert [m for m in lower if not lower_is_better(m)] == []
+    assert [m for m in higher if lower_is_better(m)] == []
+
+
+@pytest.mark.parametrize(
+    ("task", "metric"),
+    [
+        ("speech", "per"),
+        ("speech", "cer"),
+        ("inpainting", "mse_masked"),
+        ("multilabel", "hamming_loss"),
+        ("translation", "perplexity"),
+    ],
+)
+def test_an_error_metric_chosen_for_selection_is_lower_is_better(task, metric) -> None:
+    """The trainer keeps the epoch with the lowest error (it once kept the highest PER and
+    MSE: their names were not on the list)."""
+    from attnlab.lab.config import resolve_task
+
+    assert resolve_task(task, {"select_metric": metric}).selection() == (metric, False)
 
 
 def test_resolve_attention_presets_and_baselines() -> None:

@@ -36,18 +36,34 @@ from attnlab.data._common import SPLIT_NAMES, check_split
 from attnlab.lab.batching import batch_order, check_bucket
 from attnlab.registry import register
 
-_LOWER_IS_BETTER = ("loss", "error", "perplexity", "ppl", "aer", "hamming", "wer", "cer")
+#: metric names read as lower-is-better: these words anywhere in the name, and these
+#: abbreviations as a whole word of it (``per`` is the phone error rate, not "percent")
+_LOWER_WORDS = ("loss", "error", "perplexity", "hamming")
+_LOWER_ABBREVIATIONS = frozenset({"ppl", "aer", "wer", "cer", "per", "mse", "mae", "rmse"})
 
 __all__ = [
     "AttentionExample",
     "Task",
     "TaskData",
+    "lower_is_better",
     "register_task",
     "spec_label",
     "spec_slug",
 ]
 
 Batch = dict[str, Any]
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a metric is an error (lower is better), read from its name: ``loss``,
+    ``error``, ``perplexity``, ``hamming`` anywhere in it, or one of ``ppl``, ``aer``,
+    ``wer``, ``cer``, ``per``, ``mse``, ``mae``, ``rmse`` as a whole word (``mse_masked``,
+    ``per``, ``val_wer``; not ``percent_correct``). The trainer's ``select_metric`` and the
+    report's tables read directions from this one rule."""
+    lowered = metric.lower()
+    if any(word in lowered for word in _LOWER_WORDS):
+        return True
+    return any(part in _LOWER_ABBREVIATIONS for part in re.split(r"[^a-z0-9]+", lowered))
 
 
 def register_task(name: str, **card_and_caps: Any):
@@ -269,8 +285,7 @@ class Task(abc.ABC):
                 f"select_metric={chosen!r} is not a metric of task {self.registry_name!r}; "
                 f"its metrics: {', '.join(self.metrics)}"
             )
-        lower = any(w in chosen.lower() for w in _LOWER_IS_BETTER)
-        return chosen, not lower
+        return chosen, not lower_is_better(chosen)
 
     # ------------------------------------------------------------------ to implement
 

@@ -181,6 +181,23 @@ def test_higher_is_better_from_metrics_json(tmp_path: Path) -> None:
     assert "best" in metric_cell(rows, "mean", "recall")["attrs"].get("class", "")
 
 
+def test_error_metrics_by_name_are_lower_is_better(tmp_path: Path) -> None:
+    """Metrics other than the primary take their direction from the name: the lowest PER
+    and MSE are the best (the report once starred the highest)."""
+    runs = [
+        {"attention": MEAN, "seed": 0, "test": {"accuracy": 0.5, "per": 0.50, "mse_masked": 0.2}},
+        {"attention": ADD, "seed": 0, "test": {"accuracy": 0.6, "per": 0.10, "mse_masked": 0.4}},
+    ]
+    root = write_ablation_dir(tmp_path / "abl", runs)
+    rows = table_rows(parse(render_report(root)), "ablation-table")
+
+    def best(spec: str, metric: str) -> bool:
+        return "best" in metric_cell(rows, spec, metric)["attrs"].get("class", "")
+
+    assert best("align=soft,score=additive", "per") and not best("mean", "per")
+    assert best("mean", "mse_masked") and not best("align=soft,score=additive", "mse_masked")
+
+
 def test_ties_are_all_marked(tmp_path: Path) -> None:
     runs = [
         {"attention": MEAN, "seed": 0, "test": {"accuracy": 0.5}},

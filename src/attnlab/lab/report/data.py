@@ -21,7 +21,7 @@ from typing import Any
 
 from attnlab._checks import check_path
 from attnlab.lab.ablation_record import RECORD_NAME, AblationRecordError, read_ablation_record
-from attnlab.lab.task import spec_label
+from attnlab.lab.task import lower_is_better, spec_label
 
 __all__ = [
     "ReportData",
@@ -32,8 +32,6 @@ __all__ = [
     "spec_text",
     "unique",
 ]
-
-_LOWER_IS_BETTER_HINTS = ("loss", "error", "perplexity", "ppl", "aer", "wer", "cer", "mse", "mae")
 
 
 class ReportError(ValueError):
@@ -129,16 +127,16 @@ class ReportData:
 
     def higher_is_better(self, metric: str) -> bool:
         """Direction of a metric: ``metrics.json``'s ``higher_is_better`` (a bool for the
-        primary metric, or a ``{metric: bool}`` dict); for other metrics a guess from the
-        name (loss, error, perplexity, AER, WER, ... are lower-is-better)."""
+        primary metric, or a ``{metric: bool}`` dict); for other metrics read from the name
+        (:func:`attnlab.lab.task.lower_is_better`: loss, error, perplexity, AER, WER, PER,
+        MSE, ... are lower-is-better)."""
         for r in self.done:
             hib = r.metrics.get("higher_is_better")
             if isinstance(hib, Mapping) and metric in hib:
                 return bool(hib[metric])
             if isinstance(hib, bool) and metric == r.metrics.get("primary"):
                 return hib
-        lowered = metric.lower()
-        return not any(hint in lowered for hint in _LOWER_IS_BETTER_HINTS)
+        return not lower_is_better(metric)
 
 
 # ----------------------------------------------------------------------------- files
