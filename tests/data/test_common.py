@@ -152,6 +152,23 @@ def test_assign_splits_fractions():
         assign_splits(["a"], fractions=(0.5, 0.5, 0.5))
 
 
+@pytest.mark.parametrize(
+    ("n", "fractions", "want"),
+    [
+        (5, (0.9, 0.1, 0.0), {"train": 4, "dev": 1}),  # round(4.5) = 4: the rest is dev
+        (1, (0.5, 0.5, 0.0), {"dev": 1}),
+        (2, (0.75, 0.25, 0.0), {"train": 2}),
+        (3, (1.0, 0.0, 0.0), {"train": 3}),
+        (5, (0.0, 0.1, 0.9), {"test": 5}),  # round(0.5) = 0 dev groups
+        (15, (0.8, 0.1, 0.1), {"train": 12, "dev": 2, "test": 1}),  # unchanged
+    ],
+)
+def test_a_split_whose_fraction_is_0_gets_no_item(n, fractions, want):
+    """Rounding never puts a group into a split asked to be empty."""
+    out = assign_splits([str(i) for i in range(n)], fractions=fractions)
+    assert Counter(out) == want
+
+
 def test_first_of_each_keeps_the_first_in_order():
     rows = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)]
     assert first_of_each(rows, key=lambda r: r[0]) == [("a", 1), ("b", 2), ("c", 4)]

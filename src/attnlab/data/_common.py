@@ -217,7 +217,9 @@ def assign_splits(
 
     The distinct groups (e.g. a movie, a document, a tweet) are sorted by their string
     form, shuffled with ``random.Random(seed)``, and cut in that order into
-    ``round(fraction * n_groups)`` train and dev groups; the rest are test. All items of a
+    ``round(fraction * n_groups)`` train and dev groups; the rest are test, unless the test
+    fraction is 0: then the rest are dev, and a split whose fraction is 0 never gets an item
+    (``round`` alone gave a test group to ``(0.9, 0.1, 0.0)`` with 5 groups). All items of a
     group land in the same split, so no movie or document leaks from train into test.
     The same data and seed always give the same splits (on every platform and Python
     version). Returns one split name per item.
@@ -234,8 +236,9 @@ def assign_splits(
         )
     distinct = sorted({str(g) for g in groups})
     random.Random(seed).shuffle(distinct)
-    n_train = round(fractions[0] * len(distinct))
-    n_dev = round(fractions[1] * len(distinct))
+    n = len(distinct)
+    n_train = min(round(fractions[0] * n), n)
+    n_dev = n - n_train if fractions[2] == 0 else min(round(fractions[1] * n), n - n_train)
     where: dict[str, str] = {}
     for i, g in enumerate(distinct):
         where[g] = "train" if i < n_train else "dev" if i < n_train + n_dev else "test"
