@@ -80,6 +80,26 @@ def test_label_mapping_merges_and_drops(tmp_path):
     assert ds.label_names == ("negative", "positive") and ds.labels == (0, 0, 1, 1)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_a_byte_order_mark_is_not_part_of_the_first_field(tmp_path, fmt):
+    """Excel's "CSV UTF-8" starts with a BOM: the header's first name is still ``text``
+    (it was ``\ufefftext``: "no field 'text'"), from a file and from a stream."""
+    text = {
+        "csv": CSV,
+        "tsv": CSV.replace('"a gem, truly"', "a gem")
+        .replace('"two\nlines"', "two")
+        .replace(",", "\t"),
+        "jsonl": '{"text": "a gem", "label": "pos"}\n{"text": "dull", "label": "neg"}\n',
+    }[fmt]
+    path = tmp_path / f"bom.{fmt}"
+    path.write_text(text, encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    plain = read_text_classification(_write(tmp_path, f"plain.{fmt}", text))
+    for source in (path, io.StringIO("\ufeff" + text)):
+        ds = read_text_classification(source, format=fmt)
+        assert ds.texts == plain.texts and ds.labels == plain.labels
+
+
 def test_stream_input():
     ds = read_text_classification(io.StringIO(CSV), format="csv")
     assert len(ds) == 3 and ds.name == "<stream>"

@@ -170,13 +170,25 @@ def _guess_format(source: Source) -> str:
 
 
 def _records(source: Source, fmt: str, *, encoding: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` of each non-blank record of a CSV, TSV or JSONL file."""
+    """``(line number, record)`` of each non-blank record of a CSV, TSV or JSONL file; a
+    UTF-8 byte-order mark at its start (Excel's "CSV UTF-8") is not part of the data."""
     where = source_name(source)
     with open_text(source, encoding=encoding, newline="" if fmt != "jsonl" else None) as f:
+        lines = _without_bom(f)
         if fmt == "jsonl":
-            yield from json_objects(f, where)
+            yield from json_objects(lines, where)
         else:
-            yield from _table_records(f, fmt, where)
+            yield from _table_records(lines, fmt, where)
+
+
+def _without_bom(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` with a byte-order mark removed from the start of the first."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is None:
+        return
+    yield first.removeprefix("\ufeff")
+    yield from it
 
 
 def _table_records(f: Iterable[str], fmt: str, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
