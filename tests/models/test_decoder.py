@@ -29,6 +29,24 @@ def test_decoder_attention_specs():
         decoder_attention(3, 4, "additive")
 
 
+def test_decoders_without_ordered_keys_refuse_local_m():
+    """local-m centres step t's window on key t: the captioner (image regions) and the
+    recogniser (many frames per unit) refuse it with a reason and local-p as the way out
+    (the window sat on keys 0..D at every step); the translator passes the step."""
+    from attnlab.models.captioner import ShowAttendTell
+    from attnlab.models.recogniser import ListenAttendSpell
+    from attnlab.models.translator import Seq2SeqTranslator
+
+    spec = {"align": "local-m", "D": 1}
+    with pytest.raises(ConfigError, match=r"image regions.*local-p"):
+        ShowAttendTell(7, image_size=16, grid=4, attention=spec)
+    with pytest.raises(ConfigError, match=r"frames.*local-p"):
+        ListenAttendSpell(7, n_mels=4, listener_size=3, pyramid=1, embed_dim=3,
+                          hidden_size=4, attention=spec)  # fmt: skip
+    ShowAttendTell(7, image_size=16, grid=4, attention={"align": "local-p", "D": 1})
+    assert Seq2SeqTranslator(9, 9, attention=spec).local_m
+
+
 def test_teacher_forcing_runs_one_step_per_word():
     seen = []
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from attnlab._checks import ConfigError, check_int, pad_to_compiled_steps
+from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -47,11 +48,18 @@ def _spec(attention: Any) -> dict[str, Any]:
 
 
 def decoder_attention(
-    attention: Any, d: int, default_score: str, *, d_w: int | None = None
+    attention: Any,
+    d: int,
+    default_score: str,
+    *,
+    d_w: int | None = None,
+    no_local_m: str | None = None,
 ) -> tuple[Attention | None, bool]:
     """(the :class:`attnlab.Attention` of a decoder with state and keys of size ``d``, or
     None for ``"mean"``; whether its weights are replaced by uniform ones). ``d_w`` is the
-    default inner size of the scores that take one (additive, concat)."""
+    default inner size of the scores that take one (additive, concat). ``no_local_m``: why
+    a decoder that does not centre local-m's window on its step (``p_t = t``) refuses it
+    (a ``ConfigError`` with that reason; ``None``: the decoder passes the step)."""
     spec = _spec(attention)
     if spec.pop("name", None) is not None:
         raise ConfigError(
@@ -65,7 +73,13 @@ def decoder_attention(
     align = spec.pop("align", "soft")
     if d_w is not None and score in _SCORES_WITH_D_W:
         spec.setdefault("d_w", d_w)
-    return Attention(score, align, d_q=d, d_k=d, **spec), uniform
+    module = Attention(score, align, d_q=d, d_k=d, **spec)
+    if no_local_m is not None and isinstance(module.align, LocalMAlign):
+        raise ConfigError(
+            f"align='local-m' centres the window of output step t on key t (p_t = t), "
+            f"{no_local_m}; use align='local-p', which predicts the centre from the state"
+        )
+    return module, uniform
 
 
 def teacher_forcing(

@@ -13,7 +13,9 @@ position); an LSTM decoder generates the caption one word at a time::
 Soft attention is ``align="soft"``; Xu et al.'s hard attention is ``align="hard"`` (one
 cell sampled from ``softmax(e_t)``, trained with REINFORCE -- the ``log_prob`` of the
 samples is returned for the task's loss -- or the straight-through Gumbel-softmax,
-``estimator="gumbel"``). Any registered score works (Xu et al. use the additive one);
+``estimator="gumbel"``). Any registered score works (Xu et al. use the additive one), and
+any alignment but local-m (its window centre ``p_t = t`` needs keys ordered like the
+words: a ``ConfigError``; local-p predicts the centre);
 with ``score="location-aware"`` the previous step's weights are passed along. Baselines:
 ``"mean"`` (``z_t`` = the mean of the annotation vectors, no attention parameters) and
 ``"uniform"`` (the attention module kept, its weights replaced by ``1/R``).
@@ -185,7 +187,9 @@ class ShowAttendTell(Configurable):
         self.output = nn.Linear(d, vocab_size)
 
         self.attention: Attention | None
-        self.attention, self.uniform = decoder_attention(attention, d, "additive")
+        self.attention, self.uniform = decoder_attention(
+            attention, d, "additive", no_local_m="but image regions have no order of words"
+        )
         self.location = self.attention is not None and bool(
             getattr(self.attention.score, "uses_prev_weights", False)
         )

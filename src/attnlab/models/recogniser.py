@@ -14,7 +14,9 @@ phoneme per step (Chan et al.'s order: state first, then the attention)::
     e_{t,l} = score(s_t, a_l);  alpha_t = align(e_t) over the real l;  c_t = sum_l alpha_{t,l} a_l
     p(y_t) = softmax(W_o tanh(W_p [s_t; c_t]))
 
-Any registered score / alignment works (default additive, soft). With
+Any registered score / alignment works (default additive, soft), except local-m, whose
+window centre ``p_t = t`` assumes as many frames as output units (a ``ConfigError``; use
+local-p). With
 ``score="location-aware"`` (Chorowski et al. 2015) the previous step's weights
 ``alpha_{t-1}`` are passed along (zeros at ``t = 1``). Baselines: ``"mean"`` (``c_t`` = the
 mean of the real annotation vectors, no attention parameters) and ``"uniform"`` (the
@@ -200,7 +202,12 @@ class ListenAttendSpell(Configurable):
         self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(d, vocab_size)
         self.attention: Attention | None
-        self.attention, self.uniform = decoder_attention(attention, d, "additive")
+        self.attention, self.uniform = decoder_attention(
+            attention,
+            d,
+            "additive",
+            no_local_m="but the listener's frames far outnumber the output units",
+        )
 
     @property
     def location(self) -> bool:
