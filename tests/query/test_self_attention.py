@@ -306,6 +306,26 @@ def test_relational_pluggable_score_and_local_alignment():
     assert torch.equal(w[0] > 0, band)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda align: LearnedQuerySelfAttention(4, num_queries=2, align=align, D=1),
+        lambda align: attnlab.query.CapsuleAttention(4, 3, align=align, D=1),
+        lambda align: attnlab.query.MultiHopAttention(4, 4, align=align, D=1),
+    ],
+    ids=["learned-query", "capsule", "multi-hop"],
+)
+def test_queries_without_a_position_refuse_local_m(build):
+    """A learned query or a state is no position among the keys: local-m (``p_i = i``) put
+    every window on the first keys; it is refused with local-p as the way out, and local-p
+    (which predicts the centre) builds."""
+    from attnlab.general.alignment import LocalPAlign
+
+    with pytest.raises(attnlab.ConfigError, match=r"local-m.*no position among the keys.*local-p"):
+        build("local-m")
+    assert any(isinstance(m, LocalPAlign) for m in build("local-p").modules())
+
+
 def test_relational_inside_a_transformer_encoder_layer():
     transformer = pytest.importorskip("attnlab.query.transformer")
     torch.manual_seed(0)

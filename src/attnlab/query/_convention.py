@@ -43,6 +43,7 @@ from attnlab._checks import (
 )
 from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general._convention import AttentionCall, ConventionAttention
+from attnlab.general.alignment import LocalMAlign
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
@@ -192,16 +193,30 @@ class HeadAttention(ConventionAttention):
 
 
 def query_scored_attention(
-    mechanism: str, *args: Any, query_name: str = "the query", hint: str = "", **options: Any
+    mechanism: str,
+    *args: Any,
+    query_name: str = "the query",
+    hint: str = "",
+    positioned: bool = False,
+    **options: Any,
 ) -> Attention:
     """A general :class:`~attnlab.general.attention.Attention` (``Attention(*args,
     **options)``) for a mechanism that scores its keys against a query -- a learned query
     (capsule, learned-query and relational self-attention) or a state (multi-hop). A score
     that takes no query is a one-line ``ConfigError``: "``mechanism`` needs a score that
-    takes ``query_name``" followed by ``hint``."""
+    takes ``query_name``" followed by ``hint``. Unless the queries are positions of the
+    key sequence (``positioned``: relational self-attention), ``align="local-m"`` is a
+    ``ConfigError`` too: it centres query ``i``'s window on key ``i``, which for a learned
+    query or a state is no position at all (the window sat on the first keys)."""
     attention = Attention(*args, **options)
     if not attention.score.needs_query:
         raise ConfigError(f"{mechanism} needs a score that takes {query_name}{hint}")
+    if not positioned and isinstance(attention.align, LocalMAlign):
+        raise ConfigError(
+            f"{mechanism}: align='local-m' centres each query's window on the query's own "
+            f"position (p_i = i), but {query_name} has no position among the keys; use "
+            "align='local-p', which predicts the centre from the query"
+        )
     return attention
 
 

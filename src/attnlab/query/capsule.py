@@ -177,7 +177,8 @@ class CapsuleAttention(SequenceAttention):
         num_classes: ``C``, the number of capsules.
         d_q: size of each capsule query (default: the key size).
         score: any score taking a query (default ``dot``, ``e_cl = q_c^T k_l``); each
-            capsule owns its score parameters. align: any alignment (default ``soft``).
+            capsule owns its score parameters. align: any alignment (default ``soft``) but
+            ``local-m``, which needs queries that are positions (``ConfigError``).
         key_dim, value_dim: if given, capsule ``c`` projects its own keys ``W_K^(c) F`` /
             values ``W_V^(c) F`` (default: keys = values = the features, as in the paper).
         dropout: dropout on the weights (training only).

@@ -158,7 +158,8 @@ class MultiHopAttention(ConventionAttention):
             ``e^(s)_l = score(concat(q^(s+1), c^(s)), k_l)``; the score then sees
             ``d_q + d_v`` inputs).
         score: any score taking a query (default ``additive``, SAN's
-            ``w^T tanh(W_1 q + W_2 k_l + b)``); align: any alignment (default ``soft``).
+            ``w^T tanh(W_1 q + W_2 k_l + b)``); align: any alignment (default ``soft``)
+            but ``local-m``, which needs queries that are positions (``ConfigError``).
         key_dim: if given, every hop's attention projects the keys ``W_K F`` to that size.
         dropout: dropout on the weights (training only).
         **options: passed to the score / alignment (``d_w``, ``act``, ...).

@@ -249,7 +249,8 @@ class LearnedQuerySelfAttention(_PoolingSelfAttention):
         num_queries: ``r`` (default 1).
         d_q: size of each query (default: the key size).
         score: any score taking a query (default ``dot``); align: any alignment
-            (default ``soft``).
+            (default ``soft``) but ``local-m``, which needs queries that are positions
+            (a ``ConfigError``; ``local-p`` predicts the centre).
         key_dim: ``d_a`` of Lin et al. (keys ``act(W_1 F)``); ``None`` (default): keys are
             the features. key_act: the activation of the key projection (``tanh``).
         value_dim: if given, values are ``W_V F`` of that size.
@@ -451,6 +452,7 @@ class RelationalSelfAttention(SequenceAttention):
             dim,
             query_name="the query (Q = W_Q F)",
             hint=_QUERYLESS_HINT,
+            positioned=True,  # query i is position i of the sequence: local-m is p_i = i
             d_q=d_qk,
             d_k=d_f,
             key_dim=d_qk,
