@@ -128,7 +128,7 @@ class ShowAttendTell(Configurable):
             under the soft weights at every word instead of the sampled cells (Xu et al.
             use 0.5); 0 = always the sample. The Gumbel estimator ignores it.
         region_positions: add a learned embedding of each cell's position to its vector.
-        dropout: on the output layer's input (training only).
+        dropout: on the inputs of both output layers, W_p and W_o (training only).
         pad_idx, bos_idx, eos_idx: the special word ids.
 
     Shapes: ``forward(images [B, S, S, 3], tokens_in [B, T])`` -> :class:`CaptionerOutput`

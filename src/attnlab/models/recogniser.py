@@ -147,7 +147,7 @@ class ListenAttendSpell(Configurable):
         attention: ``None`` (additive score, soft alignment), a score name, a dict
             ``{"score": ..., "align": ..., **options}`` for :class:`attnlab.Attention`
             (``"uniform": True`` gives its uniform baseline), ``"mean"`` or ``"uniform"``.
-        dropout: on the output layer's input (training only).
+        dropout: on the inputs of both output layers, W_p and W_o (training only).
         pad_idx, bos_idx, eos_idx: the special ids.
 
     Shapes: ``forward(features [B, T, n_mels], lengths [B], tokens_in [B, L])`` ->
