@@ -113,6 +113,21 @@ def test_expected_mix_replaces_samples_by_the_soft_weights_in_training() -> None
         _model(expected_mix=1.5)
 
 
+def test_the_expected_context_reads_the_attention_values() -> None:
+    """With ``value_dim`` the attention's values are ``W_V a_l``: the expected context of a
+    mixed caption is ``sum_l p_l W_V a_l``, the vectors the sampled path reads (it read
+    the raw regions, and ``W_V`` got no gradient from those captions)."""
+    model = _model(attention={"align": "hard", "value_dim": 6}, expected_mix=1.0).train()
+    regions = model.encode(_images(2))
+    state = model.init_state(regions)
+    context, weights, _ = model.attend(state, regions)
+    values = model.attention.value_proj(regions)
+    want = (weights[:, :, None] * values).sum(1)
+    torch.testing.assert_close(context, want)
+    context.sum().backward()
+    assert model.attention.value_proj.weight.grad.abs().sum() > 0
+
+
 def test_expected_mix_draws_one_coin_per_image() -> None:
     """Xu et al. (4.1): "with probability 0.5 for a given image" the sampled location is
     replaced by its expected value, so a caption is soft at every word or sampled at every

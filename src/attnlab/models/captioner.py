@@ -38,7 +38,6 @@ from torch import Tensor, nn
 
 from attnlab._checks import ConfigError, check_flags, check_number
 from attnlab.general.attention import Attention
-from attnlab.general.dimensionality import combine_single
 from attnlab.models._decoder import decoder_attention, greedy_decode, teacher_forcing
 from attnlab.models._inputs import check_dropout, check_index, check_sizes
 from attnlab.models._pooling import uniform_context
@@ -248,7 +247,8 @@ class ShowAttendTell(Configurable):
             probs = probs.reshape(out.weights.shape)  # [B, R] (extras keep the query axis)
             coin = state["expected"]
             weights = torch.where(coin[:, None], probs, out.weights)
-            context = combine_single(weights[:, None, :], regions).squeeze(1)
+            # the values the sampled path reads: through the value projection, if any
+            context = uniform_context(self.attention, weights, regions)
             return context, weights, out.log_prob * (~coin).to(out.log_prob.dtype)
         return out.context, out.weights, out.log_prob
 
