@@ -34,7 +34,7 @@ def test_selection_metric_default_and_chosen() -> None:
 
 def test_lower_is_better_reads_the_name() -> None:
     lower = ["loss", "val_loss", "error_rate", "per", "cer", "wer", "mse_masked", "mae",
-             "perplexity", "ppl", "aer", "hamming_loss", "test-RMSE"]  # fmt: skip
+             "perplexity", "ppl", "aer", "hamming_loss", "test-RMSE", "invalid_rate"]  # fmt: skip
     higher = ["accuracy", "f1", "micro_f1", "bleu", "meteor", "psnr_masked", "ssim",
               "roc_auc", "percent_correct", "superb", "diagonal_mass", "iou"]  # fmt: skip
     assert [m for m in lower if not lower_is_better(m)] == []

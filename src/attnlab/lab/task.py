@@ -38,7 +38,7 @@ from attnlab.registry import register
 
 #: metric names read as lower-is-better: these words anywhere in the name, and these
 #: abbreviations as a whole word of it (``per`` is the phone error rate, not "percent")
-_LOWER_WORDS = ("loss", "error", "perplexity", "hamming")
+_LOWER_WORDS = ("loss", "error", "perplexity", "hamming", "invalid")
 _LOWER_ABBREVIATIONS = frozenset({"ppl", "aer", "wer", "cer", "per", "mse", "mae", "rmse"})
 
 __all__ = [
@@ -56,7 +56,7 @@ Batch = dict[str, Any]
 
 def lower_is_better(metric: str) -> bool:
     """Whether a metric is an error (lower is better), read from its name: ``loss``,
-    ``error``, ``perplexity``, ``hamming`` anywhere in it, or one of ``ppl``, ``aer``,
+    ``error``, ``perplexity``, ``hamming``, ``invalid`` anywhere in it, or one of ``ppl``, ``aer``,
     ``wer``, ``cer``, ``per``, ``mse``, ``mae``, ``rmse`` as a whole word (``mse_masked``,
     ``per``, ``val_wer``; not ``percent_correct``). The trainer's ``select_metric`` and the
     report's tables read directions from this one rule."""

@@ -75,7 +75,8 @@ class Restorations:
 def twin_attention(weights: Tensor, hidden: Tensor) -> Tensor:
     """The mean attention mass of each image's hidden cells on the mirror images of those
     cells, ``[B]``: ``weights`` ``[B, g*g, g*g]`` (row-major cells), ``hidden`` ``[B, g, g]``
-    bool."""
+    bool. The mass counts the whole twin block: 1 means every hidden cell looks only inside
+    it, not necessarily at its own mirror cell."""
     twin = hidden.flip(-1).flatten(1).to(weights.dtype)  # [B, g*g]
     rows = hidden.flatten(1).to(weights.dtype)
     mass = (weights * twin[:, None, :]).sum(-1)  # [B, g*g]
