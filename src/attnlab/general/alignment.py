@@ -331,12 +331,16 @@ class Alignment(Configurable):
     ``positions`` by local-m (``reads_positions``: :class:`attnlab.Attention` refuses
     ``positions`` for an alignment that would ignore them); the others ignore them.
     ``stochastic`` alignments expose a
-    ``log_prob``; ``local`` ones expose ``centers()`` and ``D`` so the general module can
+    ``log_prob``, and ``needs_reinforce`` says whether their scores learn only through a
+    REINFORCE term on it (hard attention with ``estimator="reinforce"``, reinforced
+    selection) rather than through the sample itself (the straight-through Gumbel-softmax);
+    ``local`` ones expose ``centers()`` and ``D`` so the general module can
     compute only the window. ``function`` is the functional twin (exported as
     ``attnlab.functional.<its __name__>``), or ``None`` for an alignment without one.
     """
 
     stochastic: bool = False
+    needs_reinforce: bool = False
     local: bool = False
     reads_positions: bool = False
     supports_multi: bool = False
@@ -437,6 +441,11 @@ class HardAlign(Alignment):
         self.estimator = check_choice(estimator, "estimator", ("reinforce", "gumbel"))
         self.eval_mode = check_choice(eval_mode, "eval_mode", ("argmax", "sample"))
         self.tau = check_positive(tau, "tau")
+
+    @property
+    def needs_reinforce(self) -> bool:  # type: ignore[override]
+        """REINFORCE trains the scores, unless the Gumbel sample carries their gradient."""
+        return self.estimator == "reinforce"
 
     def forward(self, e: Tensor, mask: Tensor | None = None, **context: Any) -> Aligned:
         sample = self.training or self.eval_mode == "sample"
@@ -651,6 +660,7 @@ class ReinforcedAlign(Alignment):
     """
 
     stochastic = True
+    needs_reinforce = True
 
     def __init__(
         self,

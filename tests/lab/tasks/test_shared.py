@@ -77,13 +77,25 @@ def test_named_attention():
 
 
 def test_add_reinforce():
+    """The REINFORCE term is added where an alignment trains its scores through it (hard
+    attention with REINFORCE, reinforced selection), not for the straight-through
+    Gumbel-softmax, whose sample carries the gradient (a score-function term on top
+    changed its estimator), nor for a model without a stochastic alignment."""
+    from torch import nn
+
+    from attnlab.general.alignment import HardAlign, ReinforcedAlign
+
     loss = torch.tensor(2.0)
     cost = torch.tensor([1.0, 3.0])
-    assert add_reinforce(loss, None, cost, 0.5) is loss
     log_prob = torch.tensor([-0.5, -1.5], requires_grad=True)
     reward = -cost
     want = loss + 0.5 * reinforce_loss(log_prob, reward, reward.mean())
-    torch.testing.assert_close(add_reinforce(loss, log_prob, cost, 0.5), want)
+    for align in (HardAlign(), ReinforcedAlign(d_k=2)):
+        model = nn.Sequential(nn.Linear(2, 2), align)
+        assert add_reinforce(loss, None, cost, 0.5, model) is loss
+        torch.testing.assert_close(add_reinforce(loss, log_prob, cost, 0.5, model), want)
+    for model in (nn.Sequential(nn.Linear(2, 2), HardAlign(estimator="gumbel")), nn.Linear(2, 2)):
+        assert add_reinforce(loss, log_prob, cost, 0.5, model) is loss
 
 
 def test_predictions_scores_and_examples():

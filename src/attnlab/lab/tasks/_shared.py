@@ -105,11 +105,16 @@ def named_attention(task: Task, attention: Mapping[str, Any] | None) -> Any:
     return {**task.presets[name], **spec}
 
 
-def add_reinforce(loss: Tensor, log_prob: Tensor | None, cost: Tensor, weight: float) -> Tensor:
+def add_reinforce(
+    loss: Tensor, log_prob: Tensor | None, cost: Tensor, weight: float, model: nn.Module
+) -> Tensor:
     """``loss`` plus ``weight`` times the REINFORCE term of a sampled attention: reward
     ``-cost`` ``[B]`` (each example's loss, detached), its batch mean as the baseline, and
-    the log-probability ``log_prob`` ``[B]`` of the samples (nothing to add when None)."""
-    if log_prob is None:
+    the log-probability ``log_prob`` ``[B]`` of the samples. Nothing is added when
+    ``log_prob`` is None or no alignment of ``model`` needs REINFORCE (the straight-through
+    Gumbel-softmax trains its scores through the sample: a score-function term on top
+    would change the estimator)."""
+    if log_prob is None or not any(getattr(m, "needs_reinforce", False) for m in model.modules()):
         return loss
     reward = -cost.detach()
     return loss + weight * reinforce_loss(log_prob, reward, reward.mean())
@@ -274,7 +279,9 @@ class ClassifierTask(Task):
         out = self.model_output(model, batch)
         ce = F.cross_entropy(out.logits, batch["labels"], reduction="none")
         log_prob = getattr(out, "log_prob", None)
-        return add_reinforce(ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]))
+        return add_reinforce(
+            ce.mean(), log_prob, ce, float(self.options["reinforce_weight"]), model
+        )
 
     @staticmethod
     def scores(labels: np.ndarray, pred: np.ndarray, num_classes: int) -> dict[str, float]:

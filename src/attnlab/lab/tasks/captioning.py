@@ -303,7 +303,9 @@ class CaptioningTask(Task):
         per_caption = (ce * valid).sum(1)
         loss = per_caption.sum() / valid.sum().clamp(min=1)
         log_prob = None if out.log_prob is None else (out.log_prob * valid).sum(1)
-        return add_reinforce(loss, log_prob, per_caption, float(self.options["reinforce_weight"]))
+        return add_reinforce(
+            loss, log_prob, per_caption, float(self.options["reinforce_weight"]), model
+        )
 
     def captions(self, model: nn.Module, data: TaskData, split: str) -> list[list[str]]:
         """The greedy captions of one split, as words."""

@@ -468,7 +468,7 @@ class SentimentTask(SequenceTask):
         log_prob = out.log_prob
         if log_prob is None or not log_prob.requires_grad or not sampled_without_grad:
             log_prob = None
-        return add_reinforce(total, log_prob, ce, float(self.options["reinforce_weight"]))
+        return add_reinforce(total, log_prob, ce, float(self.options["reinforce_weight"]), model)
 
     def _predict(self, model: nn.Module, data: TaskData, split: str):
         device = next(model.parameters()).device

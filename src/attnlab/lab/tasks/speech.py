@@ -304,7 +304,9 @@ class SpeechTask(Task):
         log_prob = out.log_prob
         if log_prob is not None:
             log_prob = log_prob.masked_fill(targets == IGNORE, 0.0).sum(1)
-        return add_reinforce(mean, log_prob, per_utterance, float(self.options["reinforce_weight"]))
+        return add_reinforce(
+            mean, log_prob, per_utterance, float(self.options["reinforce_weight"]), model
+        )
 
     def transcripts(self, model: nn.Module, data: TaskData, split: str) -> list[list[str]]:
         """The greedy transcripts of one split, as units (phonemes or characters)."""
