@@ -16,7 +16,8 @@ inputs) with the pointer's distribution chosen by a spec:
   its log-likelihood is the training loss, so it must give every allowed position a
   positive probability (sparse or hard alignments give ``log 0``);
 * ``"mean"``: no attention -- the decoder state and the unweighted average of the
-  encoder states of the allowed (real, not yet chosen) inputs feed a linear classifier over
+  encoder states of the allowed (real, not yet chosen) inputs (with ``eos=True`` the
+  learned end key too, while the end pointer is allowed) feed a linear classifier over
   the input *positions*, ``p(C_i = j) = softmax_j (W_o [d_i; mean_(allowed) e] + b_o)_j``
   (the sequence-to-sequence model with a fixed output dictionary that Vinyals et al.
   compare with); it needs ``max_inputs``, the largest input count;
