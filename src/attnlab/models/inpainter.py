@@ -54,7 +54,8 @@ _POSITIONS = ("onehot", "sinusoidal", "learned", "none")
 class InpainterOutput:
     """``pred`` ``[B, S, S, 3]`` (the network's every pixel), ``filled`` ``[B, S, S, 3]``
     (the visible pixels kept, the hidden ones predicted) and, when asked, the attention
-    ``weights`` ``[B, S*S, S*S]`` (row-major pixels; None without attention)."""
+    ``weights`` ``[B, g*g, g*g]`` over the ``g = S / patch`` cells (row-major cells,
+    averaged over the heads; None without attention)."""
 
     pred: Tensor
     filled: Tensor
