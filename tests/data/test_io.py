@@ -22,6 +22,27 @@ def test_a_file_a_compressed_file_and_a_stream(tmp_path):
         assert f is stream
 
 
+def test_a_utf8_byte_order_mark_is_not_text(tmp_path):
+    """Every reader opens files here: a BOM (Notepad's and Excel's UTF-8) does not reach
+    the first token (parallel text kept it, SST trees failed "expected '('"); the same text
+    without one, or in another encoding, is read as before."""
+    from attnlab.data.parallel import read_parallel
+    from attnlab.data.sst import read_sst_trees
+
+    (tmp_path / "bom.txt").write_text("the house ||| la maison\n", encoding="utf-8-sig")
+    (tmp_path / "bom.txt.gz").write_bytes(gzip.compress("x\n".encode("utf-8-sig")))
+    (tmp_path / "latin.txt").write_bytes(b"\xef\xbb\xbf\xe9\n")  # latin-1: not a BOM
+    with open_text(tmp_path / "bom.txt") as f:
+        assert f.read() == "the house ||| la maison\n"
+    with open_text(tmp_path / "bom.txt.gz") as f:
+        assert f.read() == "x\n"
+    with open_text(tmp_path / "latin.txt", encoding="latin-1") as f:
+        assert f.read() == "ï»¿é\n"  # another encoding reads those bytes as text
+    assert read_parallel(tmp_path / "bom.txt")[0].source == ("the", "house")
+    (tmp_path / "train.txt").write_text("(3 (2 a) (3 b))\n", encoding="utf-8-sig")
+    assert read_sst_trees(tmp_path / "train.txt").tokens[0] == ("a", "b")
+
+
 def test_a_missing_path_and_a_folder_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"^no such data file: .*nope\.txt$"):
         with open_text(tmp_path / "nope.txt"):

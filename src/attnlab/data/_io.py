@@ -47,6 +47,7 @@ def open_text(
     source: Source, *, encoding: str = "utf-8", newline: str | None = None
 ) -> Iterator[TextIO]:
     """A text stream for ``source``; a path is opened (and decompressed), a stream is used as is.
+    A UTF-8 file's byte-order mark, if any, is not part of the text.
 
     Any path that is not a folder may be read, a pipe too (``<(command)``, ``/dev/stdin``);
     a missing path raises :class:`FileNotFoundError` (``no such data file: ...``), a folder
@@ -64,11 +65,13 @@ def open_text(
     else:
         path = check_path(source, "source")
         try:
-            codecs.lookup(encoding)
+            codec = codecs.lookup(encoding)
         except (LookupError, TypeError):
             raise ValueError(
                 f"encoding must be the name of a text encoding, got {encoding!r}"
             ) from None
+        if codec.name == "utf-8":  # a byte-order mark (Excel, Notepad) is not text
+            encoding = "utf-8-sig"
         if path.is_dir():
             raise IsADirectoryError(f"{path} is a folder, not a data file")
         if not path.exists():
@@ -82,8 +85,9 @@ def open_text(
     try:
         yield stream
     except UnicodeDecodeError as error:
+        named = "utf-8" if error.encoding == "utf-8-sig" else error.encoding
         raise DataFormatError(
-            f"not {error.encoding} text ({error.reason}): a binary file, or a file of "
+            f"not {named} text ({error.reason}): a binary file, or a file of "
             "another format or encoding?",
             path=where,
         ) from None
