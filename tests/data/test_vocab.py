@@ -25,6 +25,14 @@ def test_from_corpus_orders_by_frequency_then_alphabet():
     assert Vocab.from_corpus(texts, max_size=1).tokens[2:] == ("a",)
 
 
+def test_max_size_counts_the_ordinary_tokens_only():
+    """Specials in the texts (``<unk>`` put in by preprocessing) took places of the
+    ``max_size`` and were then dropped as repeats: fewer tokens than asked."""
+    texts = [["<unk>", "<unk>", "<unk>", "a", "b", "b", "<pad>"]]
+    assert Vocab.from_corpus(texts, max_size=2).tokens == ("<pad>", "<unk>", "b", "a")
+    assert Vocab.from_corpus(texts).tokens == ("<pad>", "<unk>", "b", "a")
+
+
 def test_without_unk_unknown_is_key_error():
     vocab = Vocab(["x"], specials=("<pad>",), unk=None)
     assert vocab.unk_index is None

@@ -73,7 +73,8 @@ class Vocab:
         pad: str | None = PAD,
     ) -> Vocab:
         """The tokens of ``texts`` (lists of tokens) seen at least ``min_freq`` times, most
-        frequent first (ties in alphabetical order), at most ``max_size`` of them.
+        frequent first (ties in alphabetical order), at most ``max_size`` of them (besides
+        the specials, which a text may also hold, e.g. ``<unk>`` put in by preprocessing).
 
         ``min_freq`` is an int >= 1 and ``max_size`` an int >= 1 or None; each text is a
         list of tokens, not a string (a string would count its characters)."""
@@ -84,8 +85,10 @@ class Vocab:
         for text in texts:
             _check_not_text(text, "each text of texts", "a list of tokens")
             counts.update(text)
+        special = set(specials)  # already in the vocabulary: not among the max_size
         ranked = sorted(
-            (t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t)
+            (t for t, c in counts.items() if c >= min_freq and t not in special),
+            key=lambda t: (-counts[t], t),
         )
         if max_size is not None:
             ranked = ranked[:max_size]
