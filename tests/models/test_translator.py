@@ -36,6 +36,19 @@ def _model(**kw) -> Seq2SeqTranslator:
     return Seq2SeqTranslator(9, 7, **opts).eval()
 
 
+def test_hard_attention_log_prob_counts_the_real_target_steps_only() -> None:
+    """The sampled choices of the padded target steps are no part of a sentence's
+    log_prob: a sentence batched with a longer one has the log_prob it has alone."""
+    model = _model(attention={"align": "hard"})  # evaluation: the argmax, no sampling
+    src = torch.tensor([[4, 5, 6, 0], [4, 5, 6, 7]])
+    lengths = torch.tensor([3, 4])
+    tgt_in = torch.tensor([[1, 3, 4, 0, 0], [1, 3, 4, 5, 6]])  # BOS = 1, PAD = 0
+    both = model(src, lengths, tgt_in).log_prob
+    alone = model(src[:1, :3], lengths[:1], tgt_in[:1, :3]).log_prob
+    torch.testing.assert_close(both[0], alone[0])
+    assert both[1] < 0
+
+
 def _lstm_cell(rnn: torch.nn.LSTM, x, h, c):
     """One LSTM step from the gate equations, with the module's weights."""
     gates = rnn.weight_ih_l0 @ x + rnn.bias_ih_l0 + rnn.weight_hh_l0 @ h + rnn.bias_hh_l0

@@ -75,7 +75,8 @@ _DEFAULT_SCORE = {"bahdanau": "additive", "luong": "general"}
 class TranslatorOutput:
     """Teacher-forced result: ``logits`` ``[B, T, V]``, attention ``weights`` ``[B, T, S]``
     (zero on source padding), and for stochastic alignments the summed ``log_prob``
-    ``[B]`` of the sampled choices (else None)."""
+    ``[B]`` of the choices sampled at the real target steps (a step whose input is
+    ``pad_idx`` is padding: its sample counts for nothing; else None)."""
 
     logits: Tensor
     weights: Tensor
@@ -299,7 +300,9 @@ class Seq2SeqTranslator(Configurable):
             self.tgt_vocab_size,
             enc.mask.shape[1],
         )
-        return TranslatorOutput(logits, weights, None if log_prob is None else log_prob.sum(1))
+        if log_prob is not None:  # the samples of the real steps, not of the padding
+            log_prob = log_prob.masked_fill(tgt_in == self.pad_idx, 0.0).sum(1)
+        return TranslatorOutput(logits, weights, log_prob)
 
     def forward(self, src: Tensor, src_lengths: Tensor | None, tgt_in: Tensor) -> TranslatorOutput:
         """Teacher forcing: logits ``[B, T, V]`` and weights ``[B, T, S]``."""

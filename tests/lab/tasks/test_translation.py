@@ -277,6 +277,35 @@ def _naive_divergence(weights, part, idx, divergence) -> float:
     return total / rows
 
 
+def test_reinforce_is_added_for_hard_attention_and_not_for_gumbel(tiny) -> None:
+    """Hard attention trained by REINFORCE adds the score-function term (reward: minus
+    each sentence's summed loss, batch-mean baseline); the straight-through Gumbel-softmax
+    adds nothing to the cross-entropy (its sample carries the scores' gradient)."""
+    import torch.nn.functional as F
+
+    from attnlab.general.alignment import reinforce_loss
+
+    task, data = tiny
+    batch = next(task.batches(data, "train", 8))
+    for estimator, adds in (("reinforce", True), ("gumbel", False)):
+        torch.manual_seed(0)
+        spec = {"score": "dot", "align": "hard", "estimator": estimator}
+        model = task.build_model(data, spec).train()
+        torch.manual_seed(1)
+        got = task.loss(model, batch)
+        torch.manual_seed(1)
+        out = model(batch["src"], batch["src_lengths"], batch["tgt_in"])
+        nll = F.cross_entropy(
+            out.logits.transpose(1, 2), batch["tgt_out"], ignore_index=0, reduction="none"
+        )
+        real = (batch["tgt_out"] != 0).to(nll.dtype)
+        want = nll.sum() / real.sum()
+        if adds:
+            reward = -(nll * real).sum(1).detach()
+            want = want + reinforce_loss(out.log_prob, reward, reward.mean())
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("divergence", ["ce", "mse", "mass"])
 def test_supervised_loss_adds_lambda_times_divergence(tiny, divergence) -> None:
     _, data = tiny

@@ -46,9 +46,8 @@ from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.evaluation.supervision import DIVERGENCES, attention_supervision_loss, links_to_weights
-from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import evaluating
+from attnlab.lab.tasks._shared import add_reinforce, evaluating
 from attnlab.models.translator import Seq2SeqTranslator, Translation
 
 __all__ = ["TranslationData", "TranslationTask", "corpus_bleu", "synthetic_pairs"]
@@ -383,9 +382,8 @@ class TranslationTask(Task):
         ).view(batch["tgt_out"].shape)
         real = (batch["tgt_out"] != PAD).to(nll.dtype)
         loss = nll.sum() / real.sum().clamp(min=1.0)
-        if out.log_prob is not None:
-            reward = -(nll * real).sum(1).detach()
-            loss = loss + reinforce_loss(out.log_prob, reward, baseline=reward.mean())
+        # hard attention trained by REINFORCE (reward: minus each sentence's loss)
+        loss = add_reinforce(loss, out.log_prob, (nll * real).sum(1), 1.0, model)
         if self.supervised:
             loss = loss + float(self.options["supervise"]) * self.supervision_loss(
                 out.weights, batch
