@@ -587,3 +587,29 @@ def test_reset_parameters_refuses_meta_tensors_and_a_changed_module():
         match=r"no longer has the tensors its constructor makes; differing names: \['extra'\]",
     ):
         attn.reset_parameters()
+
+
+def test_a_subclass_without_its_own_init_records_its_base_constructor_arguments():
+    """A subclass that only overrides ``forward`` is built by its base's constructor: its
+    config is that constructor's arguments, not those of the inner base the constructor
+    calls (``MultiHeadAttention`` calls ``ProjectedHeadAttention``, whose ``inputs`` then
+    broke ``reset_parameters``); a subclass with its own ``__init__`` records its own."""
+
+    class MyMHA(attnlab.MultiHeadAttention):
+        pass
+
+    class MyKV(attnlab.ConcatenatedKeyValueAttention):
+        pass
+
+    class Own(attnlab.MultiHeadAttention):
+        def __init__(self, d: int, extra: int = 1) -> None:
+            super().__init__(d, 2)
+            self.extra = extra
+
+    mha = MyMHA(8, 2, num_kv_heads=1)
+    assert mha._config == attnlab.MultiHeadAttention(8, 2, num_kv_heads=1)._config
+    torch.manual_seed(0)
+    mha.reset_parameters()
+    kv = MyKV(num_queries=3, concat=False)
+    assert kv._config["num_queries"] == 3 and kv._config["concat"] is False
+    assert Own(8, extra=5)._config == {"d": 8, "extra": 5}

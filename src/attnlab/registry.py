@@ -332,6 +332,12 @@ def _short_repr(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _outermost_init(cls: type) -> type:
+    """The first class of ``cls``'s MRO that defines ``__init__``: whose constructor a call
+    ``cls(...)`` runs first, and so whose arguments are the instance's config."""
+    return next(c for c in cls.__mro__ if "__init__" in c.__dict__)
+
+
 class Configurable(nn.Module):
     """Base class that records its constructor arguments, so that
     ``build(module.get_config())`` rebuilds an equivalent (freshly initialised) module."""
@@ -357,8 +363,9 @@ class Configurable(nn.Module):
             for name in var_kw:
                 config.update(config.pop(name, {}))
             original(self, *args, **kw)
-            # the most derived constructor's arguments win
-            if type(self) is cls or not hasattr(self, "_config"):
+            # the arguments of the outermost constructor win: the first in the class's MRO
+            # to define __init__ (a subclass without one is built by its base's)
+            if _outermost_init(type(self)) is cls or not hasattr(self, "_config"):
                 self._config = config
 
         __init__.__signature__ = signature  # type: ignore[attr-defined]
