@@ -36,6 +36,12 @@ from attnlab.lab.config import (
         ("[a;2.5]", ["a", 2.5]),
         ("nan", "nan"),
         ("inf", "inf"),
+        # every spelling of a non-finite number stays text (-nan and 1e400 became floats)
+        ("-nan", "-nan"),
+        ("+NaN", "+NaN"),
+        ("-Infinity", "-Infinity"),
+        ("+infinity", "+infinity"),
+        ("1e400", "1e400"),
         (" 7 ", 7),
     ],
 )

@@ -96,7 +96,9 @@ def coerce_value(text: str) -> Any:
         number = float(value)
     except ValueError:
         return value
-    return number if low not in ("nan", "inf", "-inf", "+inf", "infinity") else value
+    # "nan", "-inf", "1e400", ...: not a number an option can hold, so the text (which the
+    # option's check then refuses by name), however it is spelled
+    return number if math.isfinite(number) else value
 
 
 def format_value(value: Any) -> str:
