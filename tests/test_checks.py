@@ -471,7 +471,7 @@ def test_check_positive_is_the_one_check_of_a_positive_number():
 
     assert check_positive(2, "tau") == 2.0 and type(check_positive(2, "tau")) is float
     assert check_positive(np.float32(0.5), "tau") == 0.5
-    for bad in (0, -1.0, math.nan, math.inf, -math.inf, True, "1", None):
+    for bad in (0, -1.0, math.nan, math.inf, -math.inf, True, "1", None, 10**400):
         with pytest.raises(ConfigError) as caught:
             check_positive(bad, "tau")
         assert str(caught.value) == f"tau must be a finite number > 0, got {bad!r}"
@@ -538,6 +538,7 @@ def test_check_path_refuses_empty_text_and_what_is_no_path(tmp_path):
         (0, {"low": 0, "open_low": True}, "x must be a number > 0, got 0"),
         (2, {"high": 1}, "x must be a number <= 1, got 2"),
         (float("inf"), {}, "x must be a finite number, got inf"),
+        (10**400, {}, f"x must be a finite number, got {10**400}"),  # OverflowError once
         (True, {}, "x must be a finite number, got True"),
         ("0.5", {"low": 0}, "x must be a number >= 0, got '0.5'"),
     ],

@@ -66,10 +66,20 @@ def check_positive(value: object, name: str, *, error: type[Exception] = ConfigE
     unless told) with one line: ``"tau must be a finite number > 0, got inf"``. NaN and
     infinity are refused (they passed the plain ``> 0`` tests this replaces), and so are
     bools and text."""
-    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or not value > 0:  # type: ignore[arg-type,operator]
+    if not finite_real(value) or not value > 0:  # type: ignore[operator]
         raise error(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def finite_real(value: object) -> bool:
+    """A real number (not a bool, not text) that is a finite float: NaN, infinity and an
+    int too large for a float (``math.isfinite`` raises ``OverflowError`` on it) are not."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_number(
@@ -89,9 +99,7 @@ def check_number(
     >= 0, got -1.0"``, ``"snr_db must be a finite number, got inf"``. NaN and infinity
     never pass (they slip through plain ``<`` tests)."""
     fine = (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
+        finite_real(value)
         and (low is None or value > low or (value == low and not open_low))
         and (high is None or value < high or (value == high and not open_high))
     )

@@ -182,6 +182,7 @@ def test_task_specific_keys_are_left_to_the_model():
         ({"weight_decay": -1e-5}, "option weight_decay must be >= 0 (0 or none: no weight"),
         ({"grad_clip": -0.5}, "option grad_clip must be >= 0 (0 or none: no clipping), got"),
         ({"grad_clip": float("inf")}, "option grad_clip must be finite, got inf"),
+        ({"lr": 10**400}, "option lr must be finite, got 1000"),  # an OverflowError once
         ({"epochs": 0}, "option epochs must be an int >= 1, got 0"),
         ({"batch_size": None}, "option batch_size must be an int >= 1, got None"),
     ],

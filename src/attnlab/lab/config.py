@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab._checks import ConfigError, check_int, check_path
+from attnlab._checks import ConfigError, check_int, check_path, finite_real
 from attnlab.lab.errors import error_message
 
 if TYPE_CHECKING:
@@ -604,7 +604,7 @@ def check_training_values(options: Mapping[str, Any]) -> None:
         rule = (f">= {low:g}" if low_ok else f"> {low:g}") + (f" ({none})" if none else "")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"option {name} must be a number {rule}, got {format_value(value)!r}")
-        if not math.isfinite(value):
+        if not finite_real(value):  # nan, inf, an int too large for a float
             raise ConfigError(f"option {name} must be finite, got {value!r}")
         if value < low or (value == low and not low_ok):
             raise ConfigError(f"option {name} must be {rule}, got {value!r}")
