@@ -187,6 +187,26 @@ def test_load_config_file_yaml(tmp_path):
     }
 
 
+def test_text_option_values_in_a_file_are_read_as_on_the_command_line(tmp_path):
+    """YAML 1.1 reads ``1e-3`` and ``none`` as text: they are the number and None that
+    ``-o lr=1e-3`` and ``-o grad_clip=none`` give (``lr: 1e-3`` was refused as text, and
+    ``select_metric: none`` became the metric name 'none')."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "options: {lr: 1e-3, grad_clip: none, select_metric: null, encoder: cnn, "
+        "kernel_sizes: '[1;3]', epochs: 2}\n"
+    )
+    options = load_config_file(path)["options"]
+    assert options == {
+        "lr": 0.001, "grad_clip": None, "select_metric": None, "encoder": "cnn",
+        "kernel_sizes": [1, 3], "epochs": 2,
+    }  # fmt: skip
+    assert options == parse_options(
+        ["lr=1e-3", "grad_clip=none", "select_metric=none", "encoder=cnn",
+         "kernel_sizes=[1;3]", "epochs=2"]
+    )  # fmt: skip
+
+
 def test_load_config_file_toml_and_json_subsets(tmp_path):
     (tmp_path / "run.toml").write_text('attention = "mean"\nseeds = 4\n')
     assert load_config_file(tmp_path / "run.toml") == {"attention": {"name": "mean"}, "seeds": [4]}

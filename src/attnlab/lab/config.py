@@ -333,14 +333,17 @@ def _config_attention(attention: Any, path: str | Path) -> dict[str, Any]:
 
 
 def _config_options(options: Any, path: str | Path) -> dict[str, Any]:
-    """The ``options`` of a config file: nothing or a mapping."""
+    """The ``options`` of a config file: nothing or a mapping. A text value is read as
+    ``-o KEY=VALUE`` reads it (:func:`coerce_value`), so ``lr: 1e-3`` (text to YAML 1.1)
+    is a number and ``grad_clip: none`` is None, as on the command line."""
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
         raise ConfigError(
             f"config file {str(path)!r}: 'options' must be a mapping, got {type(options).__name__}"
         )
-    return _check_spec(dict(options), where=f"'options' of {path}")
+    read = {k: coerce_value(v) if isinstance(v, str) else v for k, v in options.items()}
+    return _check_spec(read, where=f"'options' of {path}")
 
 
 def _config_seeds(seeds: Any, path: str | Path) -> list[int]:
