@@ -395,6 +395,21 @@ def test_check_same_allows_mixed_dtypes_only_under_autocast():
 # ----------------------------------------------------------------------------- check_int
 
 
+def test_check_int_takes_numpy_integers_as_ints():
+    """A size read from an array (``np.int64``) is an int, returned as a Python int (it
+    was refused, while check_seed took it); NumPy bools and floats are still refused."""
+    import numpy as np
+
+    import attnlab
+
+    assert check_int(np.int64(8), "d") == 8 and type(check_int(np.int32(3), "d")) is int
+    for bad in (np.bool_(True), np.float64(3.0), np.int64(0)):
+        with pytest.raises(ConfigError, match="must be an int >= 1"):
+            check_int(bad, "d")
+    module = attnlab.MultiHeadAttention(np.int64(8), np.int64(2))
+    assert module(torch.randn(2, 5, 8)).context.shape == (2, 5, 8)
+
+
 def test_check_int_message_and_wording():
     assert check_int(3, "n") == 3
     with pytest.raises(ConfigError, match=r"^num_heads must be an int >= 1, got 0$"):

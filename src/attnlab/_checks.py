@@ -40,8 +40,11 @@ def check_int(
     ``wording`` replaces ``"an int >= MINIMUM"`` in the message where a module has always
     said it otherwise (``wording="a positive int"``: ``"d1 must be a positive int, got
     0"``); the check is the same. A ``torch.SymInt`` (a size read from a tensor's shape
-    while ``torch.export`` traces dynamic shapes) is an int here.
+    while ``torch.export`` traces dynamic shapes) is an int here, and so is a NumPy integer
+    (a size read from an array), returned as a Python ``int``.
     """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool | int):
+        value = int(value)  # np.int64(8) -> 8, as check_seed takes it
     if isinstance(value, bool) or not isinstance(value, int | torch.SymInt) or value < minimum:
         prefix = f"{owner}: " if owner else ""
         what = f"an int >= {minimum}" if wording is None else wording
