@@ -124,3 +124,16 @@ def test_write_parallel_checks_the_separator():
     corpus = read_parallel(io.StringIO("a ||| b\n"))
     with pytest.raises(ValueError, match=r"^separator must be a non-empty string, got 5$"):
         write_parallel(corpus, io.StringIO(), separator=5)
+
+
+def test_the_corpus_checks_its_columns_and_split_names():
+    """The containers' one check: columns of one length per id and split names from
+    train / dev / test (``splits=("bogus",)`` was accepted)."""
+    from attnlab.data.parallel import ParallelCorpus
+
+    one = {"source": (("a",),), "target": (("b",),), "ids": ("1",)}
+    assert len(ParallelCorpus(**one, splits=("dev",))) == 1
+    with pytest.raises(ValueError, match="splits must hold 'train', 'dev', 'test', found 'bogus'"):
+        ParallelCorpus(**one, splits=("bogus",))
+    with pytest.raises(ValueError, match=r"target has 0 entries, expected one per item \(1"):
+        ParallelCorpus(**{**one, "target": ()}, splits=("train",))

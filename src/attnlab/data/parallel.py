@@ -59,13 +59,9 @@ class ParallelCorpus(_Columns):
 
     _item_fields: ClassVar[tuple[str, ...]] = ("source", "target", "ids", "splits")
 
-    def __post_init__(self) -> None:
-        n = len(self.ids)
-        for name in self._item_fields:
-            if len(getattr(self, name)) != n:
-                raise ValueError(
-                    f"ParallelCorpus.{name} has {len(getattr(self, name))} entries, expected {n}"
-                )
+    def _validate_labels(self) -> None:
+        """A parallel corpus has no labels: the columns' lengths and the split names are
+        checked (the base's ``_validate``)."""
 
     def __getitem__(self, i: int) -> ParallelPair:
         return ParallelPair(self.source[i], self.target[i], self.ids[i], self.splits[i])
