@@ -190,6 +190,33 @@ def test_straight_through_hard_attention_gets_no_reinforce_term():
     assert float(loss.detach()) == pytest.approx(float(expected.detach()))
 
 
+def test_reinforced_selection_trains_its_policy_from_the_reward():
+    """Reinforced selection's soft weights over the kept keys carry gradients, yet its
+    keep/drop policy learns only from the REINFORCE term: the loss holds it, and the
+    policy gets a gradient (the task's own weights-carry-gradient rule dropped it)."""
+    from attnlab.general.alignment import reinforce_loss
+
+    task = _tiny_task(encoder="average")
+    data = _tiny_data()
+    torch.manual_seed(0)
+    spec = task.resolve_attention({"score": "additive", "align": "reinforced"})
+    model = task.build_model(data, spec).train()
+    batch = next(task.batches(data, "train", 6))
+    torch.manual_seed(1)
+    loss = task.loss(model, batch)
+    torch.manual_seed(1)
+    out = model(batch["tokens"], batch["lengths"])
+    assert out.weights.requires_grad and out.log_prob.requires_grad
+    ce = torch.nn.functional.cross_entropy(out.logits, batch["labels"], reduction="none")
+    reward = -ce.detach()
+    weight = float(task.options["reinforce_weight"])
+    expected = ce.mean() + weight * reinforce_loss(out.log_prob, reward, reward.mean())
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()))
+    loss.backward()
+    policy = [p.grad for n, p in model.named_parameters() if ".policy." in n]
+    assert policy and any(g is not None and g.abs().sum() > 0 for g in policy)
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [

@@ -462,11 +462,11 @@ class SentimentTask(SequenceTask):
         out = model(batch["tokens"], batch["lengths"])
         ce = self.example_losses(out.logits, batch["labels"])
         total = ce.sum() if self.options["loss_reduction"] == "sum" else ce.mean()
-        # a sampled choice whose weights carry no gradient (REINFORCE estimator) learns from
-        # the reward; a straight-through (Gumbel) sample already gets gradients via the weights
-        sampled_without_grad = out.weights is None or not out.weights.requires_grad
+        # which alignments learn from the reward is add_reinforce's rule (needs_reinforce:
+        # REINFORCE hard attention and reinforced selection, whose soft weights over the
+        # kept keys do carry gradients, not the Gumbel sample); nothing without gradients
         log_prob = out.log_prob
-        if log_prob is None or not log_prob.requires_grad or not sampled_without_grad:
+        if log_prob is not None and not log_prob.requires_grad:
             log_prob = None
         return add_reinforce(total, log_prob, ce, float(self.options["reinforce_weight"]), model)
 
