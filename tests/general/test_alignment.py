@@ -29,6 +29,7 @@ from attnlab.general.alignment import (
     local_align,
     local_window,
     masked_softmax,
+    refuse_local_m,
     reinforce_loss,
     soft_align,
 )
@@ -312,6 +313,20 @@ def test_local_align_gradient_reaches_center_only_through_gaussian():
 def test_local_align_rejects_bad_window(D):
     with pytest.raises(ValueError, match="D"):
         local_align(torch.randn(1, 2, 5), torch.zeros(1, 2), D)
+
+
+def test_refuse_local_m_refuses_local_m_only():
+    """One helper refuses local-m wherever the queries are no key positions: local-p, soft
+    and hard alignments pass, local-m raises one line naming the module, the reason and the
+    alternative."""
+    for align in (LocalPAlign(d_q=4), SoftAlign(), HardAlign()):
+        refuse_local_m(align, "the state is no position", "the state", who="m: ")
+    with pytest.raises(
+        ConfigError,
+        match=r"^m: align='local-m' .*but the state is no "
+        r"position; use align='local-p', .* from the state$",
+    ):
+        refuse_local_m(LocalMAlign(), "the state is no position", "the state", who="m: ")
 
 
 def test_local_align_bad_center():

@@ -559,6 +559,20 @@ class LocalMAlign(_LocalAlign):
         return _positions_for(positions, batch, n_q, like)
 
 
+def refuse_local_m(align: Alignment, why: str, centre_from: str, *, who: str = "") -> None:
+    """Raise a one-line :class:`ConfigError` when ``align`` is local-m in a module whose
+    queries are no positions of the key sequence (a decoder that passes no step, a learned
+    query, a state): local-m centres query ``i``'s window on key ``i``, which there sits on
+    the first keys whatever the query. ``why`` completes "but ..." (the reason), and
+    ``centre_from`` names what local-p, the suggested alternative, predicts the centre
+    from; ``who`` prefixes the message (``"capsule attention: "``)."""
+    if isinstance(align, LocalMAlign):
+        raise ConfigError(
+            f"{who}align='local-m' centres query i's window on key i (p_i = i), but {why}; "
+            f"use align='local-p', which predicts the centre from {centre_from}"
+        )
+
+
 @register("align", "local-p", aliases=("local-predictive",))
 class LocalPAlign(_LocalAlign):
     """Local-p (predictive) alignment (Luong et al. 2015).

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from attnlab._checks import ConfigError, check_int, pad_to_compiled_steps
-from attnlab.general.alignment import LocalMAlign
+from attnlab.general.alignment import refuse_local_m
 from attnlab.general.attention import Attention
 
 __all__ = ["Decoder", "decoder_attention", "greedy_decode", "greedy_search", "teacher_forcing"]
@@ -59,7 +59,8 @@ def decoder_attention(
     None for ``"mean"``; whether its weights are replaced by uniform ones). ``d_w`` is the
     default inner size of the scores that take one (additive, concat). ``no_local_m``: why
     a decoder that does not centre local-m's window on its step (``p_t = t``) refuses it
-    (a ``ConfigError`` with that reason; ``None``: the decoder passes the step)."""
+    (completes "but ..." in :func:`attnlab.general.alignment.refuse_local_m`'s
+    ``ConfigError``; ``None``: the decoder passes the step)."""
     spec = _spec(attention)
     if spec.pop("name", None) is not None:
         raise ConfigError(
@@ -74,11 +75,8 @@ def decoder_attention(
     if d_w is not None and score in _SCORES_WITH_D_W:
         spec.setdefault("d_w", d_w)
     module = Attention(score, align, d_q=d, d_k=d, **spec)
-    if no_local_m is not None and isinstance(module.align, LocalMAlign):
-        raise ConfigError(
-            f"align='local-m' centres the window of output step t on key t (p_t = t), "
-            f"{no_local_m}; use align='local-p', which predicts the centre from the state"
-        )
+    if no_local_m is not None:
+        refuse_local_m(module.align, no_local_m, "the state")
     return module, uniform
 
 

@@ -187,7 +187,7 @@ class ShowAttendTell(Configurable):
 
         self.attention: Attention | None
         self.attention, self.uniform = decoder_attention(
-            attention, d, "additive", no_local_m="but image regions have no order of words"
+            attention, d, "additive", no_local_m="image regions have no order of words"
         )
         self.location = self.attention is not None and bool(
             getattr(self.attention.score, "uses_prev_weights", False)

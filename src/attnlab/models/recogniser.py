@@ -206,7 +206,7 @@ class ListenAttendSpell(Configurable):
             attention,
             d,
             "additive",
-            no_local_m="but the listener's frames far outnumber the output units",
+            no_local_m="the listener's frames far outnumber the output units",
         )
 
     @property

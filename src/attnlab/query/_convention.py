@@ -43,7 +43,7 @@ from attnlab._checks import (
 )
 from attnlab._deprecation import positional_masks, renamed_keywords
 from attnlab.general._convention import AttentionCall, ConventionAttention
-from attnlab.general.alignment import LocalMAlign
+from attnlab.general.alignment import refuse_local_m
 from attnlab.general.attention import Attention
 from attnlab.output import AttentionOutput
 from attnlab.query.efficient import head_dim_for
@@ -211,11 +211,12 @@ def query_scored_attention(
     attention = Attention(*args, **options)
     if not attention.score.needs_query:
         raise ConfigError(f"{mechanism} needs a score that takes {query_name}{hint}")
-    if not positioned and isinstance(attention.align, LocalMAlign):
-        raise ConfigError(
-            f"{mechanism}: align='local-m' centres each query's window on the query's own "
-            f"position (p_i = i), but {query_name} has no position among the keys; use "
-            "align='local-p', which predicts the centre from the query"
+    if not positioned:
+        refuse_local_m(
+            attention.align,
+            f"{query_name} has no position among the keys",
+            "the query",
+            who=f"{mechanism}: ",
         )
     return attention
 
