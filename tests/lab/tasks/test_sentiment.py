@@ -257,6 +257,9 @@ def test_metrics_multiclass_and_single_class():
     assert m["roc_auc"] == pytest.approx(1.0)
     one = classification_metrics(np.array([1, 1]), np.array([[0.3, 0.7], [0.6, 0.4]]), 2)
     assert one["accuracy"] == pytest.approx(0.5)
+    # the macro F1 runs over both classes, as in every classification task: class 1 has
+    # tp 1, fn 1 -> 2/3; class 0 (absent, predicted once) has F1 0
+    assert one["f1"] == pytest.approx((2 / 3 + 0) / 2)
     assert math.isnan(one["roc_auc"])
     empty = classification_metrics(np.zeros(0, dtype=int), np.zeros((0, 2)), 2)
     assert all(math.isnan(v) for v in empty.values())

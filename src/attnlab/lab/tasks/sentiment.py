@@ -44,6 +44,7 @@ from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData, register_task
 from attnlab.lab.tasks._shared import (
     SequenceTask,
+    accuracy_and_f1,
     add_reinforce,
     check_text_options,
     first_test_batch,
@@ -108,21 +109,17 @@ def classification_metrics(
     """Accuracy, macro F1 and ROC-AUC (binary: of the positive class' probability; more
     classes: the mean one-vs-rest AUC over the classes present) with scikit-learn.
 
-    ROC-AUC is NaN when it is undefined (only one class among the labels); the trainer
-    writes NaN as ``null``."""
-    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+    The macro F1 runs over all ``num_classes`` classes, as in every classification task
+    (:func:`attnlab.lab.tasks._shared.accuracy_and_f1`): a class missing from a split's
+    labels but predicted counts with F1 0 instead of being left out. ROC-AUC is NaN when it
+    is undefined (only one class among the labels); the trainer writes NaN as ``null``."""
+    from sklearn.metrics import roc_auc_score
 
     labels = np.asarray(labels, dtype=np.int64)
     probs = np.asarray(probs, dtype=np.float64)
     if len(labels) == 0:
         return {"accuracy": float("nan"), "f1": float("nan"), "roc_auc": float("nan")}
-    pred = probs.argmax(axis=1)
-    out = {
-        "accuracy": float(accuracy_score(labels, pred)),
-        "f1": float(
-            f1_score(labels, pred, average="macro", labels=np.unique(labels), zero_division=0)
-        ),
-    }
+    out = accuracy_and_f1(labels, probs.argmax(axis=1), range(num_classes))
     present = np.unique(labels)
     if len(present) < 2:
         out["roc_auc"] = float("nan")
