@@ -306,6 +306,35 @@ def test_reinforce_is_added_for_hard_attention_and_not_for_gumbel(tiny) -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_reinforce_weight_scales_the_reinforce_term(tiny) -> None:
+    """``reinforce_weight`` times the REINFORCE term: the loss of weight w is the loss of
+    weight 0 plus w times (loss of weight 1 - loss of weight 0), for the same sample."""
+    task, data = tiny
+    batch = next(task.batches(data, "train", 8))
+    torch.manual_seed(0)
+    model = task.build_model(data, {"score": "dot", "align": "hard"}).train()
+    losses = {}
+    for w in (0.0, 1.0, 0.25):
+        torch.manual_seed(1)
+        losses[w] = TranslationTask(**TINY, reinforce_weight=w).loss(model, batch)
+    term = losses[1.0] - losses[0.0]
+    assert abs(float(term)) > 1e-6  # the term is there to scale
+    torch.testing.assert_close(losses[0.25], losses[0.0] + 0.25 * term)
+
+
+def test_min_freq_applies_to_every_corpus(tiny) -> None:
+    """``min_freq`` builds the vocabularies of a generated corpus too (it was ignored
+    there); unset, it is 1 on a generated corpus and 2 on the Bible."""
+    _, data = tiny
+    assert TranslationTask(**TINY).options["min_freq"] is None
+    assert (
+        data.info["src_vocab"] == TranslationTask(**TINY, min_freq=1).load_data().info["src_vocab"]
+    )
+    rare = TranslationTask(**TINY, min_freq=10_000).load_data()
+    assert len(rare.info["src_vocab"]) < len(data.info["src_vocab"])
+    assert len(rare.info["src_vocab"]) == len(rare.info["src_vocab"].specials)
+
+
 @pytest.mark.parametrize("divergence", ["ce", "mse", "mass"])
 def test_supervised_loss_adds_lambda_times_divergence(tiny, divergence) -> None:
     _, data = tiny
@@ -427,6 +456,8 @@ def test_supervised_attention_lowers_aer_on_reverse(one_thread) -> None:
         ({"supervise": True}, "option supervise must be a number >= 0, got True"),
         ({"length_penalty": math.inf}, "option length_penalty must be a finite number, got inf"),
         ({"supervise_divergence": "l1"}, "option supervise_divergence must be"),
+        ({"min_freq": 0}, "option min_freq must be an int >= 1 or None, got 0"),
+        ({"reinforce_weight": -1.0}, "option reinforce_weight must be a number >= 0, got -1.0"),
     ],
 )
 def test_every_option_is_checked_before_any_data_is_read(options, message):

@@ -12,7 +12,9 @@ Data (option ``corpus``):
   (source ``i`` -- target ``n - 1 - i`` for reverse, ``i`` -- ``i`` for copy).
 
 Model: :class:`attnlab.models.translator.Seq2SeqTranslator` (Bahdanau or Luong style,
-any score x alignment), trained with token-level cross-entropy under teacher forcing.
+any score x alignment), trained with token-level cross-entropy under teacher forcing
+(plus ``reinforce_weight`` times the REINFORCE term of hard attention, reward minus each
+sentence's loss).
 Supervised attention (option ``supervise`` = lambda > 0; Liu et al. 2016, Mi et al. 2016):
 the loss becomes ``L_task + lambda * D(gold || a)`` with ``D`` =
 ``supervise_divergence`` (``"ce"``, ``"kl"``, ``"mse"`` or ``"mass"``, see
@@ -175,7 +177,7 @@ class TranslationTask(Task):
         "data_seed": 0,
         "split_by": "chapter",
         "links": "sure",
-        "min_freq": 2,
+        "min_freq": None,
         "synthetic_pairs": 2000,
         "embed_dim": 64,
         "hidden_size": 128,
@@ -189,6 +191,7 @@ class TranslationTask(Task):
         "max_decode_len": None,
         "supervise": 0.0,
         "supervise_divergence": "ce",
+        "reinforce_weight": 1.0,
         "bucket": False,
     }
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -218,7 +221,9 @@ class TranslationTask(Task):
         ):
             self.check_option_choice(name, choices)
         self.check_int_options("synthetic_pairs", "embed_dim", "hidden_size", "beam_size")
-        self.check_int_options("max_len", "max_pairs", "max_eval", "max_decode_len", optional=True)
+        self.check_int_options(
+            "max_len", "max_pairs", "max_eval", "max_decode_len", "min_freq", optional=True
+        )
         self.check_number_options("supervise", low=0.0)
         self.check_number_options("length_penalty")
 
@@ -266,7 +271,9 @@ class TranslationTask(Task):
     def load_data(self) -> TaskData:
         rows, stats = self._pairs()
         train = [r for r in rows if r[3] == "train"]
-        min_freq = int(self.options["min_freq"]) if self.options["corpus"] == "bible" else 1
+        min_freq = self.options["min_freq"]
+        if min_freq is None:  # the words seen twice in the Bible; every symbol of a toy task
+            min_freq = 2 if self.options["corpus"] == "bible" else 1
         src_vocab = Vocab.from_corpus((r[0] for r in train), min_freq=min_freq, specials=SPECIALS)
         tgt_vocab = Vocab.from_corpus((r[1] for r in train), min_freq=min_freq, specials=SPECIALS)
 
@@ -383,7 +390,9 @@ class TranslationTask(Task):
         real = (batch["tgt_out"] != PAD).to(nll.dtype)
         loss = nll.sum() / real.sum().clamp(min=1.0)
         # hard attention trained by REINFORCE (reward: minus each sentence's loss)
-        loss = add_reinforce(loss, out.log_prob, (nll * real).sum(1), 1.0, model)
+        loss = add_reinforce(
+            loss, out.log_prob, (nll * real).sum(1), float(self.options["reinforce_weight"]), model
+        )
         if self.supervised:
             loss = loss + float(self.options["supervise"]) * self.supervision_loss(
                 out.weights, batch
