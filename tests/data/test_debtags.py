@@ -91,6 +91,12 @@ def test_parse_packages_fields_and_long_descriptions():
     assert delta["long_description"] == ""  # not in the Packages file itself
 
 
+def test_an_empty_source_field_means_the_package_itself():
+    """``Source:`` with no value (an IndexError before) names no other source."""
+    (record,) = parse_packages("Package: a\nSource:\nDescription: x\nTag: use::editing\n")
+    assert record["source"] == "a"
+
+
 def test_untagged_packages_are_left_out_unless_asked():
     every = parse_packages(PACKAGES, tagged_only=False)
     gamma = next(r for r in every if r["package"] == "gamma-untagged")
@@ -192,8 +198,28 @@ def test_load_reads_the_lists_without_a_frozen_file(lists_dir, fresh_cache):
 def test_load_prefers_the_default_frozen_file(lists_dir, fresh_cache, tmp_path):
     dest = freeze_debtags(lists_dir=lists_dir)
     assert dest == fresh_cache / "debtags" / "debtags.jsonl.gz"
-    ds = load_debtags(lists_dir=tmp_path / "nowhere", facets=("use",), min_count=1)
+    ds = load_debtags(facets=("use",), min_count=1)
     assert len(ds) == 3
+    assert ds.name.startswith("debtags (frozen debtags.jsonl.gz)")
+    # an explicit lists_dir is read, not passed over for the default frozen file
+    with pytest.raises(MissingDataError, match="apt-get update"):
+        load_debtags(lists_dir=tmp_path / "nowhere", facets=("use",), min_count=1)
+    assert load_debtags(lists_dir=lists_dir, facets=("use",), min_count=1).name.startswith(
+        f"debtags ({lists_dir})"
+    )
+
+
+def test_the_lists_cache_follows_the_translation_files(lists_dir, fresh_cache):
+    """The long descriptions come from the Translation-en lists: editing one reads again
+    (the cache was keyed by the Packages lists only and served the old text)."""
+    first = load_debtags(lists_dir=lists_dir, facets=("use",), min_count=1)
+    translation = next(lists_dir.glob("*Translation-en.xz"))
+    assert "Delta::Edit edits text" in TRANSLATIONS
+    edited = TRANSLATIONS.replace("Delta::Edit edits text", "Delta::Edit rewrites text")
+    translation.write_bytes(lzma.compress(edited.encode("utf-8")))
+    again = load_debtags(lists_dir=lists_dir, facets=("use",), min_count=1)
+    assert any("Delta::Edit edits text" in t for t in first.texts)
+    assert any("Delta::Edit rewrites text" in t for t in again.texts)
 
 
 def test_missing_data_names_the_set_up(fresh_cache, tmp_path):

@@ -274,7 +274,8 @@ def parse_packages(
             raise DataFormatError(f"package {package!r}: {error}", path=path, line=line) from None
         if tagged_only and not tags:
             continue
-        source = fields.get("Source", package).split()[0] or package
+        # "Source: name (version)"; a missing or empty field: the package is its own source
+        source = (fields.get("Source", "").split() or [package])[0]
         records.append(
             {
                 "package": package,
@@ -466,8 +467,10 @@ def read_frozen(path: str | Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- load
 
 
-def _records(path: str | Path | None, lists_dir: str | Path, cache: bool) -> tuple[list, str]:
-    if path is None:
+def _records(
+    path: str | Path | None, lists_dir: str | Path | None, cache: bool
+) -> tuple[list, str]:
+    if path is None and lists_dir is None:  # an explicit lists_dir is read, not the default
         default = default_frozen_path()
         if default is not None and default.is_file():
             path = default
@@ -482,8 +485,10 @@ def _records(path: str | Path | None, lists_dir: str | Path, cache: bool) -> tup
             disk=False,
         )
         return records, f"debtags (frozen {path.name})"
-    lists_dir = check_path(lists_dir, "lists_dir")
+    lists_dir = check_path(LISTS_DIR if lists_dir is None else lists_dir, "lists_dir")
     files = _list_files(lists_dir, "Packages") if lists_dir.is_dir() else []
+    if files:  # the long descriptions come from the Translation-en lists: they key it too
+        files += _list_files(lists_dir, "Translation-en")
     parts = (FORMAT_VERSION, *(file_fingerprint(f) for f in files))
     if not files:
         read_apt_lists(lists_dir)  # raises MissingDataError with the set-up hint
@@ -530,14 +535,16 @@ def load_debtags(
     long_description: bool = True,
     keep_unlabelled: bool = False,
     path: str | Path | None = None,
-    lists_dir: str | Path = LISTS_DIR,
+    lists_dir: str | Path | None = None,
     cache: bool = True,
 ) -> MultiLabelDataset:
     """Debian package descriptions labelled with their debtags, as a :class:`MultiLabelDataset`.
 
-    Reads the frozen file ``path`` (default: the one ``python -m attnlab.data debtags
-    freeze`` wrote, when it exists), else the apt lists in ``lists_dir`` (parsed once and
-    cached); :class:`MissingDataError` when there is neither.
+    Reads the frozen file ``path``; else the apt lists in ``lists_dir`` when it is given
+    (parsed once and cached, keyed by the ``Packages`` and ``Translation-en`` files); with
+    neither, the frozen file that ``python -m attnlab.data debtags freeze`` wrote when it
+    exists, else the system's apt lists (``/var/lib/apt/lists``).
+    :class:`MissingDataError` when the chosen source is missing.
 
     Label set: the tags of the facets ``facets`` (None: every facet), without the
     placeholder ``facet::TODO`` tags, carried by at least ``min_count`` packages (counted
@@ -556,7 +563,9 @@ def load_debtags(
     check_seed(seed, minimum=0)
     check_fractions(fractions)
     check_flags(long_description=long_description, keep_unlabelled=keep_unlabelled, cache=cache)
-    records, name = _records(path, check_path(lists_dir, "lists_dir"), cache)
+    records, name = _records(
+        path, None if lists_dir is None else check_path(lists_dir, "lists_dir"), cache
+    )
     wanted = None if chosen is None else set(chosen)
 
     def keep(tag: str) -> bool:
