@@ -55,7 +55,7 @@ from attnlab.data._common import (
     package_version,
 )
 from attnlab.data.parallel import ParallelCorpus, write_parallel
-from attnlab.data.pharaoh import Alignment, write_pharaoh
+from attnlab.data.pharaoh import Alignment, parse_pharaoh, write_pharaoh
 
 __all__ = [
     "BibleCorpus",
@@ -500,9 +500,17 @@ class BibleCorpus(ParallelCorpus):
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The corpus as JSON-compatible data, each alignment as its Pharaoh line."""
         payload = super().to_json()
         payload["alignments"] = [a.to_pharaoh() for a in self.alignments]
         return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> BibleCorpus:
+        """The inverse of :meth:`to_json`: the alignments are read back from their lines."""
+        payload = dict(payload)
+        payload["alignments"] = [parse_pharaoh(a) for a in payload.get("alignments", ())]
+        return super().from_json(payload)
 
 
 _BOOK_GROUPS = {"ot": "ot", "nt": "nt", "old": "ot", "new": "nt"}
