@@ -90,6 +90,15 @@ def test_read_png_bad_input():
     )
     with pytest.raises(DataFormatError, match="bit depth 16"):
         read_png(bad_depth)
+    # a chunk cut short or an IHDR of the wrong size: DataFormatError (struct.error before)
+    with pytest.raises(DataFormatError, match=r"truncated PNG: chunk b'IHDR' announces 13"):
+        read_png(b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + b"\x00\x00")
+    with pytest.raises(DataFormatError, match="IHDR chunk of 2 bytes"):
+        read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", b"\x00\x00"))
+    whole = _encode_png(np.zeros((2, 2, 3), dtype=np.uint8), [0, 0])
+    cut = whole.index(b"IDAT") + 6  # two bytes into the IDAT data
+    with pytest.raises(DataFormatError, match=r"truncated PNG: chunk b'IDAT'"):
+        read_png(whole[:cut])
 
 
 # ----------------------------------------------------------------------------- regions

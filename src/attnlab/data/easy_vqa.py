@@ -159,8 +159,15 @@ def _png_chunks(data: bytes, path: object) -> tuple[tuple[int, ...], bytes]:
         (length,) = struct.unpack(">I", data[pos : pos + 4])
         kind = data[pos + 4 : pos + 8]
         body = data[pos + 8 : pos + 8 + length]
+        if len(body) != length:
+            raise DataFormatError(
+                f"truncated PNG: chunk {kind!r} announces {length} bytes, {len(body)} remain",
+                path=path,
+            )
         pos += 12 + length
         if kind == b"IHDR":
+            if length != 13:
+                raise DataFormatError(f"PNG IHDR chunk of {length} bytes, not 13", path=path)
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
             idat.append(body)
