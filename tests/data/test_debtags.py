@@ -185,6 +185,13 @@ def test_label_choice_options(lists_dir, tmp_path):
     assert kept.label_names == () and len(kept) == 4 and set(kept.label_sets) == {()}
     with pytest.raises(ValueError, match="min_count"):
         load_debtags(path=dest, min_count=0)
+    # no tag frequent enough: one line naming min_count (an empty dataset before, and
+    # "no split 'train'" with a split)
+    for split in (None, "train"):
+        with pytest.raises(ValueError, match=r"min_count=99 packages \(the most common is "):
+            load_debtags(split, path=dest, facets=("use",), min_count=99)
+    with pytest.raises(ValueError, match=r"no tag of field is carried by min_count=1 "):
+        load_debtags(path=dest, facets=("field",), min_count=1)
     with pytest.raises(ValueError, match="split must be"):
         load_debtags("valid", path=dest)
 

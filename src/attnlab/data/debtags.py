@@ -550,7 +550,8 @@ def load_debtags(
     placeholder ``facet::TODO`` tags, carried by at least ``min_count`` packages (counted
     over all packages, before the split; an int >= 1); with ``max_labels`` (an int >= 1),
     only the ``max_labels`` most frequent of those (ties by name). ``label_names`` is sorted by name. Packages
-    without any kept label are left out unless ``keep_unlabelled``.
+    without any kept label are left out unless ``keep_unlabelled``; a ``ValueError`` naming
+    ``min_count`` when no tag is kept and so no package would be (unless ``keep_unlabelled``).
 
     Text: the short description, then (``long_description=True``, where the lists have one)
     a blank line and the long description. ``ids`` are package names, ``groups`` source
@@ -577,6 +578,14 @@ def load_debtags(
     if max_labels is not None:
         ranked = ranked[:max_labels]
     label_names = tuple(sorted(ranked))
+    if not label_names and not keep_unlabelled:
+        # else an empty dataset, or "no split 'train'" far from the cause
+        top = max(counts.values(), default=0)
+        raise ValueError(
+            f"no tag of {_facet_names(chosen)} is carried by min_count={min_count} packages "
+            f"(the most common is carried by {top}), so no package has a label; lower "
+            "min_count"
+        )
     index = {t: i for i, t in enumerate(label_names)}
     texts, label_sets, ids, groups = [], [], [], []
     for r in records:
@@ -590,7 +599,6 @@ def load_debtags(
         label_sets.append(labels)
         ids.append(r["package"])
         groups.append(r["source"])
-    facet_note = "all facets" if chosen is None else "+".join(chosen)
     return MultiLabelDataset.seeded(
         split,
         seed=seed,
@@ -600,8 +608,13 @@ def load_debtags(
         label_names=label_names,
         ids=ids,
         groups=groups,
-        name=f"{name}: {facet_note}, min_count={min_count}",
+        name=f"{name}: {_facet_names(chosen)}, min_count={min_count}",
     )
+
+
+def _facet_names(chosen: Sequence[str] | None) -> str:
+    """How a dataset's name and errors speak of the chosen facets."""
+    return "all facets" if chosen is None else "+".join(chosen)
 
 
 # ----------------------------------------------------------------------------- command
