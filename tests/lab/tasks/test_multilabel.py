@@ -200,6 +200,14 @@ def test_real_data_every_preset_and_baseline():
     run_every_spec(task, data, SPECS, 16, MultiLabelTask.metrics, check, steps=1, split="dev")
 
 
+def test_real_data_min_count_above_every_tag_is_one_config_error():
+    """No tag carried by min_count packages: the task's one-line ConfigError naming the
+    option (a ValueError traceback, and an empty dataset before)."""
+    task = MultiLabelTask(**{**REAL, "min_count": 10**9})
+    with pytest.raises(ConfigError, match=r"^option min_count: no tag .* min_count=10+ packa"):
+        load_or_skip(task)
+
+
 def test_real_data_train_run(tmp_path):
     load_or_skip(MultiLabelTask(**REAL))
     result, _ = check_train_run(

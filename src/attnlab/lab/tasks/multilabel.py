@@ -225,7 +225,10 @@ class MultiLabelTask(SequenceTask):
         key = tuple(o[k] for k in (*names, "glove", "embed_dim", "data_seed"))
         if key in _CACHE:
             return _CACHE[key]
-        ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
+        try:
+            ds = load_debtags(min_count=o["min_count"], max_labels=o["max_labels"], seed=0)
+        except ValueError as error:  # no tag reaches min_count: a bad option, one line
+            raise ConfigError(f"option min_count: {error}") from None
         splits = {
             name: (part.texts, part.label_sets, part.ids)
             for name, part in subsampled_parts(ds, o).items()
