@@ -268,7 +268,24 @@ def test_resume_refuses_another_study(tmp_path):
         run_ablation("toy", grid[:1], [0], out_dir=out, options=TINY, progress=False)
     with pytest.raises(AblationMismatchError, match=r"seed\(s\) \[0\]"):
         run_ablation("toy", grid, [1], out_dir=out, options=TINY, progress=False)
+    # another precision is another study (it resumed and mixed fp32 and bf16 runs)
+    assert json.loads((out / "ablation.json").read_text())["precision"] == "fp32"
+    with pytest.raises(AblationMismatchError, match=r"precision: recorded fp32, now bf16"):
+        run_ablation(
+            "toy", [*grid, {"name": "dot"}], [0], out_dir=out, options=TINY, progress=False,
+            precision="bf16",
+        )  # fmt: skip
     assert len(ResultsStore(out).runs()) == 2  # nothing ran
+    # a record written before the precision was recorded counts as fp32
+    record = json.loads((out / "ablation.json").read_text())
+    del record["precision"]
+    (out / "ablation.json").write_text(json.dumps(record))
+    with pytest.raises(AblationMismatchError, match=r"precision: recorded fp32, now bf16"):
+        run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False, precision="bf16")
+    again = run_ablation("toy", grid, [0], out_dir=out, options=TINY, progress=False)
+    assert again.ran == [] and json.loads((out / "ablation.json").read_text())["precision"] == (
+        "fp32"
+    )
 
 
 def test_unknown_task_and_preset_fail_before_running(tmp_path):

@@ -431,11 +431,15 @@ def _check_existing(
     grid: list[dict],
     seeds: list[int],
     defaults: Mapping[str, Any] | None = None,
+    precision: str = "fp32",
 ) -> tuple[list[dict], list[int], dict]:
     """Compare a recorded ablation.json with this invocation; return the merged grid and
     seeds (the recorded ones first) and the recorded payload. Raises
     :class:`AblationMismatchError` naming what differs. An option the record lacks (the
-    task gained it after the ablation was recorded) counts as its default ``defaults``."""
+    task gained it after the ablation was recorded) counts as its default ``defaults``; a
+    record without a precision (written before it was recorded) is fp32, the default. The
+    device and the compile backend may change between sessions (the results differ only by
+    rounding, as for a resumed run); the precision may not."""
     try:
         old = read_ablation_record(path.parent)
     except AblationRecordError as err:
@@ -444,6 +448,8 @@ def _check_existing(
     problems = []
     if old.get("task") != task:
         problems.append(f"task: recorded {old.get('task')!r}, now {task!r}")
+    if old.get("precision", "fp32") != precision:
+        problems.append(f"precision: recorded {old.get('precision', 'fp32')}, now {precision}")
     old_options = old.get("task_options", {})
     added = {k: v for k, v in (defaults or {}).items() if k in options and k not in old_options}
     old_options = {**added, **old_options}
@@ -713,12 +719,19 @@ def _write_record(study: _Study, executor: str) -> None:
     created = utc_now()
     if path.is_file():
         study.specs, study.seeds, old = _check_existing(
-            path, study.task.name, study.options, study.specs, study.seeds, study.defaults
+            path,
+            study.task.name,
+            study.options,
+            study.specs,
+            study.seeds,
+            study.defaults,
+            study.precision,
         )
         created = old.get("created", created)
     record = {
         "task": study.task.name,
         "task_options": study.options,
+        "precision": study.precision,
         "grid": study.specs,
         "seeds": study.seeds,
         "executor": executor,

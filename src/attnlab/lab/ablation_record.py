@@ -2,8 +2,10 @@
 
 :func:`attnlab.lab.ablation.run_ablation` writes it (atomically) as::
 
-    {"task": str, "task_options": {...}, "grid": [{spec}, ...], "seeds": [int, ...],
-     "executor": str, "created": str, "updated": str}
+    {"task": str, "task_options": {...}, "precision": str, "grid": [{spec}, ...],
+     "seeds": [int, ...], "executor": str, "created": str, "updated": str}
+
+(``precision`` since it is compared on resume; a record without it was fp32.)
 
 and every reader -- the ablation that resumes into the directory, ``attnlab report`` and
 ``attnlab aer-table`` -- reads it with :func:`read_ablation_record`, which refuses a file
@@ -43,7 +45,7 @@ def _problem(record: Any) -> str | None:
         return "its grid holds a spec that is not an object"
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in record.get("seeds", [])):
         return "its seeds are not all whole numbers"
-    for key in ("executor", "created", "updated"):
+    for key in ("precision", "executor", "created", "updated"):
         if record.get(key) is not None and not isinstance(record[key], str):
             return f"its {key!r} is {type(record[key]).__name__}, not str"
     return None
@@ -52,8 +54,8 @@ def _problem(record: Any) -> str | None:
 def read_ablation_record(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``ablation.json`` of the ablation directory ``folder``, checked: a JSON object
     whose ``task`` (text), ``task_options`` (object), ``grid`` (array of objects), ``seeds``
-    (array of ints), ``executor``, ``created`` and ``updated`` (text), where present, have
-    those types. Raises :class:`AblationRecordError` (one line naming the file) when it is
+    (array of ints), ``precision``, ``executor``, ``created`` and ``updated`` (text), where
+    present, have those types. Raises :class:`AblationRecordError` (one line naming the file) when it is
     missing, not readable JSON or not such a record."""
     path = Path(folder) / RECORD_NAME
     if not path.is_file():
