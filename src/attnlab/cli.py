@@ -36,6 +36,8 @@ from attnlab.lab.commands import (
     compile_option,
     describe_task_of,
     device_option,
+    import_plugins_or_fail,
+    plugin_option,
     precision_option,
 )
 from attnlab.lab.errors import error_message, fail, warnings_as_notes
@@ -360,20 +362,6 @@ def _path_options(options: tuple[str, ...]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- train
 
 
-def _import_plugins(plugins: tuple[str, ...]) -> None:
-    """Import each plugin (a dotted name, searched in the current directory too, as
-    ``python -m`` would, or a .py file); one that cannot be found is one error line."""
-    import os
-
-    from attnlab._checks import ConfigError
-    from attnlab.lab.executors import import_plugins
-
-    try:
-        import_plugins(plugins, (os.getcwd(),))
-    except ConfigError as error:  # "plugin 'x' cannot be imported: ..."
-        fail(f"--{error}")
-
-
 def _fmt_metric(value: Any) -> str:
     """A test metric of one seed, in the digits of the report (``n/a``: not computed)."""
     from attnlab.lab.seed_stats import fmt_num
@@ -441,13 +429,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     help="print the training throughput per seed: examples per second and the share of "
     "the time spent waiting for batches (always in cost.json)",
 )
-@click.option(
-    "--plugin",
-    "plugins",
-    multiple=True,
-    metavar="MODULE",
-    help="import a module that registers extra tasks (a dotted name or a .py file)",
-)
+@plugin_option()
 @click.option(
     "--list-options",
     is_flag=True,
@@ -479,7 +461,7 @@ def train_command(
     taken from --config, then -o, then --epochs / --batch-size / --lr. The spec and the
     options are checked before any data is loaded or anything is written.
     """
-    _import_plugins(plugins)
+    import_plugins_or_fail(plugins)
     if list_options:
         _or_fail(describe_task_of, task, then=click.echo)
         return

@@ -52,6 +52,8 @@ from attnlab.lab.commands import (
     compile_option,
     describe_task_of,
     device_option,
+    import_plugins_or_fail,
+    plugin_option,
     precision_option,
 )
 from attnlab.lab.config import (
@@ -980,14 +982,7 @@ ABLATE_SYNTAX = (
 )
 @precision_option(PRECISION_HELP + ".")
 @compile_option()
-@click.option(
-    "--plugin",
-    "plugins",
-    multiple=True,
-    metavar="MODULE",
-    help="Import MODULE first (a dotted name or a .py file, e.g. one registering a task); "
-    "repeat for several.",
-)
+@plugin_option()
 @click.option(
     "--baselines/--no-baselines",
     default=True,
@@ -1040,10 +1035,7 @@ def ablate_command(
     std of the test metrics per mechanism. Every spec and option is checked before the
     first run starts.
     """
-    try:
-        import_plugins(plugins, (os.getcwd(),))
-    except (ImportError, ConfigError) as err:  # a plugin that is not there: ConfigError
-        raise click.BadParameter(str(err), param_hint="--plugin") from err
+    import_plugins_or_fail(plugins)
     # also a damaged results store or run file; missing data (exit 1) is checked once,
     # before the ablation directory is made
     with failing_on(ConfigError, ImportError):

@@ -1,6 +1,6 @@
 """What the lab's click commands (``attnlab train``, ``ablate``, ``demo``) share: the command
 class whose ``--help`` lists the tasks, ``--list-options``, and the options typed the same
-way in every command (``--device``, ``--precision``, ``--compile``).
+way in every command (``--device``, ``--precision``, ``--compile``, ``--plugin``).
 
 The module imports nothing heavy (no torch, no task): ``attnlab --help`` stays fast. The
 top-level command line (:mod:`attnlab.cli`) builds on it; nothing in the lab imports the
@@ -23,6 +23,8 @@ __all__ = [
     "compile_option",
     "describe_task_of",
     "device_option",
+    "import_plugins_or_fail",
+    "plugin_option",
     "precision_option",
     "write_rows",
 ]
@@ -76,6 +78,35 @@ def compile_option() -> Callable[[F], F]:
         help="compile the training steps with torch.compile: inductor (--compile alone), "
         "or another backend (aot_eager, cudagraphs, ...); kept in run.json",
     )
+
+
+#: The ``--plugin`` help.
+PLUGIN_HELP = (
+    "import MODULE first (a dotted name or a .py file, e.g. one registering a task); repeat "
+    "for several"
+)
+
+
+def plugin_option(help: str = PLUGIN_HELP) -> Callable[[F], F]:
+    """``--plugin MODULE``, repeatable (the keyword argument is ``plugins``); the command
+    calls :func:`import_plugins_or_fail` before it looks up a task."""
+    return click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help=help)
+
+
+def import_plugins_or_fail(plugins: Sequence[str]) -> None:
+    """Import each ``--plugin`` (a dotted name, searched in the working folder too, as
+    ``python -m`` would, or a ``.py`` file); one that cannot be imported ends the command
+    with one line ``error: --plugin 'x' cannot be imported: ...`` (status 2)."""
+    import os
+
+    from attnlab._checks import ConfigError
+    from attnlab.lab.errors import fail
+    from attnlab.lab.executors import import_plugins
+
+    try:
+        import_plugins(plugins, (os.getcwd(),))
+    except ConfigError as error:  # "plugin 'x' cannot be imported: ..."
+        fail(f"--{error}")
 
 
 def write_rows(formatter: click.HelpFormatter, rows: Sequence[tuple[str, str]]) -> None:

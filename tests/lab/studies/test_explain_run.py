@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -69,6 +70,39 @@ def test_command_and_errors(runs: tuple[Path, Path], tmp_path: Path) -> None:
     out = CliRunner().invoke(explain_command, [str(mean_run.run_dir), "--quick", "--no-progress"])
     assert out.exit_code != 0
     assert "attention weights" in out.output
+
+
+@pytest.mark.slow
+def test_explain_takes_plugins_for_the_runs_task(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """A run of a plugin's task: without ``--plugin`` the task is unknown (one line naming
+    ``--plugin``), with it the tests run (explain had no ``--plugin``, so a plugin task's
+    run could not be explained from the command line). A fresh process, so that the
+    plugin is not registered already."""
+    import subprocess
+
+    run, _ = runs
+    repo = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "attnlab", "explain", str(run), "--quick", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "OMP_NUM_THREADS": "1"}
+    without = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert without.returncode == 2, without.stderr
+    assert "unknown task 'toy'" in without.stderr and "--plugin MODULE" in without.stderr
+    assert "Traceback" not in without.stderr
+    plugin = ["--plugin", "tests.lab.toy_task", "--max-instances", "16"]
+    done = subprocess.run(
+        cmd + plugin, cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Kendall tau" in done.stdout
+
+
+def test_explain_names_a_plugin_that_cannot_be_imported(tmp_path: Path) -> None:
+    out = CliRunner().invoke(
+        explain_command, [str(tmp_path), "--plugin", "no_such_plugin_xyz", "--no-progress"]
+    )
+    assert out.exit_code == 2
+    assert "error: --plugin 'no_such_plugin_xyz' cannot be imported" in out.output
+    assert "Traceback" not in out.output
 
 
 def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:

@@ -670,6 +670,8 @@ def _plots(result: dict[str, Any], labels: list[int], out_dir: Path) -> list[str
 def _explain_command():
     import click
 
+    from attnlab.lab.commands import import_plugins_or_fail, plugin_option
+
     @click.command("explain")
     @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
     @click.option(
@@ -717,6 +719,10 @@ def _explain_command():
         help="auto (CUDA when available, else cpu), cpu, cuda, cuda:1, ...",
     )
     @click.option("--no-progress", is_flag=True)
+    @plugin_option(
+        "import MODULE first (a dotted name or a .py file), e.g. the one that "
+        "registers the run's task; repeat for several"
+    )
     def explain_command(
         run_dir: str,
         compare: tuple[str, ...],
@@ -728,11 +734,14 @@ def _explain_command():
         quick: bool,
         device: str,
         no_progress: bool,
+        plugins: tuple[str, ...],
     ) -> None:
         """Attention-as-explanation tests (Jain & Wallace 2019; Wiegreffe & Pinter 2019) on a
         trained run; writes RUN_DIR/explanation/explanation.json and plots."""
         from attnlab.data._common import MissingDataError
         from attnlab.lab.errors import fail
+
+        import_plugins_or_fail(plugins)  # a run of a plugin's task needs its task registered
 
         try:  # what was typed: one line, exit 2, before anything is written
             count = _typed(device, protocol, max_instances)
