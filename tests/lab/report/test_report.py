@@ -523,7 +523,7 @@ def test_an_empty_path_or_an_out_folder_is_refused(
     assert write_report(ablation, max_examples=0) == ablation / "report.html"  # 0 is allowed
 
 
-def test_cli(ablation: Path, tmp_path: Path) -> None:
+def test_cli(ablation: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     result = runner.invoke(report_command, [str(ablation)])
     assert result.exit_code == 0, result.output
@@ -541,6 +541,12 @@ def test_cli(ablation: Path, tmp_path: Path) -> None:
     result = runner.invoke(report_command, [str(tmp_path / "missing")])
     assert result.exit_code == 2
     assert "no such directory" in result.output
+    # an empty DIR (an unset shell variable) is refused, not the working folder's report
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    result = runner.invoke(report_command, [""])
+    assert result.exit_code == 2 and "is empty" in result.output
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_reading_a_wal_store_leaves_no_wal_files(ablation: Path) -> None:

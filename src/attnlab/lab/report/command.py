@@ -16,7 +16,9 @@ __all__ = ["report_command"]
 
 
 @click.command("report")
-@click.argument("directory", metavar="DIR", type=click.Path(file_okay=True, path_type=Path))
+@click.argument(
+    "directory", metavar="DIR", type=NonEmpty(click.Path(file_okay=True, path_type=Path))
+)
 @click.option(
     "--out",
     type=NonEmpty(click.Path(dir_okay=False, path_type=Path)),
