@@ -56,12 +56,14 @@ from attnlab.lab.seed_stats import mean_std
 from attnlab.lab.task import spec_label
 
 __all__ = [
+    "JSON_COLUMNS",
     "SCHEMA",
     "Claim",
     "MechanismSummary",
     "ResultsStore",
     "RunRecord",
     "StoreError",
+    "json_column",
     "mean_std",
 ]
 
@@ -192,6 +194,26 @@ def _loads(text: str | None, default: Any) -> Any:
 
 def _is_number(value: Any) -> bool:
     return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+#: The JSON columns of a row of the ``runs`` table.
+JSON_COLUMNS = ("attention_json", "dev_json", "test_json", "cost_json")
+
+
+def json_column(column: str, text: str | None) -> dict[str, Any]:
+    """The object that the JSON column ``column`` of a row holds (``{}`` for NULL); a
+    ``ValueError`` naming what is wrong when it is damaged: not JSON, not an object, or (the
+    metrics, ``dev_json`` and ``test_json``) a value that is not a number or null. The one
+    rule of the store and of every reader of it (``attnlab report``)."""
+    try:
+        value = _loads(text, {})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid JSON in {column} ({' '.join(str(error).split())})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{column} holds {type(value).__name__}, not an object")
+    if column in ("dev_json", "test_json") and not all(_is_number(v) for v in value.values()):
+        raise ValueError(f"{column} holds a metric that is not a number")
+    return value
 
 
 class ResultsStore:
@@ -432,7 +454,7 @@ class ResultsStore:
 
     def _decode(self, row: tuple) -> RunRecord:
         (run_id, task, label, attention, seed, status, dev, test, cost, run_dir, fin, err) = row
-        texts = {"attention_json": attention, "dev_json": dev, "test_json": test, "cost_json": cost}
+        texts = dict(zip(JSON_COLUMNS, (attention, dev, test, cost), strict=True))
         values = {column: self._json_field(run_id, column, text) for column, text in texts.items()}
         try:
             seed = int(seed)
@@ -449,17 +471,9 @@ class ResultsStore:
         """The object of a JSON column of the row of ``run_id`` (``{}`` for NULL); a damaged
         one raises :class:`StoreError` naming the row and how to drop it."""
         try:
-            value = _loads(text, {})
-        except (TypeError, ValueError) as error:
-            problem = f"invalid JSON in {column} ({' '.join(str(error).split())})"
-        else:
-            numbers = column in ("dev_json", "test_json")
-            if not isinstance(value, dict):
-                problem = f"{column} holds {type(value).__name__}, not an object"
-            elif numbers and not all(_is_number(v) for v in value.values()):
-                problem = f"{column} holds a metric that is not a number"
-            else:
-                return value
+            return json_column(column, text)
+        except ValueError as error:
+            problem = str(error)
         raise StoreError(
             f"{self.path}: the row of run {run_id!r} is damaged: {problem}; delete it "
             f'to run that run again (sqlite3 {self.path} "DELETE FROM runs WHERE '

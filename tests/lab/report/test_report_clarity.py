@@ -299,6 +299,45 @@ def test_unreadable_runs_without_a_store_are_left_out(tmp_path: Path) -> None:
     assert "2 with unreadable files" in _meta(text)["runs"]
 
 
+def test_a_damaged_store_row_is_no_finished_seed(tmp_path: Path) -> None:
+    """A row of results.sqlite whose JSON is damaged is the store's own "damaged" (ablate
+    refuses it): a run known only from it is listed unreadable, not counted as a finished
+    seed without metrics (the seeds column said 2 for one mean); beside a readable run
+    directory the directory speaks alone. One warning per damaged row."""
+    import sqlite3
+
+    runs = [
+        {"attention": ADD, "seed": 0, "test": {"accuracy": 0.6}},
+        {"attention": ADD, "seed": 1, "test": {"accuracy": 0.8}},
+        {"attention": DOT, "seed": 0, "test": {"accuracy": 0.5}},
+    ]
+    root = write_ablation_dir(tmp_path / "abl", runs)
+    con = sqlite3.connect(root / "results.sqlite")
+    con.execute("UPDATE runs SET test_json='{bad' WHERE run_id=?", (run_id(ADD, 0),))
+    con.execute("UPDATE runs SET dev_json='[1]' WHERE run_id=?", (run_id(DOT, 0),))
+    con.commit()
+    con.close()
+    shutil.rmtree(root / "runs" / run_id(ADD, 0))  # known from its damaged row only
+    warnings: list[str] = []
+    doc = parse(render_report(root, on_warning=warnings.append))
+    assert sorted(warnings) == [
+        f"the row of run {run_id(ADD, 0)!r} in results.sqlite is damaged: invalid JSON in "
+        "test_json (Expecting property name enclosed in double quotes: line 1 column 2 (char "
+        "1))",
+        f"the row of run {run_id(DOT, 0)!r} in results.sqlite is damaged: dev_json holds "
+        "list, not an object",
+    ]
+    cells = table_rows(doc, "ablation-table")["align=soft,score=additive"]
+    (acc,) = [c for c in cells if c["attrs"].get("data-metric") == "accuracy"]
+    assert float(acc["attrs"]["data-value"]) == pytest.approx(0.8)
+    assert acc["attrs"]["data-n"] == "1"
+    failed = {
+        cells[3]["text"]: cells[2]["text"] for cells in table_rows(doc, "failed-table").values()
+    }
+    assert failed[run_id(ADD, 0)] == "unreadable"
+    assert failed[run_id(DOT, 0)] == "unrecorded"
+
+
 def test_a_damaged_single_run_is_one_line_error(tmp_path: Path) -> None:
     root = write_run_dir(tmp_path / "run", attention=ADD)
     (root / "metrics.json").write_text('["not", "an", "object"]')

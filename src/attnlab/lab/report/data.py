@@ -21,6 +21,7 @@ from typing import Any
 
 from attnlab._checks import check_path
 from attnlab.lab.ablation_record import RECORD_NAME, AblationRecordError, read_ablation_record
+from attnlab.lab.store import JSON_COLUMNS, json_column
 from attnlab.lab.task import lower_is_better, spec_label
 
 __all__ = [
@@ -229,6 +230,18 @@ def _loads(text: Any) -> Any:
         return None
 
 
+def _row_problem(row: Mapping[str, Any]) -> str | None:
+    """What is damaged in a row of ``results.sqlite`` (the store's own rule,
+    :func:`attnlab.lab.store.json_column`), None when it reads."""
+    for column in JSON_COLUMNS:
+        text = row.get(column)
+        try:
+            json_column(column, None if text == "" else text)
+        except ValueError as error:
+            return str(error)
+    return None
+
+
 def _store_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
     """The dev and test metrics of a finished run's row in ``results.sqlite``."""
     return {"dev": _loads(row.get("dev_json")) or {}, "test": _loads(row.get("test_json")) or {}}
@@ -310,26 +323,39 @@ def _read_runs(
 ) -> tuple[list[RunRecord], list[tuple[str, str]]]:
     """The runs of ``run_dirs`` (those with a ``run.json`` or a row in ``store``) and the
     (run id, why) of those whose files cannot be read; then the runs ``store`` lists
-    without a directory."""
+    without a directory. A damaged row of ``store`` (:func:`_row_problem`) is no record: a
+    run directory speaks alone, a run known only from its row is unreadable."""
+
+    def warn(message: str) -> None:
+        if on_warning is not None:
+            on_warning(message)
+
+    damaged = {run_id: p for run_id, row in store.items() if (p := _row_problem(row)) is not None}
+    for run_id, problem in damaged.items():
+        warn(f"the row of run {run_id!r} in results.sqlite is damaged: {problem}")
     records: list[RunRecord] = []
     unreadable: list[tuple[str, str]] = []
     for run_dir in run_dirs:
         if not (run_dir / "run.json").is_file() and run_dir.name not in store:
             continue
-        row = store.get(run_dir.name)
+        row = None if run_dir.name in damaged else store.get(run_dir.name)
         try:
             record = _read_run_dir(run_dir)
         except (ValueError, OSError) as err:  # ReportError, JSON, encoding, a trainer's own
             why = _one_line(err)
             unreadable.append((run_dir.name, why))
-            if on_warning is not None:
-                use = "its row in results.sqlite is used" if row else "it is left out"
-                on_warning(f"cannot read the run directory {run_dir}: {why}; {use}")
+            use = "its row in results.sqlite is used" if row else "it is left out"
+            warn(f"cannot read the run directory {run_dir}: {why}; {use}")
             continue  # a store row is read below like any run without a directory
         _merge_store_row(record, row, bool(store))
         records.append(record)
-    seen = {r.run_id for r in records}
-    records += [_store_record(run_id, row) for run_id, row in store.items() if run_id not in seen]
+    read = {r.run_id for r in records}
+    listed = read | {run_id for run_id, _ in unreadable}
+    for run_id, row in store.items():
+        if run_id not in damaged and run_id not in read:
+            records.append(_store_record(run_id, row))
+        elif run_id in damaged and run_id not in listed:  # was a finished seed, no metrics
+            unreadable.append((run_id, f"its row in results.sqlite is damaged: {damaged[run_id]}"))
     return records, unreadable
 
 
