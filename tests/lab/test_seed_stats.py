@@ -30,6 +30,26 @@ def test_only_finite_numbers_count():
     assert mean_std(iter([1.0, None, 3.0])).mean == 2.0  # any iterable, read once
 
 
+def test_numpy_numbers_count_and_numpy_bools_do_not():
+    """NumPy scalars are numbers (they were left out, so n counted one seed of three)."""
+    import numpy as np
+
+    values = [np.float32(0.5), np.float64(1.5), np.int64(4), np.bool_(True), np.float64("nan")]
+    assert finite(values) == [0.5, 1.5, 4.0]
+    assert mean_std(values).n == 3 and mean_std(values).mean == pytest.approx(2.0)
+
+
+def test_values_near_the_largest_float():
+    """Sums beyond the floats (an OverflowError before): the mean is computed on a scaled
+    copy; an int too large for a float is no finite number."""
+    big = 1.7e308
+    assert mean_std([big, big]) == (big, 0.0, 2)
+    mean, std, n = mean_std([big, big / 2, 0.0])
+    assert (mean, n) == (pytest.approx(big / 2), 3) and std == pytest.approx(big / 2)
+    assert mean_std([big, -big]) == (0.0, math.inf, 2)  # the spread itself is beyond
+    assert finite([10**400, 1]) == [1.0] and mean_std([10**400, 1]) == (1.0, None, 1)
+
+
 def test_the_ablation_the_report_and_the_studies_share_it():
     from attnlab.lab import report, store
     from attnlab.lab.report import statistics

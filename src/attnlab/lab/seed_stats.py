@@ -12,6 +12,7 @@ left out, and :attr:`MeanStd.n` says how many values remained. :func:`fmt_num` a
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from statistics import fmean, stdev
 from typing import Any, NamedTuple
@@ -30,22 +31,35 @@ class MeanStd(NamedTuple):
 
 
 def finite(values: Iterable[Any]) -> list[float]:
-    """The finite numbers among ``values`` (bools and non-numbers left out), as floats."""
+    """The finite real numbers among ``values`` (Python's and NumPy's; bools, non-numbers
+    and an int too large for a float left out), as floats."""
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):  # NumPy's bool is no Real
             continue
-        if math.isfinite(v):
-            out.append(float(v))
+        try:
+            x = float(v)
+        except OverflowError:  # an int beyond the floats: no finite float
+            continue
+        if math.isfinite(x):
+            out.append(x)
     return out
 
 
 def mean_std(values: Iterable[Any]) -> MeanStd:
-    """The :class:`MeanStd` of the finite numbers among ``values``."""
+    """The :class:`MeanStd` of the finite numbers among ``values``. Values near the
+    largest float are averaged on a scaled copy (their sum overflows): the mean is then
+    finite, a standard deviation beyond the floats is ``inf``."""
     xs = finite(values)
     if not xs:
         return MeanStd(None, None, 0)
-    return MeanStd(fmean(xs), stdev(xs) if len(xs) > 1 else None, len(xs))
+    try:
+        return MeanStd(fmean(xs), stdev(xs) if len(xs) > 1 else None, len(xs))
+    except OverflowError:  # an intermediate sum beyond the floats
+        scale = max(abs(x) for x in xs)
+        ys = [x / scale for x in xs]
+        std = scale * stdev(ys) if len(ys) > 1 else None
+        return MeanStd(scale * fmean(ys), std, len(xs))
 
 
 def fmt_num(value: float | None, missing: str = "–") -> str:

@@ -1129,7 +1129,9 @@ class _Trainer:
                 pending.append(loss.detach())
                 count += 1
                 if len(pending) >= self.sync_every:
-                    # before the step: a NaN loss never reaches the weights
+                    # before the step: on the CPU (every batch) a NaN loss never reaches the
+                    # weights; on CUDA up to sync_every - 1 steps after it are taken, then the
+                    # run fails naming its batch, before that epoch's state is kept
                     total += _read_losses(pending, epoch, count)
                 self._step(loss, epoch, count)
                 if pending:
