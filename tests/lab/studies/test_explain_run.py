@@ -141,6 +141,8 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         "toy", "tanh", seed=1, options={**tiny, "epochs": 2}, out_dir=tmp_path / "longer",
         progress=False,
     )  # fmt: skip
+    damaged = train_run("toy", "uniform", options=tiny, out_dir=tmp_path / "u", progress=False)
+    (damaged.run_dir / "metrics.json").write_text("[1, 2]")  # read after the other tests
     wrong_task = f"compare run {str(pointer.run_dir)!r} is a run of task 'pointer', not 'toy'"
     for other, text, flag in (
         (pointer, wrong_task, "--compare"),
@@ -153,6 +155,7 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
             "is not a run of the uniform baseline (train one with -a uniform)",
             "--uniform-run",
         ),
+        (damaged, "metrics.json", "--uniform-run"),
     ):
         argv = [str(run.run_dir), "--quick", "--no-progress", flag, str(other.run_dir)]
         res = CliRunner().invoke(explain_command, argv)

@@ -255,8 +255,10 @@ def _check_other_runs(
     ``run.json`` before anything is loaded, so a wrong one fails at once, not after the
     other tests: runs of its task; ``uniform_run`` one of the ``uniform`` baseline; each
     ``compare`` run one of the same attention and task options with another seed (the
-    run itself, or its seed again, would measure no seed variance at all)."""
-    from attnlab.lab.training import read_run
+    run itself, or its seed again, would measure no seed variance at all). With a
+    ``uniform_run`` the ``metrics.json`` of both runs are read too (a damaged one failed
+    only after the other tests, hours in under the paper protocol)."""
+    from attnlab.lab.training import read_metrics, read_run
 
     info = read_run(run_dir)
     task = info.get("task")
@@ -273,6 +275,9 @@ def _check_other_runs(
             f"uniform run {str(uniform_run)!r} is not a run of the uniform baseline "
             "(train one with -a uniform)"
         )
+    if uniform_run is not None:  # their test metrics are read after the other tests
+        read_metrics(uniform_run)
+        read_metrics(run_dir)
     seeds, mechanism = {info.get("seed")}, _mechanism(info)
     for other, their in zip(compare, found[len(others) - len(compare) :], strict=True):
         _check_compare_run(run_dir, info, mechanism, Path(other), their, seeds)
