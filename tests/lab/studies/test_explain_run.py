@@ -14,6 +14,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import toy_task  # noqa: F401  (registers the "toy" task)
 
+from attnlab.lab.studies import explanation
 from attnlab.lab.studies.explanation import explain_command, explain_run
 from attnlab.lab.training import train_run
 
@@ -122,7 +123,9 @@ def test_task_batches_draw_a_seeded_sample_not_the_first_rows() -> None:
     assert 0 < sum(ys) < 24
 
 
-def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
+def test_compare_runs_are_checked_before_the_first_test(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A --compare run of another task, or of another mechanism (here one without attention
     weights), the run itself, its seed again or other task options stop the command with
     one line naming it before any test runs (not with a traceback after all of them); so
@@ -157,6 +160,7 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         ),
         (damaged, "metrics.json", "--uniform-run"),
     ):
+        monkeypatch.setattr(explanation, "_open_study", _no_study)
         argv = [str(run.run_dir), "--quick", "--no-progress", flag, str(other.run_dir)]
         res = CliRunner().invoke(explain_command, argv)
         assert res.exit_code == 2, res.output
@@ -166,6 +170,10 @@ def test_compare_runs_are_checked_before_the_first_test(tmp_path: Path) -> None:
         assert text in lines[0] and str(other.run_dir) in lines[0]
         assert "uniform_run" not in lines[0]  # the words of a user, not a parameter name
         assert not (run.run_dir / "explanation").exists()  # no test ran, nothing written
+
+
+def _no_study(*_: object, **__: object) -> None:
+    raise AssertionError("the study was opened: a test would have run")
 
 
 @pytest.mark.parametrize("epsilon", ["nan", "inf", "-inf", "0", "-0.1"])
