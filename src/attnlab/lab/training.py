@@ -1535,10 +1535,24 @@ def read_metrics(run_dir: str | Path) -> dict[str, Any]:
     return read_run_file(run_dir, "metrics.json")
 
 
-def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn.Module]:
+def task_data(task: Task, cache: dict[str, Any] | None = None) -> Any:
+    """``task.load_data()``, shared through ``cache`` (when given) between tasks of the
+    same name and options: the runs of one ablation read their data once."""
+    if cache is None:
+        return task.load_data()
+    key = json.dumps([task.name, task.options], sort_keys=True, default=str)
+    if key not in cache:
+        cache[key] = task.load_data()
+    return cache[key]
+
+
+def load_run(
+    run_dir: str | Path, *, device: str = "cpu", data_cache: dict[str, Any] | None = None
+) -> tuple[Task, Any, nn.Module]:
     """``(task, data, model)`` of a finished run: the task with the run's options, its data
-    (loaded again) and the model rebuilt from ``run.json`` with the best epoch's weights
-    from ``model.safetensors`` (no pickle is read), in eval mode on ``device``.
+    (loaded again, or shared through ``data_cache`` with the runs of the same task options:
+    :func:`task_data`) and the model rebuilt from ``run.json`` with the best epoch's
+    weights from ``model.safetensors`` (no pickle is read), in eval mode on ``device``.
 
     A task registered by a plugin must be imported (registered) before. A missing,
     damaged or changed checkpoint (its sha256 differs from ``run.json``'s
@@ -1557,7 +1571,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Task, Any, nn
     task = resolve_task(info["task"], info.get("task_options") or {})
     dev = resolve_device(device)
     seed_everything(int(info.get("seed", 0)))
-    data = task.load_data()
+    data = task_data(task, data_cache)
     spec = task.resolve_attention(info.get("attention") or {})
     model = task.build_model(data, spec)
     try:

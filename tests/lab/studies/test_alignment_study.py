@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -129,6 +130,62 @@ def test_aer_table_command(tiny_ablation, tmp_path) -> None:
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout
     res = runner.invoke(aer_table_command, [str(tmp_path)])
     assert res.exit_code != 0 and "ablation.json" in res.output
+
+
+def _damaged_copy(tiny_ablation, tmp_path, name, damage):
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(tiny_ablation, copy)
+    damage(copy / "runs")
+    return copy
+
+
+def _swap(runs):  # another seed's weights: a checkpoint run.json did not record
+    (runs / "luong-general--seed0" / "model.safetensors").write_bytes(
+        (runs / "luong-general--seed1" / "model.safetensors").read_bytes()
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "message"),
+    [
+        ("swapped", _swap, r"sha256"),
+        (
+            "metrics",
+            lambda runs: (runs / "local-p--seed1" / "metrics.json").write_text("[]"),
+            r"metrics\.json' holds list, not an object",
+        ),
+        (
+            "nulltest",
+            lambda runs: (runs / "local-p--seed1" / "metrics.json").write_text('{"test": null}'),
+            r"metrics\.json' is malformed: 'test' is NoneType",
+        ),
+        (
+            "runjson",
+            lambda runs: (runs / "local-p--seed0" / "run.json").write_text("{bad"),
+            r"run\.json' is not readable JSON",
+        ),
+        (
+            "listrun",
+            lambda runs: (runs / "local-p--seed0" / "run.json").write_text("[]"),
+            r"run\.json' holds list, not an object",
+        ),
+        ("noruns", lambda runs: __import__("shutil").rmtree(runs), r"holds no finished"),
+    ],
+)
+def test_aer_table_refuses_damaged_runs_in_one_line(
+    tiny_ablation, tmp_path, name, damage, message
+) -> None:
+    """A swapped checkpoint was scored silently, a malformed metrics.json or run.json was a
+    traceback or an error naming no file, and an ablation without a finished run printed
+    an empty table with exit 0: each is now one error line naming the file, exit 2."""
+    copy = _damaged_copy(tiny_ablation, tmp_path, name, damage)
+    res = CliRunner().invoke(aer_table_command, [str(copy), "--no-progress", "--no-eflomal"])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert re.search(message, lines[0]), lines[0]
 
 
 def test_run_and_ablation_folders_are_paths_and_tilde_is_home(tmp_path, monkeypatch) -> None:

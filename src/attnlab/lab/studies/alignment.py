@@ -3,7 +3,7 @@
 * :func:`translator_aer`: the AER of a trained ``translation`` run's attention on a split
   against the split's gold alignments (the silver Strong's-number links for the Bible).
 * :func:`aer_table`: per mechanism of an ablation directory, AER / precision / recall mean
-  ± sample std over seeds beside the test BLEU (``metrics.json``), with the baseline
+  ± sample std over seeds beside the split's BLEU (``metrics.json``), with the baseline
   aligners of :func:`~attnlab.evaluation.attention_alignment.baseline_aers`;
   :func:`format_aer_table` prints it (plain text or Markdown); ``attnlab aer-table``
   (:data:`aer_table_command`).
@@ -53,36 +53,16 @@ __all__ = [
 # ----------------------------------------------------------------------------- runs
 
 
-def _task_data(task: Any, options: Mapping[str, Any], cache: dict[str, Any] | None) -> Any:
-    """``task.load_data()``, shared through ``cache`` between runs with the same options."""
-    key = json.dumps(options, sort_keys=True, default=str)
-    if cache is not None and key in cache:
-        return cache[key]
-    data = task.load_data()
-    if cache is not None:
-        cache[key] = data
-    return data
-
-
 def _load_run(run_dir: str | Path, cache: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    """``(task, data, model)`` of a finished run like :func:`attnlab.lab.training.load_run`,
+    """``(task, data, model)`` of a finished ``translation`` run
+    (:func:`attnlab.lab.training.load_run`: its checkpoint checked against ``run.json``),
     with the data shared through ``cache`` between runs with the same task options."""
-    from attnlab.lab.checkpoint import load_state
-    from attnlab.lab.config import resolve_task
-    from attnlab.lab.training import read_run, seed_everything
+    from attnlab.lab.training import load_run, read_run
 
     info = read_run(run_dir)
-    if info.get("status") != "done":
-        raise ValueError(f"run {str(run_dir)!r} has status {info.get('status')!r}, not 'done'")
     if info.get("task") != "translation":
         raise ValueError(f"run {str(run_dir)!r} is a {info.get('task')!r} run, not 'translation'")
-    options = info.get("task_options") or {}
-    task = resolve_task("translation", options)
-    data = _task_data(task, options, cache)
-    seed_everything(int(info.get("seed", 0)))
-    model = task.build_model(data, task.resolve_attention(info.get("attention") or {}))
-    load_state(model, Path(run_dir) / "model.safetensors", strict=True, device="cpu")
-    return task, data, model.eval()
+    return load_run(run_dir, data_cache=cache)
 
 
 def translator_aer(
@@ -161,17 +141,21 @@ def _read_ablation(root: Path) -> dict[str, Any]:
 
 
 def _is_done(run_dir: Path) -> bool:
-    info_path = run_dir / "run.json"
-    if not info_path.is_file():
+    """Whether ``run_dir`` holds a finished run (no ``run.json``: not yet); a damaged
+    ``run.json`` raises :class:`~attnlab.lab.checkpoint.RunFileError` naming it."""
+    from attnlab.lab.training import read_run
+
+    if not (run_dir / "run.json").is_file():
         return False
-    return json.loads(info_path.read_text(encoding="utf-8")).get("status") == "done"
+    return read_run(run_dir).get("status") == "done"
 
 
 def _run_row(run_dir: Path, seed: int, split: str, **aer_kw: Any) -> dict[str, Any]:
-    """One finished run's AER figures and its ``split`` BLEU."""
+    """One finished run's AER figures and its ``split`` BLEU (none for train)."""
+    from attnlab.lab.training import read_metrics
+
+    bleu = read_metrics(run_dir).get(split, {}).get("bleu")  # checked before the slow part
     result = translator_aer(run_dir, split, **aer_kw)
-    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    bleu = metrics.get(split, {}).get("bleu")
     return {"seed": seed, "bleu": bleu, **result.as_dict()}
 
 
@@ -188,9 +172,10 @@ def _baseline_rows(
     meta: Mapping[str, Any], split: str, eflomal: bool, scope: str, cache: dict[str, Any]
 ) -> list[AERRow]:
     from attnlab.lab.config import resolve_task
+    from attnlab.lab.training import task_data
 
     options = meta.get("task_options") or {}
-    data = _task_data(resolve_task("translation", options), options, cache)
+    data = task_data(resolve_task("translation", options), cache)
     return [
         AERRow(name, 0, res.aer, None, res.precision, None, res.recall, None, kind="baseline")
         for name, res in baseline_aers(data, split, eflomal=eflomal, scope=scope).items()
@@ -214,7 +199,8 @@ def aer_table(
     For every mechanism of the ablation's grid (in grid order; its label as in the
     ablation table, with `` +sup λ=...`` when the runs trained with supervised attention),
     over the seeds whose run finished: the mean ± sample std of the AER, precision and
-    recall of :func:`translator_aer` and of the test BLEU from ``metrics.json``. With
+    recall of :func:`translator_aer` and of the ``split``'s BLEU from ``metrics.json``
+    (none for train); a ``ValueError`` when no run of the grid has finished. With
     ``baselines=True`` the rows of
     :func:`~attnlab.evaluation.attention_alignment.baseline_aers` on the ablation's data
     follow (``kind="baseline"``). ``scope`` as in :func:`translator_aer`. ``progress``: a
@@ -240,6 +226,8 @@ def aer_table(
             runs = [bar.step(_run_row(d, seed, split, **aer_kw)) for d, seed in done]
             if runs:
                 rows.append(_mechanism_row(spec_label(spec) + tag, runs))
+        if not rows:  # an empty table, or only the baselines, said nothing of the runs
+            raise ValueError(f"{str(root)!r} holds no finished translation run")
         if baselines:
             rows += bar.step(_baseline_rows(meta, split, eflomal, scope, cache))
     return rows
