@@ -83,6 +83,18 @@ def test_fmt_num(value, text):
     assert fmt_num(value) == text
 
 
+def test_fmt_num_reads_the_same_mean_the_same_way():
+    """Means of equal values summed in another order differ in the last bit; the table
+    showed 0.8063 beside 0.8062 for what were ties."""
+    import math
+
+    tie = 0.80625
+    below, above = math.nextafter(tie, 0), math.nextafter(tie, 1)
+    assert f"{below:.4f}" != f"{tie:.4f}"  # what formatting alone did
+    assert fmt_num(below) == fmt_num(tie) == fmt_num(above)
+    assert fmt_num(0.80624) == "0.8062" and fmt_num(0.80626) == "0.8063"  # real differences
+
+
 def test_fmt_num_missing_marker():
     assert fmt_num(None, "n/a") == "n/a"
 

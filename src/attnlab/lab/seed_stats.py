@@ -68,7 +68,9 @@ def fmt_num(value: float | None, missing: str = "–") -> str:
     ``missing`` for None (the report's ``–``; the command line's tables say ``n/a``)."""
     if value is None:
         return missing
-    value = value + 0.0  # -0.0 (a rounded-away mean) reads 0.0000
+    # to 12 significant digits first: two means of the same values summed in another
+    # order (0.80625 and 0.8062499999999999) read the same, not 0.8063 and 0.8062
+    value = float(f"{value:.12g}") + 0.0  # + 0.0: -0.0 (a rounded-away mean) reads 0.0000
     if 0 < abs(value) < 1e-3:
         return f"{value:.4g}"
     if abs(value) < 100:
