@@ -60,6 +60,10 @@ def test_rounding_of_the_scores_is_not_a_difference() -> None:
         assert c.effect_size == math.inf and c.t_p == 0.0, c
     zero = paired_comparison([0.3, 0.7], [0.1 + 0.2, 0.3 + 0.4])  # 0.30000000000000004
     assert math.isnan(zero.effect_size) and math.isnan(zero.t_p) and zero.perm_p == 1.0
+    # differences that cancel up to rounding (0.1 - 0.8 and 0.2 - (0.2 + 0.7)): a tie,
+    # mean difference 0 and d_z 0 (not -5.6e-17 and -5.6e-17)
+    tie = paired_comparison([0.1, 0.2], [0.8, 0.2 + (0.1 - 0.8)])
+    assert tie.diff == 0.0 and tie.effect_size == 0.0, tie
     for scale in (1.0, 1e-12, 1e9):
         c = paired_comparison([scale * v for v in (1.0, 2.0, 3.0)], [0.0] * 3)
         assert c.perm_p == pytest.approx(0.25), scale  # the all-plus and all-minus flips

@@ -93,6 +93,8 @@ def paired_comparison(a: Sequence[float], b: Sequence[float]) -> PairedCompariso
     d = x - y
     d = np.where(np.abs(d) <= tol, 0.0, d)
     diff = float(d.mean())
+    if abs(diff) <= tol:  # differences that cancel up to rounding: a tie, not 5.6e-17
+        diff = 0.0
     sd = float(d.std(ddof=1)) if n > 1 else float("nan")
     if n > 1 and sd <= tol:
         sd = 0.0
