@@ -194,7 +194,7 @@ def run_demo(
 @click.option(
     "--out",
     type=NonEmpty(click.Path(file_okay=False)),
-    help="The ablation directory [default: ablations/demo].",
+    help="The ablation directory [default: ablations/demo; with --quick ablations/demo-quick].",
 )
 @click.option(
     "--quick", is_flag=True, help="A smaller smoke run (1,000 training sentences, 2 epochs)."
