@@ -105,6 +105,25 @@ def test_hull_metrics_by_hand():
     assert m["invalid_rate"] == pytest.approx(1 / 3)
 
 
+def test_hull_metrics_reads_up_to_the_end_pointer_and_refuses_padding_and_repeats():
+    """A pointer to a padding slot crashed (IndexError); a hull traced twice scored 2.0;
+    what follows the end pointer is not read."""
+    x = torch.zeros(4, 6, 2)
+    x[:, :5] = torch.tensor([[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5]])
+    data = {"x": x, "lengths": torch.tensor([5, 5, 5, 5])}
+    pred = torch.tensor(
+        [
+            [0, 1, 5, 3, 6, -1, -1, -1, -1],  # slot 5 is padding (m = 5): invalid, no IndexError
+            [0, 1, 2, 3, 0, 1, 2, 3, 6],  # the hull twice: invalid, not coverage 2
+            [0, 1, 2, 3, 6, 4, 4, 4, 4],  # after the end pointer: not read, coverage 1
+            [0, 1, 2, 2, 3, 6, -1, -1, -1],  # a repeated point: invalid
+        ]
+    )
+    m = hull_metrics(pred, data, 6)
+    assert m["area_coverage"] == pytest.approx(1.0 / 4)
+    assert m["invalid_rate"] == pytest.approx(3 / 4)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="count"):
         make_sort(0, 3, 0)

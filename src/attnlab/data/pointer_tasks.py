@@ -202,13 +202,29 @@ def sequence_metrics(pred: torch.Tensor, targets: torch.Tensor) -> dict[str, flo
     }
 
 
+def _decoded_polygon(row: torch.Tensor, m: int, n: int) -> list[int] | None:
+    """The point indices of one decoded hull, read up to the end pointer ``n`` (or the
+    ``-1`` padding); None when it points at a padding slot (an index in ``[m, n)``) or
+    visits a point twice (a hull traced twice is no simple polygon, and scored 2.0)."""
+    seq: list[int] = []
+    for i in (int(v) for v in row):
+        if i in (n, IGNORE_INDEX):
+            break
+        if not 0 <= i < m or i in seq:
+            return None
+        seq.append(i)
+    return seq
+
+
 def hull_metrics(pred: torch.Tensor, data: dict[str, torch.Tensor], n: int) -> dict[str, float]:
-    """Area coverage and invalid rate of decoded hulls (see the module docstring)."""
+    """Area coverage and invalid rate of decoded hulls (see the module docstring). A
+    decoded sequence is read up to its end pointer; one that points at a padding slot or
+    repeats a point is invalid, like one that is not a simple polygon."""
     ratios, invalid = [], 0
     for b in range(pred.shape[0]):
         m = int(data["lengths"][b])
         pts = data["x"][b, :m].numpy().astype(np.float64)
-        seq = [int(i) for i in pred[b] if 0 <= int(i) < n]
+        seq = _decoded_polygon(pred[b], m, n) or []
         true_area = polygon_area(pts[convex_hull(pts)])
         poly = pts[seq] if seq else np.zeros((0, 2))
         if len(seq) < 3 or not is_simple_polygon(poly) or true_area == 0:
