@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,10 @@ def test_errors_name_the_argument() -> None:
         make_scenes(1, 0, colors=9)
     with pytest.raises(ValueError, match="max_objects"):
         make_scenes(1, 0, min_objects=3, max_objects=2)
+    # noise must be a finite number >= 0: inf (accepted: images all 0/255) and text (a
+    # bare TypeError from the comparison) are one line naming it
+    for noise in (math.inf, math.nan, -0.1, "x"):
+        with pytest.raises(ValueError, match=r"^noise must be a number >= 0, got "):
+            make_scenes(1, 0, noise=noise)
+    with pytest.raises(TypeError, match=r"^seed must be an int, got 1\.5"):
+        make_scenes(1, 1.5)

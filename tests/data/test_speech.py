@@ -109,3 +109,26 @@ def test_missing_espeak_names_the_install(monkeypatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(MissingDependencyError, match="apt-get install espeak-ng"):
         synthesise("red circle")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"texts": "red"}, TypeError, r"^texts must be a sequence of texts, not the string 'red'"),
+        ({"voices": "en-us"}, TypeError, r"^voices must be a sequence of espeak-ng voice names"),
+        ({"seed": 1.5}, TypeError, r"^seed must be an int, got 1\.5"),
+        ({"seed": True}, TypeError, r"^seed must be an int, got True"),
+        ({"speeds": (200, 130)}, ValueError, r"^speeds must be an inclusive range \(a, b\)"),
+        ({"pitches": (30, 120)}, ValueError, r"^pitches must be .* <= 99, got \(30, 120\)"),
+        ({"snr_db": float("nan")}, ValueError, r"^snr_db must be a finite number, got nan"),
+        ({"n_mels": 0}, ValueError, r"^n_mels must be an int >= 1, got 0"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_espeak_runs(monkeypatch, options, error, message):
+    """A string of texts was split into letters, a float seed was seed 1 from the cache and
+    a TypeError without it, a reversed range was numpy's "low >= high" and a NaN SNR gave
+    all-NaN features; each is now one line naming the argument, before espeak-ng runs."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no espeak-ng reached
+    kwargs = {"texts": ["red"], "seed": 0, **options}
+    with pytest.raises(error, match=message):
+        make_utterances(**kwargs)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnlab._checks import check_int, check_number, check_seed
+
 __all__ = ["COLORS", "SHAPES", "Scenes", "make_scenes", "render_shape"]
 
 #: colour name -> RGB in [0, 1]
@@ -83,12 +85,6 @@ def render_shape(shape: str, size: int, cy: float, cx: float, side: float) -> np
     raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
 
 
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 def make_scenes(
     n: int,
     seed: int,
@@ -115,15 +111,15 @@ def make_scenes(
             object is a square and only the colours, in their left-to-right order, vary).
         noise: standard deviation of the Gaussian pixel noise (values in [0, 1]).
     """
-    n = _check_int("n", n, 0)
-    size = _check_int("size", size, 4)
-    lo = _check_int("min_objects", min_objects, 1)
-    hi = _check_int("max_objects", max_objects, lo)
-    side = _check_int("object_size", object_size, 3)
-    k_colors = _check_int("colors", colors, 2)
+    n = check_int(n, "n", 0, error=ValueError)
+    size = check_int(size, "size", 4, error=ValueError)
+    lo = check_int(min_objects, "min_objects", 1, error=ValueError)
+    hi = check_int(max_objects, "max_objects", lo, error=ValueError)
+    side = check_int(object_size, "object_size", 3, error=ValueError)
+    k_colors = check_int(colors, "colors", 2, error=ValueError)
     if k_colors > len(COLORS):
         raise ValueError(f"colors must be <= {len(COLORS)}, got {k_colors}")
-    k_shapes = _check_int("shapes", shapes, 1)
+    k_shapes = check_int(shapes, "shapes", 1, error=ValueError)
     if k_shapes > len(SHAPES):
         raise ValueError(f"shapes must be <= {len(SHAPES)}, got {k_shapes}")
     if hi * (side + 2) > size:
@@ -131,10 +127,9 @@ def make_scenes(
             f"{hi} objects of {side} pixels do not fit side by side in {size} pixels; "
             "use fewer objects, smaller objects or larger images"
         )
-    if not noise >= 0:
-        raise ValueError(f"noise must be >= 0, got {noise}")
+    noise = check_number(noise, "noise", low=0, error=ValueError)  # inf, NaN, text: one line
     palette = list(COLORS)[:k_colors]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, minimum=0))
     images = np.zeros((n, size, size, 3), dtype=np.uint8)
     masks = np.zeros((n, hi, size, size), dtype=bool)
     counts = np.zeros(n, dtype=np.int64)

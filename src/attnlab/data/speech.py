@@ -40,8 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab._checks import check_int, check_number, check_seed
 from attnlab._optional import MissingDependencyError, install_command
 from attnlab.data._cache import cached
+from attnlab.data.vocab import _check_not_text
 
 __all__ = [
     "Utterance",
@@ -197,6 +199,24 @@ class Utterance:
     pitch: int
 
 
+def _int_range(value: object, name: str, low: int, high: int | None) -> tuple[int, int]:
+    """An inclusive range ``(a, b)`` of ints with ``low <= a <= b`` (``<= high`` where
+    given); otherwise a ``ValueError`` naming ``name`` (numpy said "low >= high")."""
+    ok = (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and low <= value[0] <= value[1]
+        and (high is None or value[1] <= high)
+    )
+    if not ok:
+        bound = f"{low} <= a <= b" + ("" if high is None else f" <= {high}")
+        raise ValueError(
+            f"{name} must be an inclusive range (a, b) of ints, {bound}, got {value!r}"
+        )
+    return int(value[0]), int(value[1])
+
+
 def make_utterances(
     texts: Sequence[str],
     seed: int,
@@ -214,14 +234,22 @@ def make_utterances(
 
     ``progress`` is called once after each utterance is built (two espeak-ng calls, some
     tens of milliseconds): never when the corpus comes from the cache."""
+    _check_not_text(texts, "texts", "a sequence of texts")  # "red": three one-letter texts
+    _check_not_text(voices, "voices", "a sequence of espeak-ng voice names")
     texts = [_check_text(t) for t in texts]
     if not voices:
         raise ValueError("voices must name at least one espeak-ng voice")
+    seed = check_seed(seed, minimum=0)  # the cache key and the generator read the same seed
+    speeds = _int_range(speeds, "speeds", 1, None)
+    pitches = _int_range(pitches, "pitches", 0, 99)
+    if snr_db is not None:
+        snr_db = check_number(snr_db, "snr_db", error=ValueError)  # NaN: all-NaN features
+    n_mels = check_int(n_mels, "n_mels", error=ValueError)
     key = (
         _FORMAT,
         espeak_version(),
         tuple(texts),
-        int(seed),
+        seed,
         tuple(voices),
         tuple(speeds),
         tuple(pitches),
