@@ -123,6 +123,8 @@ def test_msgpack_int_map_round_trip():
         (b"\x81\x01\x02\x03", "1 bytes after the map"),
         (b"\x82\x01\x02\x01\x03", "repeated keys"),
         (b"\x81\xcf\x00\x01", "truncated"),
+        (b"\xde\x00", "truncated map header at byte 0"),  # a struct.error before
+        (b"\xdf", "truncated map header at byte 0"),
     ],
 )
 def test_msgpack_errors(data, message):

@@ -162,10 +162,12 @@ def _msgpack_map_header(data: bytes, path: object) -> tuple[int, int]:
     first = data[0]
     if 0x80 <= first <= 0x8F:
         return first & 0x0F, 1
-    if first == 0xDE:
-        return struct.unpack_from(">H", data, 1)[0], 3
-    if first == 0xDF:
-        return struct.unpack_from(">I", data, 1)[0], 5
+    sizes = {0xDE: (">H", 3), 0xDF: (">I", 5)}  # map16, map32: the count follows
+    if first in sizes:
+        fmt, end = sizes[first]
+        if len(data) < end:  # a struct.error naming no file before
+            raise _msgpack_error("truncated map header", 0, path)
+        return struct.unpack_from(fmt, data, 1)[0], end
     raise _msgpack_error(f"expected a map, found type byte 0x{first:02x}", 0, path)
 
 
