@@ -232,12 +232,24 @@ def test_tiny_minilm(tiny_minilm):
     assert w["sat"].tolist() == [18, 19, 20]
 
 
+def test_tiny_minilm_vocab_with_a_bom(tiny_minilm):
+    """A UTF-8 BOM is no part of the first piece (it read '\\ufeff[PAD]')."""
+    vocab = tiny_minilm[vec.MINILM_VOCAB]
+    vocab.write_text("\ufeff" + vocab.read_text(encoding="utf-8"), encoding="utf-8")
+    assert load_minilm_embeddings().words[0] == "[PAD]"
+
+
 def test_tiny_minilm_errors(tiny_minilm):
     tiny_minilm[vec.MINILM_VOCAB].write_text("a\nb\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match=r"7 rows.*2 pieces"):
         load_minilm_embeddings()
     tiny_minilm[vec.MINILM_VOCAB].write_text("a\n\nb\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match="line 2"):
+        load_minilm_embeddings()
+    tiny_minilm[vec.MINILM_VOCAB].write_text("a\nb\nc\nb\ne\nf\ng\n", encoding="utf-8")
+    with pytest.raises(
+        DataFormatError, match=r"line 4.*the word piece 'b' again \(first on line 2\)"
+    ):
         load_minilm_embeddings()
     tiny_minilm[vec.MINILM_VOCAB].write_text("a\nb\nc\nd\ne\nf\ng\n", encoding="utf-8")
     tiny_minilm[vec.MINILM_WEIGHTS].write_bytes(b"garbage!")

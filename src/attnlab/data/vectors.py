@@ -392,7 +392,7 @@ def load_minilm_embeddings(*, whole_words: bool = False) -> WordVectors:
 
 def _read_vocab(path: Path) -> list[str]:
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = path.read_text(encoding="utf-8-sig").split("\n")  # a BOM is no piece
     except UnicodeDecodeError as error:
         raise DataFormatError(f"not UTF-8 ({error})", path=path) from None
     if lines and lines[-1] == "":
@@ -401,8 +401,15 @@ def _read_vocab(path: Path) -> list[str]:
     bad = next((i for i, p in enumerate(pieces) if not p), None)
     if bad is not None:
         raise DataFormatError("an empty word piece", path=path, line=bad + 1)
-    if len(set(pieces)) != len(pieces):
-        raise DataFormatError("repeated word pieces", path=path)
+    first: dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        if piece in first:
+            raise DataFormatError(
+                f"the word piece {piece!r} again (first on line {first[piece] + 1})",
+                path=path,
+                line=i + 1,
+            )
+        first[piece] = i
     return pieces
 
 
