@@ -114,7 +114,7 @@ def test_validation(tmp_path, monkeypatch, fresh_cache):
     clear_cache()
     np.save(npy, np.zeros((3, 4), np.float32))
     files[glove_mod.INDEX_FILE] = FIXTURES / "repeated_words_index.parquet"
-    with pytest.raises(DataFormatError, match="repeated words"):
+    with pytest.raises(DataFormatError, match=r"repeated words: '\w+' at rows \d+ and \d+"):
         load_glove()
 
 

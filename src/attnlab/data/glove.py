@@ -223,7 +223,14 @@ def _parse_index(path: Path) -> tuple[str, ...]:
     if bad is not None:
         raise DataFormatError(f"row {bad} of the word index is empty or null", path=path)
     if len(set(words)) != len(words):
-        raise DataFormatError("the word index has repeated words", path=path)
+        first: dict[str, int] = {}
+        for i, word in enumerate(words):
+            if word in first:
+                raise DataFormatError(
+                    f"the word index has repeated words: {word!r} at rows {first[word]} and {i}",
+                    path=path,
+                )
+            first[word] = i
     return tuple(words)  # type: ignore[arg-type]
 
 
