@@ -349,8 +349,8 @@ def adversarial_model(
     a_base)``), ``patience=10`` with ``epochs=80`` (stop after 10 epochs without a lower
     training loss; the epoch with the lowest training loss is kept), ``amsgrad=True``; the
     loss is then summed over a batch, as theirs. (Their TVD is taken on the one sigmoid
-    output, half the TVD of the two-class distribution used here: their ``lambda`` is
-    this ``2 lambda``.)
+    output, half the TVD of the two-class distribution used here: a ``lambda`` here is
+    twice theirs, ``lambda = 1`` here is their 0.5.)
 
     ``on_epoch(epoch, loss)``, when given, is called after every epoch with its summed
     training loss (e.g. to advance a progress bar: up to 80 epochs take minutes).
