@@ -17,6 +17,7 @@ from attnlab.data._common import (
     assign_splits,
     check_split,
     first_of_each,
+    first_repeat,
     number_in_range,
     package_file,
     simple_tokenize,
@@ -246,3 +247,10 @@ def test_a_negative_split_seed_is_refused():
     """``random.Random(-1)`` is ``random.Random(1)``: seeds -1 and 1 gave one split."""
     with pytest.raises(ValueError, match=r"^seed must be an int >= 0, got -1$"):
         assign_splits(["a", "b", "c"], seed=-1)
+
+
+def test_first_repeat_names_both_places():
+    assert first_repeat(["a", "b", "c"]) is None
+    assert first_repeat([]) is None
+    assert first_repeat(["a", "b", "a", "b"]) == (0, 2)
+    assert first_repeat(iter(["x", "y", "y", "x"])) == (1, 2)  # the first repeat seen

@@ -245,6 +245,18 @@ def assign_splits(
     return tuple(where[str(g)] for g in groups)
 
 
+def first_repeat(items: Iterable[Hashable]) -> tuple[int, int] | None:
+    """``(first index, index of its repeat)`` of the first item seen twice in ``items``
+    (0-based), None when every item is unique: a reader names both places of a repeated
+    word or piece."""
+    first: dict[Hashable, int] = {}
+    for i, item in enumerate(items):
+        if item in first:
+            return first[item], i
+        first[item] = i
+    return None
+
+
 def first_of_each(items: Iterable[T], key: Callable[[T], Hashable]) -> list[T]:
     """``items`` in order, keeping only the first of those with the same ``key(item)``
     (a loader's ``dedupe=True``)."""

@@ -32,7 +32,13 @@ import numpy as np
 from attnlab._checks import check_flags, check_number, check_seed
 from attnlab.data import _parquet
 from attnlab.data._cache import cached
-from attnlab.data._common import DataFormatError, file_fingerprint, package_file, package_version
+from attnlab.data._common import (
+    DataFormatError,
+    file_fingerprint,
+    first_repeat,
+    package_file,
+    package_version,
+)
 from attnlab.data.vocab import Vocab
 
 __all__ = ["Embeddings", "WordVectors", "load_glove"]
@@ -222,15 +228,13 @@ def _parse_index(path: Path) -> tuple[str, ...]:
     bad = next((i for i, w in enumerate(words) if not isinstance(w, str) or not w), None)
     if bad is not None:
         raise DataFormatError(f"row {bad} of the word index is empty or null", path=path)
-    if len(set(words)) != len(words):
-        first: dict[str, int] = {}
-        for i, word in enumerate(words):
-            if word in first:
-                raise DataFormatError(
-                    f"the word index has repeated words: {word!r} at rows {first[word]} and {i}",
-                    path=path,
-                )
-            first[word] = i
+    repeat = first_repeat(words)
+    if repeat is not None:
+        word = words[repeat[1]]
+        raise DataFormatError(
+            f"the word index has repeated words: {word!r} at rows {repeat[0]} and {repeat[1]}",
+            path=path,
+        )
     return tuple(words)  # type: ignore[arg-type]
 
 

@@ -52,6 +52,7 @@ from attnlab.data._common import (
     DataFormatError,
     MissingDataError,
     file_fingerprint,
+    first_repeat,
     package_file,
     package_version,
 )
@@ -401,15 +402,14 @@ def _read_vocab(path: Path) -> list[str]:
     bad = next((i for i, p in enumerate(pieces) if not p), None)
     if bad is not None:
         raise DataFormatError("an empty word piece", path=path, line=bad + 1)
-    first: dict[str, int] = {}
-    for i, piece in enumerate(pieces):
-        if piece in first:
-            raise DataFormatError(
-                f"the word piece {piece!r} again (first on line {first[piece] + 1})",
-                path=path,
-                line=i + 1,
-            )
-        first[piece] = i
+    repeat = first_repeat(pieces)
+    if repeat is not None:
+        earlier, line = repeat
+        raise DataFormatError(
+            f"the word piece {pieces[line]!r} again (first on line {earlier + 1})",
+            path=path,
+            line=line + 1,
+        )
     return pieces
 
 

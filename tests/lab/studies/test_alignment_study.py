@@ -147,31 +147,30 @@ def _swap(runs):  # another seed's weights: a checkpoint run.json did not record
     )
 
 
+def _write(relative: str, text: str):
+    """A damage: write ``text`` over the run file ``relative`` (below runs/)."""
+    return lambda runs: (runs / relative).write_text(text)
+
+
+def _no_runs(runs):
+    import shutil
+
+    shutil.rmtree(runs)
+
+
 @pytest.mark.parametrize(
     ("name", "damage", "message"),
     [
         ("swapped", _swap, r"sha256"),
-        (
-            "metrics",
-            lambda runs: (runs / "local-p--seed1" / "metrics.json").write_text("[]"),
-            r"metrics\.json' holds list, not an object",
-        ),
+        ("metrics", _write("local-p--seed1/metrics.json", "[]"), r"metrics\.json' holds list"),
         (
             "nulltest",
-            lambda runs: (runs / "local-p--seed1" / "metrics.json").write_text('{"test": null}'),
+            _write("local-p--seed1/metrics.json", '{"test": null}'),
             r"metrics\.json' is malformed: 'test' is NoneType",
         ),
-        (
-            "runjson",
-            lambda runs: (runs / "local-p--seed0" / "run.json").write_text("{bad"),
-            r"run\.json' is not readable JSON",
-        ),
-        (
-            "listrun",
-            lambda runs: (runs / "local-p--seed0" / "run.json").write_text("[]"),
-            r"run\.json' holds list, not an object",
-        ),
-        ("noruns", lambda runs: __import__("shutil").rmtree(runs), r"holds no finished"),
+        ("runjson", _write("local-p--seed0/run.json", "{bad"), r"run\.json' is not readable"),
+        ("listrun", _write("local-p--seed0/run.json", "[]"), r"run\.json' holds list, not an"),
+        ("noruns", _no_runs, r"holds no finished"),
     ],
 )
 def test_aer_table_refuses_damaged_runs_in_one_line(
