@@ -174,17 +174,22 @@ def test_hard_attention_adds_a_reinforce_term():
     assert any(g is not None and g.abs().sum() > 0 for g in score_grads)
 
 
-def test_straight_through_hard_attention_gets_no_reinforce_term():
+def _loss_and_output(spec: dict):
+    """(task, model, batch, the task's loss, the model's output) of one training batch of
+    the tiny task with ``spec``, the loss and the output drawn from the same samples."""
     task = _tiny_task(encoder="average")
     data = _tiny_data()
     torch.manual_seed(0)
-    spec = task.resolve_attention({"name": "hard", "estimator": "gumbel"})
-    model = task.build_model(data, spec).train()
+    model = task.build_model(data, task.resolve_attention(spec)).train()
     batch = next(task.batches(data, "train", 6))
     torch.manual_seed(1)
     loss = task.loss(model, batch)
     torch.manual_seed(1)
-    out = model(batch["tokens"], batch["lengths"])
+    return task, model, batch, loss, model(batch["tokens"], batch["lengths"])
+
+
+def test_straight_through_hard_attention_gets_no_reinforce_term():
+    _, _, batch, loss, out = _loss_and_output({"name": "hard", "estimator": "gumbel"})
     assert out.weights.requires_grad  # the Gumbel sample passes gradients to the scores
     expected = torch.nn.functional.cross_entropy(out.logits, batch["labels"])
     assert float(loss.detach()) == pytest.approx(float(expected.detach()))
@@ -196,16 +201,8 @@ def test_reinforced_selection_trains_its_policy_from_the_reward():
     policy gets a gradient (the task's own weights-carry-gradient rule dropped it)."""
     from attnlab.general.alignment import reinforce_loss
 
-    task = _tiny_task(encoder="average")
-    data = _tiny_data()
-    torch.manual_seed(0)
-    spec = task.resolve_attention({"score": "additive", "align": "reinforced"})
-    model = task.build_model(data, spec).train()
-    batch = next(task.batches(data, "train", 6))
-    torch.manual_seed(1)
-    loss = task.loss(model, batch)
-    torch.manual_seed(1)
-    out = model(batch["tokens"], batch["lengths"])
+    spec = {"score": "additive", "align": "reinforced"}
+    task, model, batch, loss, out = _loss_and_output(spec)
     assert out.weights.requires_grad and out.log_prob.requires_grad
     ce = torch.nn.functional.cross_entropy(out.logits, batch["labels"], reduction="none")
     reward = -ce.detach()
