@@ -3,12 +3,21 @@ bucketing, and the tasks' ``bucket`` option."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 from tiny_tasks import tiny_task
 
 from attnlab._checks import ConfigError
-from attnlab.lab.batching import BUCKET_POOL, batch_order, pad_ids, token_batch
+from attnlab.lab.batching import (
+    BUCKET_POOL,
+    batch_order,
+    noisy_length_batches,
+    pad_ids,
+    token_batch,
+)
 from attnlab.lab.config import check_option_values
 
 
@@ -135,3 +144,56 @@ def test_token_batch():
     assert list(batch) == ["tokens", "lengths", "index"]
     assert batch["tokens"].tolist() == [[5, 6, 7], [9, 9, 9]]
     assert batch["lengths"].tolist() == [3, 0] and batch["index"].tolist() == [2, 1]
+
+
+# ----------------------------------------------------------------------------- noisy sort
+
+
+def test_noisy_length_batches_without_noise_cut_the_sorted_order():
+    lengths = _lengths(70, seed=4)
+    got = noisy_length_batches(lengths, 8, torch.Generator().manual_seed(1), noise=0.0)
+    order = sorted(range(70), key=lambda i: lengths[i])  # stable, as the sort
+    expected = [order[k : k + 8] for k in range(0, 70, 8)]
+    assert sorted(got) == sorted(expected)  # the same batches ...
+    assert got != expected  # ... in a random order (measured: not the sorted one)
+
+
+def test_noisy_length_batches_cover_every_example_in_sorted_order_up_to_the_noise():
+    """Every example once, in batches of the size; in one batch of all (the noisy sort's
+    order as it is) an example is never after one longer than its length plus both
+    noises allow; each epoch draws anew; the generator seeds it."""
+    lengths = _lengths(300, seed=5)
+    g = torch.Generator().manual_seed(2)
+    first, second = (noisy_length_batches(lengths, 16, g) for _ in range(2))
+    for batches in (first, second):
+        assert sorted(i for b in batches for i in b) == list(range(300))
+        assert sorted(len(b) for b in batches) == [12] + [16] * 18
+    assert first != second
+    assert noisy_length_batches(lengths, 16, torch.Generator().manual_seed(2)) == first
+    ((order,),) = [noisy_length_batches(lengths, 300, g)]
+    for a, b in itertools.pairwise(order):
+        la, lb = lengths[a], lengths[b]
+        assert lb >= la - math.ceil(0.1 * la) - math.ceil(0.1 * lb), (la, lb)
+    assert order != sorted(range(300), key=lambda i: lengths[i])  # the noise moved some
+
+
+def test_noisy_length_batches_draw_the_papers_noise():
+    """The noise of a length L is uniform on the integers of [floor(-0.1 L), ceil(0.1 L)),
+    Jain & Wallace's ``randint``: 10 moves to 9 or 10, 11 to 9, 10, 11 or 12, and the
+    stable sort keeps the 10 (given first) first on a tie, so the 11 comes first only
+    when the 10 draws 10 and the 11 draws 9: probability 1/8 (a symmetric range, 10 to
+    9-11 and 11 to 9-13, would give 1/5)."""
+    g = torch.Generator().manual_seed(0)
+    draws = 4000
+    swapped = sum(noisy_length_batches([10, 11], 2, g)[0] == [1, 0] for _ in range(draws))
+    assert 0.10 < swapped / draws < 0.15, swapped / draws  # 1/8 +- 4.5 std
+
+
+def test_noisy_length_batches_bad_arguments():
+    g = torch.Generator()
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        noisy_length_batches([3], 0, g)
+    for noise in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise must be a finite number >= 0"):
+            noisy_length_batches([3], 1, g, noise=noise)
+    assert noisy_length_batches([], 4, g) == []

@@ -59,6 +59,22 @@ __all__ = [
 ]
 
 Batch = tuple[Tensor, Tensor, Tensor]
+#: Training batches: a fixed list seen in the same order every epoch, or a function
+#: ``epoch -> that epoch's batches`` (epochs count from 1; Wiegreffe & Pinter re-sort the
+#: training set by length and reshuffle its batches every epoch).
+TrainBatches = Sequence[Batch] | Callable[[int], Iterable[Batch]]
+
+
+def _with(
+    train: TrainBatches, extra: Callable[[Tensor, Tensor], object]
+) -> Callable[[int], list[tuple[Batch, object]]]:
+    """``epoch -> [(batch, extra(tokens, lengths))]`` over ``train``'s batches of that
+    epoch: computed once for a fixed list (seen alike every epoch), afresh every epoch for
+    a function."""
+    if callable(train):
+        return lambda epoch: [(b, extra(b[0], b[1])) for b in train(epoch)]
+    fixed = [(b, extra(b[0], b[1])) for b in train]
+    return lambda epoch: fixed
 
 
 def binary_f1(y: np.ndarray, p: np.ndarray) -> float | None:
@@ -141,7 +157,10 @@ class FrozenWeightMLP(nn.Module):
     with ``attention_dim`` units, default ``hidden``).
 
     ``activation``: ``f`` = ``"relu"`` or ``"tanh"`` (Wiegreffe & Pinter's ``average``
-    encoder); ``freeze_embeddings=False`` fine-tunes the embeddings (as they do)."""
+    encoder); ``freeze_embeddings=False`` fine-tunes the embeddings (as they do);
+    ``output``: the output layer ``W_o`` (``hidden`` features in, ``[..., num_classes]``
+    logits out; default ``nn.Linear(hidden, num_classes)``), e.g. a one-logit sigmoid
+    output as theirs."""
 
     def __init__(
         self,
@@ -153,6 +172,7 @@ class FrozenWeightMLP(nn.Module):
         activation: str = "relu",
         freeze_embeddings: bool = True,
         attention_dim: int | None = None,
+        output: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if activation not in ("relu", "tanh"):
@@ -161,7 +181,7 @@ class FrozenWeightMLP(nn.Module):
         table = embeddings.detach().float().clone()
         self.embedding = nn.Embedding.from_pretrained(table, freeze=freeze_embeddings)
         self.hidden = nn.Linear(embeddings.shape[1], hidden)
-        self.output = nn.Linear(hidden, num_classes)
+        self.output = output if output is not None else nn.Linear(hidden, num_classes)
         self.activation = torch.tanh if activation == "tanh" else torch.relu
         self.attn = None
         if learned:
@@ -179,11 +199,16 @@ class FrozenWeightMLP(nn.Module):
             raise ValueError("give weights, or build the MLP with learned=True")
         return self.output((weights[..., None] * h).sum(1))
 
+    def attention_parameters(self) -> list[nn.Parameter]:
+        """The parameters of its own attention (``learned=True``; else none): those the
+        paper's optimiser leaves without weight decay."""
+        return [] if self.attn is None else list(self.attn.parameters())
+
 
 def frozen_weight_diagnostic(
     embeddings: Tensor,
     num_classes: int,
-    train: Sequence[Batch],
+    train: TrainBatches,
     test: Sequence[Batch],
     weights: str | Callable[[Tensor, Tensor], Tensor],
     *,
@@ -197,6 +222,8 @@ def frozen_weight_diagnostic(
     attention_dim: int | None = None,
     amsgrad: bool = False,
     weight_decay: float = 0.0,
+    output: Callable[[int], nn.Module] | None = None,
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> dict[str, float | None]:
     """Train a :class:`FrozenWeightMLP` with weights from ``weights`` ("uniform",
     "learned", or a function ``(tokens, lengths) -> [B, n]`` such as a trained model's
@@ -207,7 +234,15 @@ def frozen_weight_diagnostic(
     instead of the last. Wiegreffe & Pinter's settings: ``hidden=128``,
     ``activation="tanh"``, ``freeze_embeddings=False``, ``attention_dim=64``, ``epochs=8``,
     ``lr=1e-3``, ``amsgrad=True``, ``weight_decay=1e-5`` (none on the attention), batches
-    of 32 and the best epoch by ROC-AUC (they select on the test split; give ``dev``).
+    of 32 re-sorted by length and reshuffled every epoch (``train`` as a function of the
+    epoch), one sigmoid output (``output``) and the class-weighted binary cross-entropy
+    summed over a batch (``loss``), and the best epoch by ROC-AUC (they select on the test
+    split; give ``dev``).
+
+    ``train``: the training batches (:data:`TrainBatches`); ``output``: ``hidden ->`` the
+    MLP's output layer (default a linear layer to ``num_classes`` logits); ``loss``:
+    ``(logits [B, C], labels [B]) ->`` the batch's loss (default: the mean cross-entropy).
+    The weights of a source are computed afresh for every batch, without gradient.
     """
     torch.manual_seed(seed)
     learned = weights == "learned"
@@ -219,18 +254,20 @@ def frozen_weight_diagnostic(
         activation=activation,
         freeze_embeddings=freeze_embeddings,
         attention_dim=attention_dim,
+        output=output(hidden) if output is not None else None,
     )
     mlp.to(embeddings.device)
 
     source = _weight_source(weights)
-    cache = [source(t, n) for t, n, _ in train]
+    batch_loss = loss if loss is not None else nn.functional.cross_entropy
+    epoch_batches = _with(train, source)
     opt = _optimizer(mlp, lr, amsgrad, weight_decay)
     best: tuple[float, int, dict[str, Tensor]] | None = None
     for epoch in range(1, epochs + 1):
-        for (tokens, lengths, labels), w in zip(train, cache, strict=True):
-            loss = nn.functional.cross_entropy(mlp(tokens, lengths, w), labels)
+        for (tokens, lengths, labels), w in epoch_batches(epoch):
+            value = batch_loss(mlp(tokens, lengths, w), labels)
             opt.zero_grad()
-            loss.backward()
+            value.backward()
             opt.step()
         if dev is not None:
             score = _selection_score(*_predict(mlp, dev, source))
@@ -271,15 +308,22 @@ def _weight_source(
 
 
 def _optimizer(
-    mlp: nn.Module, lr: float, amsgrad: bool, weight_decay: float
+    module: nn.Module, lr: float, amsgrad: bool, weight_decay: float
 ) -> torch.optim.Optimizer:
-    """Adam with ``weight_decay`` on every trainable parameter but the attention's."""
-    attention = [p for n, p in mlp.named_parameters() if p.requires_grad and n.startswith("attn")]
-    others = [p for n, p in mlp.named_parameters() if p.requires_grad and not n.startswith("attn")]
-    groups = [{"params": others, "weight_decay": weight_decay}]
-    if attention:
-        groups.append({"params": attention, "weight_decay": 0.0})
-    return torch.optim.Adam(groups, lr=lr, amsgrad=amsgrad)
+    """Adam with ``weight_decay`` on every trainable parameter but the attention's (the
+    module's ``attention_parameters()`` when it has them, else those of a submodule named
+    ``attention``: Jain & Wallace's and Wiegreffe & Pinter's optimisers)."""
+    own = getattr(module, "attention_parameters", None)
+    if callable(own):
+        attn = {id(p) for p in own()}
+    else:
+        attn = {id(p) for n, p in module.named_parameters() if "attention" in n.split(".")}
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if id(p) not in attn], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in attn], "weight_decay": 0.0},
+    ]
+    return torch.optim.Adam([g for g in groups if g["params"]], lr=lr, amsgrad=amsgrad)
 
 
 def _predict(
@@ -323,7 +367,7 @@ class AdversarialModelResult:
 
 def adversarial_model(
     base: nn.Module,
-    train: Sequence[Batch],
+    train: TrainBatches,
     test: Sequence[Batch],
     lam: float,
     *,
@@ -334,6 +378,8 @@ def adversarial_model(
     divergence: str = "jsd",
     patience: int | None = None,
     amsgrad: bool = False,
+    weight_decay: float = 0.0,
+    instance_weights: Callable[[Tensor], Tensor] | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> AdversarialModelResult:
     """Train a model whose attention moves away from ``base``'s while its output stays
@@ -347,10 +393,14 @@ def adversarial_model(
     Wiegreffe & Pinter's version: ``fresh`` = a newly initialised model of the same
     architecture (they train it from scratch), ``divergence="kl"`` (``KL(a_adv ||
     a_base)``), ``patience=10`` with ``epochs=80`` (stop after 10 epochs without a lower
-    training loss; the epoch with the lowest training loss is kept), ``amsgrad=True``; the
-    loss is then summed over a batch, as theirs. (Their TVD is taken on the one sigmoid
-    output, half the TVD of the two-class distribution used here: a ``lambda`` here is
-    twice theirs, ``lambda = 1`` here is their 0.5.)
+    training loss; the epoch with the lowest training loss is kept), ``amsgrad=True``,
+    ``weight_decay=1e-5`` (none on the attention: the model's ``attention_parameters()``,
+    else a submodule named ``attention``), ``instance_weights`` = the class weights of
+    their loss (``labels [B] -> [B]``: ``#neg / #pos`` on the positive examples, 1 on the
+    others) and ``train`` re-sorted and reshuffled every epoch (a function of the epoch:
+    :data:`TrainBatches`); the loss is then summed over a batch, as theirs. (Their TVD is
+    taken on the one sigmoid output, half the TVD of the two-class distribution used here:
+    a ``lambda`` here is twice theirs, ``lambda = 1`` here is their 0.5.)
 
     ``on_epoch(epoch, loss)``, when given, is called after every epoch with its summed
     training loss (e.g. to advance a progress bar: up to 80 epochs take minutes).
@@ -361,18 +411,21 @@ def adversarial_model(
     base.eval()
     adv = fresh if fresh is not None else _with_fresh_attention(base)
     adv.train()
-    opt = torch.optim.Adam(adv.parameters(), lr=lr, amsgrad=amsgrad)
-    targets = [attention_weights(base, t, n) for t, n, _ in train]
+    opt = _optimizer(adv, lr, amsgrad, weight_decay)
+    epoch_batches = _with(train, lambda tokens, lengths: attention_weights(base, tokens, lengths))
     move = _jsd if divergence == "jsd" else _kl
     reduce = (lambda x: x.sum()) if fresh is not None else (lambda x: x.mean())
     best_loss, best_state, stale, kept, run = float("inf"), None, 0, epochs, 0
     for epoch in range(1, epochs + 1):
         run = epoch
         total = 0.0
-        for (tokens, lengths, _labels), (w0, p0) in zip(train, targets, strict=True):
+        for (tokens, lengths, labels), (w0, p0) in epoch_batches(epoch):
             m = _mask(tokens, lengths)
             out = adv.classify(adv.encode(tokens, m), m)
-            loss = reduce(_tvd(out.logits.softmax(-1), p0) - lam * move(out.weights, w0))
+            per = _tvd(out.logits.softmax(-1), p0) - lam * move(out.weights, w0)
+            if instance_weights is not None:
+                per = per * instance_weights(labels).to(per)
+            loss = reduce(per)
             opt.zero_grad()
             loss.backward()
             opt.step()

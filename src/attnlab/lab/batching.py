@@ -29,7 +29,14 @@ from torch import Tensor
 
 from attnlab._checks import ConfigError
 
-__all__ = ["BUCKET_POOL", "batch_order", "check_bucket", "pad_ids", "token_batch"]
+__all__ = [
+    "BUCKET_POOL",
+    "batch_order",
+    "check_bucket",
+    "noisy_length_batches",
+    "pad_ids",
+    "token_batch",
+]
 
 #: Batches per pool that length bucketing sorts together: larger pools give tighter
 #: lengths per batch, smaller ones more random company.
@@ -79,6 +86,29 @@ def batch_order(
         batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
     for b in torch.randperm(len(batches), generator=generator).tolist():
         yield batches[b]
+
+
+def noisy_length_batches(
+    lengths: Sequence[int], batch_size: int, generator: torch.Generator, noise: float = 0.1
+) -> list[list[int]]:
+    """Jain & Wallace's batches of one training epoch (and Wiegreffe & Pinter's): every
+    example sorted by its length plus an integer drawn uniformly from ``[floor(-noise L),
+    ceil(noise L))`` (``L`` its length; none where that range is empty), cut into batches
+    of ``batch_size`` in that order, the batches in a random order. Called once per epoch
+    with one ``generator``, each epoch gets new batches of similar lengths.
+
+    Cost: ``O(n log n)`` for the sort."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= noise < float("inf"):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    n = torch.as_tensor(list(lengths), dtype=torch.float64)
+    low, high = torch.floor(-n * noise), torch.ceil(n * noise)
+    draw = torch.rand(len(n), generator=generator, dtype=torch.float64)
+    shift = torch.where(high > low, low + torch.floor(draw * (high - low)), torch.zeros_like(n))
+    order = torch.sort(n + shift, stable=True).indices.tolist()
+    batches = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    return [batches[b] for b in torch.randperm(len(batches), generator=generator).tolist()]
 
 
 def pad_ids(ids: Sequence[Sequence[int]], pad: int = 0) -> tuple[Tensor, Tensor]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -155,3 +156,84 @@ def test_cli_missing_data_of_the_run_is_one_line_exit_1(toy_runs, monkeypatch):
     result = CliRunner().invoke(explain_command, [str(run), "--quick", "--no-progress"])
     assert result.exit_code == 1, result.output
     assert result.output.strip() == "error: data=csv: no file at mine.csv"
+
+
+# ----------------------------------------------------------------------------- W&P's training
+
+
+def _study(run, protocol: str):
+    from attnlab.lab.studies.explanation import _open_study, _settings
+
+    cfg = _settings(protocol, {"max_train": 40})
+    return _open_study(Path(run), cfg, protocol == "paper", 0, "cpu")
+
+
+def test_paper_training_batches_are_drawn_anew_every_epoch(toy_runs):
+    """Under the paper protocol the MLPs and adversaries see the study's training
+    instances, each once an epoch, in batches of 32 of similar length drawn anew every
+    epoch (the same for every model); the lab protocol keeps its fixed batches."""
+    from attnlab.lab.studies.explanation import _training_batches
+
+    run, _, _ = toy_runs
+    lab = _study(run, "lab")
+    assert _training_batches(lab) is lab.train
+    s = _study(run, "paper")
+    epochs = _training_batches(s)
+
+    def instances(batches) -> list[tuple[tuple[int, ...], int]]:
+        return sorted(
+            (tuple(x[i, : int(n[i])].tolist()), int(y[i]))
+            for x, n, y in batches
+            for i in range(len(y))
+        )
+
+    given = instances(s.train)
+    assert len(given) == 40
+    first, second = epochs(1), epochs(2)
+    assert instances(first) == given and instances(second) == given
+    assert [len(b[2]) for b in first] != [] and max(len(b[2]) for b in first) == 32
+    assert [b[0].tolist() for b in first] != [b[0].tolist() for b in second]
+    assert all(b[0].shape[1] == int(b[1].max()) for b in first)  # padded to its longest
+    assert [b[0].tolist() for b in epochs(1)] == [b[0].tolist() for b in first]
+
+
+def test_paper_mlps_start_from_a_new_models_embeddings_with_the_tasks_loss(toy_runs, monkeypatch):
+    """The paper protocol's frozen-weight MLPs get the embeddings a new model of the run
+    starts from (not the run's trained ones), and the task's loss where it has one."""
+    from attnlab.lab.studies import explanation
+
+    run, _, _ = toy_runs
+    s = _study(run, "paper")
+    got: list[dict] = []
+
+    def record(embeddings, num_classes, train, test, source, **kw):
+        got.append({"embeddings": embeddings, "train": train, **kw})
+        return {"accuracy": 0.5}
+
+    monkeypatch.setattr(explanation, "frozen_weight_diagnostic", record)
+    explanation._frozen_weights(s, None)
+    fresh = explanation._fresh_model(s).embedding.weight
+    assert len(got) == 3 and all(torch.equal(g["embeddings"], fresh) for g in got)
+    assert not torch.equal(fresh, s.model.embedding.weight)
+    assert all(callable(g["train"]) and g["loss"] is None for g in got)  # toy: no own loss
+    got.clear()
+    explanation._frozen_weights(_study(run, "lab"), None)
+    assert all(torch.equal(g["embeddings"], s.model.embedding.weight) for g in got)
+    assert all("loss" not in g for g in got)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_task_loss_reduces_its_per_example_losses(reduction):
+    from attnlab.lab.studies.explanation import _task_loss
+
+    class Task:
+        def __init__(self) -> None:
+            self.options = {"loss_reduction": reduction}
+
+        def example_losses(self, logits, labels):
+            return (logits[:, 1] - labels) ** 2
+
+    logits, labels = torch.tensor([[0.0, 1.0], [0.0, 3.0]]), torch.tensor([0.0, 1.0])
+    loss = _task_loss(Task())
+    assert float(loss(logits, labels)) == (5.0 if reduction == "sum" else 2.5)
+    assert _task_loss(object()) is None

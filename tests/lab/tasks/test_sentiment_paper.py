@@ -195,6 +195,21 @@ def test_the_loss_needs_the_built_weight():
         task.loss(model, next(task.batches(data, "train", 4)))
 
 
+def test_class_weights_are_the_positive_weight_on_the_positive_examples():
+    """What Wiegreffe & Pinter's adversarial models weigh their loss by: #neg / #pos on the
+    positive examples (5 / 2 on the skewed data), 1 on the others; all ones without
+    pos_weight; refused before build_model fixed the weight."""
+    labels = torch.tensor([1, 0, 1, 0, 0])
+    task = _tiny_task(output="sigmoid", pos_weight="balanced")
+    with pytest.raises(RuntimeError, match="set by build_model"):
+        task.class_weights(labels)
+    task.build_model(_skewed_data(), task.resolve_attention(None))
+    assert task.class_weights(labels).tolist() == [2.5, 1.0, 2.5, 1.0, 1.0]
+    plain = _tiny_task()
+    plain.build_model(_skewed_data(), plain.resolve_attention(None))
+    assert plain.class_weights(labels).tolist() == [1.0] * 5
+
+
 # ----------------------------------------------------------------------------- end to end
 
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnlab._checks import (
     check_flags,
@@ -43,6 +43,7 @@ from attnlab._checks import (
     check_seed,
 )
 from attnlab.evaluation.diagnostics import (
+    TrainBatches,
     adversarial_model,
     frozen_weight_diagnostic,
     seed_variance,
@@ -56,7 +57,9 @@ from attnlab.evaluation.explanation import (
     importance_correlations,
     permutation_test,
 )
+from attnlab.lab.batching import noisy_length_batches
 from attnlab.lab.progress import ProgressBar
+from attnlab.models.sentence import SigmoidOutput
 
 __all__ = [
     "PAPER_FIXED",
@@ -68,6 +71,8 @@ __all__ = [
 ]
 
 Batch = tuple[Tensor, Tensor, Tensor]
+#: The batch size of every split the study reads (Jain & Wallace's and Wiegreffe & Pinter's).
+BATCH = 32
 
 
 def task_batches(
@@ -164,6 +169,8 @@ PAPER_FIXED: dict[str, Any] = {
     "mlp_attention_dim": 64,  # J&W TanhAttention: hidden_size // 2
     "mlp_activation": "tanh",  # W&P configurations: average encoder, activation tanh
     "mlp_weight_decay": 1e-5,  # J&W / W&P: 1e-5, none on the attention
+    "adversarial_weight_decay": 1e-5,  # W&P: as their base model, none on the attention
+    "batch_noise": 0.1,  # J&W / W&P training batches: sorted by length +- 10 %, reshuffled
     "adversarial_patience": 10,  # W&P train_adversarial: early stop after 10 epochs
     "adversarial_divergence": "kl",  # W&P: KLDivLoss(log a_base, a_adv)
 }
@@ -222,10 +229,10 @@ def _open_study(run_dir: Path, cfg: dict[str, Any], paper: bool, seed: int, devi
     dev = resolve_device(device)
     torch.manual_seed(seed)
     task, data, model = load_run(run_dir, device=str(dev))
-    test = task_batches(task, data, "test", 32, cfg["max_instances"], seed, dev)
+    test = task_batches(task, data, "test", BATCH, cfg["max_instances"], seed, dev)
     _check_classifier(model.eval(), run_dir, test[0])
-    train = task_batches(task, data, "train", 32, cfg["max_train"], seed, dev)
-    dev_batches = task_batches(task, data, "dev", 32, None, seed, dev) if paper else None
+    train = task_batches(task, data, "train", BATCH, cfg["max_train"], seed, dev)
+    dev_batches = task_batches(task, data, "dev", BATCH, None, seed, dev) if paper else None
     return _Study(run_dir, task, data, model, cfg, paper, seed, dev, test, train, dev_batches)
 
 
@@ -439,32 +446,35 @@ def _adversarial_models(s: _Study) -> tuple[list[dict[str, float]], tuple[float,
     """Wiegreffe & Pinter: a model trained to keep the outputs with attention far from the
     run's, per ``lambda``; returns the sweep and ``(lambda, model)`` of the largest
     ``lambda`` (its weights feed the frozen-weight MLP)."""
-    from attnlab.lab.training import read_run
 
     sweep = []
     adversary = None
+    paper: dict[str, Any] = {}
+    if s.paper:  # W&P: weight decay but on the attention, class-weighted loss, new batches
+        paper = {
+            "divergence": PAPER_FIXED["adversarial_divergence"],
+            "patience": PAPER_FIXED["adversarial_patience"],
+            "amsgrad": True,
+            "weight_decay": PAPER_FIXED["adversarial_weight_decay"],
+            "instance_weights": getattr(s.task, "class_weights", None),
+        }
     for lam in s.cfg["lambdas"]:
-        fresh = None
-        if s.paper:  # W&P train the adversary from scratch: a new model of the same build
-            spec = s.task.resolve_attention(read_run(s.run_dir).get("attention") or {})
-            torch.manual_seed(s.seed)
-            fresh = s.task.build_model(s.data, spec).to(s.device)
+        # W&P train the adversary from scratch: a new model of the same build
+        fresh = _fresh_model(s) if s.paper else None
         epochs = s.cfg["adversarial_epochs"]
         desc = f"adversarial model lambda={lam}"
         with ProgressBar(s.progress, total=epochs, desc=desc, unit="epoch", leave=False) as bar:
             r = adversarial_model(
                 s.model,
-                s.train,
+                _training_batches(s),
                 s.test,
                 lam,
                 epochs=epochs,
                 lr=s.cfg["adversarial_lr"],
                 seed=s.seed,
                 fresh=fresh,
-                divergence=PAPER_FIXED["adversarial_divergence"] if s.paper else "jsd",
-                patience=PAPER_FIXED["adversarial_patience"] if s.paper else None,
-                amsgrad=s.paper,
                 on_epoch=lambda epoch, loss, bar=bar: bar.update(1, loss=f"{loss:.4f}"),
+                **paper,
             )
         sweep.append(
             {"lambda": lam, "mean_tvd": r.mean_tvd, "mean_jsd": r.mean_jsd, "accuracy": r.accuracy}
@@ -476,9 +486,13 @@ def _adversarial_models(s: _Study) -> tuple[list[dict[str, float]], tuple[float,
 
 def _frozen_weights(s: _Study, adversary: tuple[float, Any] | None) -> dict[str, Any]:
     """Wiegreffe & Pinter's frozen-weight MLP with uniform, learned, transferred (the
-    run's) and adversarial weights."""
+    run's) and adversarial weights. Under the paper protocol the MLPs start from the
+    embeddings a new model of the run starts from (the pretrained ones, as W&P's
+    ``pre_embed``), with the run's output layer (one sigmoid logit for ``output=sigmoid``)
+    and its task's loss, on batches drawn anew every epoch."""
     model = s.model
-    embeddings = model.embedding.weight.detach().float()
+    table = _fresh_model(s).embedding if s.paper else model.embedding
+    embeddings = table.weight.detach().float()
     num_classes = int(model.output.out_features)
 
     def transferred(tokens: Tensor, lengths: Tensor) -> Tensor:
@@ -498,9 +512,12 @@ def _frozen_weights(s: _Study, adversary: tuple[float, Any] | None) -> dict[str,
             amsgrad=True,
             weight_decay=PAPER_FIXED["mlp_weight_decay"],
             dev=s.dev,
+            output=SigmoidOutput if isinstance(model.output, SigmoidOutput) else None,
+            loss=_task_loss(s.task),
         )
+    train = _training_batches(s)
     return {
-        name: frozen_weight_diagnostic(embeddings, num_classes, s.train, s.test, source, **mlp_kw)
+        name: frozen_weight_diagnostic(embeddings, num_classes, train, s.test, source, **mlp_kw)
         for name, source in (
             ("uniform", "uniform"),
             ("learned", "learned"),
@@ -508,6 +525,56 @@ def _frozen_weights(s: _Study, adversary: tuple[float, Any] | None) -> dict[str,
             *((("adversarial", adversarial),) if adversary is not None else ()),
         )
     }
+
+
+def _fresh_model(s: _Study) -> nn.Module:
+    """A newly initialised model of the run's build (its task, data and attention; seeded
+    with the study's seed): its embeddings are those the run started from."""
+    from attnlab.lab.training import read_run
+
+    spec = s.task.resolve_attention(read_run(s.run_dir).get("attention") or {})
+    torch.manual_seed(s.seed)
+    return s.task.build_model(s.data, spec).to(s.device)
+
+
+def _training_batches(s: _Study) -> TrainBatches:
+    """The training batches of the MLPs and adversarial models: the study's fixed ones
+    (the lab protocol), or under the paper protocol the same instances in new batches
+    every epoch, as Jain & Wallace's and Wiegreffe & Pinter's trainers draw them
+    (:func:`~attnlab.lab.batching.noisy_length_batches`; epoch ``e``'s batches are the same
+    for every model of the study)."""
+    if not s.paper:
+        return s.train
+    rows = [(x[i, : int(n[i])], int(y[i])) for x, n, y in s.train for i in range(len(y))]
+    lengths = [len(tokens) for tokens, _ in rows]
+
+    def epoch(e: int) -> list[Batch]:
+        generator = torch.Generator().manual_seed(s.seed * 1_000_003 + e)
+        out = []
+        for idx in noisy_length_batches(lengths, BATCH, generator, PAPER_FIXED["batch_noise"]):
+            tokens = nn.utils.rnn.pad_sequence([rows[i][0] for i in idx], batch_first=True)
+            n = torch.tensor([lengths[i] for i in idx], device=tokens.device)
+            y = torch.tensor([rows[i][1] for i in idx], device=tokens.device)
+            out.append((tokens, n, y))
+        return out
+
+    return epoch
+
+
+def _task_loss(task: Any) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The training loss of the run's task on a batch's logits and labels, when the task
+    gives its per-example losses (``example_losses``; reduced by its ``loss_reduction``);
+    None (the MLP's own mean cross-entropy) otherwise."""
+    per_example = getattr(task, "example_losses", None)
+    if per_example is None:
+        return None
+    summed = task.options.get("loss_reduction") == "sum"
+
+    def loss(logits: Tensor, labels: Tensor) -> Tensor:
+        values = per_example(logits, labels)
+        return values.sum() if summed else values.mean()
+
+    return loss
 
 
 def _seed_variance(s: _Study, compare: Sequence[str | Path], others: list[Any]) -> dict[str, Any]:

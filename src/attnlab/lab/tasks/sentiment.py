@@ -440,10 +440,7 @@ class SentimentTask(SequenceTask):
         (the model's one logit), ``-[w y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))]``;
         ``w`` is the positive class's weight (option ``pos_weight``, set by
         :meth:`build_model`; with softmax it multiplies the positive examples' loss)."""
-        pw = self.options["pos_weight"]
-        if pw is not None and self._pos_weight is None:
-            raise RuntimeError("the positive class's weight is set by build_model(); call it first")
-        weight = self._pos_weight
+        weight = self._positive_weight()
         if self.options["output"] == "sigmoid":
             z = logits[:, 1] - logits[:, 0]
             pos = None if weight is None else torch.tensor(weight, dtype=z.dtype, device=z.device)
@@ -451,9 +448,22 @@ class SentimentTask(SequenceTask):
                 z, labels.to(z.dtype), pos_weight=pos, reduction="none"
             )
         ce = F.cross_entropy(logits, labels, reduction="none")
-        if weight is not None:
-            ce = ce * (1.0 + (weight - 1.0) * (labels == 1).to(ce.dtype))
-        return ce
+        return ce if weight is None else ce * self.class_weights(labels).to(ce.dtype)
+
+    def class_weights(self, labels: Tensor) -> Tensor:
+        """The weight of each example ``[B]`` of the labels ``[B]``: the positive class's
+        weight (option ``pos_weight``, set by :meth:`build_model`) on the positive examples,
+        1 on the others (all ones without ``pos_weight``). Wiegreffe & Pinter's adversarial
+        models weigh their loss so."""
+        weight = self._positive_weight()
+        ones = torch.ones(labels.shape, dtype=torch.float32, device=labels.device)
+        return ones if weight is None else ones + (weight - 1.0) * (labels == 1).float()
+
+    def _positive_weight(self) -> float | None:
+        """The positive class's loss weight; RuntimeError before :meth:`build_model` set it."""
+        if self.options["pos_weight"] is not None and self._pos_weight is None:
+            raise RuntimeError("the positive class's weight is set by build_model(); call it first")
+        return self._pos_weight
 
     def loss(self, model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         out = model(batch["tokens"], batch["lengths"])
