@@ -23,6 +23,7 @@ from attnlab._checks import ConfigError
 from attnlab.lab.ablation import expand_grid
 from attnlab.lab.config import (
     check_attention,
+    check_model_values,
     check_option_values,
     coerce_value,
     describe_task,
@@ -185,6 +186,13 @@ def test_task_specific_keys_are_left_to_the_model():
         ({"lr": 10**400}, "option lr must be finite, got 1000"),  # an OverflowError once
         ({"epochs": 0}, "option epochs must be an int >= 1, got 0"),
         ({"batch_size": None}, "option batch_size must be an int >= 1, got None"),
+        # the shared model options, before any data is read (once only the model knew)
+        ({"dropout": 1.5}, "option dropout must be in [0, 1), got 1.5"),
+        ({"dropout": -1}, "option dropout must be in [0, 1), got -1"),
+        ({"dropout": None}, "option dropout must be in [0, 1), got None"),
+        ({"hidden_size": 0}, "option hidden_size must be an int >= 1, got 0"),
+        ({"embed_dim": -3}, "option embed_dim must be an int >= 1, got -3"),
+        ({"embed_dim": None}, "option embed_dim must be an int >= 1, got None"),
     ],
 )
 def test_bad_option_values(options, text):
@@ -208,6 +216,17 @@ def test_bad_option_values(options, text):
 )
 def test_good_option_values(options):
     check_option_values(registry.get("task", "sentiment").cls, options)
+
+
+@pytest.mark.parametrize("name", ["captioning", "document", "multilabel", "speech", "vqa"])
+def test_shared_model_options_are_checked_for_every_task_that_has_them(name):
+    """Each task with a dropout refuses 1.5 before its data is read; a task without the
+    option leaves it to its own list of known options."""
+    cls = registry.get("task", name).cls
+    with pytest.raises(ConfigError, match=r"option dropout must be in \[0, 1\), got 1.5"):
+        check_option_values(cls, {"dropout": 1.5})
+    check_option_values(cls, {"dropout": 0.25})
+    check_model_values({"dropout": 7}, {"hidden_size": 3})  # not an option of that task
 
 
 @pytest.mark.parametrize("value", [None, True, False, 3, -2, 0.5, 1e-05, "cnn", [1, 3], []])

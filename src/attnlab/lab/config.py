@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab._checks import ConfigError, check_int, check_path, finite_real
+from attnlab._checks import ConfigError, check_dropout, check_int, check_path, finite_real
 from attnlab.lab.errors import error_message
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ __all__ = [
     "CONFIG_KEYS",
     "ConfigError",
     "check_attention",
+    "check_model_values",
     "check_option_values",
     "check_training_values",
     "coerce_value",
@@ -563,6 +564,28 @@ def check_option_values(task: Task | type[Task], options: Mapping[str, Any]) -> 
                 f"got {format_value(value)!r}"
             )
     check_training_values(options)
+    check_model_values(options, defaults)
+
+
+#: The model options many tasks share whose range is known before any data is read:
+#: sizes (ints >= 1) and the dropout probability (in [0, 1)).
+_MODEL_SIZES = ("hidden_size", "embed_dim")
+
+
+def check_model_values(options: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Check the shared model options among ``options`` that the task has (``defaults``,
+    not None there): ``hidden_size`` and ``embed_dim`` ints >= 1, ``dropout`` a number in
+    ``[0, 1)``; otherwise only building the model, after the data is read, would find them.
+    Raises :class:`ConfigError`: ``"option dropout must be in [0, 1), got 1.5"``."""
+
+    def given(name: str) -> bool:
+        return name in options and defaults.get(name) is not None
+
+    if given("dropout"):
+        check_dropout(options["dropout"], "option dropout")
+    for name in _MODEL_SIZES:
+        if given(name):
+            check_int(options[name], f"option {name}")
 
 
 #: The training options whose range the trainer needs, besides ``epochs`` and
