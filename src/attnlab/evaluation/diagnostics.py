@@ -24,10 +24,12 @@ For pooling classifiers with the :class:`~attnlab.models.SentenceClassifier` pro
 Each function's defaults are the lab's quick settings; the arguments that follow
 Wiegreffe & Pinter's code (github.com/sarahwie/attention) are named in its docstring
 (``attnlab explain --protocol paper`` sets them): the frozen-weight MLP with fine-tuned
-embeddings, a tanh projection of 128 and the best epoch by dev ROC-AUC; the adversarial
-model trained from a fresh initialisation with ``KL(a_adv || a_base)``, up to 80 epochs,
-stopped after 10 without a lower training loss; the seed variance as per-instance medians
-over the other seeds.
+pretrained embeddings, a tanh projection of 128, one sigmoid output with the class-weighted
+loss and the best epoch by dev ROC-AUC; the adversarial model trained from a fresh
+initialisation with ``KL(a_adv || a_base)`` and the class-weighted loss, weight decay but on
+the attention, up to 80 epochs, stopped after 10 without a lower training loss; both on
+training batches drawn anew every epoch (``train`` as a function of the epoch); the seed
+variance as per-instance medians over the other seeds.
 
 Cost: one pass over the data per score; training costs as for the task model.
 
