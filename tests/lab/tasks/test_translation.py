@@ -464,3 +464,25 @@ def test_every_option_is_checked_before_any_data_is_read(options, message):
     with pytest.raises(ConfigError) as caught:
         TranslationTask(**options)
     assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("books", "message"),
+    [
+        ("bogus", "option books: unknown book 'bogus'; use OSIS names"),
+        ([1, 2], "option books: unknown book 1;"),  # -o books=[1;2]
+        (["Gen", "Mormon"], "option books: unknown book 'Mormon';"),
+        ([], "option books must be None (all books), a book name or a non-empty list"),
+        (5, "option books must be None (all books), a book name or a non-empty list"),
+    ],
+)
+def test_books_are_checked_before_any_data_is_read(books, message):
+    """The Bible reader's own check of the book names, at construction: an unknown name was
+    a ValueError traceback once the data loading had started."""
+    pytest.importorskip("pysword")  # the book names come from its canon
+    with pytest.raises(ConfigError) as caught:
+        TranslationTask(books=books)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+    for fine in (None, "Gen", "genesis", ["Gen", "NT"], ("OT",)):
+        assert TranslationTask(books=fine).options["books"] == fine

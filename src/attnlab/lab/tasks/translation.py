@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab._checks import ConfigError
 from attnlab.data.pharaoh import Alignment
 from attnlab.data.vocab import Vocab
 from attnlab.evaluation.meteor import meteor_or_nan
@@ -226,6 +227,27 @@ class TranslationTask(Task):
         )
         self.check_number_options("supervise", low=0.0)
         self.check_number_options("length_penalty")
+        self._check_books()
+
+    def _check_books(self) -> None:
+        """The option ``books``: None or book names the Bible reader knows (its own check,
+        :func:`attnlab.data.bible._book_filter`), else a one-line ``ConfigError`` naming the
+        option (an unknown name failed as a traceback after the data loading started).
+        Without pysword the names cannot be looked up: loading the Bible says so."""
+        books = self.options["books"]
+        if books is None:
+            return
+        from attnlab.data._common import MissingDataError
+        from attnlab.data.bible import _book_filter
+
+        try:
+            _book_filter(books)
+        except MissingDataError:
+            return
+        except ValueError as error:
+            message = str(error)
+            prefix = "option " if message.startswith("books ") else "option books: "
+            raise ConfigError(prefix + message) from None
 
     @property
     def supervised(self) -> bool:
