@@ -167,6 +167,17 @@ def test_bad_options_and_specs():
         subsample(10, 0, 0)
 
 
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "3"])
+def test_max_labels_is_checked_before_any_data_is_read(value):
+    """``max_labels=0`` failed once the data was read, reported as a min_count problem;
+    now the early size-limit check names the option (no data is needed)."""
+    with pytest.raises(ConfigError) as caught:
+        MultiLabelTask(max_labels=value)
+    assert str(caught.value) == f"option max_labels must be an int >= 1 or None, got {value!r}"
+    for fine in (None, 1, 20):
+        assert MultiLabelTask(max_labels=fine).options["max_labels"] == fine
+
+
 def test_helpers():
     pick = subsample(100, 10, 3)
     assert pick == sorted(pick) and len(set(pick)) == 10 and pick == subsample(100, 10, 3)

@@ -210,7 +210,9 @@ class MultiLabelTask(SequenceTask):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        check_size_limits(self, "max_len")  # before any data is read; None: the paper's
+        # before any data is read (None: no limit, the paper's); max_labels=0 failed late,
+        # reported as a min_count problem
+        check_size_limits(self, "max_len", "max_labels")
         self.check_int_options("min_count", "min_freq", "embed_dim")
         # a probability threshold: -1 or 1.5 gave every label or none, and metrics of nothing
         self.check_number_options("threshold", low=0.0, high=1.0, open_low=True, open_high=True)
