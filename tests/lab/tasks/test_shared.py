@@ -16,6 +16,7 @@ from attnlab.lab.tasks._shared import (
     ClassifierTask,
     accuracy_and_f1,
     add_reinforce,
+    check_int_list_options,
     check_text_options,
     evaluating,
     first_test_batch,
@@ -170,6 +171,22 @@ def test_check_text_options():
         )
         with pytest.raises(ConfigError, match=match):
             check_text_options(task, "max_len")
+
+
+def test_check_int_list_options():
+    task = SentimentTask()
+    for fine in ([16], (8, 16), [np.int64(4)]):
+        task.options["widths"] = fine
+        check_int_list_options(task, "widths")
+    for bad in (16, [], (), [16.9], [16.0], [True], [0], [8, -1], "16", [None], None):
+        task.options["widths"] = bad
+        with pytest.raises(ConfigError) as caught:
+            check_int_list_options(task, "widths")
+        assert str(caught.value) == (
+            f"option widths must be a non-empty list of ints >= 1, got {bad!r}"
+        )
+    task.options["widths"] = [0, 2]
+    check_int_list_options(task, "widths", minimum=0)
 
 
 def test_classifier_task_defaults():

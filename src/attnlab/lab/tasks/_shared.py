@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab._checks import ConfigError
+from attnlab._checks import ConfigError, check_int
 from attnlab.general.alignment import reinforce_loss
 from attnlab.lab.batching import token_batch
 from attnlab.lab.task import AttentionExample, Task, TaskData
@@ -28,6 +28,7 @@ __all__ = [
     "SequenceTask",
     "accuracy_and_f1",
     "add_reinforce",
+    "check_int_list_options",
     "check_text_options",
     "evaluating",
     "first_test_batch",
@@ -69,6 +70,25 @@ def check_size_limits(task: Task, *limits: str) -> None:
     """The size limits ``max_train``, ``max_eval`` and ``limits`` of ``task``: ints ``>= 1``
     or None (no limit); ``ConfigError`` naming the option."""
     task.check_int_options("max_train", "max_eval", *limits, optional=True)
+
+
+def check_int_list_options(task: Task, *names: str, minimum: int = 1) -> None:
+    """Each option ``names`` a non-empty list (or tuple) of ints ``>= minimum`` (not bools,
+    not floats: the layer widths ``channels`` of a CNN); ``ConfigError`` "option NAME must
+    be a non-empty list of ints >= MIN, got V" (a bare ``16`` failed after the data was
+    generated, ``[16.9]`` quietly became ``16``)."""
+    for name in names:
+        value = task.options[name]
+        fine = isinstance(value, list | tuple) and len(value) > 0
+        try:
+            for item in value if fine else ():
+                check_int(item, name, minimum)
+        except ConfigError:
+            fine = False
+        if not fine:
+            raise ConfigError(
+                f"option {name} must be a non-empty list of ints >= {minimum}, got {value!r}"
+            )
 
 
 def check_text_options(task: Task, *limits: str) -> None:

@@ -56,7 +56,7 @@ from attnlab.data.vocab import Vocab
 from attnlab.evaluation.iou import attention_iou
 from attnlab.evaluation.meteor import meteor_or_nan
 from attnlab.lab.task import AttentionExample, Task, TaskData, register_task
-from attnlab.lab.tasks._shared import add_reinforce
+from attnlab.lab.tasks._shared import add_reinforce, check_int_list_options
 from attnlab.models.captioner import ShowAttendTell
 
 __all__ = ["SCALES", "CaptionData", "CaptioningTask"]
@@ -153,7 +153,8 @@ class CaptioningTask(Task):
             and the attention grid (see :func:`attnlab.data.scenes.make_scenes`).
         train_size, dev_size, test_size: generated scenes per split.
         data_seed: train, dev and test use ``data_seed``, ``+ 1``, ``+ 2``.
-        embed_dim, hidden_size, channels, dropout: the model.
+        embed_dim, hidden_size, dropout: the model; channels: the widths of its CNN (a
+            non-empty list of ints >= 1).
         reinforce_weight: weight of the REINFORCE term of hard attention.
         expected_mix: hard attention only: the probability, drawn once per image, of
             training its caption with the expected context (soft weights) instead of the
@@ -214,6 +215,7 @@ class CaptioningTask(Task):
         if not 2 <= o["colors"] <= len(COLORS):
             raise ConfigError(f"option colors must be in [2, {len(COLORS)}], got {o['colors']}")
         self.check_number_options("expected_mix", low=0.0, high=1.0)  # before the scenes
+        check_int_list_options(self, "channels")  # a bare 16 failed after the scenes
 
     # ------------------------------------------------------------------ data
 

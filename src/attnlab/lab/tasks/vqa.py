@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnlab.data._common import simple_tokenize
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData, register_task
-from attnlab.lab.tasks._shared import ClassifierTask, accuracy_and_f1
+from attnlab.lab.tasks._shared import ClassifierTask, accuracy_and_f1, check_int_list_options
 from attnlab.models.vqa import VQAModel
 
 __all__ = ["VQAData", "VQATask", "vqa_metrics"]
@@ -78,8 +78,9 @@ class VQATask(ClassifierTask):
         max_dev, max_test: at most this many dev / test questions (the first images' ones;
             None = all).
         split_seed: seed of the dev split and of the ``max_train`` sample.
-        embed_dim, hidden_size, encoder (``"bilstm"``/``"bigru"``), channels, grid,
-            region_positions, dropout: the model (see :class:`VQAModel`).
+        embed_dim, hidden_size, encoder (``"bilstm"``/``"bigru"``), channels (a non-empty
+            list of ints >= 1), grid, region_positions, dropout: the model (see
+            :class:`VQAModel`).
         reinforce_weight: weight of the REINFORCE term of stochastic alignments.
 
     Batches group the questions of an image (the CNN runs once per image); ``shuffle``
@@ -153,6 +154,7 @@ class VQATask(ClassifierTask):
         super().__init__(**options)
         self.check_int_options("max_train", "max_dev", "max_test", optional=True)
         self.check_option_choice("encoder", ("bilstm", "bigru"))
+        check_int_list_options(self, "channels")  # a bare 16 failed after the data
 
     # ------------------------------------------------------------------ data
 
