@@ -194,3 +194,35 @@ def test_hierarchy_and_matrix_take_tensors_and_arrays_as_they_come() -> None:
     assert plot_matrix(weights, sure=np.argwhere(gold)) == plot_matrix(
         weights, sure=[(0, 0), (1, 1), (2, 2)]
     )
+
+
+@pytest.mark.parametrize(
+    ("word_weights", "sentence_weights", "message"),
+    [
+        ([[float("nan"), 0.5], [1.0]], [0.5, 0.5], "word_weights[0] must be finite"),
+        ([[0.2, 0.8], [float("inf")]], [0.5, 0.5], "word_weights[1] must be finite"),
+        ([[0.2, 0.8], [1.0]], [float("nan"), 0.5], "sentence_weights must be finite"),
+        ([[0.2, 0.8], [1.0]], torch.tensor([0.5, -float("inf")]), "sentence_weights must be"),
+        (
+            [[0.2, 0.8], [1.0]],
+            [[0.5, 0.5], [0.5, 0.5]],
+            "sentence_weights has shape (2, 2), expected 1 dimensions",
+        ),
+        ([[0.2, 0.8], [[1.0]]], [0.5, 0.5], "word_weights[1] has shape (1, 1), expected 1"),
+    ],
+)
+def test_hierarchy_refuses_nan_infinity_and_the_wrong_rank(
+    word_weights, sentence_weights, message
+) -> None:
+    """NaN and infinity were drawn (as 0 and 1) although the module refuses them, and a 2-D
+    sentence_weights of two sentences passed the length check and failed in matplotlib."""
+    with pytest.raises(ValueError) as caught:
+        plot_hierarchy([["good", "film"], ["bad"]], word_weights, sentence_weights)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+def test_hierarchy_draws_an_empty_sentence_and_refuses_an_empty_document() -> None:
+    _decode(plot_hierarchy([["good", "film"], []], [[0.3, 0.7], []], [1.0, 0.0]))
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_hierarchy([], [], [])

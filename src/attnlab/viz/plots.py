@@ -271,25 +271,31 @@ def plot_hierarchy(
     title: str = "",
     path: str | Path | None = None,
 ) -> bytes:
-    """Sentence weights (bars, left) beside each sentence's word weights (a heat row)."""
+    """Sentence weights ``[S]`` (bars, left) beside each sentence's word weights (a heat
+    row; one weight per word). The weights must be finite (NaN or infinity is a
+    ``ValueError``, never drawn as an empty cell), the sentence weights one vector of ``S``
+    numbers; a sentence without words is drawn as an empty row, a document without
+    sentences is refused (nothing to draw)."""
     plt = _plt()
     S = len(sentences)
-    if len(word_weights) != S or len(sentence_weights) != S:
+    sent = _array(sentence_weights, 1, "sentence_weights")
+    if len(word_weights) != S or sent.size != S:
         raise ValueError("sentences, word_weights and sentence_weights must have one entry each")
     width = max((len(s) for s in sentences), default=1) or 1
-    grid = np.full((S, width), np.nan)
+    grid = np.zeros((S, width))  # the cells right of a short sentence stay blank (weight 0)
     for i, (words, weights) in enumerate(zip(sentences, word_weights, strict=True)):
-        ws = _values(weights, f"word_weights[{i}]")
+        name = f"word_weights[{i}]"
+        ws = _array(weights, 1, name) if len(words) else _values(weights, name)
         if len(words) != len(ws):
             raise ValueError(f"sentence {i} has {len(words)} words and {len(ws)} weights")
         grid[i, : len(ws)] = ws
     fig, (bars, heat) = plt.subplots(
         1, 2, figsize=(2 + 0.6 * width, 1 + 0.5 * S), gridspec_kw={"width_ratios": (1, 5)}
     )
-    bars.barh(range(S), _values(sentence_weights, "sentence_weights"), color="tab:red")
+    bars.barh(range(S), sent, color="tab:red")
     bars.invert_yaxis()
     bars.set_yticks(range(S), [f"s{i}" for i in range(S)])
-    heat.imshow(np.nan_to_num(grid), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    heat.imshow(grid, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i, words in enumerate(sentences):
         for j, word in enumerate(words):
             heat.text(j, i, word, ha="center", va="center", fontsize=7)
