@@ -150,3 +150,31 @@ def test_bad_options_fail_before_the_file_is_read(tmp_path, options, error, mess
     the flags not at all (a NaN fraction ended in round(), 'no' switched a flag on)."""
     with pytest.raises(error, match=f"^{message}"):
         read_semeval_absa(tmp_path / "missing.xml", **options)
+
+
+@pytest.mark.parametrize(
+    ("name", "split"),
+    [
+        ("Restaurants_Train.xml", "train"),
+        ("Restaurants_Train_v2.xml", "train"),
+        ("ABSA16_Restaurants_Train_SB1_v2.xml", "train"),
+        ("Laptops_Test_Gold.xml", "test"),
+        ("EN_REST_SB1_TEST.xml.gold", "test"),
+        ("restaurants-trial.xml", "dev"),
+        ("laptops.dev.xml", "dev"),
+        ("mobile_devices.xml", None),
+        ("laptops_latest.xml", None),
+        ("contest_entries.xml", None),
+        ("trainee_reviews.xml", None),
+        ("reviews.xml", None),
+    ],
+)
+def test_split_from_whole_words_of_the_file_name(tmp_path, name, split):
+    """A split word inside another word ('dev' in mobile_devices, 'test' in latest) set
+    the split of every example; a name without one leaves the seeded split."""
+    path = tmp_path / name
+    path.write_text(XML_2014, encoding="utf-8")
+    for seeded in ("train", "dev", "test"):
+        fractions = tuple(float(s == seeded) for s in ("train", "dev", "test"))
+        ds = read_semeval_absa(path, fractions=fractions)
+        assert ds.splits == (split or seeded,) * len(ds)

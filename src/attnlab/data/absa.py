@@ -22,6 +22,7 @@ Offsets are checked: ``text[from:to]`` must equal the target, else a
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def read_semeval_absa(
     Args:
         source: a path or an open text stream.
         split: the split of every example; by default ``train`` / ``test`` / ``dev`` when
-            the file name says so, else a seeded split by sentence.
+            the file name says so as a whole word (``Restaurants_Train.xml``,
+            ``restaurants-trial.xml``; not ``contest.xml``), else a seeded split by sentence.
         keep_conflict: keep ``conflict`` polarities as a fourth label.
         lower: lower-case the tokens (``texts`` stay as written).
         seed, fractions: the seeded split, where there is one.
@@ -175,8 +177,11 @@ def _opinion(
 
 
 def _split_from_name(name: str) -> str | None:
+    """The split a file name states as a whole word (no letter on either side), so that
+    ``Restaurants_Train_v2.xml`` and ``EN_REST_SB1_TEST.xml.gold`` say ``train`` / ``test``
+    while ``mobile_devices.xml`` or ``contest_entries.xml`` say nothing."""
     stem = Path(name).name.lower()
     for word, split in (("train", "train"), ("test", "test"), ("trial", "dev"), ("dev", "dev")):
-        if word in stem:
+        if re.search(rf"(?<![^\W\d_]){word}(?![^\W\d_])", stem):
             return split
     return None
