@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pytest
 
@@ -137,6 +138,19 @@ def test_file_errors_name_the_line(tmp_path):
         read_sst_trees(io.StringIO("\n\n"))
     with pytest.raises(ValueError, match="labels must be"):
         read_sst_trees(io.StringIO(TREES), labels="ternary")
+
+
+def test_too_deep_a_tree_is_a_format_error():
+    """A line nested deeper than the recursion limit ended in a raw RecursionError."""
+    depth = sys.getrecursionlimit() + 100
+    deep = "(2 " * depth + "(2 a)" + ")" * (depth - 1)  # also one ')' short
+    with pytest.raises(DataFormatError, match=r"^tree nested too deeply at character \d+$"):
+        parse_tree(deep)
+    with pytest.raises(
+        DataFormatError, match=r"^<stream>, line 2: tree nested too deeply at character \d+$"
+    ):
+        read_sst_trees(io.StringIO("(2 (2 a))\n" + deep + "\n"))
+    assert parse_tree("(2 " * 100 + "(2 a)" + ")" * 100).leaves() == ["a"]
 
 
 def test_parse_tree_bad_arguments():

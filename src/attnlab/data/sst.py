@@ -91,7 +91,9 @@ def parse_tree(text: str, *, unescape: bool = True) -> Tree:
     """Parse one bracketed tree ``(3 (2 It) (4 ...))`` with integer labels.
 
     ``unescape`` turns the treebank's ``-LRB-`` / ``-RRB-`` (and square / curly variants)
-    back into brackets. Raises ``ValueError`` naming the character position of a problem.
+    back into brackets. Raises ``ValueError`` naming the character position of a problem
+    (a :class:`~attnlab.data.DataFormatError` ``"tree nested too deeply"`` for a tree deeper
+    than Python's recursion limit allows).
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str holding one tree, got {type(text).__name__}")
@@ -99,7 +101,10 @@ def parse_tree(text: str, *, unescape: bool = True) -> Tree:
     reader = _TreeReader(text, unescape)
     if not reader.tokens:
         raise ValueError("empty tree")
-    tree = reader.node()
+    try:
+        tree = reader.node()
+    except RecursionError:  # one Python frame per level: a line nested deeper than the stack
+        raise DataFormatError(str(reader.fail("tree nested too deeply"))) from None
     if reader.pos != len(reader.tokens):
         raise reader.fail("text after the end of the tree")
     return tree
