@@ -152,6 +152,28 @@ def test_seeded_split_when_file_has_none(tmp_path):
         ("a.csv", "text,label,text\nx,1,y\n", {}, r"line 1: repeated column names"),
         ("a.csv", "", {}, r"the file is empty"),
         ("a.csv", "text,label\n", {}, r"no records"),
+        # an empty label became a class named '' (an empty text was already an error)
+        ("a.csv", "text,label\nx,pos\ny,\nz,neg\n", {}, r"line 3: the label \('label'\) is empty$"),
+        (
+            "a.jsonl",
+            '{"text": "x", "stars": "pos"}\n{"text": "y", "stars": "  "}\n',
+            {"label_column": "stars"},
+            r"a\.jsonl, line 2: the label \('stars'\) is empty$",
+        ),
+        # a mapping that dropped every record gave an empty dataset
+        (
+            "a.csv",
+            "text,label\nx,2\ny,2\n",
+            {"labels": {"0": "neg", "4": "pos", "2": None}},
+            r"a\.csv: no records left: the label mapping drops all 2 records",
+        ),
+        # a repeated key kept its last value silently
+        (
+            "a.jsonl",
+            '{"text": "x", "label": 1}\n{"text": "y", "label": "neg", "label": "pos"}\n',
+            {},
+            r"a\.jsonl, line 2: repeated key 'label' in a JSON object$",
+        ),
         (
             "a.jsonl",
             '{"text": "x", "label": 1}\n{"text": "y", label: 1}\n',

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from attnlab.data._io import open_text
+from attnlab.data import DataFormatError
+from attnlab.data._io import json_objects, open_text
 
 
 def test_a_file_a_compressed_file_and_a_stream(tmp_path):
@@ -69,3 +70,15 @@ def test_a_pipe_is_read(tmp_path):
             assert f.read() == "0-0 1-1\n"
     finally:
         os.waitpid(pid, 0)
+
+
+def test_json_objects_refuse_a_repeated_key():
+    """Plain json.loads keeps the last of two values of one key without a word."""
+    lines = ['{"a": 1, "b": {"c": 2}}\n', "\n", '{"a": 1, "b": 2, "a": 3}\n']
+    with pytest.raises(
+        DataFormatError, match=r"^f\.jsonl, line 3: repeated key 'a' in a JSON object$"
+    ):
+        list(json_objects(lines, "f.jsonl"))
+    with pytest.raises(DataFormatError, match=r"^f\.jsonl, line 1: repeated key 'c'"):
+        list(json_objects(['{"b": {"c": 1, "c": 1}}'], "f.jsonl"))  # nested, even equal values
+    assert list(json_objects(lines[:2], "f.jsonl")) == [(1, {"a": 1, "b": {"c": 2}})]

@@ -100,19 +100,41 @@ def open_text(
             stream.close()
 
 
+class _RepeatedKey(Exception):
+    """A key seen twice in one JSON object (raised by :func:`_unique_keys`)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, refusing a repeated key
+    (plain ``json.loads`` keeps the last value silently)."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return record
+
+
 def json_objects(
     lines: Iterable[str], where: object, *, start: int = 1
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line of JSON Lines text, the first line
-    numbered ``start``. A line that is not JSON, or not a JSON object, raises
-    :class:`~attnlab.data.DataFormatError` naming ``where`` and the line."""
+    numbered ``start``. A line that is not JSON, not a JSON object, or with a key repeated
+    in an object, raises :class:`~attnlab.data.DataFormatError` naming ``where`` and the
+    line."""
     for line_no, raw in enumerate(lines, start=start):
         if not raw.strip():
             continue
         try:
-            record = json.loads(raw)
+            record = json.loads(raw, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as error:
             raise DataFormatError(f"invalid JSON: {error.msg}", path=where, line=line_no) from None
+        except _RepeatedKey as repeated:
+            raise DataFormatError(
+                f"repeated key {repeated.args[0]!r} in a JSON object", path=where, line=line_no
+            ) from None
         if not isinstance(record, dict):
             raise DataFormatError(
                 f"expected a JSON object per line, got {type(record).__name__}",

@@ -11,13 +11,14 @@ One text and one label per record::
 * Labels: by default the distinct values, sorted (numerically when all are integers), are
   the label names. ``labels=["neg", "pos"]`` fixes the names and their order (any other
   value is an error); ``labels={"0": "neg", "1": "neg", "3": "pos", "4": "pos", "2": None}``
-  maps raw values to names, several to one, and drops the records mapped to None.
+  maps raw values to names, several to one, and drops the records mapped to None (an
+  error if that leaves no record).
 * Split values ``train``, ``dev``, ``test`` (``validation``, ``valid`` and ``val`` mean dev).
 * CSV follows RFC 4180 (quoted fields may hold commas and newlines). TSV is unquoted: a
   field cannot hold a tab or a newline, and quotes are kept as written.
 * Every problem raises :class:`~attnlab.data.DataFormatError` naming the file and the line:
-  a missing column, a record with too few or too many fields, an empty text, an unknown
-  label or split, a duplicate id, invalid JSON.
+  a missing column, a record with too few or too many fields, an empty text or label, an
+  unknown label or split, a duplicate id, invalid JSON (or a key repeated in one object).
 
 Paths ending in ``.gz``, ``.bz2`` or ``.xz`` are decompressed on the fly; an open text stream
 works too (then give ``format``). The readers parse the file on every call; the loaders of
@@ -106,6 +107,8 @@ def read_text_classification(
         if not text.strip():
             raise DataFormatError(f"the text ({text_column!r}) is empty", path=where, line=line)
         label = _as_str(record[label_column], label_column, where, line).strip()
+        if not label:
+            raise DataFormatError(f"the label ({label_column!r}) is empty", path=where, line=line)
         rid = str(line) if id_column is None else _as_str(record[id_column], id_column, where, line)
         if rid in seen:
             raise DataFormatError(
@@ -129,6 +132,12 @@ def read_text_classification(
         raise DataFormatError("no records", path=where)
     label_names, label_ids = _map_labels(raw_labels, labels, where)
     keep = [i for i, lab in enumerate(label_ids) if lab is not None]
+    if not keep:
+        raise DataFormatError(
+            f"no records left: the label mapping drops all {len(texts)} records (their "
+            "labels map to None)",
+            path=where,
+        )
     if split_column is None:
         splits = list(assign_splits(ids, fractions=fractions, seed=seed))
     return TextDataset(
