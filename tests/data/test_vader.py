@@ -111,6 +111,20 @@ def test_validation(tmp_path, fresh_cache, name, content, message):
         load_vader_sentences("all", path=folder)
 
 
+def test_only_newlines_end_a_line(tmp_path, fresh_cache):
+    """str.splitlines() split a sentence at U+2028, U+0085, a form feed...; the piece
+    after it was refused as a line of one field."""
+    movie = "1\t2.5\tA fine\u2028film.\r\n2\t-1.25\tToo\x85long\x0c.\n3\t1\tOk\x1e.\r\n"
+    folder, _, _ = _layouts(tmp_path, {**FILES, "movieReviewSnippets_GroundTruth.txt": movie})
+    ds = load_vader_sentences("movie", path=folder)
+    assert ds.texts == ("A fine film.", "Too long .", "Ok .") and ds.scores == (2.5, -1.25, 1.0)
+    bad = "1\t2.5\ta\u2029b\n2\t9\tc\n"  # the line numbers count newlines only
+    (tmp_path / "bad").mkdir()
+    folder, _, _ = _layouts(tmp_path / "bad", {**FILES, "tweets_GroundTruth.txt": bad})
+    with pytest.raises(DataFormatError, match=r"tweets_GroundTruth\.txt, line 2: rating 9"):
+        load_vader_sentences("all", path=folder)
+
+
 def test_incomplete_archive(tmp_path, fresh_cache):
     archive = tmp_path / "other.tar.gz"
     archive.write_bytes(_tar({"README": b"x"}, "x/"))

@@ -169,7 +169,10 @@ def _parse(location: Path) -> dict[str, list[Row]]:
             raise DataFormatError(f"not UTF-8 ({error})", path=where) from None
         rows: list[Row] = []
         seen: set[str] = set()
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        # lines end at "\n" (or "\r\n") only: str.splitlines() also broke a sentence at
+        # U+2028, U+0085, form feeds and the like
+        for line_no, raw in enumerate(text.split("\n"), start=1):
+            line = raw.removesuffix("\r")
             if not line.strip():
                 continue
             parts = line.split("\t")
