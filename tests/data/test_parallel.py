@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import pytest
 from datahelpers import SHARED_DATASETS, needs_shared
@@ -124,6 +125,46 @@ def test_write_parallel_checks_the_separator():
     corpus = read_parallel(io.StringIO("a ||| b\n"))
     with pytest.raises(ValueError, match=r"^separator must be a non-empty string, got 5$"):
         write_parallel(corpus, io.StringIO(), separator=5)
+
+
+@pytest.mark.parametrize(
+    ("side", "token", "problem"),
+    [
+        ("source", "x|||y", r"holds the separator '\|\|\|'"),
+        ("target", "new\nline", "holds whitespace or a line break"),
+        ("source", "two words", "holds whitespace or a line break"),
+        ("target", "a\u2028b", "holds whitespace or a line break"),
+        ("source", "", "is empty"),
+    ],
+)
+def test_write_parallel_refuses_tokens_it_could_not_read_back(tmp_path, side, token, problem):
+    """Such tokens were written as they are; read_parallel then refused the file or split
+    the token. Nothing is written: an old file stays, a stream gets nothing."""
+    from attnlab.data.parallel import ParallelCorpus
+
+    corpus = ParallelCorpus(
+        source=(("a", "b"), ("d", token) if side == "source" else ("d",)),
+        target=(("c",), ("e", token) if side == "target" else ("e",)),
+        ids=("1", "7"),
+        splits=("train", "train"),
+    )
+    message = rf"^cannot write pair 2 \(id '7'\): {side} token 2 {re.escape(repr(token))} {problem}"
+    out = tmp_path / "out.txt"
+    out.write_text("the old corpus\n")
+    stream = io.StringIO()
+    for target in (out, stream):
+        with pytest.raises(ValueError, match=message):
+            write_parallel(corpus, target)
+    assert out.read_text() == "the old corpus\n" and stream.getvalue() == ""
+
+
+def test_write_parallel_refuses_a_separator_it_could_not_read_back():
+    corpus = read_parallel(io.StringIO("a b ||| c\n"))
+    with pytest.raises(ValueError, match=r"^cannot write pair 1 \(id '1'\) with the separator ' '"):
+        write_parallel(corpus, io.StringIO(), separator=" ")
+    out = io.StringIO()
+    write_parallel(corpus, out, separator="\t")
+    assert read_parallel(io.StringIO(out.getvalue()), separator="\t").source == (("a", "b"),)
 
 
 def test_the_corpus_checks_its_columns_and_split_names():

@@ -192,16 +192,51 @@ def read_parallel_files(
 def write_parallel(
     corpus: ParallelCorpus, target: str | os.PathLike | IO[str], *, separator: str = "|||"
 ) -> None:
-    """Write a corpus as ``source ||| target`` lines."""
+    """Write a corpus as ``source ||| target`` lines.
+
+    Every token must read back as itself: an empty token, or one that holds whitespace
+    (a newline included) or the separator, raises a ``ValueError`` naming the pair and the
+    token before anything is written."""
     _check_separator(separator)
-    text = "".join(
-        f"{' '.join(s)} {separator} {' '.join(t)}\n"
-        for s, t in zip(corpus.source, corpus.target, strict=True)
-    )
+    lines = []
+    for k, (s, t) in enumerate(zip(corpus.source, corpus.target, strict=True)):
+        line = f"{' '.join(s)} {separator} {' '.join(t)}"
+        _check_written(line, s, t, separator, f"pair {k + 1} (id {corpus.ids[k]!r})")
+        lines.append(line + "\n")
+    text = "".join(lines)
     if isinstance(target, str | os.PathLike):
         write_text(target, text)  # atomically: an interrupted write keeps the old file
     else:
         target.write(text)
+
+
+def _check_written(
+    line: str, source: tuple[str, ...], target: tuple[str, ...], separator: str, pair: str
+) -> None:
+    """A ``ValueError`` unless :func:`read_parallel` reads ``line`` back as the two sides,
+    naming the first token that spoils it."""
+    parts = line.split(separator)
+    if len(parts) == 2 and _tokens(parts[0], False) == tuple(source):
+        if _tokens(parts[1], False) == tuple(target):
+            return
+    for side, tokens in (("source", source), ("target", target)):
+        for i, token in enumerate(tokens, start=1):
+            if not token:
+                problem = "is empty"
+            elif any(c.isspace() for c in token):
+                problem = "holds whitespace or a line break"
+            elif separator in token:
+                problem = f"holds the separator {separator!r}"
+            else:
+                continue
+            raise ValueError(
+                f"cannot write {pair}: {side} token {i} {token!r} {problem}, which "
+                "read_parallel could not read back"
+            )
+    raise ValueError(
+        f"cannot write {pair} with the separator {separator!r}: read_parallel could not "
+        "read the line back"
+    )
 
 
 def _tokens(text: str, lower: bool) -> tuple[str, ...]:
