@@ -61,6 +61,11 @@ def test_unknown_split_is_an_error():
         ({"labels": (1, 0, True, 0)}, r"labels must index label_names .* found True"),
         # a split outside train/dev/test could never be chosen with split()
         ({"splits": ("train", "test", "valid", "dev")}, r"splits must hold 'train', .* 'valid'"),
+        # repeated names were accepted, and label_counts() merged their counts
+        (
+            {"label_names": ("pos", "neg", "pos")},
+            r"^TextDataset\.label_names repeats 'pos' \(at 0 and 2\); each label needs its own",
+        ),
     ],
 )
 def test_text_dataset_validation(over, message):

@@ -12,8 +12,8 @@ cheap to cache and share, and safe to hand around: nothing can change it in plac
 Common to all: ``len(ds)``, ``ds[i]`` (a named tuple of the item's fields),
 ``ds.split("train")`` (the items of one split, in their original order), ``ds.subset(idx)``,
 ``ds.label_counts()``, and ``ds.splits`` / ``ds.ids`` / ``ds.labels`` / ``ds.label_names``.
-Labels are integers indexing ``label_names``. A loader of a source without splits builds its
-dataset with ``Dataset.seeded(split, seed=..., fractions=..., **columns)``.
+Labels are integers indexing ``label_names`` (distinct names). A loader of a source without
+splits builds its dataset with ``Dataset.seeded(split, seed=..., fractions=..., **columns)``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from attnlab.data._common import SPLIT_NAMES, assign_splits, simple_tokenize
+from attnlab.data._common import SPLIT_NAMES, assign_splits, first_repeat, simple_tokenize
 
 __all__ = [
     "DocumentDataset",
@@ -91,6 +91,13 @@ class _Columns(Generic[E]):
         self._validate_labels()
 
     def _validate_labels(self) -> None:
+        repeat = first_repeat(self.label_names)
+        if repeat is not None:
+            first, again = repeat
+            raise ValueError(
+                f"{type(self).__name__}.label_names repeats {self.label_names[again]!r} "
+                f"(at {first} and {again}); each label needs its own name"
+            )
         k = len(self.label_names)
         bad = [
             lab
