@@ -56,6 +56,8 @@ __all__ = ["MetaEmbeddingClassifier", "MetaEmbeddingOutput"]
 
 METHODS = ("dme", "cdme")
 BASELINES = ("mean", "uniform", "concat")
+#: the recurrent cells of the option ``encoder``
+ENCODERS = ("lstm", "gru")
 
 
 @output_pytree()
@@ -191,7 +193,7 @@ class MetaEmbeddingClassifier(Configurable):
         if not embeddings:
             raise ConfigError("embeddings is empty; a meta-embedding needs at least one table")
         check_sizes(num_classes=num_classes, d_proj=d_proj, hidden_size=hidden_size)
-        check_choice(encoder, "encoder", ("lstm", "gru"))
+        check_choice(encoder, "encoder", ENCODERS)
         check_dropout(dropout)
 
         pairs = [

@@ -70,6 +70,8 @@ from attnlab.registry import register
 __all__ = ["CapsuleClassifier", "MultiLabelOutput"]
 
 BASELINES = ("mean", "uniform")
+#: the values of ``loss`` (None: the head's own loss)
+LOSSES = (None, "margin", "bce")
 _ROUTING_NAMES = ("routing", "capsule", "capsule-routing", "dynamic-routing")
 _ROUTING_KEYS = ("iterations", "d_caps", "orphan", "primary_dim", "bias")
 PROB_EPS = 1e-6
@@ -172,7 +174,7 @@ class CapsuleClassifier(TextClassifier, default_embed_dim=100, encoder_names=("l
         **text: Unpack[TextOptions],
     ) -> None:
         super().__init__(vocab_size, encoder, text, num_labels=num_labels, hidden_size=hidden_size)
-        check_choice(loss, "loss", (None, "margin", "bce"))
+        check_choice(loss, "loss", LOSSES)
         check_number(reconstruction, "reconstruction", low=0)  # NaN or inf: a NaN loss
         check_flags(orphan=orphan)
         self.num_labels = int(num_labels)

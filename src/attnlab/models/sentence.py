@@ -59,7 +59,10 @@ __all__ = ["SentenceClassifier", "SentenceOutput", "SigmoidOutput"]
 
 ENCODERS = ("bilstm", "cnn", "average")
 BASELINES = ("mean", "uniform", "max")
-_QUERYLESS = ("queryless", "query-less", "self-attentive", "constant-query")
+#: the query-less score's names that ``attention`` takes
+QUERYLESS = ("queryless", "query-less", "self-attentive", "constant-query")
+#: every name ``attention`` takes as a string (pooling baselines and the additive attention)
+POOLING_NAMES = ("mean", "max", "tanh", "additive", "uniform", *QUERYLESS)
 OUTPUTS = ("softmax", "sigmoid")
 
 
@@ -257,7 +260,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
             if attention in ("mean", "max"):
                 self.pooling = attention
                 return None
-            if attention in ("tanh", "additive", "uniform", *_QUERYLESS):
+            if attention in ("tanh", "additive", "uniform", *QUERYLESS):
                 self.uniform = attention == "uniform"
                 return Attention("queryless", d_k=self.d_h, d_w=d_w)
             raise ConfigError(
@@ -272,7 +275,7 @@ class SentenceClassifier(TextClassifier, default_embed_dim=300, encoder_names=EN
         self.uniform = bool(spec.pop("uniform", False))
         score = spec.pop("score", "queryless")
         align = spec.pop("align", "soft")
-        if isinstance(score, str) and score in _QUERYLESS:
+        if isinstance(score, str) and score in QUERYLESS:
             spec.setdefault("d_w", d_w)
             return Attention("queryless", align, d_k=self.d_h, **spec)
         if isinstance(score, str) and not get("score", score).cls.needs_query:

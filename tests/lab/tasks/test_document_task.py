@@ -25,6 +25,7 @@ from task_harness import (
     run_spec_on_splits,
 )
 
+from attnlab._checks import ConfigError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData
 from attnlab.lab.tasks.document import DocumentData, DocumentTask, accuracy_f1
@@ -235,3 +236,33 @@ def test_real_data_end_to_end_train_run(real, tmp_path):
     )  # fmt: skip
     check_metrics(result.test, ["accuracy", "f1"])  # metrics.json's test metrics are these
     assert examples and "sentence_weights" in examples[0]["extra"]
+
+
+# ----------------------------------------------------------------------------- option checks
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("encoder", "bogus"),
+        ("encoder", ""),
+        ("encoder", None),
+        ("attention_dim", "bogus"),
+        ("attention_dim", 0),
+        ("attention_dim", -1),
+        ("attention_dim", 1.5),
+        ("attention_dim", True),
+    ],
+)
+def test_model_options_are_checked_before_any_data(option, value):
+    """``encoder`` and ``attention_dim`` failed only when the model was built, after the
+    data was read (``attention_dim=bogus`` as "QuerylessScore: d_w must be a positive
+    int"); now a one-line ConfigError naming the option at construction."""
+    with pytest.raises(ConfigError) as caught:
+        DocumentTask(**{option: value})
+    message = str(caught.value)
+    assert message.startswith(f"option {option} must be ") and "\n" not in message
+    for encoder in DocumentClassifier.encoder_names:
+        assert DocumentTask(encoder=encoder).options["encoder"] == encoder
+    for dim in (None, 1, 100):
+        assert DocumentTask(attention_dim=dim).options["attention_dim"] == dim

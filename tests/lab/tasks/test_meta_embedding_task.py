@@ -218,3 +218,38 @@ def test_real_data_train_run(tmp_path):
         task_name="meta-embedding",
     )  # fmt: skip
     check_metrics(result.metrics["test"], METRICS)
+
+
+# ----------------------------------------------------------------------------- option checks
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("encoder", "bogus"),
+        ("encoder", "bilstm"),
+        ("encoder", None),
+        ("pooling", "bogus"),
+        ("pooling", ""),
+        ("pooling", None),
+        ("pooling", 1),
+        ("d_proj", 0),
+        ("d_proj", -1),
+        ("d_proj", None),
+        ("d_proj", 1.5),
+        ("d_proj", True),
+    ],
+)
+def test_model_options_are_checked_before_any_data(option, value):
+    """``encoder``, ``pooling`` and ``d_proj`` failed only when the model was built, after
+    the data was read (``pooling=bogus`` as "attention must be 'tanh', ...", not naming
+    the option); now a one-line ConfigError naming the option at construction."""
+    with pytest.raises(ConfigError) as caught:
+        MetaEmbeddingTask(**{option: value})
+    message = str(caught.value)
+    assert message.startswith(f"option {option} must be ") and "\n" not in message
+    for fine in ("tanh", "mean", "max", "uniform", {"score": "additive"}):
+        assert MetaEmbeddingTask(pooling=fine).options["pooling"] == fine
+    for fine in ("lstm", "gru"):
+        assert MetaEmbeddingTask(encoder=fine).options["encoder"] == fine
+    assert MetaEmbeddingTask(d_proj=1).options["d_proj"] == 1

@@ -226,3 +226,37 @@ def test_real_data_train_run(tmp_path):
         task_name="multilabel",
     )  # fmt: skip
     check_metrics(result.metrics["test"], MultiLabelTask.metrics)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("encoder", "bogus"),
+        ("encoder", "bilstm"),
+        ("encoder", None),
+        ("loss", "bogus"),
+        ("loss", "ce"),
+        ("loss", 1),
+        ("d_caps", 0),
+        ("d_caps", -1),
+        ("d_caps", 1.5),
+        ("d_caps", None),
+        ("iterations", 0),
+        ("iterations", -1),
+        ("iterations", 2.5),
+        ("iterations", True),
+    ],
+)
+def test_model_options_are_checked_before_any_data(option, value):
+    """``encoder``, ``loss``, ``d_caps`` and ``iterations`` failed only when the model was
+    built, after the data was read; now a one-line ConfigError naming the option at
+    construction."""
+    with pytest.raises(ConfigError) as caught:
+        MultiLabelTask(**{option: value})
+    message = str(caught.value)
+    assert message.startswith(f"option {option} must be ") and "\n" not in message
+    for loss in (None, "margin", "bce"):
+        assert MultiLabelTask(loss=loss).options["loss"] == loss
+    for encoder in ("lstm", "gru"):
+        assert MultiLabelTask(encoder=encoder).options["encoder"] == encoder
+    assert MultiLabelTask(d_caps=1, iterations=1).options["iterations"] == 1

@@ -173,3 +173,22 @@ def test_real_train_run(real, tmp_path):
         assert 0.0 <= metrics["test"]["accuracy"] <= 1.0
         assert examples[0]["grid"] == [8, 8]
         assert len(examples[0]["weights"][0]) == 64
+
+
+@pytest.mark.parametrize("value", [0, -1, None, 1.5, True, "8", 3, 12, 64, 10**23])
+def test_grid_is_checked_before_any_data(value):
+    """``grid`` failed only when the model was built, after the data was read (and 64 /
+    grid must be a power of 2 >= 2 for easy-VQA's 64x64 images); now a one-line
+    ConfigError naming the option at construction."""
+    with pytest.raises(ConfigError) as caught:
+        VQATask(grid=value)
+    message = str(caught.value)
+    assert message.startswith("option grid must be ") and "\n" not in message
+    for grid in (1, 2, 4, 8, 16, 32):
+        assert VQATask(grid=grid).options["grid"] == grid
+
+
+@pytest.mark.parametrize("value", ["bogus", "lstm", None])
+def test_encoder_is_checked_before_any_data(value):
+    with pytest.raises(ConfigError, match=r"^option encoder must be 'bilstm' or 'bigru'"):
+        VQATask(encoder=value)

@@ -191,6 +191,10 @@ class DocumentTask(ClassifierTask):
         super().__init__(**options)
         self.check_option_choice("source", SOURCES)
         check_text_options(self, "max_sentences", "max_words")
+        # the model options, before any data is read (they failed when the model was built,
+        # attention_dim=x as "QuerylessScore: d_w must be a positive int")
+        self.check_option_choice("encoder", DocumentClassifier.encoder_names)
+        self.check_int_options("attention_dim", optional=True)
 
     # ------------------------------------------------------------------ data
 

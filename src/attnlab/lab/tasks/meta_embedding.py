@@ -44,7 +44,8 @@ from attnlab.lab.tasks.multilabel import (
     text_outputs,
     tokenize,
 )
-from attnlab.models.meta_embedding import MetaEmbeddingClassifier
+from attnlab.models.meta_embedding import ENCODERS, MetaEmbeddingClassifier
+from attnlab.models.sentence import POOLING_NAMES
 
 __all__ = ["TABLES", "MetaEmbeddingTask", "load_table", "parse_tables"]
 
@@ -150,6 +151,12 @@ class MetaEmbeddingTask(SequenceTask):
         check_size_limits(self, "max_len")  # before any data is read; None: the paper's
         self.check_int_options("min_freq")
         parse_tables(self.options["tables"])
+        # the model options, before any data is read (they failed when the model was built;
+        # pooling=x as "attention must be 'tanh', ...", not naming the option)
+        self.check_int_options("d_proj")
+        self.check_option_choice("encoder", ENCODERS)
+        if not isinstance(self.options["pooling"], dict):  # a dict spec: the model checks it
+            self.check_option_choice("pooling", POOLING_NAMES)
 
     # ------------------------------------------------------------------ data
 

@@ -42,7 +42,7 @@ from attnlab.lab.tasks._shared import (
     evaluating,
     named_attention,
 )
-from attnlab.models.multilabel import CapsuleClassifier
+from attnlab.models.multilabel import LOSSES, CapsuleClassifier
 
 __all__ = [
     "EncodedSplit",
@@ -214,6 +214,10 @@ class MultiLabelTask(SequenceTask):
         # reported as a min_count problem
         check_size_limits(self, "max_len", "max_labels")
         self.check_int_options("min_count", "min_freq", "embed_dim")
+        # the model options, before any data is read (they failed when the model was built)
+        self.check_option_choice("encoder", CapsuleClassifier.encoder_names)
+        self.check_int_options("d_caps", "iterations")
+        self.check_option_choice("loss", LOSSES)
         # a probability threshold: -1 or 1.5 gave every label or none, and metrics of nothing
         self.check_number_options("threshold", low=0.0, high=1.0, open_low=True, open_high=True)
 

@@ -320,6 +320,8 @@ class SentimentTask(SequenceTask):
                 f"option length_filter must be 'jain-wallace' or none, got {o['length_filter']!r}"
             )
         check_text_options(self, "max_len")
+        # before any data is read (a bad one failed when the model was built)
+        self.check_option_choice("encoder", SentenceClassifier.encoder_names)
         if o["digits"] not in (None, "qqq"):
             raise ConfigError(f"option digits must be 'qqq' or none, got {o['digits']!r}")
         self.check_option_choice("output", ("softmax", "sigmoid"))

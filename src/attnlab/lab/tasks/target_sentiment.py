@@ -170,6 +170,8 @@ class TargetSentimentTask(ClassifierTask):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         check_text_options(self, "max_len")
+        # before any data is read (a bad encoder failed when the model was built)
+        self.check_option_choice("encoder", TargetSentimentClassifier.encoder_names)
         # before any data is read (a bad value reached the reader as a ValueError traceback)
         self.check_option_choice("multi_airline", ("drop", "first"))
         self.check_number_options("min_confidence", low=0.0, high=1.0)

@@ -29,12 +29,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.data._common import simple_tokenize
+from attnlab.data.easy_vqa import IMAGE_SIZE
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData, register_task
 from attnlab.lab.tasks._shared import ClassifierTask, accuracy_and_f1, check_int_list_options
-from attnlab.models.vqa import VQAModel
+from attnlab.models.vqa import ENCODERS, VQAModel
 
 __all__ = ["VQAData", "VQATask", "vqa_metrics"]
+
+#: the grids :class:`VQAModel` takes on easy-VQA's images: ``IMAGE_SIZE / grid`` a power
+#: of 2 >= 2 (1, 2, 4, 8, 16, 32 for 64x64 images)
+GRIDS = tuple(IMAGE_SIZE >> k for k in range(IMAGE_SIZE.bit_length() - 1, 0, -1))
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,11 @@ class VQATask(ClassifierTask):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.check_int_options("max_train", "max_dev", "max_test", optional=True)
-        self.check_option_choice("encoder", ("bilstm", "bigru"))
+        self.check_option_choice("encoder", ENCODERS)
+        # before any data is read (the model refused it after the data was loaded): the
+        # CNN halves the easy-VQA images down to grid x grid cells
+        self.check_int_options("grid")
+        self.check_option_choice("grid", GRIDS)
         check_int_list_options(self, "channels")  # a bare 16 failed after the data
 
     # ------------------------------------------------------------------ data
