@@ -33,6 +33,8 @@ from attnlab.lab.config import (
     task_presets,
 )
 from attnlab.lab.training import resolve_task
+from attnlab.models.sentence import SentenceClassifier
+from attnlab.models.target import TargetSentimentClassifier
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = registry.names("task")
@@ -255,3 +257,33 @@ def test_describe_task_lists_every_option_and_preset():
         assert any(x.split()[:1] == [name] for x in lines), name
     assert lines[0] == "task translation"
     assert any(x.split()[:1] == ["(default)"] for x in lines)
+
+
+@pytest.mark.parametrize("name", ["captioning", "vqa"])
+@pytest.mark.parametrize("channels", [16, [], [16.9], [True], [0], [8, -2], "16", None])
+def test_channels_are_checked_before_any_data(name, channels) -> None:
+    """``channels=16`` failed after the data ("'int' object is not iterable") and
+    ``[16.9]`` quietly became ``[16]``: now a one-line ConfigError at construction."""
+    cls = registry.get("task", name).cls
+    with pytest.raises(ConfigError) as caught:
+        cls(channels=channels)
+    message = f"option channels must be a non-empty list of ints >= 1, got {channels!r}"
+    assert str(caught.value) == message
+    assert cls(channels=[4, 8]).options["channels"] == [4, 8]
+    assert cls(channels=(4,)).options["channels"] == (4,)
+
+
+@pytest.mark.parametrize(("name", "wrong"), [("sentiment", "lstm"), ("target-sentiment", "cnn")])
+@pytest.mark.parametrize("value", ["bogus", "", "wrong", None, 1])
+def test_encoder_is_checked_before_any_data(name, wrong, value):
+    """``encoder=bogus`` (or another model's encoder) failed only when the model was
+    built, after the data was read; now a one-line ConfigError naming the option at
+    construction. Every encoder of the task's model is taken."""
+    cls = registry.get("task", name).cls
+    with pytest.raises(ConfigError) as caught:
+        cls(encoder=wrong if value == "wrong" else value)
+    message = str(caught.value)
+    assert message.startswith("option encoder must be one of ") and "\n" not in message
+    model = {"sentiment": SentenceClassifier, "target-sentiment": TargetSentimentClassifier}
+    for encoder in model[name].encoder_names:
+        assert cls(encoder=encoder).options["encoder"] == encoder

@@ -38,7 +38,6 @@ from attnlab.lab.tasks.sentiment import (
     default_sst_path,
 )
 from attnlab.lab.training import load_run, train_run
-from attnlab.models.sentence import SentenceClassifier
 
 SST = Path(__file__).resolve().parents[3].parent / "shared" / "datasets" / "sst" / "sst_binary.csv"
 SPECS = [
@@ -410,18 +409,3 @@ def test_vader_movies_when_installed():
     data = load_or_skip(task)
     assert len(data.train) == 50 and len(data.test) == 20
     assert data.info["label_names"] == ("negative", "positive")
-
-
-# ----------------------------------------------------------------------------- option checks
-
-
-@pytest.mark.parametrize("value", ["bogus", "", "lstm", None, 1])
-def test_encoder_is_checked_before_any_data(value):
-    """``encoder=bogus`` failed only when the model was built, after the data was read;
-    now a one-line ConfigError naming the option at construction."""
-    with pytest.raises(ConfigError) as caught:
-        SentimentTask(encoder=value)
-    message = str(caught.value)
-    assert message.startswith("option encoder must be one of ") and "\n" not in message
-    for encoder in SentenceClassifier.encoder_names:
-        assert SentimentTask(encoder=encoder).options["encoder"] == encoder

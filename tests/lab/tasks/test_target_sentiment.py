@@ -23,7 +23,6 @@ from task_harness import (
     run_spec_on_splits,
 )
 
-from attnlab._checks import ConfigError
 from attnlab.data.vocab import Vocab
 from attnlab.lab.task import AttentionExample, TaskData
 from attnlab.lab.tasks.target_sentiment import TargetData, TargetSentimentTask
@@ -190,18 +189,3 @@ def test_real_data_end_to_end_train_run(real, tmp_path):
     )  # fmt: skip
     check_metrics(result.test, ["accuracy", "f1"])  # metrics.json's test metrics are these
     assert examples and len(examples[0]["extra"]["hops"]) == 1
-
-
-# ----------------------------------------------------------------------------- option checks
-
-
-@pytest.mark.parametrize("value", ["bogus", "", "cnn", None, 1])
-def test_encoder_is_checked_before_any_data(value):
-    """``encoder=bogus`` failed only when the model was built, after the data was read;
-    now a one-line ConfigError naming the option at construction."""
-    with pytest.raises(ConfigError) as caught:
-        TargetSentimentTask(encoder=value)
-    message = str(caught.value)
-    assert message.startswith("option encoder must be one of ") and "\n" not in message
-    for encoder in TargetSentimentClassifier.encoder_names:
-        assert TargetSentimentTask(encoder=encoder).options["encoder"] == encoder
